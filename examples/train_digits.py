@@ -1,0 +1,562 @@
+"""Train a small MLP on scikit-learn's digits with CuPy, every allocation served by gpupool.
+
+What it shows
+-------------
+A Python autograd engine leaves each training step's temporaries in reference cycles: every result
+node keeps a ``_backward`` closure that refers back to the node. Reference counting cannot free
+them, so they wait for Python's cyclic collector, and the device memory they hold waits with them.
+Under a plain caching pool the memory reserved from the GPU climbs between collections; a
+``gc.collect()`` every step keeps it flat, but costs far more than the step itself.
+
+This script trains a two-layer MLP (64 -> 128 -> 10) on the 8x8 handwritten digits that ship inside
+scikit-learn (nothing is downloaded), with gradients from the small reverse-mode autograd below, and
+serves CuPy's allocations in one of three ways:
+
+``region``
+    gpupool, each training step inside ``with region:``. A block freed during the step goes back
+    to the region at once; at exit the region runs a young collection when buffers of the step are
+    still alive (here they are, in the cycles) and keeps the blocks for the next step. Reserved
+    memory after the first epoch and after the last must be equal.
+``no-region``
+    gpupool as a plain caching pool; the cycles are left to Python's default collector.
+``cupy``
+    CuPy's own ``MemoryPool`` with the default collector, for reference.
+
+Each epoch prints the mean loss, the test accuracy and the pool's report; the end prints a table of
+test accuracy, peak bytes in use, bytes reserved after the first and the last epoch, and the median
+time of a step.
+
+Running it
+----------
+It needs an NVIDIA GPU, CuPy and scikit-learn (``pip install 'gpupool[examples]'``)::
+
+    python examples/train_digits.py                        # the three modes, 30 epochs each
+    python examples/train_digits.py --mode region --quiet  # one mode, only the summary
+
+Exit status: 0 when every check passed; 1 when a mode's test accuracy is below 0.95 or the region
+mode's reserved memory was not flat; 2 when the GPU, CuPy, scikit-learn or gpupool is missing.
+"""
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+
+with warnings.catch_warnings():
+    # Some CuPy installs warn at import (no CUDA path found); require_gpu() reports what matters.
+    warnings.simplefilter("ignore")
+    try:
+        import cupy as cp
+    except Exception as exc:  # not installed, or a CUDA install that CuPy cannot load
+        cp = None
+        CUPY_IMPORT_ERROR = exc
+    else:
+        CUPY_IMPORT_ERROR = None
+
+MODES = ("region", "no-region", "cupy")
+MODE_TITLES = {
+    "region": "gpupool, one Region around every step",
+    "no-region": "gpupool, no region (default garbage collection)",
+    "cupy": "CuPy MemoryPool (default garbage collection)",
+}
+MIN_ACCURACY = 0.95
+N_CLASSES = 10
+MIB = 1 << 20
+
+
+class SetupError(Exception):
+    """A prerequisite (GPU, CuPy, scikit-learn, gpupool) is missing: exit status 2."""
+
+
+def _one_line(exc):
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def mib(nbytes):
+    return f"{nbytes / MIB:.3f}"
+
+
+# --- autograd ------------------------------------------------------------------------------------
+
+
+class Tensor:
+    """A node of the graph: a CuPy array, its gradient, its parents and how to pass gradients on."""
+
+    def __init__(self, data, parents=(), requires_grad=False):
+        self.data = data
+        self.grad = None
+        self.requires_grad = requires_grad or any(p.requires_grad for p in parents)
+        self._parents = parents
+        self._backward = None
+
+    def __matmul__(self, other):
+        return matmul(self, other)
+
+    def __add__(self, other):
+        return add(self, other)
+
+    def backward(self):
+        """Fill ``.grad`` of every node that requires it, from this (scalar) node back."""
+        self.grad = cp.ones_like(self.data)
+        for node in reversed(_topological_order(self)):
+            if node._backward is not None and node.grad is not None:
+                node._backward()
+
+
+def _topological_order(root):
+    """Nodes reachable from root, each after all of its parents."""
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        node, parents_done = stack.pop()
+        if parents_done:
+            order.append(node)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((parent, False) for parent in node._parents)
+    return order
+
+
+def _accumulate(node, grad):
+    if node.requires_grad:
+        node.grad = grad if node.grad is None else node.grad + grad
+
+
+def _unbroadcast(grad, shape):
+    """Sum grad over the axes that broadcasting added or stretched to reach it from shape."""
+    while grad.ndim > len(shape):
+        grad = grad.sum(axis=0)
+    for axis, size in enumerate(shape):
+        if size == 1 and grad.shape[axis] != 1:
+            grad = grad.sum(axis=axis, keepdims=True)
+    return grad
+
+
+# Each op's _backward closure refers to `out`, the node that holds it: the cycle every Python
+# autograd engine makes, and the reason a step's memory waits for the cyclic collector.
+
+
+def matmul(a, b):
+    out = Tensor(a.data @ b.data, (a, b))
+
+    def _backward():
+        if a.requires_grad:
+            _accumulate(a, out.grad @ b.data.T)
+        if b.requires_grad:
+            _accumulate(b, a.data.T @ out.grad)
+
+    out._backward = _backward
+    return out
+
+
+def add(a, b):
+    out = Tensor(a.data + b.data, (a, b))
+
+    def _backward():
+        _accumulate(a, _unbroadcast(out.grad, a.data.shape))
+        _accumulate(b, _unbroadcast(out.grad, b.data.shape))
+
+    out._backward = _backward
+    return out
+
+
+def relu(x):
+    out = Tensor(cp.maximum(x.data, 0), (x,))
+
+    def _backward():
+        _accumulate(x, out.grad * (x.data > 0))
+
+    out._backward = _backward
+    return out
+
+
+def softmax_cross_entropy(logits, labels):
+    """Per-row ``-log softmax(logits)[label]``; the row maximum is subtracted first, for stability.
+
+    ``labels`` is a CuPy integer array of class indices, one per row of ``logits``.
+    """
+    rows = cp.arange(labels.shape[0])
+    shifted = logits.data - logits.data.max(axis=1, keepdims=True)
+    log_probs = shifted - cp.log(cp.exp(shifted).sum(axis=1, keepdims=True))
+    out = Tensor(-log_probs[rows, labels], (logits,))
+
+    def _backward():
+        grad = cp.exp(log_probs)
+        grad[rows, labels] -= 1
+        _accumulate(logits, grad * out.grad[:, None])
+
+    out._backward = _backward
+    return out
+
+
+def mean(x):
+    out = Tensor(x.data.mean(), (x,))
+
+    def _backward():
+        _accumulate(x, cp.ones_like(x.data) * (out.grad / x.data.size))
+
+    out._backward = _backward
+    return out
+
+
+# --- model and data ------------------------------------------------------------------------------
+
+
+def _parameter(host_array):
+    return Tensor(cp.asarray(host_array, dtype=cp.float32), requires_grad=True)
+
+
+class MLP:
+    """Two dense layers with a ReLU between them, He-initialised from a NumPy RandomState."""
+
+    def __init__(self, n_in, n_hidden, n_out, rng):
+        self.w1 = _parameter(rng.standard_normal((n_in, n_hidden)) * np.sqrt(2.0 / n_in))
+        self.b1 = _parameter(np.zeros(n_hidden))
+        self.w2 = _parameter(rng.standard_normal((n_hidden, n_out)) * np.sqrt(2.0 / n_hidden))
+        self.b2 = _parameter(np.zeros(n_out))
+
+    def parameters(self):
+        return (self.w1, self.b1, self.w2, self.b2)
+
+    def __call__(self, x):
+        return relu(x @ self.w1 + self.b1) @ self.w2 + self.b2
+
+    def predict(self, x):
+        """Class indices for the rows of the CuPy array x; builds no graph."""
+        hidden = cp.maximum(x @ self.w1.data + self.b1.data, 0)
+        return (hidden @ self.w2.data + self.b2.data).argmax(axis=1)
+
+
+def sgd_update(parameters, lr):
+    for p in parameters:
+        p.data -= lr * p.grad  # in place: the parameter keeps the buffer it got before training
+        p.grad = None  # so that no buffer of the step outlives it outside the cycles
+
+
+@dataclass
+class Digits:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def load_data():
+    """The digits, split 75/25 (stratified), standardised with the training split's statistics."""
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError:
+        raise SetupError(
+            "scikit-learn is needed for the digits data set: pip install scikit-learn"
+        ) from None
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.25, random_state=0, stratify=y
+    )
+    centre, scale = x_train.mean(axis=0), x_train.std(axis=0)
+    scale[scale == 0] = 1.0  # some border pixels are 0 in every training image
+    return Digits(
+        ((x_train - centre) / scale).astype(np.float32),
+        y_train.astype(np.int64),
+        ((x_test - centre) / scale).astype(np.float32),
+        y_test.astype(np.int64),
+    )
+
+
+# --- memory back ends ----------------------------------------------------------------------------
+
+
+class GpupoolMemory:
+    """A fresh gpupool Pool serving CuPy; with use_region, one Region entered around every step."""
+
+    peak_sampled = False
+
+    def __init__(self, gpupool, device, use_region):
+        self.name = "region" if use_region else "no-region"
+        self._gpupool = gpupool
+        try:
+            self.pool = gpupool.Pool(device=device)
+        except gpupool.NoDeviceError as exc:
+            raise SetupError(_one_line(exc)) from None
+        self.allocator = gpupool.cupy.allocator(self.pool)
+        self.region = gpupool.Region(pool=self.pool) if use_region else None
+        self.step_scope = self.region if use_region else nullcontext()
+
+    def after_step(self):
+        pass
+
+    def reserved_bytes(self):
+        return self.pool.stats().reserved_bytes
+
+    def peak_in_use_bytes(self):
+        return self.pool.stats().peak_in_use_bytes
+
+    def print_status(self):
+        self._gpupool.pool_status(pool=self.pool)
+
+    def print_summary(self):
+        if self.region is None:
+            return
+        s = self.region.stats()
+        print(
+            f"Region: {s.entries} entries, {s.cache_hits} cache hits, {s.cache_misses} cache"
+            f" misses, {mib(s.cached_bytes)} MiB cached, {mib(s.live_at_exit_bytes)} MiB live"
+            f" at exit, peak in use {mib(s.peak_in_use_bytes)} MiB"
+        )
+
+    def close(self):
+        # The measured run is over: collect what no-region left in cycles, so that trim() can
+        # give everything back and the next mode starts on an empty device.
+        gc.collect()
+        if self.region is not None:
+            self.region.release()
+        self.pool.trim()
+
+
+class CupyMemory:
+    """CuPy's own MemoryPool; its peak in use is sampled after every step (a lower bound)."""
+
+    name = "cupy"
+    peak_sampled = True
+
+    def __init__(self):
+        self.pool = cp.cuda.MemoryPool()
+        self.allocator = self.pool.malloc
+        self.step_scope = nullcontext()
+        self._peak_used = 0
+
+    def after_step(self):
+        self._peak_used = max(self._peak_used, self.pool.used_bytes())
+
+    def reserved_bytes(self):
+        return self.pool.total_bytes()
+
+    def peak_in_use_bytes(self):
+        return self._peak_used
+
+    def print_status(self):
+        used, total = self.pool.used_bytes(), self.pool.total_bytes()
+        print(f"CuPy memory pool usage: {mib(used)} MiB ({mib(total)} MiB reserved)")
+
+    def print_summary(self):
+        pass
+
+    def close(self):
+        gc.collect()
+        self.pool.free_all_blocks()
+
+
+def require_gpu():
+    """The current CUDA device's id; SetupError when CuPy or a GPU is missing."""
+    if cp is None:
+        exc = CUPY_IMPORT_ERROR
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "cupy":
+            raise SetupError(
+                "CuPy is not installed (pip install 'gpupool[examples]' on a machine with an"
+                " NVIDIA GPU)"
+            )
+        raise SetupError(f"CuPy cannot be imported: {_one_line(exc)}")
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        raise SetupError(f"no CUDA GPU found: {_one_line(exc)}") from None
+    if count == 0:
+        raise SetupError("no CUDA GPU found: the CUDA runtime reports 0 devices")
+    return cp.cuda.Device().id
+
+
+def make_memory(mode, device):
+    if mode == "cupy":
+        return CupyMemory()
+    try:
+        import gpupool.cupy  # the CuPy adapter is a submodule; this binds `gpupool` too
+    except ImportError as exc:
+        raise SetupError(f"gpupool cannot be imported: {_one_line(exc)}") from None
+    return GpupoolMemory(gpupool, device, use_region=mode == "region")
+
+
+# --- training ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    mode: str
+    accuracy: float
+    peak_in_use_bytes: int
+    reserved_first_epoch: int
+    reserved_last_epoch: int
+    ms_per_step: float
+    peak_sampled: bool
+
+    @property
+    def flat(self):
+        return self.reserved_first_epoch == self.reserved_last_epoch
+
+
+def train_step(model, x, y, batch, lr):
+    """Forward, backward and update on the rows ``batch`` (host indices); the loss as a float.
+
+    On return nothing of the step is referenced from outside: its graph is cyclic garbage.
+    """
+    rows = cp.asarray(batch)
+    loss = mean(softmax_cross_entropy(model(Tensor(x[rows])), y[rows]))
+    loss.backward()
+    sgd_update(model.parameters(), lr)
+    return float(loss.data)
+
+
+def train_epoch(model, x, y, args, rng, memory):
+    """One shuffled pass over (x, y); the loss and the wall time (seconds) of every step."""
+    order = rng.permutation(x.shape[0])
+    stream = cp.cuda.get_current_stream()
+    losses, times = [], []
+    for start in range(0, len(order), args.batch_size):
+        began = time.perf_counter()
+        with memory.step_scope:
+            losses.append(train_step(model, x, y, order[start : start + args.batch_size], args.lr))
+        stream.synchronize()
+        times.append(time.perf_counter() - began)
+        memory.after_step()
+    return losses, times
+
+
+def evaluate(model, x, y):
+    return float((model.predict(x) == y).mean())
+
+
+def train(memory, data, args):
+    """Train a fresh model with memory serving every allocation; the run's measurements."""
+    rng = np.random.RandomState(args.seed)
+    step_times, reserved = [], []
+    with cp.cuda.using_allocator(memory.allocator):
+        model = MLP(data.x_train.shape[1], args.hidden, N_CLASSES, rng)
+        x_train, y_train = cp.asarray(data.x_train), cp.asarray(data.y_train)
+        x_test, y_test = cp.asarray(data.x_test), cp.asarray(data.y_test)
+        for epoch in range(1, args.epochs + 1):
+            losses, times = train_epoch(model, x_train, y_train, args, rng, memory)
+            accuracy = evaluate(model, x_test, y_test)
+            reserved.append(memory.reserved_bytes())
+            step_times.append(times)
+            if not args.quiet:
+                print(
+                    f"[{memory.name}] epoch {epoch:3d}  loss {statistics.fmean(losses):.4f}"
+                    f"  test accuracy {accuracy:.4f}"
+                )
+                memory.print_status()
+    timed = step_times[1:] if len(step_times) >= 2 else step_times  # epoch 1 warms up
+    return RunResult(
+        mode=memory.name,
+        accuracy=accuracy,
+        peak_in_use_bytes=memory.peak_in_use_bytes(),
+        reserved_first_epoch=reserved[0],
+        reserved_last_epoch=reserved[-1],
+        ms_per_step=1e3 * statistics.median(t for epoch in timed for t in epoch),
+        peak_sampled=memory.peak_sampled,
+    )
+
+
+def run_mode(mode, device, data, args):
+    memory = make_memory(mode, device)
+    print(f"== {mode}: {MODE_TITLES[mode]} ==")
+    result = train(memory, data, args)
+    memory.print_summary()
+    memory.close()
+    return result
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def print_table(results, epochs):
+    header = (
+        "mode",
+        "test acc",
+        "peak in use (MiB)",
+        "reserved after epoch 1 (MiB)",
+        f"reserved after epoch {epochs} (MiB)",
+        "flat?",
+        "ms/step",
+    )
+    rows = [
+        (
+            r.mode,
+            f"{r.accuracy:.4f}",
+            mib(r.peak_in_use_bytes) + ("*" if r.peak_sampled else " "),  # digits stay aligned
+            mib(r.reserved_first_epoch),
+            mib(r.reserved_last_epoch),
+            "yes" if r.flat else "no",
+            f"{r.ms_per_step:.3f}",
+        )
+        for r in results
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    warm_up = ", epoch 1 excluded" if epochs >= 2 else ""
+    print(f"\nSummary ({epochs} epochs; ms/step is the median time of a step{warm_up})")
+    for row in (header, tuple("-" * w for w in widths), *rows):
+        cells = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
+        print("  ".join([row[0].ljust(widths[0]), *cells[1:]]))
+    if any(r.peak_sampled for r in results):
+        print("* CuPy pool: the largest used_bytes() seen after a step, not a true peak.")
+
+
+def failed_checks(results, epochs):
+    failures = []
+    for r in results:
+        if r.accuracy < MIN_ACCURACY:
+            failures.append(f"{r.mode}: test accuracy {r.accuracy:.4f} is below {MIN_ACCURACY}")
+        if r.mode == "region" and not r.flat:
+            failures.append(
+                f"region: reserved memory is not flat ({mib(r.reserved_first_epoch)} MiB after"
+                f" epoch 1, {mib(r.reserved_last_epoch)} MiB after epoch {epochs})"
+            )
+    return failures
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description="Train an MLP on scikit-learn's digits with CuPy on gpupool (see the module"
+        " docstring)."
+    )
+    parser.add_argument("--epochs", type=_positive_int, default=30)
+    parser.add_argument("--batch-size", type=_positive_int, default=64)
+    parser.add_argument("--hidden", type=_positive_int, default=128, help="hidden layer width")
+    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    parser.add_argument("--mode", choices=(*MODES, "all"), default="all")
+    parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    parser.add_argument("--seed", type=int, default=0, help="weights and shuffling")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    modes = MODES if args.mode == "all" else (args.mode,)
+    try:
+        device = require_gpu()
+        data = load_data()
+        results = [run_mode(mode, device, data, args) for mode in modes]
+    except SetupError as exc:
+        print(f"train_digits: {exc}", file=sys.stderr)
+        return 2
+    print_table(results, args.epochs)
+    failures = failed_checks(results, args.epochs)
+    for failure in failures:
+        print(f"train_digits: check failed: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

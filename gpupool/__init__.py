@@ -1,0 +1,112 @@
+"""gpupool: a caching GPU memory allocator for every Python array library.
+
+One pool per device serves ``DeviceBuffer`` objects (CUDA Array Interface v3) from size-binned
+free lists with stream-ordered reuse; ``Region`` caches a block of code's allocations across
+iterations with a peak equal to its working set. See DESIGN.md for the contract.
+"""
+
+import threading
+
+from gpupool._buffer import DeviceBuffer
+from gpupool._driver import current_device as _current_device
+from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class
+from gpupool._region import Region
+from gpupool.errors import (
+    CudaError,
+    GpupoolError,
+    InvalidBufferError,
+    NoDeviceError,
+    OutOfMemoryError,
+)
+from gpupool.stats import PoolStats, RegionStats, format_status
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CudaError",
+    "DeviceBuffer",
+    "GpupoolError",
+    "InvalidBufferError",
+    "NoDeviceError",
+    "OutOfMemoryError",
+    "Pool",
+    "PoolStats",
+    "Region",
+    "RegionStats",
+    "allocate",
+    "get_pool",
+    "on_oom",
+    "pool_status",
+    "remove_oom_callback",
+    "size_class",
+]
+
+_pools = {}
+_pools_lock = threading.Lock()
+
+
+def get_pool(device=None):
+    """The default pool of a device (made on first use, on the driver upstream).
+
+    Parameters
+    ----------
+    device : int, optional
+        Device ordinal; default: the device of the calling thread's current CUDA context,
+        or 0 when there is none.
+
+    Returns
+    -------
+    Pool
+
+    Raises
+    ------
+    NoDeviceError
+        No driver, or no such device.
+    """
+    if device is None:
+        device = _current_device()
+    pool = _pools.get(device)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(device)
+            if pool is None:
+                pool = _pools[device] = Pool(device=device)
+    return pool
+
+
+def allocate(nbytes, stream=None, device=None):
+    """Allocate from the default pool of ``device``; see :meth:`Pool.allocate`.
+
+    Parameters
+    ----------
+    nbytes : int
+        Bytes, >= 0.
+    stream : int, stream object or None
+        Stream the buffer is used on (None: the legacy default stream).
+    device : int, optional
+        Device ordinal; default: the current device.
+
+    Returns
+    -------
+    DeviceBuffer
+    """
+    return get_pool(device).allocate(nbytes, stream)
+
+
+def pool_status(device=None, pool=None):
+    """Print the device's memory use and the pool's, in the familiar two-line form::
+
+        Effective GPU memory usage: 2.98% (716.688 MiB/23.465 GiB)
+        Memory pool usage: 1.586 MiB (32.000 MiB reserved)
+
+    Parameters
+    ----------
+    device : int, optional
+        Report on this device's default pool.
+    pool : Pool, optional
+        Report on this pool instead.
+    """
+    pool = get_pool(device) if pool is None else pool
+    free, total = pool.mem_info()
+    stats = pool.stats()
+    print(format_status(free, total, stats.in_use_bytes, stats.reserved_bytes))

@@ -1,0 +1,64 @@
+# The pool's C-level records: blocks of device memory, the slabs small blocks are carved from,
+# free lists binned by size class and stream, and a region's cache. Types only; the code that
+# keeps them is in _pool.pyx.
+from libc.stdint cimport uintptr_t
+from libcpp.vector cimport vector
+from libcpp.pair cimport pair
+from cpython.ref cimport PyObject
+
+# A stream as the pool tells streams apart. The per-thread default stream has one handle value
+# (CU_STREAM_PER_THREAD) that names another stream in every thread, so its key carries the
+# thread; the legacy default stream is handle 0 (CU_STREAM_LEGACY is folded into it).
+cdef struct StreamKey:
+    uintptr_t handle
+    uintptr_t thread
+
+cdef enum BlockState:
+    LIVE = 1            # owned by a DeviceBuffer
+    FREE_POOL = 2       # in the pool's free lists
+    FREE_REGION = 3     # in a region's free lists
+
+cdef struct Slab:
+    uintptr_t ptr
+    size_t nbytes
+    size_t nblocks
+    size_t free_in_pool     # blocks of this slab now in the pool's free lists
+    Block* blocks           # nblocks records, one allocation
+
+cdef struct Block:
+    uintptr_t ptr
+    size_t size                     # size-class bytes
+    int cls                         # size-class index
+    BlockState state
+    Slab* slab                      # NULL: the block is its own upstream allocation
+    StreamKey stream                # stream of last use
+    uintptr_t event                 # recorded on `stream` after its last use; 0: none yet
+    vector[uintptr_t]* extra_events     # recorded on streams added with record_stream
+    vector[StreamKey]* extra_streams    # streams added with record_stream while live
+    RegionCache* region             # the region the block returns to when freed; NULL: pool
+    Block* live_prev                # the region's list of its live blocks
+    Block* live_next
+    PyObject* buffer                # the DeviceBuffer that owns it while live (borrowed)
+
+# Free blocks of one (size class, stream), lowest address first: the same request sequence
+# then gets the same addresses whatever order the blocks were freed in.
+ctypedef pair[uintptr_t, Block*] HeapItem      # (~ptr, block): std heaps are max-heaps
+
+cdef cppclass StreamBin:
+    StreamKey key
+    vector[HeapItem] heap
+
+cdef cppclass FreeLists:
+    vector[vector[StreamBin]] bins      # by size class
+
+cdef cppclass RegionCache:
+    void* pool                  # the Pool it belongs to (borrowed; the Region keeps it alive)
+    FreeLists free
+    Block* live_head
+    size_t live_count
+    size_t live_bytes           # bytes of its live blocks: the region's bytes in use
+    size_t cached_bytes
+    size_t peak_in_use_bytes
+    size_t hits
+    size_t misses
+    size_t max_cached_bytes     # 0: no cap

@@ -1,0 +1,267 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""DeviceBuffer: one block of device memory, readable by any array library without a copy.
+
+It exports the CUDA Array Interface (version 3) and copies to and from host memory on a
+stream. Its block goes back to the pool, or to the region it was allocated in, when its last
+reference goes or when it is closed.
+"""
+from cpython.ref cimport PyObject
+from libc.stdint cimport uintptr_t
+from gpupool._block cimport Block, StreamKey
+from gpupool._pool cimport Pool, set_buffer_factory, stream_key, stream_handle, forked
+from gpupool._upstream cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
+
+cimport cython
+
+import numpy as np
+
+from gpupool.errors import InvalidBufferError
+
+
+cdef object _new_buffer(Pool pool, Block* blk, size_t nbytes, StreamKey stream):
+    cdef DeviceBuffer buf = DeviceBuffer.__new__(DeviceBuffer)
+    buf.pool = pool
+    buf._blk = blk
+    buf.nbytes = nbytes
+    buf._stream = stream
+    if blk != NULL:
+        buf._ptr = blk.ptr
+        blk.buffer = <PyObject*>buf
+    return buf
+
+
+set_buffer_factory(_new_buffer)
+
+
+cdef inline object _cai_stream(uintptr_t handle):
+    # CAI v3: 1 is the legacy default stream, 2 the per-thread default stream; 0 is not allowed.
+    return 1 if handle == 0 else handle
+
+
+# Not tracked by the garbage collector: a buffer refers only to its pool, which never refers
+# back, and the collector's tp_clear would otherwise drop the pool before __dealloc__ runs.
+@cython.no_gc
+cdef class DeviceBuffer:
+    """Device memory owned by a pool; made by ``Pool.allocate`` or ``gpupool.allocate``.
+
+    Attributes
+    ----------
+    ptr : int
+        Device pointer (256-byte aligned; 0 for an empty buffer).
+    nbytes : int
+        Size requested, in bytes.
+    device : int
+        Device ordinal.
+    stream : int
+        Handle of the stream the buffer is used on (0: legacy default stream). Assign a new
+        handle or stream object when the buffer moves to another stream: its block is then
+        reused on that stream without a wait, and on others only after that stream's work.
+    pool : Pool
+        The pool that owns the memory.
+    """
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("DeviceBuffer is made by Pool.allocate() or gpupool.allocate()")
+
+    def __dealloc__(self):
+        # Never raises; a buffer inherited through fork() is left alone.
+        if self._blk != NULL and not forked():
+            self.pool.release(self._blk, self._stream)
+            self._blk = NULL
+
+    cdef uintptr_t _live_ptr(self) except? 0:
+        if self._state == OPEN:
+            return self._ptr
+        if self._state == CLOSED:
+            raise InvalidBufferError("the buffer was closed; its memory went back to the pool")
+        raise InvalidBufferError(
+            "the buffer was invalidated when its region exited (on_exit='invalidate'); keep it "
+            "with region.keep(buf), or allocate it under gpupool.uncached() to outlive the step")
+
+    cdef void invalidate_locked(self) noexcept:
+        """Mark the buffer invalid; the caller holds the pool's lock and frees the block."""
+        self._state = INVALIDATED
+        self._blk = NULL
+
+    @property
+    def ptr(self):
+        """Device pointer (``CUdeviceptr``) as an int; raises if closed or invalidated."""
+        return self._live_ptr()
+
+    @property
+    def device(self):
+        """Device ordinal of the memory."""
+        return self.pool.device
+
+    @property
+    def closed(self):
+        """True once the buffer was closed or invalidated."""
+        return self._state != OPEN
+
+    @property
+    def stream(self):
+        """Handle of the stream the buffer is used on (0: the legacy default stream)."""
+        return self._stream.handle
+
+    @stream.setter
+    def stream(self, stream):
+        self._live_ptr()
+        self._stream = stream_key(stream_handle(stream))
+
+    @property
+    def __cuda_array_interface__(self):
+        """CUDA Array Interface v3: a 1-D ``|u1`` array of ``nbytes`` over the memory.
+
+        ``stream`` is the buffer's stream (1 for the legacy default stream, 2 for the
+        per-thread one), so consumers order their work after the producer's.
+        """
+        return {
+            "shape": (self.nbytes,),
+            "typestr": "|u1",
+            "data": (self._live_ptr(), False),
+            "version": 3,
+            "strides": None,
+            "stream": _cai_stream(self._stream.handle),
+        }
+
+    def record_stream(self, stream):
+        """Mark the memory as used on another stream too.
+
+        The block is then reused only after the work submitted to ``stream`` before the
+        buffer's free has completed (as ``torch.Tensor.record_stream``).
+
+        Parameters
+        ----------
+        stream : int, stream object or None
+            See ``Pool.allocate``.
+        """
+        cdef uintptr_t handle = stream_handle(stream)
+        self._live_ptr()
+        if self._blk != NULL:
+            self.pool.add_stream(self._blk, stream_key(handle))
+
+    def close(self):
+        """Give the memory back now (to the pool or its region). Later use raises
+        ``InvalidBufferError``; closing again does nothing."""
+        if self._blk != NULL and not forked():
+            self.pool.release(self._blk, self._stream)
+        self._blk = NULL
+        if self._state == OPEN:
+            self._state = CLOSED
+
+    def __enter__(self):
+        self._live_ptr()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __len__(self):
+        return self.nbytes
+
+    def copy_from_host(self, src, stream=None):
+        """Copy host memory (or another device buffer) into the start of this buffer.
+
+        Parameters
+        ----------
+        src : numpy.ndarray, bytes-like, DeviceBuffer or CUDA Array Interface object
+            C-contiguous source of at most ``nbytes`` bytes. Device sources are copied
+            device to device.
+        stream : int, stream object or None
+            Stream for the copy; default: the buffer's stream. The copy is ordered after
+            earlier work on that stream; host sources can be reused when this returns
+            (``cuMemcpyHtoDAsync`` with pageable memory, ``cuMemcpyDtoDAsync``).
+
+        Raises
+        ------
+        ValueError
+            The source is larger than the buffer or not contiguous.
+        InvalidBufferError
+            The buffer was closed or invalidated.
+        """
+        cdef uintptr_t dst = self._live_ptr()
+        cdef uintptr_t s = self._stream.handle if stream is None else stream_handle(stream)
+        cdef size_t n
+        if hasattr(src, "__cuda_array_interface__"):
+            cai = src.__cuda_array_interface__
+            if cai.get("strides") is not None and not _c_contiguous(cai):
+                raise ValueError("the device source must be C-contiguous")
+            n = _cai_nbytes(cai)
+            kind, src_ptr, keep = DEVICE_TO_DEVICE, cai["data"][0], src
+        else:
+            keep = np.ascontiguousarray(np.frombuffer(src, np.uint8) if isinstance(
+                src, (bytes, bytearray, memoryview)) else src)
+            n = keep.nbytes
+            kind, src_ptr = HOST_TO_DEVICE, keep.ctypes.data
+        if n > self.nbytes:
+            raise ValueError(f"source has {n} bytes, the buffer {self.nbytes}")
+        if n:
+            self.pool.upstream.raise_error(
+                self.pool.upstream.copy(kind, dst, src_ptr, n, s), "copy_from_host")
+
+    def copy_to_host(self, out=None, stream=None):
+        """Copy the buffer's bytes to host memory.
+
+        Parameters
+        ----------
+        out : numpy.ndarray, optional
+            Writable C-contiguous array of exactly ``nbytes`` bytes (any dtype); default: a
+            new ``uint8`` array of shape ``(nbytes,)``.
+        stream : int, stream object or None
+            Stream for the copy; default: the buffer's stream. The call returns once the
+            copy (and earlier work on that stream) has completed (``cuMemcpyDtoHAsync``
+            followed by ``cuStreamSynchronize``).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``out``, filled.
+        """
+        cdef uintptr_t src = self._live_ptr()
+        cdef uintptr_t s = self._stream.handle if stream is None else stream_handle(stream)
+        if out is None:
+            out = np.empty(self.nbytes, dtype=np.uint8)
+        elif not isinstance(out, np.ndarray) or not out.flags.c_contiguous \
+                or not out.flags.writeable:
+            raise ValueError("out must be a writable C-contiguous numpy array")
+        if out.nbytes != self.nbytes:
+            raise ValueError(f"out has {out.nbytes} bytes, the buffer {self.nbytes}")
+        if self.nbytes:
+            self.pool.upstream.raise_error(
+                self.pool.upstream.copy(DEVICE_TO_HOST, out.ctypes.data, src, self.nbytes, s),
+                "copy_to_host")
+        return out
+
+    def memset(self, int value, stream=None):
+        """Set every byte to ``value`` (0-255) on ``stream`` (default: the buffer's), ordered
+        after earlier work on that stream (``cuMemsetD8Async``); does not wait for it."""
+        cdef uintptr_t dst = self._live_ptr()
+        cdef uintptr_t s = self._stream.handle if stream is None else stream_handle(stream)
+        if not 0 <= value <= 255:
+            raise ValueError(f"value must be a byte (0-255), got {value}")
+        if self.nbytes:
+            self.pool.upstream.raise_error(
+                self.pool.upstream.memset(dst, <unsigned char>value, self.nbytes, s), "memset")
+
+    def __repr__(self):
+        state = ("", " closed", " invalidated")[<int>self._state]
+        return (f"<gpupool.DeviceBuffer ptr={self._ptr:#x} nbytes={self.nbytes} "
+                f"device={self.pool.device} stream={self._stream.handle:#x}{state}>")
+
+
+def _cai_nbytes(cai):
+    n = np.dtype(cai["typestr"]).itemsize
+    for extent in cai["shape"]:
+        n *= extent
+    return n
+
+
+def _c_contiguous(cai):
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    expected = itemsize
+    for extent, stride in zip(reversed(cai["shape"]), reversed(cai["strides"])):
+        if extent > 1 and stride != expected:
+            return False
+        expected *= extent
+    return True

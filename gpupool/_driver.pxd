@@ -1,0 +1,38 @@
+# Checked wrappers over the CUDA driver API (cuda.bindings.cydriver).
+#
+# Each wrapper returns the CUresult and never raises, so it can run without the GIL on the
+# pool's hot path; cydriver raises a Python exception when libcuda or a symbol is missing, and
+# the wrappers turn that into GP_NO_DRIVER instead of letting a noexcept caller swallow it
+# as CUDA_SUCCESS (the trap in DESIGN.md's build notes). check() raises from a result.
+from libc.stdint cimport uintptr_t
+from cuda.bindings.cydriver cimport (
+    CUresult, CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice,
+)
+
+cdef enum:
+    GP_NO_DRIVER = 100000     # libcuda or a driver symbol could not be loaded
+
+cdef CUresult init() noexcept nogil
+cdef CUresult device_count(int* count) noexcept nogil
+cdef CUresult device_get(CUdevice* dev, int ordinal) noexcept nogil
+cdef CUresult primary_ctx_retain(CUcontext* ctx, CUdevice dev) noexcept nogil
+cdef CUresult primary_ctx_release(CUdevice dev) noexcept nogil
+cdef CUresult ctx_get_current(CUcontext* ctx) noexcept nogil
+cdef CUresult ctx_set_current(CUcontext ctx) noexcept nogil
+cdef CUresult ctx_get_device(CUdevice* dev) noexcept nogil
+cdef CUresult ctx_synchronize() noexcept nogil
+cdef CUresult mem_alloc(CUdeviceptr* ptr, size_t nbytes) noexcept nogil
+cdef CUresult mem_free(CUdeviceptr ptr) noexcept nogil
+cdef CUresult mem_get_info(size_t* free, size_t* total) noexcept nogil
+cdef CUresult memcpy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream s) noexcept nogil
+cdef CUresult memcpy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream s) noexcept nogil
+cdef CUresult memcpy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) noexcept nogil
+cdef CUresult memset_d8(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) noexcept nogil
+cdef CUresult stream_synchronize(CUstream s) noexcept nogil
+cdef CUresult stream_wait_event(CUstream s, CUevent e) noexcept nogil
+cdef CUresult event_create(CUevent* e) noexcept nogil
+cdef CUresult event_destroy(CUevent e) noexcept nogil
+cdef CUresult event_record(CUevent e, CUstream s) noexcept nogil
+cdef CUresult event_query(CUevent e) noexcept nogil
+
+cdef int check(CUresult result, str what) except -1

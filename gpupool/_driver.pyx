@@ -1,0 +1,175 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Checked wrappers over the CUDA driver API, through ``cuda.bindings.cydriver``.
+
+Nothing links against libcuda: cydriver loads it on the first call and raises a Python
+``RuntimeError`` when it cannot. The wrappers call cydriver through a function pointer typed
+``noexcept`` and look for that pending exception only when the result is cydriver's error
+sentinel (CUDA_ERROR_NOT_FOUND), so the common path costs one indirect call and no GIL.
+"""
+from cpython.exc cimport PyErr_Occurred, PyErr_Clear
+from cuda.bindings cimport cydriver
+from cuda.bindings.cydriver cimport CUDA_SUCCESS, CUDA_ERROR_NOT_FOUND
+
+from gpupool.errors import CudaError, NoDeviceError
+
+ctypedef CUresult (*fn_u)(unsigned int) noexcept nogil
+ctypedef CUresult (*fn_pi)(int*) noexcept nogil
+ctypedef CUresult (*fn_dev_get)(CUdevice*, int) noexcept nogil
+ctypedef CUresult (*fn_ctx_retain)(CUcontext*, CUdevice) noexcept nogil
+ctypedef CUresult (*fn_dev)(CUdevice) noexcept nogil
+ctypedef CUresult (*fn_pctx)(CUcontext*) noexcept nogil
+ctypedef CUresult (*fn_ctx)(CUcontext) noexcept nogil
+ctypedef CUresult (*fn_pdev)(CUdevice*) noexcept nogil
+ctypedef CUresult (*fn_void)() noexcept nogil
+ctypedef CUresult (*fn_alloc)(CUdeviceptr*, size_t) noexcept nogil
+ctypedef CUresult (*fn_free)(CUdeviceptr) noexcept nogil
+ctypedef CUresult (*fn_info)(size_t*, size_t*) noexcept nogil
+ctypedef CUresult (*fn_htod)(CUdeviceptr, const void*, size_t, CUstream) noexcept nogil
+ctypedef CUresult (*fn_dtoh)(void*, CUdeviceptr, size_t, CUstream) noexcept nogil
+ctypedef CUresult (*fn_dtod)(CUdeviceptr, CUdeviceptr, size_t, CUstream) noexcept nogil
+ctypedef CUresult (*fn_memset)(CUdeviceptr, unsigned char, size_t, CUstream) noexcept nogil
+ctypedef CUresult (*fn_stream)(CUstream) noexcept nogil
+ctypedef CUresult (*fn_wait)(CUstream, CUevent, unsigned int) noexcept nogil
+ctypedef CUresult (*fn_event_create)(CUevent*, unsigned int) noexcept nogil
+ctypedef CUresult (*fn_event)(CUevent) noexcept nogil
+ctypedef CUresult (*fn_record)(CUevent, CUstream) noexcept nogil
+ctypedef CUresult (*fn_name)(CUresult, const char**) noexcept nogil
+
+
+cdef inline CUresult _result(CUresult r) noexcept nogil:
+    # cydriver returns CUDA_ERROR_NOT_FOUND with a Python exception set when libcuda or the
+    # symbol is missing; a real CUDA_ERROR_NOT_FOUND from the driver has none.
+    if r == CUDA_ERROR_NOT_FOUND:
+        with gil:
+            if PyErr_Occurred() != NULL:
+                PyErr_Clear()
+                return <CUresult>GP_NO_DRIVER
+    return r
+
+
+cdef CUresult init() noexcept nogil:
+    return _result((<fn_u>cydriver.cuInit)(0))
+
+cdef CUresult device_count(int* count) noexcept nogil:
+    return _result((<fn_pi>cydriver.cuDeviceGetCount)(count))
+
+cdef CUresult device_get(CUdevice* dev, int ordinal) noexcept nogil:
+    return _result((<fn_dev_get>cydriver.cuDeviceGet)(dev, ordinal))
+
+cdef CUresult primary_ctx_retain(CUcontext* ctx, CUdevice dev) noexcept nogil:
+    return _result((<fn_ctx_retain>cydriver.cuDevicePrimaryCtxRetain)(ctx, dev))
+
+cdef CUresult primary_ctx_release(CUdevice dev) noexcept nogil:
+    return _result((<fn_dev>cydriver.cuDevicePrimaryCtxRelease)(dev))
+
+cdef CUresult ctx_get_current(CUcontext* ctx) noexcept nogil:
+    return _result((<fn_pctx>cydriver.cuCtxGetCurrent)(ctx))
+
+cdef CUresult ctx_set_current(CUcontext ctx) noexcept nogil:
+    return _result((<fn_ctx>cydriver.cuCtxSetCurrent)(ctx))
+
+cdef CUresult ctx_get_device(CUdevice* dev) noexcept nogil:
+    return _result((<fn_pdev>cydriver.cuCtxGetDevice)(dev))
+
+cdef CUresult ctx_synchronize() noexcept nogil:
+    return _result((<fn_void>cydriver.cuCtxSynchronize)())
+
+cdef CUresult mem_alloc(CUdeviceptr* ptr, size_t nbytes) noexcept nogil:
+    return _result((<fn_alloc>cydriver.cuMemAlloc)(ptr, nbytes))
+
+cdef CUresult mem_free(CUdeviceptr ptr) noexcept nogil:
+    return _result((<fn_free>cydriver.cuMemFree)(ptr))
+
+cdef CUresult mem_get_info(size_t* free, size_t* total) noexcept nogil:
+    return _result((<fn_info>cydriver.cuMemGetInfo)(free, total))
+
+cdef CUresult memcpy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream s) noexcept nogil:
+    return _result((<fn_htod>cydriver.cuMemcpyHtoDAsync)(dst, src, n, s))
+
+cdef CUresult memcpy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream s) noexcept nogil:
+    return _result((<fn_dtoh>cydriver.cuMemcpyDtoHAsync)(dst, src, n, s))
+
+cdef CUresult memcpy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) noexcept nogil:
+    return _result((<fn_dtod>cydriver.cuMemcpyDtoDAsync)(dst, src, n, s))
+
+cdef CUresult memset_d8(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) noexcept nogil:
+    return _result((<fn_memset>cydriver.cuMemsetD8Async)(dst, value, n, s))
+
+cdef CUresult stream_synchronize(CUstream s) noexcept nogil:
+    return _result((<fn_stream>cydriver.cuStreamSynchronize)(s))
+
+cdef CUresult stream_wait_event(CUstream s, CUevent e) noexcept nogil:
+    return _result((<fn_wait>cydriver.cuStreamWaitEvent)(s, e, 0))
+
+cdef CUresult event_create(CUevent* e) noexcept nogil:
+    return _result((<fn_event_create>cydriver.cuEventCreate)(e, cydriver.CU_EVENT_DISABLE_TIMING))
+
+cdef CUresult event_destroy(CUevent e) noexcept nogil:
+    return _result((<fn_event>cydriver.cuEventDestroy)(e))
+
+cdef CUresult event_record(CUevent e, CUstream s) noexcept nogil:
+    return _result((<fn_record>cydriver.cuEventRecord)(e, s))
+
+cdef CUresult event_query(CUevent e) noexcept nogil:
+    return _result((<fn_event>cydriver.cuEventQuery)(e))
+
+
+cdef str _name(CUresult result):
+    cdef const char* text = NULL
+    if _result((<fn_name>cydriver.cuGetErrorName)(result, &text)) == CUDA_SUCCESS and text:
+        return text.decode()
+    return f"CUresult {<int>result}"
+
+
+cdef str _description(CUresult result):
+    cdef const char* text = NULL
+    if _result((<fn_name>cydriver.cuGetErrorString)(result, &text)) == CUDA_SUCCESS and text:
+        return text.decode()
+    return "unknown error"
+
+
+def error_name(int code):
+    """Name of a ``CUresult`` code (``cuGetErrorName``), for messages."""
+    if code == GP_NO_DRIVER:
+        return "NO_DRIVER"
+    return _name(<CUresult>code)
+
+
+cdef int check(CUresult result, str what) except -1:
+    """Raise the exception for a driver result: nothing for CUDA_SUCCESS.
+
+    Raises
+    ------
+    NoDeviceError
+        libcuda could not be loaded, or there is no CUDA device.
+    CudaError
+        Any other failure, with the code, its name and ``what`` (the call that failed).
+    """
+    if result == CUDA_SUCCESS:
+        return 0
+    if result == GP_NO_DRIVER:
+        raise NoDeviceError(
+            f"no CUDA driver: libcuda could not be loaded ({what}); gpupool needs an NVIDIA "
+            "driver, or gpupool.testing.SimulatedDevice as the upstream"
+        )
+    if result in (cydriver.CUDA_ERROR_NO_DEVICE, cydriver.CUDA_ERROR_INVALID_DEVICE):
+        raise NoDeviceError(f"{_name(result)}: {_description(result)} ({what})")
+    raise CudaError(<int>result, _name(result), f"{_description(result)} (in {what})")
+
+
+def current_device():
+    """Ordinal of the device of the calling thread's current context; 0 when there is none.
+
+    Raises
+    ------
+    NoDeviceError
+        No driver.
+    """
+    cdef CUcontext ctx = NULL
+    cdef CUdevice dev = 0
+    check(init(), "cuInit")
+    check(ctx_get_current(&ctx), "cuCtxGetCurrent")
+    if ctx == NULL:
+        return 0
+    check(ctx_get_device(&dev), "cuCtxGetDevice")
+    return <int>dev

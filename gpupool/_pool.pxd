@@ -1,0 +1,75 @@
+# The pool: size classes, free lists binned by (size class, stream), stream-ordered reuse,
+# slabs, limits and the first rungs of the out-of-memory ladder. C-level, under one mutex.
+from libc.stdint cimport uintptr_t
+from libcpp.vector cimport vector
+from gpupool._block cimport Block, StreamKey, FreeLists, RegionCache
+from gpupool._upstream cimport Upstream
+
+cdef extern from "<mutex>" namespace "std" nogil:
+    cppclass mutex:
+        void lock()
+        bint try_lock()
+        void unlock()
+
+cdef struct Counters:
+    size_t in_use
+    size_t peak_in_use
+    size_t reserved
+    size_t peak_reserved
+    size_t cached
+    size_t num_allocs
+    size_t num_frees
+    size_t cache_hits
+    size_t cache_misses
+    size_t upstream_allocs
+    size_t upstream_frees
+    size_t oom_retries
+
+cdef enum:
+    GP_REENTRANT = 100002     # the pool was entered again by the thread holding its lock
+    GP_FORKED = 100003        # the pool was inherited through fork()
+
+ctypedef object (*buffer_factory)(Pool pool, Block* blk, size_t nbytes, StreamKey stream)
+
+cdef class Pool:
+    cdef mutex _mutex
+    cdef uintptr_t _owner               # thread holding _mutex, 0 when free
+    cdef vector[Block*] _deferred       # frees made by _owner while it held the lock
+    cdef readonly Upstream upstream
+    cdef readonly int device
+    cdef FreeLists _free
+    cdef vector[uintptr_t] _events      # recycled events
+    cdef vector[RegionCache*] _regions  # caches of this pool's regions, for the OOM ladder
+    cdef Counters c
+    cdef size_t _hard_limit             # 0: none
+    cdef size_t _soft_limit             # 0: none
+    cdef object __weakref__
+
+    cdef void lock(self) noexcept
+    cdef RegionCache* _current_region(self) noexcept
+    cdef uintptr_t _event(self) noexcept
+    cdef void _drop_events(self, Block* b) noexcept
+    cdef bint _ready(self, Block* b, StreamKey s) noexcept
+    cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept
+    cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept
+    cdef int _new_slab(self, int cls, size_t size, Block** out) noexcept
+    cdef int _new_block(self, int cls, size_t size, Block** out) noexcept
+    cdef int _grow(self, int cls, size_t size, Block** out) noexcept
+    cdef void unlock(self) noexcept
+    cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept
+    cdef void release(self, Block* blk, StreamKey stream) noexcept
+    cdef void release_locked(self, Block* blk, StreamKey stream) noexcept
+    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept
+    cdef void region_register(self, RegionCache* rc) noexcept
+    cdef void region_unregister(self, RegionCache* rc) noexcept
+    cdef void region_drain(self, RegionCache* rc) noexcept
+    cdef void region_detach(self, Block* blk) noexcept
+    cdef size_t release_cached(self) noexcept
+    cdef object raise_status(self, int status, size_t nbytes)
+
+cdef StreamKey stream_key(uintptr_t handle) noexcept nogil
+cdef uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF
+cdef void set_buffer_factory(buffer_factory factory) noexcept
+cdef void region_push(RegionCache* rc) noexcept nogil
+cdef void region_pop(RegionCache* rc) noexcept nogil
+cdef bint forked() noexcept nogil

@@ -1,0 +1,835 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The pool: size classes, free lists, stream-ordered reuse, slabs, limits, statistics.
+
+Policy in brief (DESIGN.md has the contract):
+
+* A request is rounded up to a size class: multiples of 512 B up to 4 KiB, then eight classes
+  per power of two, so rounding wastes at most 511 B below 4 KiB and at most 1/8 above.
+* Blocks of classes up to 256 KiB are carved from slabs of about 2 MiB, so the upstream is not
+  called for every small allocation; a slab goes back only when all its blocks are free.
+* Free blocks are binned by (size class, stream). A block goes back to its own stream at once.
+  Another stream takes it only once an event recorded on the old stream after its last use
+  reports complete (``cuEventQuery``); the allocation path never blocks the host.
+* When the upstream fails: release this pool's cached blocks, retry; drain every region's
+  cache, retry; then the caller runs the ``on_oom`` callbacks and retries once more before
+  raising ``OutOfMemoryError``.
+
+Everything here runs under the pool's mutex, taken without blocking other Python threads
+(the GIL is released while waiting). A free made by the thread that holds the mutex (a
+garbage collection run by a Python upstream, say) is deferred until that thread unlocks.
+"""
+from cpython.ref cimport PyObject
+from libc.stdint cimport uintptr_t
+from libc.stdlib cimport malloc, calloc, free
+from libcpp.vector cimport vector
+from libcpp.algorithm cimport push_heap, pop_heap
+from gpupool._block cimport (
+    Block, Slab, StreamKey, StreamBin, FreeLists, RegionCache, HeapItem,
+    LIVE, FREE_POOL, FREE_REGION,
+)
+from gpupool._upstream cimport Upstream, DriverUpstream, GP_PY_ERROR
+from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
+
+import threading
+
+from gpupool.errors import GpupoolError, OutOfMemoryError
+from gpupool.stats import PoolStats, format_bytes
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef unsigned long pthread_t
+    pthread_t pthread_self()
+    int pthread_atfork(void (*prepare)() noexcept, void (*parent)() noexcept,
+                       void (*child)() noexcept)
+
+cdef extern from *:
+    """
+    #include <vector>
+    static thread_local std::vector<void*> gp_region_stack;
+    static int gp_forked = 0;
+    static void gp_on_fork_child(void) { gp_forked = 1; }
+    """
+    vector[void*] gp_region_stack
+    int gp_forked
+    void gp_on_fork_child() noexcept nogil
+
+pthread_atfork(NULL, NULL, gp_on_fork_child)
+
+# Size classes and slabs.
+cdef size_t SMALL_STEP = 512            # class granularity up to SMALL_MAX
+cdef size_t SMALL_MAX = 4096
+cdef int SMALL_CLASSES = 8              # SMALL_MAX / SMALL_STEP
+cdef size_t SLAB_BYTES = 2 << 20
+cdef size_t SLAB_BLOCK_MAX = 256 << 10  # larger blocks come straight from the upstream
+cdef size_t MAX_NBYTES = 1 << 50        # requests above 1 PiB are refused as absurd
+
+cdef uintptr_t STREAM_LEGACY = 1        # CU_STREAM_LEGACY, folded into handle 0
+cdef uintptr_t STREAM_PER_THREAD = 2    # CU_STREAM_PER_THREAD
+cdef uintptr_t HANDLE_MAX = <uintptr_t>0xFFFFFFFFFFFFFFFF
+cdef StreamKey NO_STREAM = StreamKey(HANDLE_MAX, 0)   # never used: any stream may take it
+
+cdef buffer_factory _make_buffer = NULL
+_oom_callbacks = []
+
+
+cdef inline int _bit_length(size_t n) noexcept nogil:
+    return 64 - __builtin_clzll(n) if n else 0
+
+cdef extern from *:
+    int __builtin_clzll(unsigned long long) nogil
+
+
+cdef inline int class_index(size_t nbytes) noexcept nogil:
+    """Size-class index of a request of nbytes > 0."""
+    cdef int b
+    cdef size_t half, step
+    if nbytes <= SMALL_MAX:
+        return <int>((nbytes + SMALL_STEP - 1) // SMALL_STEP) - 1
+    b = _bit_length(nbytes - 1)             # 2**(b-1) < nbytes <= 2**b
+    half = (<size_t>1) << (b - 1)
+    step = half >> 3
+    return SMALL_CLASSES + (b - 13) * 8 + <int>((nbytes - half + step - 1) // step) - 1
+
+
+cdef inline size_t class_size(int cls) noexcept nogil:
+    cdef int octave, k
+    if cls < SMALL_CLASSES:
+        return (cls + 1) * SMALL_STEP
+    octave = (cls - SMALL_CLASSES) // 8
+    k = (cls - SMALL_CLASSES) % 8 + 1
+    return ((<size_t>1) << (12 + octave)) + k * ((<size_t>1) << (9 + octave))
+
+
+def size_class(nbytes):
+    """Bytes reserved for a request of ``nbytes`` (its size class); 0 for 0.
+
+    Parameters
+    ----------
+    nbytes : int
+        Request in bytes, 0 <= nbytes <= 2**50.
+    """
+    cdef size_t n = _check_nbytes(nbytes)
+    return class_size(class_index(n)) if n else 0
+
+
+cdef size_t _check_nbytes(object nbytes) except? 0xFFFFFFFFFFFFFFFF:
+    if type(nbytes) is not int:
+        if isinstance(nbytes, bool) or not hasattr(type(nbytes), "__index__"):
+            raise TypeError(f"nbytes must be an integer, got {type(nbytes).__name__}")
+        nbytes = nbytes.__index__()
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    if nbytes > MAX_NBYTES:
+        raise ValueError(f"nbytes={nbytes} is larger than any device (limit {MAX_NBYTES} B)")
+    return <size_t>nbytes
+
+
+cdef inline uintptr_t _thread() noexcept nogil:
+    return <uintptr_t>pthread_self()
+
+
+cdef StreamKey stream_key(uintptr_t handle) noexcept nogil:
+    if handle == STREAM_LEGACY:
+        handle = 0
+    return StreamKey(handle, _thread() if handle == STREAM_PER_THREAD else 0)
+
+
+cdef inline bint _same(StreamKey a, StreamKey b) noexcept nogil:
+    return a.handle == b.handle and a.thread == b.thread
+
+
+cdef uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF:
+    """Raw CUstream handle of a stream given as None, an int or a stream object.
+
+    Accepts ``__cuda_stream__`` (returns ``(version, handle)``), PyTorch's ``.cuda_stream``,
+    CuPy's ``.ptr`` and Numba's or cuda.core's ``.handle``.
+    """
+    if stream is None:
+        return 0
+    if type(stream) is not int:
+        if hasattr(stream, "__cuda_stream__"):
+            stream = stream.__cuda_stream__()[1]
+        elif hasattr(stream, "cuda_stream"):
+            stream = stream.cuda_stream
+        elif hasattr(stream, "ptr"):
+            stream = stream.ptr
+        elif hasattr(stream, "handle"):
+            stream = stream.handle
+            stream = getattr(stream, "value", stream) or 0      # ctypes.c_void_p
+        if not isinstance(stream, int) or isinstance(stream, bool):
+            raise TypeError(
+                f"stream must be None, an int handle or a stream object with __cuda_stream__,"
+                f" .cuda_stream, .ptr or .handle; got {type(stream).__name__}")
+    if stream < 0 or stream >= HANDLE_MAX:
+        raise ValueError(f"invalid stream handle {stream}")
+    return <uintptr_t>stream
+
+
+cdef void set_buffer_factory(buffer_factory factory) noexcept:
+    global _make_buffer
+    _make_buffer = factory
+
+
+cdef void region_push(RegionCache* rc) noexcept nogil:
+    gp_region_stack.push_back(<void*>rc)
+
+
+cdef void region_pop(RegionCache* rc) noexcept nogil:
+    cdef size_t i = gp_region_stack.size()
+    while i:
+        i -= 1
+        if gp_region_stack[i] == <void*>rc:
+            gp_region_stack.erase(gp_region_stack.begin() + i)
+            return
+
+
+cdef bint forked() noexcept nogil:
+    return gp_forked != 0
+
+
+# Free lists -------------------------------------------------------------------------------
+
+cdef inline void _push(FreeLists* fl, Block* b) noexcept:
+    cdef vector[StreamBin]* bins
+    cdef size_t i
+    if fl.bins.size() <= <size_t>b.cls:
+        fl.bins.resize(b.cls + 1)
+    bins = &fl.bins[b.cls]
+    for i in range(bins.size()):
+        if _same(bins[0][i].key, b.stream):
+            break
+    else:
+        bins.resize(bins.size() + 1)
+        i = bins.size() - 1
+        bins[0][i].key = b.stream
+    bins[0][i].heap.push_back(HeapItem(~b.ptr, b))
+    push_heap(bins[0][i].heap.begin(), bins[0][i].heap.end())
+
+
+cdef inline Block* _pop(vector[StreamBin]* bins, size_t i) noexcept:
+    cdef vector[HeapItem]* heap = &bins[0][i].heap
+    pop_heap(heap.begin(), heap.end())
+    cdef Block* b = heap.back().second
+    heap.pop_back()
+    if heap.empty():
+        # Bins of streams that went idle disappear, so streams do not fragment the lists.
+        bins[0][i] = bins.back()
+        bins.pop_back()
+    return b
+
+
+cdef class Pool:
+    """A caching pool of device memory on one device.
+
+    Parameters
+    ----------
+    device : int
+        Device ordinal (ignored when ``upstream`` is an ``Upstream`` object, whose device
+        is used).
+    upstream : {"driver"} or gpupool.testing.SimulatedDevice
+        Where memory comes from: ``"driver"`` (``cuMemAlloc`` / ``cuMemFree`` on the
+        device's primary context) or an ``Upstream`` such as a simulated device.
+    hard_limit, soft_limit : int or str, optional
+        Bytes the pool may reserve (hard: never exceeded; soft: cached blocks are released
+        when exceeded), as an int or a string such as ``"512MiB"``, ``"8GB"``, ``"50%"``.
+        Default: ``GPUPOOL_HARD_LIMIT`` / ``GPUPOOL_SOFT_LIMIT`` from the environment.
+
+    Raises
+    ------
+    NoDeviceError
+        No driver or no such device (driver upstream).
+    ValueError, TypeError
+        A malformed limit or upstream.
+    """
+
+    def __cinit__(self, int device=0, upstream="driver", hard_limit=None, soft_limit=None):
+        from gpupool.limits import resolve_limits
+        if isinstance(upstream, Upstream):
+            self.upstream = upstream
+        elif upstream == "driver":
+            self.upstream = DriverUpstream(device)
+        elif isinstance(upstream, str):
+            raise ValueError(f"upstream must be 'driver' or an Upstream object, got {upstream!r}")
+        else:
+            raise TypeError(f"upstream must be 'driver' or an Upstream object, "
+                            f"got {type(upstream).__name__}")
+        self.device = self.upstream.device
+        self._hard_limit, self._soft_limit = resolve_limits(
+            hard_limit, soft_limit, lambda: self.mem_info()[1])
+
+    def __dealloc__(self):
+        # Buffers and regions hold references to their pool, so only free lists remain.
+        cdef size_t i
+        if gp_forked or self.upstream is None:
+            return
+        self._mutex.lock()
+        self.release_cached()
+        for i in range(self._events.size()):
+            self.upstream.event_destroy(self._events[i])
+        self._mutex.unlock()
+
+    # Locking --------------------------------------------------------------------------
+
+    cdef void lock(self) noexcept:
+        if not self._mutex.try_lock():
+            with nogil:
+                self._mutex.lock()
+        self._owner = _thread()
+
+    cdef void unlock(self) noexcept:
+        cdef Block* b
+        while not self._deferred.empty():
+            b = self._deferred.back()
+            self._deferred.pop_back()
+            self.release_locked(b, b.stream)
+        self._owner = 0
+        self._mutex.unlock()
+
+    # Allocation -----------------------------------------------------------------------
+
+    cdef RegionCache* _current_region(self) noexcept:
+        cdef size_t i = gp_region_stack.size()
+        cdef RegionCache* rc
+        while i:
+            i -= 1
+            rc = <RegionCache*>gp_region_stack[i]
+            if rc.pool == <void*>self:
+                return rc
+        return NULL
+
+    cdef uintptr_t _event(self) noexcept:
+        """A recycled or new event; 0 when none could be created."""
+        cdef uintptr_t e = 0
+        if not self._events.empty():
+            e = self._events.back()
+            self._events.pop_back()
+        elif self.upstream.event_create(&e) != 0:
+            return 0
+        return e
+
+    cdef void _drop_events(self, Block* b) noexcept:
+        cdef size_t i
+        if b.event:
+            self._events.push_back(b.event)
+            b.event = 0
+        if b.extra_events != NULL:
+            for i in range(b.extra_events.size()):
+                self._events.push_back(b.extra_events[0][i])
+            del b.extra_events
+            b.extra_events = NULL
+
+    cdef bint _ready(self, Block* b, StreamKey s) noexcept:
+        """Whether stream s may use b now: all work on b's earlier streams has completed."""
+        cdef size_t i
+        if b.extra_events != NULL:
+            for i in range(b.extra_events.size()):
+                if self.upstream.event_query(b.extra_events[0][i]) != 0:
+                    return False
+        if not (_same(b.stream, s) or _same(b.stream, NO_STREAM)):
+            if b.event == 0:
+                # Events on other streams were recorded at the free. The legacy stream and
+                # this thread's per-thread stream always exist, so record on them lazily.
+                if not (b.stream.handle == 0 or b.stream.thread == _thread()):
+                    return False
+                b.event = self._event()
+                if b.event == 0:
+                    return False
+                if self.upstream.event_record(b.event, b.stream.handle) != 0:
+                    self._events.push_back(b.event)
+                    b.event = 0
+                    return False
+            if self.upstream.event_query(b.event) != 0:
+                return False
+        self._drop_events(b)
+        return True
+
+    cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept:
+        cdef vector[StreamBin]* bins
+        cdef size_t i, n, same, fresh
+        if <size_t>cls >= fl.bins.size():
+            return NULL
+        bins = &fl.bins[cls]
+        n = same = fresh = bins.size()
+        for i in range(n):
+            if _same(bins[0][i].key, s):
+                same = i
+            elif _same(bins[0][i].key, NO_STREAM):
+                fresh = i
+        # This stream's blocks first (same addresses, no wait), then never-used ones, then
+        # other streams' blocks whose work has completed.
+        if same < n and self._ready(bins[0][same].heap.front().second, s):
+            return _pop(bins, same)
+        if fresh < n:
+            return _pop(bins, fresh)
+        for i in range(n):
+            if i != same and self._ready(bins[0][i].heap.front().second, s):
+                return _pop(bins, i)
+        return NULL
+
+    cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept:
+        cdef int r
+        if self._hard_limit and self.c.reserved + nbytes > self._hard_limit:
+            return CUDA_ERROR_OUT_OF_MEMORY
+        r = self.upstream.alloc(nbytes, ptr)
+        if r == 0:
+            self.c.reserved += nbytes
+            self.c.upstream_allocs += 1
+            if self.c.reserved > self.c.peak_reserved:
+                self.c.peak_reserved = self.c.reserved
+        return r
+
+    cdef int _new_slab(self, int cls, size_t size, Block** out) noexcept:
+        cdef size_t n = SLAB_BYTES // size
+        cdef uintptr_t ptr = 0
+        cdef int r = self._upstream_alloc(n * size, &ptr)
+        cdef Slab* slab
+        cdef size_t i
+        if r != 0:
+            return r
+        slab = <Slab*>calloc(1, sizeof(Slab))
+        blocks = <Block*>calloc(n, sizeof(Block))
+        if slab == NULL or blocks == NULL:
+            free(slab)
+            free(blocks)
+            self.upstream.free(ptr)
+            self.c.reserved -= n * size
+            return CUDA_ERROR_OUT_OF_MEMORY
+        slab.ptr, slab.nbytes, slab.nblocks, slab.blocks = ptr, n * size, n, blocks
+        for i in range(n):
+            blocks[i].ptr = ptr + i * size
+            blocks[i].size = size
+            blocks[i].cls = cls
+            blocks[i].slab = slab
+            blocks[i].stream = NO_STREAM
+        for i in range(1, n):
+            blocks[i].state = FREE_POOL
+            _push(&self._free, &blocks[i])
+        slab.free_in_pool = n - 1
+        self.c.cached += (n - 1) * size
+        out[0] = &blocks[0]
+        return 0
+
+    cdef int _new_block(self, int cls, size_t size, Block** out) noexcept:
+        cdef uintptr_t ptr = 0
+        cdef int r = self._upstream_alloc(size, &ptr)
+        cdef Block* b
+        if r != 0:
+            return r
+        b = <Block*>calloc(1, sizeof(Block))
+        if b == NULL:
+            self.upstream.free(ptr)
+            self.c.reserved -= size
+            return CUDA_ERROR_OUT_OF_MEMORY
+        b.ptr, b.size, b.cls, b.stream = ptr, size, cls, NO_STREAM
+        out[0] = b
+        return 0
+
+    cdef int _grow(self, int cls, size_t size, Block** out) noexcept:
+        cdef int r
+        cdef size_t i
+        if size <= SLAB_BLOCK_MAX:
+            r = self._new_slab(cls, size, out)
+            if r != CUDA_ERROR_OUT_OF_MEMORY:
+                return r
+        # Memory is tight (or the block is large): ask for the block alone, then climb the
+        # ladder: this pool's cache, then every region's.
+        r = self._new_block(cls, size, out)
+        if r == CUDA_ERROR_OUT_OF_MEMORY and self.c.cached:
+            self.c.oom_retries += 1
+            self.release_cached()
+            r = self._new_block(cls, size, out)
+        if r == CUDA_ERROR_OUT_OF_MEMORY and self.c.cached:
+            self.c.oom_retries += 1
+            for i in range(self._regions.size()):
+                self.region_drain(self._regions[i])
+            self.release_cached()
+            r = self._new_block(cls, size, out)
+        return r
+
+    cdef int acquire(self, size_t nbytes, StreamKey s, Block** out) noexcept:
+        """Take a block for nbytes > 0 used on stream s. Returns 0 or a status code."""
+        cdef int cls = class_index(nbytes)
+        cdef size_t size = class_size(cls)
+        cdef RegionCache* rc
+        cdef Block* b = NULL
+        cdef int r = 0
+        if gp_forked:
+            return GP_FORKED
+        if self._owner == _thread():
+            return GP_REENTRANT
+        self.lock()
+        rc = self._current_region()
+        if rc != NULL:
+            b = self._take(&rc.free, cls, s)
+            if b != NULL:
+                rc.hits += 1
+                rc.cached_bytes -= size
+            else:
+                rc.misses += 1
+        if b == NULL:
+            b = self._take(&self._free, cls, s)
+            if b != NULL:
+                self.c.cache_hits += 1
+                if b.slab != NULL:
+                    b.slab.free_in_pool -= 1
+            else:
+                self.c.cache_misses += 1
+                r = self._grow(cls, size, &b)
+                if r != 0:
+                    self.unlock()
+                    return r
+                self.c.cached += size       # counted out again below, with the hits
+        self.c.cached -= size
+        b.state = LIVE
+        b.stream = s
+        b.region = rc
+        if rc != NULL:
+            b.live_prev = NULL
+            b.live_next = rc.live_head
+            if rc.live_head != NULL:
+                rc.live_head.live_prev = b
+            rc.live_head = b
+            rc.live_count += 1
+            rc.live_bytes += size
+            if rc.live_bytes > rc.peak_in_use_bytes:
+                rc.peak_in_use_bytes = rc.live_bytes
+        self.c.in_use += size
+        self.c.num_allocs += 1
+        if self.c.in_use > self.c.peak_in_use:
+            self.c.peak_in_use = self.c.in_use
+        if self._soft_limit and self.c.reserved > self._soft_limit:
+            self.release_cached()
+        self.unlock()
+        out[0] = b
+        return 0
+
+    cdef object raise_status(self, int status, size_t nbytes):
+        if status == CUDA_ERROR_OUT_OF_MEMORY:
+            raise OutOfMemoryError(self._oom_message(nbytes))
+        if status == GP_FORKED:
+            raise GpupoolError(
+                "this gpupool pool was inherited through fork(); CUDA state cannot cross "
+                "fork(): use the 'spawn' start method, or create pools in the child")
+        if status == GP_REENTRANT:
+            raise GpupoolError("the pool was used from inside its own upstream call")
+        self.upstream.raise_error(status, "allocate")
+
+    def _oom_message(self, size_t nbytes):
+        cdef size_t dev_free = 0, dev_total = 0
+        dev = "device free/total unknown"
+        if self.upstream.mem_info(&dev_free, &dev_total) == 0:
+            dev = f"device has {format_bytes(dev_free)} free of {format_bytes(dev_total)}"
+        else:
+            self.upstream._pending = None
+        limit = f"; hard limit {format_bytes(self._hard_limit)}" if self._hard_limit else ""
+        return (
+            f"gpupool: out of memory on device {self.device} allocating "
+            f"{format_bytes(nbytes)} ({nbytes} B): {format_bytes(self.c.in_use)} in use, "
+            f"{format_bytes(self.c.reserved)} reserved, {format_bytes(self.c.cached)} cached "
+            f"by the pool and its regions; {dev}{limit}. Free buffers you no longer need, "
+            f"release regions (region.release()), or register a callback with gpupool.on_oom."
+        )
+
+    # Freeing ----------------------------------------------------------------------------
+
+    cdef void release(self, Block* b, StreamKey s) noexcept:
+        """Return a live block; called with the GIL held (DeviceBuffer.__dealloc__)."""
+        if gp_forked:
+            return
+        if self._mutex.try_lock():
+            self._owner = _thread()
+        elif self._owner == _thread():
+            b.stream = s
+            self._deferred.push_back(b)
+            return
+        else:
+            with nogil:
+                self._mutex.lock()
+            self._owner = _thread()
+        self.release_locked(b, s)
+        self.unlock()
+
+    cdef void release_locked(self, Block* b, StreamKey s) noexcept:
+        cdef RegionCache* rc = b.region
+        cdef size_t i
+        cdef uintptr_t e
+        b.stream = s
+        b.buffer = NULL
+        if b.extra_streams != NULL:
+            for i in range(b.extra_streams.size()):
+                if _same(b.extra_streams[0][i], s):
+                    continue
+                e = self._event()
+                if e and self.upstream.event_record(e, b.extra_streams[0][i].handle) == 0:
+                    if b.extra_events == NULL:
+                        b.extra_events = new vector[uintptr_t]()
+                    b.extra_events.push_back(e)
+                elif e:
+                    self._events.push_back(e)
+            del b.extra_streams
+            b.extra_streams = NULL
+        if s.handle != 0 and s.handle != STREAM_PER_THREAD:
+            # Another stream can take the block once this event completes. Recorded now
+            # because the stream may be destroyed before then.
+            b.event = self._event()
+            if b.event and self.upstream.event_record(b.event, s.handle) != 0:
+                self._events.push_back(b.event)
+                b.event = 0
+        if rc != NULL:
+            self.region_detach(b)
+            b.region = rc
+            if rc.max_cached_bytes and rc.cached_bytes + b.size > rc.max_cached_bytes:
+                rc = NULL
+        if rc != NULL:
+            b.state = FREE_REGION
+            rc.cached_bytes += b.size
+            _push(&rc.free, b)
+        else:
+            b.region = NULL
+            b.state = FREE_POOL
+            if b.slab != NULL:
+                b.slab.free_in_pool += 1
+            _push(&self._free, b)
+        self.c.in_use -= b.size
+        self.c.cached += b.size
+        self.c.num_frees += 1
+
+    cdef void add_stream(self, Block* b, StreamKey s) noexcept:
+        self.lock()
+        if not _same(b.stream, s):
+            if b.extra_streams == NULL:
+                b.extra_streams = new vector[StreamKey]()
+            b.extra_streams.push_back(s)
+        self.unlock()
+
+    # Regions ----------------------------------------------------------------------------
+
+    cdef void region_register(self, RegionCache* rc) noexcept:
+        self.lock()
+        rc.pool = <void*>self
+        self._regions.push_back(rc)
+        self.unlock()
+
+    cdef void region_unregister(self, RegionCache* rc) noexcept:
+        """Forget a region: its live blocks return to the pool when freed, its cache now."""
+        cdef size_t i
+        self.lock()
+        while rc.live_head != NULL:
+            self.region_detach(rc.live_head)
+        self.region_drain(rc)
+        for i in range(self._regions.size()):
+            if self._regions[i] == rc:
+                self._regions.erase(self._regions.begin() + i)
+                break
+        self.unlock()
+
+    cdef void region_detach(self, Block* b) noexcept:
+        """Unlink a live block from its region (the block then returns to the pool)."""
+        cdef RegionCache* rc = b.region
+        if rc == NULL:
+            return
+        if b.live_prev != NULL:
+            b.live_prev.live_next = b.live_next
+        else:
+            rc.live_head = b.live_next
+        if b.live_next != NULL:
+            b.live_next.live_prev = b.live_prev
+        b.live_prev = b.live_next = NULL
+        rc.live_count -= 1
+        rc.live_bytes -= b.size
+        b.region = NULL
+
+    cdef void region_drain(self, RegionCache* rc) noexcept:
+        """Move every cached block of a region into the pool's free lists."""
+        cdef size_t c, i
+        cdef Block* b
+        for c in range(rc.free.bins.size()):
+            for i in range(rc.free.bins[c].size()):
+                for item in rc.free.bins[c][i].heap:
+                    b = item.second
+                    b.region = NULL
+                    b.state = FREE_POOL
+                    if b.slab != NULL:
+                        b.slab.free_in_pool += 1
+                    _push(&self._free, b)
+        rc.free.bins.clear()
+        rc.cached_bytes = 0
+
+    # Trimming ---------------------------------------------------------------------------
+
+    cdef size_t release_cached(self) noexcept:
+        """Give the pool's free blocks and wholly free slabs back; returns the bytes freed."""
+        cdef vector[Block*] keep, large
+        cdef vector[Slab*] slabs
+        cdef size_t c, i, before = self.c.reserved
+        cdef Block* b
+        cdef bint busy = False
+        for c in range(self._free.bins.size()):
+            for i in range(self._free.bins[c].size()):
+                for item in self._free.bins[c][i].heap:
+                    b = item.second
+                    busy = busy or not _same(b.stream, NO_STREAM)
+                    if b.slab == NULL:
+                        large.push_back(b)
+                    elif b.slab.free_in_pool == b.slab.nblocks:
+                        if b == &b.slab.blocks[0]:
+                            slabs.push_back(b.slab)
+                    else:
+                        keep.push_back(b)
+        if busy:
+            # Cached blocks may still be read by work queued before their free. After this
+            # every event has completed, so every kept block is free for any stream.
+            self.upstream.synchronize()
+        self._free.bins.clear()
+        for i in range(keep.size()):
+            b = keep[i]
+            self._drop_events(b)
+            b.stream = NO_STREAM
+            _push(&self._free, b)
+        for i in range(large.size()):
+            b = large[i]
+            self._drop_events(b)
+            self.upstream.free(b.ptr)
+            self.c.reserved -= b.size
+            self.c.cached -= b.size
+            self.c.upstream_frees += 1
+            free(b)
+        for i in range(slabs.size()):
+            for c in range(slabs[i].nblocks):
+                self._drop_events(&slabs[i].blocks[c])
+            self.upstream.free(slabs[i].ptr)
+            self.c.reserved -= slabs[i].nbytes
+            self.c.cached -= slabs[i].nbytes
+            self.c.upstream_frees += 1
+            free(slabs[i].blocks)
+            free(slabs[i])
+        self.upstream._pending = None      # failures to free at shutdown are not reported
+        return before - self.c.reserved
+
+    # Python API -------------------------------------------------------------------------
+
+    def allocate(self, nbytes, stream=None):
+        """Allocate ``nbytes`` of device memory for use on ``stream``.
+
+        Parameters
+        ----------
+        nbytes : int
+            Size in bytes, >= 0. Zero gives an empty buffer with pointer 0.
+        stream : int, stream object or None
+            The stream the buffer will be used on: an int ``CUstream`` handle, None for the
+            legacy default stream, or an object with ``__cuda_stream__``, ``.cuda_stream``,
+            ``.ptr`` or ``.handle``. The block is ready for work submitted to ``stream``
+            (stream-ordered: earlier users on other streams are complete).
+
+        Returns
+        -------
+        DeviceBuffer
+            Owns the block; the block returns to the pool (or the current region) when the
+            buffer's last reference goes or it is closed. The pointer is 256-byte aligned.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``nbytes`` not an integer, negative or absurd; bad ``stream``.
+        OutOfMemoryError
+            The upstream is out of memory after the out-of-memory ladder (see DESIGN.md).
+        CudaError, GpupoolError
+            A driver failure, or a pool inherited through ``fork()``.
+        """
+        cdef size_t n
+        cdef uintptr_t handle = 0 if stream is None else stream_handle(stream)
+        cdef StreamKey key = stream_key(handle)
+        cdef Block* b = NULL
+        cdef int r
+        if type(nbytes) is int and 0 < <object>nbytes <= MAX_NBYTES:
+            n = nbytes
+        else:
+            n = _check_nbytes(nbytes)
+            if n == 0:
+                return _make_buffer(self, NULL, 0, key)
+        r = self.acquire(n, key, &b)
+        if r == CUDA_ERROR_OUT_OF_MEMORY and _oom_callbacks:
+            self.c.oom_retries += 1
+            for callback in list(_oom_callbacks):
+                callback(n)
+            r = self.acquire(n, key, &b)
+        if r != 0:
+            self.raise_status(r, n)
+        return _make_buffer(self, b, n, key)
+
+    def stats(self):
+        """Current counters as a :class:`gpupool.PoolStats` (bytes and counts)."""
+        self.lock()
+        c = self.c
+        self.unlock()
+        return PoolStats(
+            in_use_bytes=c.in_use, peak_in_use_bytes=c.peak_in_use,
+            reserved_bytes=c.reserved, peak_reserved_bytes=c.peak_reserved,
+            cached_bytes=c.cached, num_allocs=c.num_allocs, num_frees=c.num_frees,
+            cache_hits=c.cache_hits, cache_misses=c.cache_misses,
+            upstream_allocs=c.upstream_allocs, upstream_frees=c.upstream_frees,
+            oom_retries=c.oom_retries,
+        )
+
+    def reset_peak_stats(self):
+        """Set the peaks of bytes in use and reserved to their current values."""
+        self.lock()
+        self.c.peak_in_use = self.c.in_use
+        self.c.peak_reserved = self.c.reserved
+        self.unlock()
+
+    def trim(self):
+        """Give every cached free block, and every wholly free slab, back to the upstream.
+
+        Blocks cached by regions stay with their regions (``Region.release()`` returns them).
+        Synchronizes the device first when a cached block may still be in use by queued work.
+
+        Returns
+        -------
+        int
+            Bytes released.
+        """
+        if gp_forked:
+            self.raise_status(GP_FORKED, 0)
+        self.lock()
+        released = self.release_cached()
+        self.unlock()
+        return released
+
+    def mem_info(self):
+        """``(free, total)`` bytes of the device (``cuMemGetInfo``)."""
+        cdef size_t f = 0, t = 0
+        self.upstream.raise_error(self.upstream.mem_info(&f, &t), "cuMemGetInfo")
+        return f, t
+
+    @property
+    def hard_limit(self):
+        """Bytes the pool never exceeds in reserved memory; None when unlimited."""
+        return self._hard_limit or None
+
+    @property
+    def soft_limit(self):
+        """Reserved bytes above which cached blocks are released; None when unlimited."""
+        return self._soft_limit or None
+
+    def __repr__(self):
+        return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
+                f"in_use={self.c.in_use} reserved={self.c.reserved}>")
+
+
+def on_oom(callback):
+    """Register ``callback(nbytes)`` to run when an allocation fails for lack of memory.
+
+    Callbacks run (in registration order, outside the pool's lock) after the pool has
+    released its own and its regions' caches; the allocation is then retried once.
+    ``gpupool.on_oom(lambda n: gc.collect())`` is the usual one. Returns ``callback`` so it
+    can be used as a decorator.
+    """
+    if not callable(callback):
+        raise TypeError("on_oom needs a callable taking the requested nbytes")
+    _oom_callbacks.append(callback)
+    return callback
+
+
+def remove_oom_callback(callback):
+    """Unregister a callback added with :func:`on_oom`."""
+    _oom_callbacks.remove(callback)

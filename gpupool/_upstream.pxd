@@ -1,0 +1,42 @@
+# Upstreams: where the pool's memory comes from. A small C-level interface (allocate, free,
+# events, stream waits, copies) with one implementation per source. Every method returns a
+# status code (0, a CUresult, or GP_PY_ERROR) and never raises, so the pool can call it under
+# its lock; error() turns a code into the Python exception.
+from libc.stdint cimport uintptr_t
+
+cdef enum:
+    GP_PY_ERROR = 100001      # a Python upstream raised; the exception is kept on the upstream
+
+cdef enum CopyKind:
+    HOST_TO_DEVICE = 1
+    DEVICE_TO_HOST = 2
+    DEVICE_TO_DEVICE = 3
+
+cdef class Upstream:
+    cdef readonly int device
+    cdef object _pending          # exception raised by a Python upstream, for error()
+
+    cdef int alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil
+    cdef int free(self, uintptr_t ptr) noexcept nogil
+    cdef int event_create(self, uintptr_t* event) noexcept nogil
+    cdef int event_destroy(self, uintptr_t event) noexcept nogil
+    cdef int event_record(self, uintptr_t event, uintptr_t stream) noexcept nogil
+    cdef int event_query(self, uintptr_t event) noexcept nogil
+    cdef int stream_wait(self, uintptr_t stream, uintptr_t event) noexcept nogil
+    cdef int synchronize(self) noexcept nogil
+    cdef int copy(self, CopyKind kind, uintptr_t dst, uintptr_t src, size_t nbytes,
+                  uintptr_t stream) noexcept nogil
+    cdef int memset(self, uintptr_t dst, unsigned char value, size_t nbytes,
+                    uintptr_t stream) noexcept nogil
+    cdef int mem_info(self, size_t* free, size_t* total) noexcept nogil
+    cdef int raise_error(self, int code, str what) except -1
+
+cdef class DriverUpstream(Upstream):
+    cdef void* ctx                # the device's primary context (CUcontext), retained
+    cdef int retained
+
+    cdef int _enter(self, void** previous) noexcept nogil
+    cdef int _leave(self, void* previous, int result) noexcept nogil
+
+cdef class PythonUpstream(Upstream):
+    cdef int _call(self, str name, tuple args, uintptr_t* out, size_t* out2) noexcept

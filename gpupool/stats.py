@@ -1,0 +1,75 @@
+"""Statistics records and the human-readable report (``gpupool.pool_status()``)."""
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["PoolStats", "RegionStats", "format_bytes", "format_status"]
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A pool's counters at one moment. Bytes count whole size classes (what is reserved).
+
+    ``in_use_bytes + cached_bytes == reserved_bytes``, where cached bytes are free blocks held
+    by the pool or by any of its regions.
+    """
+
+    in_use_bytes: int
+    peak_in_use_bytes: int
+    reserved_bytes: int
+    peak_reserved_bytes: int
+    cached_bytes: int
+    num_allocs: int
+    num_frees: int
+    cache_hits: int
+    cache_misses: int
+    upstream_allocs: int
+    upstream_frees: int
+    oom_retries: int
+
+    def as_dict(self):
+        """The counters as a plain ``dict``."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RegionStats:
+    """A region's counters: entries, hits and misses of its cache, bytes it caches, bytes of
+    its buffers still alive at the last exit, peak bytes in use by its buffers, and the time
+    its exit collections took (seconds, summed)."""
+
+    entries: int
+    cache_hits: int
+    cache_misses: int
+    cached_bytes: int
+    live_at_exit_bytes: int
+    peak_in_use_bytes: int
+    collections: int
+    collect_seconds: float
+
+    def as_dict(self):
+        """The counters as a plain ``dict``."""
+        return asdict(self)
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_bytes(nbytes):
+    """``nbytes`` in binary units with three decimals, as in ``1.586 MiB``."""
+    value = float(nbytes)
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            return f"{int(value)} B" if unit == "B" else f"{value:.3f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_status(device_free, device_total, in_use, reserved):
+    """The two-line report of ``gpupool.pool_status()``."""
+    used = device_total - device_free
+    share = 100.0 * used / device_total if device_total else 0.0
+    return (
+        f"Effective GPU memory usage: {share:.2f}% "
+        f"({format_bytes(used)}/{format_bytes(device_total)})\n"
+        f"Memory pool usage: {format_bytes(in_use)} ({format_bytes(reserved)} reserved)"
+    )

@@ -1,0 +1,82 @@
+"""Build of gpupool's Cython core (C++ mode) against cuda-bindings' cydriver.
+
+cydriver declares its types with ``cdef extern from "cuda.h"``, so CUDA headers are needed at
+build time, of the same major.minor version as cuda-bindings where possible. They are looked
+up in this order: the nvidia-cuda-runtime wheel (nvidia/cu13/include), $CUDA_HOME/include
+(or $CUDA_PATH), /usr/local/cuda/include. Nothing links against libcuda.
+"""
+
+import os
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+MODULES = ["_driver", "_upstream", "_pool", "_buffer", "_region"]
+
+
+def _header_version(include):
+    text = (include / "cuda.h").read_text(errors="replace")
+    match = re.search(r"#define\s+CUDA_VERSION\s+(\d+)", text)
+    code = int(match.group(1)) if match else 0
+    return code // 1000, code % 1000 // 10
+
+
+def _candidates():
+    try:
+        dist = metadata.distribution("nvidia-cuda-runtime")
+        for sub in ("nvidia/cu13/include", "nvidia/cuda_runtime/include"):
+            yield "nvidia-cuda-runtime wheel", Path(dist.locate_file(sub))
+    except metadata.PackageNotFoundError:
+        pass
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            yield f"${var}", Path(os.environ[var]) / "include"
+    yield "/usr/local/cuda", Path("/usr/local/cuda/include")
+
+
+def cuda_include():
+    """The include folder whose cuda.h best matches the installed cuda-bindings."""
+    try:
+        bindings = tuple(int(x) for x in metadata.version("cuda-bindings").split(".")[:2])
+    except metadata.PackageNotFoundError:
+        sys.exit("gpupool build: cuda-bindings is not installed (pip install 'cuda-bindings>=13,<14')")
+    found = [(src, path, _header_version(path)) for src, path in _candidates()
+             if (path / "cuda.h").is_file()]
+    for wanted in (lambda v: v == bindings, lambda v: v[0] == bindings[0]):
+        for src, path, version in found:
+            if wanted(version):
+                print(f"gpupool build: CUDA {version[0]}.{version[1]} headers from {src} "
+                      f"({path}); cuda-bindings {bindings[0]}.{bindings[1]}")
+                return str(path)
+    seen = ", ".join(f"{p} (CUDA {v[0]}.{v[1]})" for _, p, v in found) or "none"
+    sys.exit(
+        f"gpupool build: no cuda.h for CUDA {bindings[0]}.x, as cuda-bindings "
+        f"{bindings[0]}.{bindings[1]} needs. Found: {seen}. Install the headers with "
+        f"pip install 'nvidia-cuda-runtime=={bindings[0]}.{bindings[1]}.*', or set CUDA_HOME.")
+
+
+include = cuda_include()
+extensions = [
+    Extension(
+        f"gpupool.{name}",
+        [f"gpupool/{name}.pyx"],
+        include_dirs=[include],
+        language="c++",
+        extra_compile_args=["-O3", "-std=c++17"],
+        # C entry points keep plain C names (PyTorch's pluggable allocator looks them up).
+        define_macros=[("CYTHON_EXTERN_C", 'extern "C"')],
+    )
+    for name in MODULES
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        compiler_directives={"embedsignature": True},
+    )
+)

@@ -1,0 +1,43 @@
+"""examples/train_digits.py on a GPU: region mode trains to >= 0.95 with flat reserved memory."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "train_digits.py"
+
+
+def _require_gpu():
+    cupy = pytest.importorskip("cupy")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        pytest.skip(f"no CUDA GPU: {exc}")
+    if count == 0:
+        pytest.skip("no CUDA GPU")
+
+
+@pytest.mark.gpu
+def test_train_digits_region_mode():
+    _require_gpu()
+    pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--epochs", "30", "--mode", "region", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    # Exit status 0 means: test accuracy >= 0.95 and reserved bytes equal after epochs 1 and 30.
+    assert proc.returncode == 0, output
+    assert "Summary (30 epochs" in proc.stdout, output
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("mode "))
+    assert "ms/step" in lines[header], output
+    row = lines[header + 2].split()
+    assert row[0] == "region", output
+    assert row[5] == "yes", output  # the flat? column
