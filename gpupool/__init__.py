@@ -9,7 +9,7 @@ import threading
 
 from gpupool._buffer import DeviceBuffer
 from gpupool._driver import current_device as _current_device
-from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class
+from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class, uncached
 from gpupool._region import Region
 from gpupool.errors import (
     CudaError,
@@ -39,6 +39,7 @@ __all__ = [
     "pool_status",
     "remove_oom_callback",
     "size_class",
+    "uncached",
 ]
 
 _pools = {}

@@ -27,6 +27,7 @@ cdef struct Slab:
 
 cdef struct Block:
     uintptr_t ptr
+    uintptr_t rank                  # creation order in its pool: free lists hand out lowest first
     size_t size                     # size-class bytes
     int cls                         # size-class index
     BlockState state
@@ -40,9 +41,9 @@ cdef struct Block:
     Block* live_next
     PyObject* buffer                # the DeviceBuffer that owns it while live (borrowed)
 
-# Free blocks of one (size class, stream), lowest address first: the same request sequence
-# then gets the same addresses whatever order the blocks were freed in.
-ctypedef pair[uintptr_t, Block*] HeapItem      # (~ptr, block): std heaps are max-heaps
+# Free blocks of one (size class, stream), oldest block first: the same request sequence then
+# gets the same blocks, in the order it first got them, whatever order they were freed in.
+ctypedef pair[uintptr_t, Block*] HeapItem      # (~rank, block): std heaps are max-heaps
 
 cdef cppclass StreamBin:
     StreamKey key

@@ -41,6 +41,7 @@ cdef class Pool:
     cdef vector[uintptr_t] _events      # recycled events
     cdef vector[RegionCache*] _regions  # caches of this pool's regions, for the OOM ladder
     cdef Counters c
+    cdef uintptr_t _ranks               # blocks created so far
     cdef size_t _hard_limit             # 0: none
     cdef size_t _soft_limit             # 0: none
     cdef object __weakref__

@@ -182,6 +182,26 @@ cdef void region_pop(RegionCache* rc) noexcept nogil:
             return
 
 
+# Pushed by uncached(): regions below it on the stack do not apply.
+cdef RegionCache* UNCACHED = <RegionCache*>&gp_forked
+
+
+class uncached:
+    """Context manager: allocations inside come from the pool, not from any region.
+
+    For buffers meant to outlive the step of an enclosing region (a logged loss, a lazily
+    created workspace); covers the calling thread.
+    """
+
+    def __enter__(self):
+        region_push(UNCACHED)
+        return self
+
+    def __exit__(self, *exc):
+        region_pop(UNCACHED)
+        return False
+
+
 cdef bint forked() noexcept nogil:
     return gp_forked != 0
 
@@ -201,7 +221,7 @@ cdef inline void _push(FreeLists* fl, Block* b) noexcept:
         bins.resize(bins.size() + 1)
         i = bins.size() - 1
         bins[0][i].key = b.stream
-    bins[0][i].heap.push_back(HeapItem(~b.ptr, b))
+    bins[0][i].heap.push_back(HeapItem(~b.rank, b))
     push_heap(bins[0][i].heap.begin(), bins[0][i].heap.end())
 
 
@@ -292,6 +312,8 @@ cdef class Pool:
         while i:
             i -= 1
             rc = <RegionCache*>gp_region_stack[i]
+            if rc == UNCACHED:
+                return NULL
             if rc.pool == <void*>self:
                 return rc
         return NULL
@@ -396,6 +418,7 @@ cdef class Pool:
         slab.ptr, slab.nbytes, slab.nblocks, slab.blocks = ptr, n * size, n, blocks
         for i in range(n):
             blocks[i].ptr = ptr + i * size
+            blocks[i].rank = self._ranks + i
             blocks[i].size = size
             blocks[i].cls = cls
             blocks[i].slab = slab
@@ -404,6 +427,7 @@ cdef class Pool:
             blocks[i].state = FREE_POOL
             _push(&self._free, &blocks[i])
         slab.free_in_pool = n - 1
+        self._ranks += n
         self.c.cached += (n - 1) * size
         out[0] = &blocks[0]
         return 0
@@ -420,6 +444,8 @@ cdef class Pool:
             self.c.reserved -= size
             return CUDA_ERROR_OUT_OF_MEMORY
         b.ptr, b.size, b.cls, b.stream = ptr, size, cls, NO_STREAM
+        b.rank = self._ranks
+        self._ranks += 1
         out[0] = b
         return 0
 

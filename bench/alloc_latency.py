@@ -1,0 +1,552 @@
+"""Cached allocate + free latency of gpupool against its peers, one stream (legacy default).
+
+For each size, each allocator allocates and immediately frees a block in a loop; the result
+is ns per allocate + free pair (median of the repetitions). Run::
+
+    python bench/alloc_latency.py [--json PATH] [--quick] [--columns gp,cp.empty,...]
+
+Columns whose framework is missing (CuPy, PyTorch, Numba) are skipped and say why.
+"""
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+
+import _common
+from _common import KiB, MiB, format_ns, format_size, format_table, measure
+
+SCRIPT = "alloc_latency"
+SIZES = [256, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
+
+# Batch plans (keyword arguments of _common.measure). Cached allocators: 30 x 4000 ops.
+# Uncached ones: batches of about 20 ms, at most 500 ops. Numba defers its frees in
+# groups of 10, so its batches hold at least 20 allocations and end with a flush.
+CACHED = {"reps": 30, "ops": 4000}
+UNCACHED = {"reps": 10, "ops": 500, "target_ns": 20_000_000, "min_ops": 5}
+NUMBA = {"reps": 8, "ops": 200, "target_ns": 30_000_000, "min_ops": 20}
+QUICK_REPS, QUICK_OPS = 3, 200
+
+GPUPOOL_TARGET_NS = 250        # DESIGN/issue: gpupool Python API cached allocate + free
+CUPY_EMPTY_TARGET_RATIO = 1.1  # cupy.empty on gpupool vs on CuPy's pool
+
+
+class Skip(Exception):
+    """A column that cannot run here; the message says why."""
+
+
+@dataclass
+class Context:
+    """What the columns draw on: gpupool's pool and the optional frameworks."""
+
+    gpupool: object
+    pool: object
+    simulated: bool
+    cupy: object = None
+    torch: object = None
+    numba_cuda: object = None
+    reasons: dict = field(default_factory=dict)
+
+    def need(self, name):
+        """The module ``name`` (``cupy``, ``torch``, ``numba_cuda``), or raise Skip."""
+        if self.simulated:
+            raise Skip("simulated run: gpupool columns only")
+        module = getattr(self, name)
+        if module is None:
+            raise Skip(self.reasons.get(name, f"{name} unavailable"))
+        return module
+
+
+@dataclass
+class Column:
+    """One allocator: ``make(ctx)`` returns ``(for_size, cleanup)``; ``for_size(n)`` a batch."""
+
+    key: str
+    label: str
+    make: object
+    plan: dict
+    uses_pool: bool = False     # draws from ctx.pool: its counters are recorded
+
+
+# gpupool ---------------------------------------------------------------------------------
+
+def make_gpupool(ctx):
+    """``buf = pool.allocate(n); del buf``."""
+    alloc = ctx.pool.allocate
+
+    def for_size(n):
+        def batch(ops):
+            for _ in range(ops):
+                buf = alloc(n)
+                del buf
+        return batch
+
+    return for_size, ctx.pool.trim
+
+
+def make_gpupool_region(ctx):
+    """The same loop inside ``with region:`` (entered once per batch)."""
+    region = ctx.gpupool.Region(ctx.pool)
+    alloc = ctx.pool.allocate
+
+    def for_size(n):
+        def batch(ops):
+            with region:
+                for _ in range(ops):
+                    buf = alloc(n)
+                    del buf
+        return batch
+
+    def cleanup():
+        region.release()
+        ctx.pool.trim()
+
+    return for_size, cleanup
+
+
+# CuPy ------------------------------------------------------------------------------------
+
+def _using(cp, allocator):
+    """``cupy.cuda.using_allocator(allocator)``, or no change when ``allocator`` is None."""
+    return contextlib.nullcontext() if allocator is None else cp.cuda.using_allocator(allocator)
+
+
+def _cupy_alloc_loop(cp, allocator):
+    """for_size running ``x = cupy.cuda.alloc(n); del x``."""
+    alloc = cp.cuda.alloc
+
+    def for_size(n):
+        def batch(ops):
+            with _using(cp, allocator):
+                for _ in range(ops):
+                    x = alloc(n)
+                    del x
+        return batch
+
+    return for_size
+
+
+def _cupy_empty_loop(cp, allocator):
+    """for_size running ``x = cupy.empty(n, dtype=cupy.uint8); del x``."""
+    empty, u8 = cp.empty, cp.uint8
+
+    def for_size(n):
+        def batch(ops):
+            with _using(cp, allocator):
+                for _ in range(ops):
+                    x = empty(n, dtype=u8)
+                    del x
+        return batch
+
+    return for_size
+
+
+def _cupy_cleanup(cp, pool=None):
+    def cleanup():
+        cp.get_default_memory_pool().free_all_blocks()
+        if pool is not None:
+            pool.trim()
+    return cleanup
+
+
+def make_cupy_alloc(ctx):
+    """``cupy.cuda.alloc(n)`` on CuPy's default MemoryPool."""
+    cp = ctx.need("cupy")
+    return _cupy_alloc_loop(cp, None), _cupy_cleanup(cp)
+
+
+def make_cupy_alloc_gp(ctx):
+    """``cupy.cuda.alloc(n)`` under ``using_allocator(gpupool.cupy.allocator(pool))``."""
+    cp = ctx.need("cupy")
+    import gpupool.cupy
+
+    return _cupy_alloc_loop(cp, gpupool.cupy.allocator(ctx.pool)), _cupy_cleanup(cp, ctx.pool)
+
+
+def make_cupy_empty(ctx):
+    """``cupy.empty(n, dtype=cupy.uint8)`` on CuPy's default MemoryPool."""
+    cp = ctx.need("cupy")
+    return _cupy_empty_loop(cp, None), _cupy_cleanup(cp)
+
+
+def make_cupy_empty_gp(ctx):
+    """``cupy.empty(n, dtype=cupy.uint8)`` under gpupool's CuPy allocator."""
+    cp = ctx.need("cupy")
+    import gpupool.cupy
+
+    return _cupy_empty_loop(cp, gpupool.cupy.allocator(ctx.pool)), _cupy_cleanup(cp, ctx.pool)
+
+
+def make_cupy_async(ctx):
+    """``cupy.cuda.alloc(n)`` under ``using_allocator(cupy.cuda.MemoryAsyncPool().malloc)``."""
+    cp = ctx.need("cupy")
+    try:
+        apool = cp.cuda.MemoryAsyncPool()
+        with cp.cuda.using_allocator(apool.malloc):
+            cp.cuda.alloc(256)
+    except Exception as exc:  # unsupported here: skip the column
+        raise Skip(f"MemoryAsyncPool unusable: {type(exc).__name__}: {exc}") from exc
+    return _cupy_alloc_loop(cp, apool.malloc), apool.free_all_blocks
+
+
+# PyTorch ---------------------------------------------------------------------------------
+
+def make_torch_empty(ctx):
+    """``t = torch.empty(n, dtype=torch.uint8, device="cuda"); del t``."""
+    torch = ctx.need("torch")
+    if not torch.cuda.is_available():
+        raise Skip("torch.cuda.is_available() is False")
+    empty, u8, dev = torch.empty, torch.uint8, torch.device("cuda", 0)
+    empty(1, dtype=u8, device=dev)
+
+    def for_size(n):
+        def batch(ops):
+            for _ in range(ops):
+                t = empty(n, dtype=u8, device=dev)
+                del t
+        return batch
+
+    return for_size, torch.cuda.empty_cache
+
+
+# Driver through cuda.bindings' Python layer ----------------------------------------------
+
+def _driver(ctx):
+    """cuda.bindings.driver with device 0's primary context current on this thread."""
+    if ctx.simulated:
+        raise Skip("simulated run: gpupool columns only")
+    from cuda.bindings import driver
+
+    (err,) = driver.cuInit(0)
+    if err:
+        raise Skip(f"cuInit failed: {err}")
+    err, dev = driver.cuDeviceGet(0)
+    err2, pctx = driver.cuDevicePrimaryCtxRetain(dev)
+    if err or err2 or driver.cuCtxSetCurrent(pctx)[0]:
+        raise Skip("could not make device 0's primary context current")
+    return driver
+
+
+class DriverError(RuntimeError):
+    """A driver call in a timed loop failed."""
+
+
+def make_driver_async(ctx):
+    """``cuMemAllocAsync`` + ``cuMemFreeAsync`` on the legacy stream, device's default pool."""
+    driver = _driver(ctx)
+    alloc, free = driver.cuMemAllocAsync, driver.cuMemFreeAsync
+    stream = driver.CUstream(0)
+
+    def for_size(n):
+        def batch(ops):
+            for _ in range(ops):
+                err, ptr = alloc(n, stream)
+                if err:
+                    raise DriverError(f"cuMemAllocAsync({n}): {err}")
+                if free(ptr, stream)[0]:
+                    raise DriverError("cuMemFreeAsync failed")
+        return batch
+
+    return for_size, lambda: driver.cuCtxSynchronize()
+
+
+def make_driver_alloc(ctx):
+    """``cuMemAlloc`` + ``cuMemFree`` (no cache): the baseline every pool avoids."""
+    driver = _driver(ctx)
+    alloc, free = driver.cuMemAlloc, driver.cuMemFree
+
+    def for_size(n):
+        def batch(ops):
+            for _ in range(ops):
+                err, ptr = alloc(n)
+                if err:
+                    raise DriverError(f"cuMemAlloc({n}): {err}")
+                if free(ptr)[0]:
+                    raise DriverError("cuMemFree failed")
+        return batch
+
+    return for_size, None
+
+
+# Numba -----------------------------------------------------------------------------------
+
+def make_numba(ctx):
+    """``numba.cuda.device_array(n, dtype=np.uint8)``, default memory manager (no pool).
+
+    Numba defers frees; each batch ends by flushing them, so their cost is counted.
+    """
+    cuda = ctx.need("numba_cuda")
+    import numpy as np
+
+    if not cuda.is_available():
+        raise Skip("numba.cuda.is_available() is False")
+    device_array, u8 = cuda.device_array, np.uint8
+    pending = cuda.current_context().deallocations
+
+    def for_size(n):
+        def batch(ops):
+            for _ in range(ops):
+                a = device_array(n, dtype=u8)
+                del a
+            pending.clear()
+        return batch
+
+    return for_size, None
+
+
+def loop_overhead(quick):
+    """ns per iteration of the timed loop itself (``x = n; del x``), included in every cell."""
+    def batch(ops):
+        n = 256
+        for _ in range(ops):
+            x = n
+            del x
+
+    return measure(batch, **(dict(reps=QUICK_REPS, ops=QUICK_OPS) if quick else CACHED))
+
+
+COLUMNS = [
+    Column("gp", "gpupool Pool.allocate + del", make_gpupool, CACHED, True),
+    Column("gp.region", "gpupool, inside `with Region:`", make_gpupool_region, CACHED, True),
+    Column("cp.alloc", "cupy.cuda.alloc, CuPy MemoryPool", make_cupy_alloc, CACHED),
+    Column("cp.alloc.gp", "cupy.cuda.alloc, gpupool allocator", make_cupy_alloc_gp, CACHED, True),
+    Column("cp.empty", "cupy.empty uint8, CuPy MemoryPool", make_cupy_empty, CACHED),
+    Column("cp.empty.gp", "cupy.empty uint8, gpupool allocator", make_cupy_empty_gp, CACHED, True),
+    Column("cp.async", "cupy.cuda.alloc, CuPy MemoryAsyncPool", make_cupy_async, CACHED),
+    Column("torch", "torch.empty uint8 + del, caching allocator", make_torch_empty, CACHED),
+    Column("drv.async", "cuMemAllocAsync + cuMemFreeAsync (Python layer)", make_driver_async,
+           CACHED),
+    Column("drv.alloc", "cuMemAlloc + cuMemFree (Python layer, uncached)", make_driver_alloc,
+           UNCACHED),
+    Column("numba", "numba.cuda.device_array, no pool", make_numba, NUMBA),
+]
+
+
+# Running ---------------------------------------------------------------------------------
+
+def make_context(simulated):
+    """``(Context, None)`` for a GPU or simulated run, or ``(None, reason)`` without a GPU."""
+    import gpupool
+
+    if simulated:
+        from gpupool.testing import SimulatedDevice
+
+        pool = gpupool.Pool(upstream=SimulatedDevice(capacity=4 << 30))
+        return Context(gpupool, pool, True), None
+    _, reason = _common.gpu_pool()
+    if reason is not None:
+        return None, reason
+    ctx = Context(gpupool, gpupool.Pool(device=0), False)
+    ctx.cupy, ctx.reasons["cupy"] = _common.optional_import("cupy")
+    ctx.torch, ctx.reasons["torch"] = _common.optional_import("torch")
+    ctx.numba_cuda, ctx.reasons["numba_cuda"] = _common.optional_import("numba.cuda")
+    if ctx.cupy is not None:
+        ctx.cupy.cuda.Device(0).use()
+    return ctx, None
+
+
+def plan_for(column, quick):
+    """The column's batch plan; with ``quick``, 3 repetitions of at most 200 ops."""
+    if not quick:
+        return column.plan
+    return dict(column.plan, reps=QUICK_REPS, ops=min(column.plan["ops"], QUICK_OPS))
+
+
+# Pool counters recorded per size. A region's hits are not the pool's cache_hits, but every
+# allocation that misses both caches is one of the pool's cache_misses.
+COUNTERS = ("num_allocs", "cache_hits", "cache_misses", "upstream_allocs")
+
+
+def _counters(pool):
+    stats = pool.stats().as_dict()
+    return {k: stats[k] for k in COUNTERS}
+
+
+def run_column(column, ctx, sizes, quick):
+    """Measure one column over every size.
+
+    Returns ``(results, errors, counters)`` keyed by size; ``counters``: the change of the
+    pool's counters over each size's measurement (columns that use the pool).
+    """
+    for_size, cleanup = column.make(ctx)
+    plan = plan_for(column, quick)
+    results, errors, counters = {}, {}, {}
+    try:
+        for n in sizes:
+            before = _counters(ctx.pool) if column.uses_pool else None
+            try:
+                results[n] = measure(for_size(n), **plan)
+            except Exception as exc:  # record the failed cell and go on
+                errors[n] = f"{type(exc).__name__}: {exc}"
+            if before is not None:
+                after = _counters(ctx.pool)
+                counters[n] = {k: after[k] - before[k] for k in COUNTERS}
+    finally:
+        if cleanup is not None:
+            cleanup()
+    return results, errors, counters
+
+
+def run(columns, ctx, sizes, quick):
+    """Run every column; print progress to stderr. Returns the result dict (for JSON)."""
+    out = {"columns": {}, "skipped": {}, "errors": {}}
+    for column in columns:
+        start = time.perf_counter()
+        try:
+            results, errors, counters = run_column(column, ctx, sizes, quick)
+        except Skip as exc:
+            out["skipped"][column.key] = str(exc)
+            print(f"  {column.key}: skipped ({exc})", file=sys.stderr)
+            continue
+        out["columns"][column.key] = {
+            "label": column.label,
+            "plan": plan_for(column, quick),
+            "results": {str(n): t.as_dict() for n, t in results.items()},
+        }
+        if counters:
+            out["columns"][column.key]["pool_counters"] = {
+                str(n): c for n, c in counters.items()}
+        if errors:
+            out["errors"][column.key] = {str(n): e for n, e in errors.items()}
+        took = time.perf_counter() - start
+        print(f"  {column.key}: {took:.1f} s" + (f", {len(errors)} errors" if errors else ""),
+              file=sys.stderr)
+    return out
+
+
+# Reporting -------------------------------------------------------------------------------
+
+def _cell(out, key, n, field_="median"):
+    result = out["columns"].get(key, {}).get("results", {}).get(str(n))
+    return None if result is None else result[field_]
+
+
+def ratios(out, sizes):
+    """Each column's median over gpupool's (``gp``) for the same size."""
+    table = {}
+    for key in out["columns"]:
+        if key == "gp":
+            continue
+        table[key] = {}
+        for n in sizes:
+            mine, base = _cell(out, key, n), _cell(out, "gp", n)
+            table[key][str(n)] = None if mine is None or not base else mine / base
+    return table
+
+
+def targets(out, sizes):
+    """The DESIGN/issue targets, per size: value, limit, ok."""
+    checks = []
+    for n in sizes:
+        gp = _cell(out, "gp", n)
+        if gp is not None:
+            checks.append({"target": "gpupool cached allocate+free <= 250 ns", "size": n,
+                           "value": gp, "limit": GPUPOOL_TARGET_NS,
+                           "ok": gp <= GPUPOOL_TARGET_NS})
+    for n in sizes:
+        mine, base = _cell(out, "cp.empty.gp", n), _cell(out, "cp.empty", n)
+        if mine is not None and base:
+            checks.append({"target": "cupy.empty on gpupool <= 1.1x on CuPy's pool", "size": n,
+                           "value": mine / base, "limit": CUPY_EMPTY_TARGET_RATIO,
+                           "ok": mine / base <= CUPY_EMPTY_TARGET_RATIO})
+    return checks
+
+
+def _spread(out, key, n):
+    if _cell(out, key, n) is None:
+        return "-"
+    return f"{format_ns(_cell(out, key, n, 'min'))}-{format_ns(_cell(out, key, n, 'max'))}"
+
+
+def _ratio(value):
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _hit_rate(out, key, n):
+    c = out["columns"][key]["pool_counters"].get(str(n))
+    if not c or not c["num_allocs"]:
+        return "-"
+    return f"{1 - c['cache_misses'] / c['num_allocs']:.2%}"
+
+
+def _targets_text(out):
+    if out["simulated"]:
+        return "targets: not judged on the simulated device"
+    lines = ["targets:"]
+    for t in out["targets"]:
+        value = f"{t['value']:.0f} ns" if "ns" in t["target"] else f"{t['value']:.2f}x"
+        lines.append(f"  [{'ok' if t['ok'] else 'MISS'}] {t['target']}: "
+                     f"{format_size(t['size'])}: {value}")
+    return "\n".join(lines)
+
+
+def _legend(out):
+    lines = [f"Python loop overhead: {format_ns(out['loop_overhead_ns'])} ns per iteration "
+             "(included in every cell)", "", "columns:"]
+    lines += [f"  {k:12} {c['label']}" for k, c in out["columns"].items()]
+    lines += [f"  {k:12} skipped: {why}" for k, why in out["skipped"].items()]
+    for key, errors in out["errors"].items():
+        lines += [f"  {key:12} error at {format_size(int(n))}: {e}" for n, e in errors.items()]
+    return "\n".join(lines)
+
+
+def report(out, sizes):
+    """The printed tables: medians, spreads, ratios to gpupool, targets, legend."""
+    keys, ratio = list(out["columns"]), out["ratios"]
+    parts = [
+        format_table(["size", *keys],
+                     [[format_size(n)] + [format_ns(_cell(out, k, n)) for k in keys]
+                      for n in sizes],
+                     "ns per allocate + free, median (legacy default stream)"),
+        format_table(["size", *keys],
+                     [[format_size(n)] + [_spread(out, k, n) for k in keys] for n in sizes],
+                     "spread: min-max of the repetitions, ns"),
+    ]
+    if "gp" in out["columns"] and ratio:
+        parts.append(format_table(
+            ["size", *ratio],
+            [[format_size(n)] + [_ratio(ratio[k][str(n)]) for k in ratio] for n in sizes],
+            "peer median / gpupool (gp) median: above 1 = gpupool faster"))
+    pooled = [k for k in keys if "pool_counters" in out["columns"][k]]
+    if pooled:
+        parts.append(format_table(
+            ["size", *pooled],
+            [[format_size(n)] + [_hit_rate(out, k, n) for k in pooled] for n in sizes],
+            "gpupool allocations served from a cache, pool's or region's (warm-up included)"))
+    parts += [_targets_text(out), _legend(out)]
+    return "\n\n".join(parts)
+
+
+def main(argv=None):
+    p = _common.parser(__doc__.splitlines()[0])
+    p.add_argument("--columns", help="comma-separated column keys to run (default: all)")
+    args = p.parse_args(argv)
+    columns = COLUMNS
+    if args.columns:
+        wanted = args.columns.split(",")
+        unknown = set(wanted) - {c.key for c in COLUMNS}
+        if unknown:
+            p.error(f"unknown columns {sorted(unknown)}; known: {[c.key for c in COLUMNS]}")
+        columns = [c for c in COLUMNS if c.key in wanted]
+    ctx, reason = make_context(args.simulated)
+    if ctx is None:
+        _common.skip(SCRIPT, reason, args.json)
+    start = time.perf_counter()
+    out = {"script": SCRIPT, "unit": "ns per allocate+free pair", "stream": "legacy default (0)",
+           "sizes": SIZES, "simulated": args.simulated, "quick": args.quick,
+           "env": _common.environment()}
+    out["loop_overhead_ns"] = loop_overhead(args.quick).median
+    out.update(run(columns, ctx, SIZES, args.quick))
+    out["ratios"] = ratios(out, SIZES)
+    out["targets"] = [] if args.simulated else targets(out, SIZES)
+    out["elapsed_s"] = time.perf_counter() - start
+    print(report(out, SIZES))
+    print(f"\n{SCRIPT}: {out['elapsed_s']:.1f} s" + (" (simulated device)" if args.simulated
+                                                   else ""))
+    if args.json:
+        _common.write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Cross-stream reuse in gpupool: a block freed on stream A, then an allocation on stream B.
+
+Each iteration allocates ``n`` bytes on A and frees it, then allocates ``n`` on B and frees it.
+B may take A's block only once an event recorded at A's free reports complete (the pool
+queries it, never waits), otherwise it takes another block. Cases:
+
+* ``same.legacy``: A = B = the legacy default stream (no events at all);
+* ``same.A``:      A = B = one non-blocking stream (an event is recorded at each free);
+* ``cross.idle``:  A and B two non-blocking streams, both idle;
+* ``cross.busy``:  the same while a spin kernel keeps A busy for the whole batch, so B must
+  never take A's block.
+
+Reported: ns per allocate + free pair (median), the fraction of B's allocations that got the
+block A had just freed (``.ptr`` compared), and the pool's counters. Run::
+
+    python bench/cross_stream.py [--json PATH] [--quick]
+"""
+
+import sys
+import time
+
+import _common
+from _common import KiB, MiB, format_ns, format_size, format_table, measure
+
+SCRIPT = "cross_stream"
+SIZES = [4 * KiB, 1 * MiB, 16 * MiB]
+CASES = ["same.legacy", "same.A", "cross.idle", "cross.busy"]
+PLAN = {"reps": 30, "ops": 2000}          # ops = iterations of two allocate + free pairs
+QUICK_PLAN = {"reps": 3, "ops": 200}
+REUSE_ITERATIONS = 1000
+SPIN_NS = 20_000_000                      # A's spin kernel: 20 ms, far longer than a batch
+
+SPIN_SOURCE = r"""
+extern "C" __global__ void gpupool_bench_spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"""
+
+
+class GpuStreams:
+    """Two non-blocking CuPy streams and a spin kernel that keeps a stream busy."""
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.a = cupy.cuda.Stream(non_blocking=True)
+        self.b = cupy.cuda.Stream(non_blocking=True)
+        self.handles = {"legacy": 0, "A": self.a.ptr, "B": self.b.ptr}
+        self.spin, self.spin_error = None, None
+        try:
+            self.spin = cupy.RawKernel(SPIN_SOURCE, "gpupool_bench_spin")
+            self.spin.compile()
+        except Exception as exc:  # no NVRTC, say: the busy case is skipped
+            self.spin, self.spin_error = None, f"{type(exc).__name__}: {exc}"
+        self.busy_lost = 0
+
+    def make_busy(self):
+        """Enqueue the spin kernel on A."""
+        import numpy as np
+
+        with self.a:
+            self.spin((1,), (1,), (np.uint64(SPIN_NS),))
+
+    def end_busy(self):
+        """Count it if A finished before the batch did, then wait for A."""
+        if self.a.done:
+            self.busy_lost += 1
+        self.a.synchronize()
+
+    def new_pool(self, gpupool):
+        return gpupool.Pool(device=0)
+
+
+class SimulatedStreams:
+    """The same on gpupool.testing.SimulatedDevice (checks the harness, not the GPU)."""
+
+    def __init__(self):
+        from gpupool.testing import SimulatedDevice
+
+        self.sim = SimulatedDevice(capacity=4 << 30)
+        self.handles = {"legacy": 0, "A": self.sim.create_stream(), "B": self.sim.create_stream()}
+        self.spin, self.spin_error = True, None
+        self.busy_lost = 0
+
+    def make_busy(self):
+        self.sim.launch(self.handles["A"])
+
+    def end_busy(self):
+        if not self.sim.pending(self.handles["A"]):
+            self.busy_lost += 1
+        self.sim.complete(self.handles["A"])
+
+    def new_pool(self, gpupool):
+        return gpupool.Pool(upstream=self.sim)
+
+
+def case_streams(streams, case):
+    """(handle of A, handle of B, busy?) for a case."""
+    h = streams.handles
+    return {
+        "same.legacy": (h["legacy"], h["legacy"], False),
+        "same.A": (h["A"], h["A"], False),
+        "cross.idle": (h["A"], h["B"], False),
+        "cross.busy": (h["A"], h["B"], True),
+    }[case]
+
+
+def make_batch(pool, n, a, b):
+    """``ops`` iterations of: allocate on A, free, allocate on B, free."""
+    alloc = pool.allocate
+
+    def batch(ops):
+        for _ in range(ops):
+            buf = alloc(n, a)
+            del buf
+            buf = alloc(n, b)
+            del buf
+
+    return batch
+
+
+def reuse_fraction(pool, n, a, b, iterations):
+    """Fraction of B's allocations that got the block just freed on A."""
+    alloc = pool.allocate
+    reused = 0
+    for _ in range(iterations):
+        buf = alloc(n, a)
+        ptr = buf.ptr
+        del buf
+        buf = alloc(n, b)
+        reused += buf.ptr == ptr
+        del buf
+    return reused / iterations
+
+
+def run_case(gpupool, streams, case, n, plan):
+    """Measure one case at one size on a fresh pool; returns the result dict."""
+    a, b, busy = case_streams(streams, case)
+    hooks = {"before": streams.make_busy, "after": streams.end_busy} if busy else {}
+    pool = streams.new_pool(gpupool)
+    streams.busy_lost = 0
+    timing = measure(make_batch(pool, n, a, b), **plan, **hooks)
+    if busy:
+        streams.make_busy()
+    fraction = reuse_fraction(pool, n, a, b, min(REUSE_ITERATIONS, plan["ops"]))
+    if busy:
+        streams.end_busy()
+    stats = pool.stats().as_dict()
+    pool.trim()
+    # Timing is per iteration of two pairs; report per pair.
+    return {
+        "median": timing.median / 2, "min": timing.min / 2, "max": timing.max / 2,
+        "ops": timing.ops, "reps": timing.reps, "reuse_fraction": fraction,
+        "busy_batches_lost": streams.busy_lost if busy else None,
+        "pool_stats": stats,
+    }
+
+
+def run(gpupool, streams, plan):
+    """Every case at every size; progress to stderr. Returns (results, skipped)."""
+    results, skipped = {}, {}
+    for case in CASES:
+        if case == "cross.busy" and streams.spin is None:
+            skipped[case] = f"no spin kernel: {streams.spin_error}"
+            print(f"  {case}: skipped ({skipped[case]})", file=sys.stderr)
+            continue
+        start = time.perf_counter()
+        results[case] = {str(n): run_case(gpupool, streams, case, n, plan) for n in SIZES}
+        print(f"  {case}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return results, skipped
+
+
+def report(out):
+    """The printed tables: ns per pair, spread, reuse fraction and upstream allocations."""
+    res, cases = out["results"], list(out["results"])
+
+    def rows(cell):
+        return [[format_size(n)] + [cell(res[c][str(n)]) for c in cases] for n in SIZES]
+
+    parts = [
+        format_table(["size", *cases], rows(lambda r: format_ns(r["median"])),
+                     "ns per allocate + free pair, median"),
+        format_table(["size", *cases],
+                     rows(lambda r: f"{format_ns(r['min'])}-{format_ns(r['max'])}"),
+                     "spread: min-max of the repetitions, ns"),
+        format_table(["size", *cases], rows(lambda r: f"{r['reuse_fraction']:.0%}"),
+                     "B's allocations that got the block just freed on A"),
+        format_table(["size", *cases],
+                     rows(lambda r: f"{r['pool_stats']['upstream_allocs']}, "
+                                    f"{format_size(r['pool_stats']['peak_reserved_bytes'])}"),
+                     "upstream allocations, peak reserved bytes (whole case, fresh pool)"),
+    ]
+    notes = [f"  {c}: skipped: {why}" for c, why in out["skipped"].items()]
+    lost = [f"  cross.busy at {format_size(int(n))}: A finished before {r['busy_batches_lost']}"
+            " batch(es) ended; those batches were not all busy"
+            for n, r in res.get("cross.busy", {}).items() if r["busy_batches_lost"]]
+    if notes or lost:
+        parts.append("\n".join(["notes:", *notes, *lost]))
+    return "\n\n".join(parts)
+
+
+def main(argv=None):
+    args = _common.parser(__doc__.splitlines()[0]).parse_args(argv)
+    import gpupool
+
+    if args.simulated:
+        streams = SimulatedStreams()
+    else:
+        _, reason = _common.gpu_pool()
+        if reason is not None:
+            _common.skip(SCRIPT, reason, args.json)
+        cupy, reason = _common.optional_import("cupy")
+        if cupy is None:
+            print(f"{SCRIPT}: skipped: needs CuPy for its streams ({reason})")
+            if args.json:
+                _common.write_json(args.json, {"script": SCRIPT, "skipped": reason})
+            return 0
+        cupy.cuda.Device(0).use()
+        streams = GpuStreams(cupy)
+    start = time.perf_counter()
+    plan = QUICK_PLAN if args.quick else PLAN
+    results, skipped = run(gpupool, streams, plan)
+    out = {"script": SCRIPT, "unit": "ns per allocate+free pair", "sizes": SIZES,
+           "plan": plan, "spin_ns": SPIN_NS, "simulated": args.simulated, "quick": args.quick,
+           "env": _common.environment(), "results": results, "skipped": skipped,
+           "elapsed_s": time.perf_counter() - start}
+    print(report(out))
+    print(f"\n{SCRIPT}: {out['elapsed_s']:.1f} s" + (" (simulated device)" if args.simulated
+                                                   else ""))
+    if args.json:
+        _common.write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Shared fixtures: a pool on the simulated device for CPU tests, and skipping of GPU tests."""
+
+import functools
+
+import pytest
+
+import gpupool
+from gpupool.testing import SimulatedDevice
+
+
+@functools.cache
+def gpu_available():
+    """Whether a CUDA driver and at least one device are present."""
+    try:
+        gpupool.get_pool(0)
+    except gpupool.NoDeviceError:
+        return False
+    return True
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU and driver (none found)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def sim():
+    return SimulatedDevice(capacity=1 << 30)
+
+
+@pytest.fixture
+def pool(sim):
+    return gpupool.Pool(upstream=sim)
+
+
+def check_invariants(pool):
+    """Bytes in use plus bytes cached (pool and regions) equal bytes reserved."""
+    stats = pool.stats()
+    assert stats.in_use_bytes + stats.cached_bytes == stats.reserved_bytes
+    assert stats.peak_in_use_bytes >= stats.in_use_bytes
+    assert stats.peak_reserved_bytes >= stats.reserved_bytes
+    return stats

@@ -1,0 +1,102 @@
+"""CuPy reads DeviceBuffers and allocates from gpupool (marked gpu)."""
+
+import numpy as np
+import pytest
+
+import gpupool
+
+pytestmark = pytest.mark.gpu
+cupy = pytest.importorskip("cupy")
+import gpupool.cupy  # noqa: E402
+
+MIB = 1 << 20
+
+SLOW_WRITE = r"""
+extern "C" __global__ void slow_write(unsigned char* out, long long n, long long spin) {
+    long long start = clock64();
+    while (clock64() - start < spin) { }
+    for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = 42;
+    }
+}
+"""
+
+
+@pytest.fixture
+def pool():
+    return gpupool.Pool(device=0)
+
+
+def test_cupy_reads_a_device_buffer_without_copying(pool):
+    data = np.arange(4096, dtype=np.uint8)
+    buf = pool.allocate(data.nbytes)
+    buf.copy_from_host(data)
+    view = cupy.asarray(buf)
+    assert view.data.ptr == buf.ptr
+    assert cupy.asnumpy(view).tobytes() == data.tobytes()
+    view[:] = 3                                  # and writes land in the buffer
+    assert (buf.copy_to_host() == 3).all()
+
+
+def test_cupy_arrays_come_from_the_pool(pool):
+    with cupy.cuda.using_allocator(gpupool.cupy.allocator(pool)):
+        x = cupy.arange(MIB, dtype=cupy.float32)
+        assert pool.stats().in_use_bytes >= 4 * MIB
+        assert float(x.sum()) == float(np.arange(MIB, dtype=np.float32).sum())
+        empty = cupy.empty(0)
+        assert empty.size == 0
+    del x
+    assert pool.stats().in_use_bytes == 0
+
+
+def test_cupy_loop_under_the_adapter_holds_reserved_memory_flat(pool):
+    reserved = []
+    with cupy.cuda.using_allocator(gpupool.cupy.allocator(pool)):
+        w = cupy.random.standard_normal((256, 256), dtype=cupy.float32)
+        for _ in range(200):
+            x = cupy.random.standard_normal((512, 256), dtype=cupy.float32)
+            y = cupy.tanh(x @ w) * 2 + 1
+            y.sum()
+            reserved.append(pool.stats().reserved_bytes)
+    assert reserved[10] == reserved[-1]
+
+
+def test_region_gives_cupy_steps_the_same_addresses(pool):
+    region = gpupool.Region(pool=pool)
+    seen = []
+    with cupy.cuda.using_allocator(gpupool.cupy.allocator(pool)):
+        for _ in range(4):
+            with region:
+                a = cupy.ones((1000, 1000), dtype=cupy.float32)
+                b = a * 2
+                seen.append((a.data.ptr, b.data.ptr))
+                del a, b
+    assert len(set(seen)) == 1
+
+
+def test_cupy_allocation_follows_the_current_stream(pool):
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with cupy.cuda.using_allocator(gpupool.cupy.allocator(pool)), stream:
+        x = cupy.zeros(100, dtype=cupy.uint8)
+    owner = x.data.mem._owner                     # the UnownedMemory keeps our buffer alive
+    assert isinstance(owner, gpupool.DeviceBuffer)
+    assert owner.stream == stream.ptr
+
+
+def test_block_is_not_handed_to_another_stream_while_a_kernel_writes_it(pool):
+    kernel = cupy.RawKernel(SLOW_WRITE, "slow_write")
+    a = cupy.cuda.Stream(non_blocking=True)
+    b = cupy.cuda.Stream(non_blocking=True)
+    n = 8 * MIB
+    buf = pool.allocate(n, stream=a.ptr)
+    first = buf.ptr
+    with a:
+        kernel((64,), (256,), (cupy.uint64(buf.ptr), cupy.int64(n), cupy.int64(200_000_000)))
+    del buf                                       # the kernel is still running on a
+    other = pool.allocate(n, stream=b.ptr)
+    assert other.ptr != first
+    a.synchronize()
+    again = pool.allocate(n, stream=b.ptr)
+    assert again.ptr == first
+    assert (again.copy_to_host(stream=b.ptr) == 42).all()

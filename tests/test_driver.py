@@ -1,0 +1,33 @@
+"""Behaviour without a GPU: import works, driver calls raise NoDeviceError with one line."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import gpu_available
+
+import gpupool
+
+pytestmark = pytest.mark.skipif(gpu_available(), reason="checks the no-driver path")
+
+
+def test_pool_without_driver_raises_no_device_error():
+    with pytest.raises(gpupool.NoDeviceError) as info:
+        gpupool.Pool(device=0)
+    assert "\n" not in str(info.value)
+    assert "SimulatedDevice" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "call", [lambda: gpupool.get_pool(), lambda: gpupool.allocate(10), gpupool.pool_status,
+             lambda: gpupool.Region()])
+def test_default_pool_paths_raise_no_device_error(call):
+    with pytest.raises(gpupool.NoDeviceError):
+        call()
+
+
+def test_import_prints_nothing():
+    result = subprocess.run([sys.executable, "-c", "import gpupool, gpupool.cupy"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0
+    assert result.stdout == result.stderr == ""

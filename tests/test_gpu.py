@@ -1,0 +1,96 @@
+"""The pool on a real device (marked gpu: skipped where there is no GPU)."""
+
+import numpy as np
+import pytest
+
+import gpupool
+
+pytestmark = pytest.mark.gpu
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def pool():
+    return gpupool.Pool(device=0)
+
+
+def test_real_memory_round_trip(pool):
+    data = np.random.default_rng(1).integers(0, 256, 3 * MIB + 17, dtype=np.uint8)
+    buf = pool.allocate(data.nbytes)
+    assert buf.ptr % 256 == 0 and buf.device == 0
+    buf.copy_from_host(data)
+    assert np.array_equal(buf.copy_to_host(), data)
+    other = pool.allocate(data.nbytes)
+    other.copy_from_host(buf)
+    assert np.array_equal(other.copy_to_host(), data)
+    other.memset(0xAB)
+    assert (other.copy_to_host() == 0xAB).all()
+
+
+def test_sizes_from_256_bytes_to_256_mib(pool):
+    for nbytes in (1, 256, 4097, 300_000, 16 * MIB, 256 * MIB):
+        buf = pool.allocate(nbytes)
+        buf.memset(7)
+        tail = np.empty(1, np.uint8)
+        assert buf.ptr % 256 == 0
+        assert buf.copy_to_host()[-1] == 7 if nbytes < MIB else buf.nbytes == nbytes
+        del tail
+    stats = pool.stats()
+    assert stats.in_use_bytes + stats.cached_bytes == stats.reserved_bytes
+    pool.trim()
+    assert pool.stats().reserved_bytes == 0
+
+
+def test_default_pool_and_status(capsys):
+    buf = gpupool.allocate(MIB)
+    assert gpupool.get_pool(0) is buf.pool
+    gpupool.pool_status()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Effective GPU memory usage: ") and "GiB)" in out[0]
+    assert out[1].startswith("Memory pool usage: ") and "reserved)" in out[1]
+
+
+def test_no_such_device():
+    with pytest.raises(gpupool.NoDeviceError, match="no CUDA device 999"):
+        gpupool.Pool(device=999)
+
+
+def test_hard_limit_on_the_device():
+    pool = gpupool.Pool(device=0, hard_limit="64MiB")
+    with pytest.raises(gpupool.OutOfMemoryError, match="hard limit 64.000 MiB") as info:
+        pool.allocate(100 * MIB)
+    assert "free of" in str(info.value)
+
+
+def test_region_on_the_device(pool):
+    region = gpupool.Region(pool=pool)
+    addresses = []
+    for _ in range(3):
+        with region:
+            bufs = [pool.allocate(n) for n in (1000, 300_000, 5 * MIB)]
+            for b in bufs:
+                b.memset(1)
+            addresses.append([b.ptr for b in bufs])
+            del bufs
+    assert addresses[0] == addresses[1] == addresses[2]
+    assert region.stats().cache_hits == 6
+
+
+def test_several_devices_each_get_their_own_pool():
+    from cuda.bindings import driver
+
+    err, count = driver.cuDeviceGetCount()
+    if count < 2:
+        pytest.skip("needs two GPUs")
+    pools = [gpupool.get_pool(d) for d in range(count)]
+    bufs = [p.allocate(MIB) for p in pools]
+    for d, buf in enumerate(bufs):
+        assert buf.device == d
+        buf.copy_from_host(np.full(MIB, d, np.uint8))
+    for d, buf in enumerate(bufs):
+        assert (buf.copy_to_host() == d).all()
+    del bufs                      # freed with device 0 current: each goes to its own pool
+    for p in pools:
+        stats = p.stats()
+        assert stats.in_use_bytes == 0 and stats.num_frees >= 1

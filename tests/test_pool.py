@@ -1,0 +1,358 @@
+"""Pool policy on the simulated device: sizes, alignment, reuse, streams, slabs, trim, stats."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import check_invariants
+from hypothesis import given
+from hypothesis import strategies as st
+
+import gpupool
+
+LARGE = 1 << 20       # above the slab limit: each block is its own upstream allocation
+
+
+@given(st.integers(min_value=1, max_value=1 << 40))
+def test_size_class_bounds_rounding_waste(nbytes):
+    size = gpupool.size_class(nbytes)
+    assert size >= nbytes
+    assert size % 256 == 0
+    if nbytes <= 4096:
+        assert size - nbytes <= 511
+    else:
+        assert size - nbytes <= nbytes / 8
+
+
+def test_size_classes_are_monotonic():
+    sizes = [gpupool.size_class(n) for n in range(1, 1 << 17, 97)]
+    assert sizes == sorted(sizes)
+
+
+@pytest.mark.parametrize("nbytes", [1, 255, 256, 257, 1000, 4097, 70_000, 300_000, LARGE + 1])
+def test_blocks_are_256_byte_aligned(pool, nbytes):
+    bufs = [pool.allocate(nbytes) for _ in range(5)]
+    for buf in bufs:
+        assert buf.ptr % 256 == 0
+        assert buf.nbytes == nbytes
+
+
+def test_zero_bytes_gives_empty_buffer_without_upstream_call(pool, sim):
+    buf = pool.allocate(0)
+    assert buf.ptr == 0 and buf.nbytes == 0
+    assert buf.__cuda_array_interface__["shape"] == (0,)
+    assert sim.calls == []
+    del buf
+    assert pool.stats().num_allocs == 0
+
+
+@pytest.mark.parametrize(
+    "nbytes, error",
+    [(-1, ValueError), (1 << 60, ValueError), (1.5, TypeError), ("10", TypeError),
+     (None, TypeError), (True, TypeError)],
+)
+def test_bad_sizes_raise_before_allocating(pool, sim, nbytes, error):
+    with pytest.raises(error):
+        pool.allocate(nbytes)
+    assert sim.calls == []
+    check_invariants(pool)
+
+
+def test_numpy_integer_sizes_are_accepted(pool):
+    np = pytest.importorskip("numpy")
+    assert pool.allocate(np.int64(100)).nbytes == 100
+
+
+def test_same_stream_reuse_returns_the_same_block(pool, sim):
+    buf = pool.allocate(LARGE)
+    ptr = buf.ptr
+    sim.launch(0)                       # work on the block still pending: same stream is fine
+    del buf
+    again = pool.allocate(LARGE)
+    assert again.ptr == ptr
+    assert len(sim.calls_named("alloc")) == 1
+    assert pool.stats().cache_hits == 1
+
+
+def test_no_cross_stream_reuse_before_the_old_stream_completes(pool, sim):
+    a, b = sim.create_stream(), sim.create_stream()
+    buf = pool.allocate(LARGE, stream=a)
+    ptr = buf.ptr
+    sim.launch(a)
+    del buf
+    other = pool.allocate(LARGE, stream=b)
+    assert other.ptr != ptr
+    assert sim.calls_named("event_record"), "an event must mark the end of a's work"
+    assert sim.calls_named("event_query")
+
+
+def test_cross_stream_reuse_once_the_event_reports_complete(pool, sim):
+    a, b = sim.create_stream(), sim.create_stream()
+    buf = pool.allocate(LARGE, stream=a)
+    ptr = buf.ptr
+    sim.launch(a)
+    del buf
+    sim.complete(a)
+    other = pool.allocate(LARGE, stream=b)
+    assert other.ptr == ptr
+    assert len(sim.calls_named("alloc")) == 1
+
+
+def test_legacy_stream_block_waits_for_its_work_before_another_stream(pool, sim):
+    b = sim.create_stream()
+    buf = pool.allocate(LARGE)           # legacy default stream
+    ptr = buf.ptr
+    sim.launch(0)
+    del buf
+    held = pool.allocate(LARGE, stream=b)
+    assert held.ptr != ptr
+    sim.complete(0)
+    assert pool.allocate(LARGE, stream=b).ptr == ptr
+
+
+def test_event_is_recorded_at_free_so_destroyed_streams_are_safe(pool, sim):
+    a, b = sim.create_stream(), sim.create_stream()
+    buf = pool.allocate(LARGE, stream=a)
+    ptr = buf.ptr
+    del buf
+    sim.destroy_stream(a)                # the simulated device rejects any later use of a
+    assert pool.allocate(LARGE, stream=b).ptr == ptr
+
+
+def test_record_stream_delays_reuse_until_that_stream_completes(pool, sim):
+    other = sim.create_stream()
+    buf = pool.allocate(LARGE)
+    ptr = buf.ptr
+    buf.record_stream(other)
+    sim.launch(other)
+    del buf
+    held = pool.allocate(LARGE)
+    assert held.ptr != ptr                          # even on its own stream
+    sim.complete(other)
+    assert pool.allocate(LARGE).ptr == ptr
+
+
+def test_stream_setter_moves_the_block(pool, sim):
+    a = sim.create_stream()
+    buf = pool.allocate(LARGE)
+    ptr = buf.ptr
+    buf.stream = a
+    assert buf.stream == a
+    sim.launch(a)
+    del buf
+    assert pool.allocate(LARGE, stream=a).ptr == ptr
+
+
+def test_stream_objects_are_accepted(pool, sim):
+    handle = sim.create_stream()
+
+    class CudaStreamProtocol:
+        def __cuda_stream__(self):
+            return (0, handle)
+
+    class CupyLike:
+        ptr = handle
+
+    class TorchLike:
+        cuda_stream = handle
+
+    for stream in (CudaStreamProtocol(), CupyLike(), TorchLike(), handle):
+        assert pool.allocate(10, stream=stream).stream == handle
+    assert pool.allocate(10, stream=1).stream == 0      # CU_STREAM_LEGACY is the legacy stream
+
+
+@pytest.mark.parametrize("stream, error", [(-1, ValueError), ("s", TypeError), (1.0, TypeError)])
+def test_bad_streams_raise(pool, stream, error):
+    with pytest.raises(error):
+        pool.allocate(10, stream=stream)
+
+
+def test_small_blocks_share_a_slab(pool, sim):
+    bufs = [pool.allocate(1000) for _ in range(100)]
+    assert len(sim.calls_named("alloc")) == 1
+    assert len({b.ptr for b in bufs}) == 100
+    stats = check_invariants(pool)
+    assert stats.in_use_bytes == 100 * 1024
+
+
+def test_slab_goes_back_only_when_all_its_blocks_are_free(pool, sim):
+    bufs = [pool.allocate(1000) for _ in range(3)]
+    del bufs[0]
+    assert pool.trim() == 0
+    assert sim.calls_named("free") == []
+    bufs.clear()
+    assert pool.trim() == 2 << 20
+    assert len(sim.calls_named("free")) == 1
+    assert sim.used == 0
+    assert check_invariants(pool).reserved_bytes == 0
+
+
+def test_trim_releases_large_cached_blocks_and_synchronizes_first(pool, sim):
+    buf = pool.allocate(LARGE)
+    sim.launch(0)
+    del buf
+    assert pool.trim() == LARGE
+    assert [name for name, _ in sim.calls][-2:] == ["synchronize", "free"]
+    assert sim.used == 0
+    stats = check_invariants(pool)
+    assert stats.upstream_frees == 1
+
+
+def test_stats_bookkeeping(pool):
+    a = pool.allocate(LARGE)
+    b = pool.allocate(1000)
+    stats = check_invariants(pool)
+    assert stats.num_allocs == 2 and stats.num_frees == 0
+    assert stats.in_use_bytes == LARGE + 1024
+    assert stats.cache_misses == 2 and stats.cache_hits == 0
+    del a
+    stats = check_invariants(pool)
+    assert stats.num_frees == 1 and stats.in_use_bytes == 1024
+    assert stats.peak_in_use_bytes == LARGE + 1024
+    c = pool.allocate(LARGE)
+    assert check_invariants(pool).cache_hits == 1
+    del b, c
+    pool.reset_peak_stats()
+    stats = check_invariants(pool)
+    assert stats.peak_in_use_bytes == 0
+    assert stats.as_dict()["num_allocs"] == 3
+
+
+def test_hard_limit_trims_then_raises_with_the_numbers(sim):
+    pool = gpupool.Pool(upstream=sim, hard_limit="3MiB")
+    first = pool.allocate(2 << 20)
+    del first
+    second = pool.allocate(3 << 20)          # needs the cached 2 MiB block released first
+    assert second.nbytes == 3 << 20
+    with pytest.raises(gpupool.OutOfMemoryError) as info:
+        pool.allocate(1 << 20)
+    message = str(info.value)
+    for part in ("1.000 MiB", "3.000 MiB in use", "3.000 MiB reserved", "hard limit 3.000 MiB"):
+        assert part in message
+    assert isinstance(info.value, MemoryError)
+    assert pool.stats().oom_retries >= 1
+
+
+def test_out_of_memory_from_the_device(sim):
+    small = type(sim)(capacity=4 << 20)
+    pool = gpupool.Pool(upstream=small)
+    keep = pool.allocate(3 << 20)
+    with pytest.raises(gpupool.OutOfMemoryError, match="free of 4.000 MiB"):
+        pool.allocate(2 << 20)
+    assert keep.nbytes == 3 << 20
+    check_invariants(pool)
+
+
+def test_on_oom_callback_runs_and_the_allocation_is_retried(sim):
+    small = type(sim)(capacity=4 << 20)
+    pool = gpupool.Pool(upstream=small)
+    held = [pool.allocate(3 << 20)]
+    seen = []
+
+    def free_held(nbytes):
+        seen.append(nbytes)
+        held.clear()
+
+    gpupool.on_oom(free_held)
+    try:
+        buf = pool.allocate(2 << 20)
+    finally:
+        gpupool.remove_oom_callback(free_held)
+    assert seen == [2 << 20]
+    assert buf.nbytes == 2 << 20
+
+
+def test_soft_limit_releases_cached_blocks(sim):
+    pool = gpupool.Pool(upstream=sim, soft_limit="2MiB")
+    a = pool.allocate(LARGE)
+    del a
+    b = pool.allocate(2 * LARGE)         # reserved 3 MiB > 2 MiB: the cached 1 MiB goes back
+    assert pool.stats().reserved_bytes == 2 * LARGE
+    assert b.nbytes == 2 * LARGE
+
+
+def test_limits_from_the_environment(sim, monkeypatch):
+    monkeypatch.setenv("GPUPOOL_HARD_LIMIT", "50%")
+    monkeypatch.setenv("GPUPOOL_SOFT_LIMIT", "1GB")
+    pool = gpupool.Pool(upstream=sim)
+    assert pool.hard_limit == sim.capacity // 2
+    assert pool.soft_limit == 10**9
+
+
+def test_upstream_errors_reach_the_caller(sim):
+    class Broken(type(sim)):
+        def _alloc(self, nbytes):
+            raise RuntimeError("simulated driver failure")
+
+    pool = gpupool.Pool(upstream=Broken())
+    with pytest.raises(RuntimeError, match="simulated driver failure"):
+        pool.allocate(10)
+    check_invariants(pool)
+
+
+def test_bad_upstream_arguments():
+    with pytest.raises(ValueError):
+        gpupool.Pool(upstream="nonsense")
+    with pytest.raises(TypeError):
+        gpupool.Pool(upstream=42)
+
+
+def test_buffers_freed_from_other_threads(pool):
+    import threading
+
+    bufs = [pool.allocate(1000 + i) for i in range(200)]
+    bufs += [pool.allocate(LARGE) for _ in range(4)]
+
+    def drop(chunk):
+        chunk.clear()
+
+    chunks = [bufs[i::4] for i in range(4)]
+    bufs.clear()
+    threads = [threading.Thread(target=drop, args=(c,)) for c in chunks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = check_invariants(pool)
+    assert stats.in_use_bytes == 0 and stats.num_frees == 204
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_fork_child_gets_a_clear_error():
+    code = """
+import os, sys, gpupool
+from gpupool.testing import SimulatedDevice
+pool = gpupool.Pool(upstream=SimulatedDevice())
+buf = pool.allocate(100)
+pid = os.fork()
+if pid == 0:
+    try:
+        pool.allocate(100)
+    except gpupool.GpupoolError as exc:
+        ok = "fork" in str(exc)
+    else:
+        ok = False
+    del buf                     # freeing an inherited buffer must not touch the pool
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+
+def test_shutdown_with_live_buffers_is_silent():
+    code = """
+import gpupool
+from gpupool.testing import SimulatedDevice
+pool = gpupool.Pool(upstream=SimulatedDevice())
+keep = [pool.allocate(n) for n in (10, 5000, 1 << 20)]
+region = gpupool.Region(pool=pool)
+with region:
+    more = pool.allocate(100)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0
+    assert result.stderr == ""

@@ -1,0 +1,308 @@
+"""Regions on the simulated device: cached steps, working-set peak, exit policies."""
+
+import threading
+
+import pytest
+from conftest import check_invariants
+
+import gpupool
+
+KIB = 1024
+
+
+class Node:
+    """An autograd-like node: it refers to itself, so it dies only in a garbage collection."""
+
+    def __init__(self, buf):
+        self.buf = buf
+        self.backward = lambda: self
+
+
+@pytest.fixture
+def region(pool):
+    return gpupool.Region(pool=pool)
+
+
+def step(pool, sizes):
+    bufs = [pool.allocate(n) for n in sizes]
+    return [b.ptr for b in bufs]
+
+
+def test_first_entry_misses_later_entries_hit_at_the_same_addresses(pool, region, sim):
+    sizes = [300 * KIB, 700 * KIB, 5 * KIB, 300 * KIB]
+    with region:
+        first = step(pool, sizes)
+    assert region.stats().cache_misses == 4
+    for _ in range(3):
+        with region:
+            assert step(pool, sizes) == first
+    stats = region.stats()
+    assert stats.entries == 4 and stats.cache_hits == 12 and stats.cache_misses == 4
+    assert len(sim.calls_named("alloc")) == 4       # three large blocks and one slab
+
+
+def test_same_addresses_whatever_order_the_step_freed_in(pool, region):
+    # Blocks are handed out oldest first, so the first entry's order is kept too.
+    with region:
+        a, b, c = (pool.allocate(300 * KIB) for _ in range(3))
+        first = [a.ptr, b.ptr, c.ptr]
+        del c, a, b
+    with region:
+        bufs = [pool.allocate(300 * KIB) for _ in range(3)]
+        assert [x.ptr for x in bufs] == first
+        for index in (1, 0, 0):                     # free in yet another order
+            del bufs[index]
+    with region:
+        assert step(pool, [300 * KIB] * 3) == first
+
+
+def test_another_dtype_or_shape_of_the_same_size_class_hits(pool, region):
+    with region:
+        pool.allocate(1000)
+    with region:
+        pool.allocate(1020)          # same 1 KiB class
+    assert region.stats().cache_hits == 1
+
+
+def test_new_sizes_add_entries(pool, region):
+    with region:
+        step(pool, [300 * KIB])
+    with region:
+        step(pool, [300 * KIB, 900 * KIB])
+    stats = region.stats()
+    assert stats.cache_hits == 1 and stats.cache_misses == 2
+    assert stats.cached_bytes == gpupool.size_class(300 * KIB) + gpupool.size_class(900 * KIB)
+
+
+def test_early_free_is_reused_in_the_same_step_and_peak_is_the_working_set(pool, region):
+    size = gpupool.size_class(400 * KIB)
+    with region:
+        for _ in range(10):                  # ten allocations, never more than two alive
+            a = pool.allocate(400 * KIB)
+            b = pool.allocate(400 * KIB)
+            del a, b
+    stats = region.stats()
+    assert stats.peak_in_use_bytes == 2 * size
+    assert stats.cache_hits == 18
+    assert pool.stats().reserved_bytes == 2 * size
+
+
+def test_cyclic_garbage_dies_at_exit_and_memory_stays_flat(pool, region):
+    reserved = []
+    for _ in range(5):
+        with region:
+            nodes = [Node(pool.allocate(200 * KIB)) for _ in range(4)]
+            del nodes
+        reserved.append(pool.stats().reserved_bytes)
+        assert region.stats().live_at_exit_bytes == 0
+    assert len(set(reserved)) == 1
+    assert region.stats().collections == 5
+
+
+def test_no_collection_when_nothing_is_alive(pool, region):
+    with region:
+        step(pool, [100])
+    assert region.stats().collections == 0
+
+
+def test_detach_survivors_return_to_the_pool(pool, region):
+    with region:
+        kept = pool.allocate(300 * KIB)
+        ptr = kept.ptr
+    assert region.stats().live_at_exit_bytes == gpupool.size_class(300 * KIB)
+    assert kept.ptr == ptr                       # still valid
+    with region:
+        other = pool.allocate(300 * KIB)         # never aliased with the detached buffer
+        assert other.ptr != ptr
+    del kept
+    region.release()
+    check_invariants(pool)
+    assert pool.stats().in_use_bytes == gpupool.size_class(300 * KIB)
+
+
+def test_invalidate_survivors(pool):
+    region = gpupool.Region(pool=pool, on_exit="invalidate")
+    with region:
+        escaped = pool.allocate(300 * KIB)
+        ptr = escaped.ptr
+    with pytest.raises(gpupool.InvalidBufferError, match="invalidated"):
+        escaped.ptr
+    with pytest.raises(gpupool.InvalidBufferError):
+        escaped.__cuda_array_interface__
+    with region:
+        assert pool.allocate(300 * KIB).ptr == ptr     # the block was recycled
+    del escaped
+    check_invariants(pool)
+
+
+def test_keep_exempts_a_buffer(pool):
+    region = gpupool.Region(pool=pool, on_exit="invalidate")
+
+    class ArrayView:                       # any exporter of the interface over region memory
+        def __init__(self, buf):
+            self.__cuda_array_interface__ = dict(
+                buf.__cuda_array_interface__, data=(buf.ptr + 256, False))
+
+    with region:
+        a = region.keep(pool.allocate(1000))
+        b = pool.allocate(2000)
+        region.keep(ArrayView(b))
+        c = pool.allocate(3000)
+        with pytest.raises(TypeError):
+            region.keep(object())
+    assert not a.closed and not b.closed and c.closed
+    assert region.stats().live_at_exit_bytes == gpupool.size_class(3000)
+
+
+def test_keep_refuses_foreign_memory(pool, region):
+    outside = pool.allocate(100)
+    with region, pytest.raises(ValueError):
+        region.keep(outside)
+
+
+def test_exception_inside_the_block_runs_the_exit_and_leaves_it_usable(pool, region):
+    def failing_step():
+        temp = pool.allocate(300 * KIB)          # held by the traceback while it propagates
+        raise RuntimeError(f"step failed with {temp.ptr:#x} alive")
+
+    with pytest.raises(RuntimeError) as info:
+        with region:
+            failing_step()
+    assert region.stats().live_at_exit_bytes == gpupool.size_class(300 * KIB)   # detached
+    del info                                     # the traceback, and so the buffer, die
+    assert pool.stats().in_use_bytes == 0
+    with region:
+        step(pool, [300 * KIB])
+    assert region.stats().entries == 2
+    check_invariants(pool)
+
+
+def test_nested_regions_recycle_their_own_allocations(pool):
+    outer, inner = gpupool.Region(pool=pool), gpupool.Region(pool=pool)
+    with outer:
+        a = pool.allocate(300 * KIB)
+        with inner:
+            b = pool.allocate(300 * KIB)
+            del a                                  # outer's block goes back to outer
+            c = pool.allocate(300 * KIB)           # so inner does not get it
+            assert inner.stats().cache_hits == 0
+            del b, c
+        assert outer.stats().cached_bytes == gpupool.size_class(300 * KIB)
+        assert inner.stats().cached_bytes == 2 * gpupool.size_class(300 * KIB)
+        d = pool.allocate(300 * KIB)               # outer is current again
+        assert outer.stats().cache_hits == 1
+        del d
+
+
+def test_entering_a_region_twice_is_refused(pool, region):
+    with region:
+        with pytest.raises(gpupool.GpupoolError, match="already entered"):
+            region.__enter__()
+        errors = []
+
+        def other_thread():
+            try:
+                region.__enter__()
+            except gpupool.GpupoolError as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+        assert len(errors) == 1
+    with region:                                   # still usable afterwards
+        pass
+
+
+def test_one_region_from_two_threads_in_turn(pool, region):
+    ptrs = []
+
+    def work():
+        with region:
+            ptrs.append(pool.allocate(300 * KIB).ptr)
+
+    for _ in range(2):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    assert ptrs[0] == ptrs[1]
+    assert region.stats().cache_hits == 1
+
+
+def test_threads_started_inside_do_not_inherit_the_region(pool, region):
+    with region:
+        t = threading.Thread(target=lambda: pool.allocate(300 * KIB))
+        t.start()
+        t.join()
+    stats = region.stats()
+    assert stats.cache_hits + stats.cache_misses == 0
+    assert pool.stats().num_allocs == 1
+
+
+def test_varying_batch_sizes(pool, region):
+    for batch in (32, 64, 32, 17, 64):
+        with region:
+            step(pool, [batch * 4 * KIB, batch * 40 * KIB])
+        check_invariants(pool)
+    assert region.stats().cache_hits >= 4
+
+
+def test_release_empties_the_cache_and_leaves_detached_buffers(pool, region):
+    with region:
+        kept = pool.allocate(300 * KIB)
+        step(pool, [700 * KIB])
+    region.release()
+    assert region.stats().cached_bytes == 0
+    assert pool.trim() == gpupool.size_class(700 * KIB)
+    assert kept.ptr
+    check_invariants(pool)
+
+
+def test_out_of_memory_ladder_drains_region_caches(sim):
+    pool = gpupool.Pool(upstream=type(sim)(capacity=4 << 20))
+    region = gpupool.Region(pool=pool)
+    with region:
+        step(pool, [3 << 20])
+    assert region.stats().cached_bytes == 3 << 20
+    buf = pool.allocate(2 << 20)                   # fits only once the region's cache is gone
+    assert buf.nbytes == 2 << 20
+    assert region.stats().cached_bytes == 0
+    assert pool.stats().oom_retries >= 1
+
+
+def test_max_cached_bytes_sends_extra_blocks_to_the_pool(pool):
+    region = gpupool.Region(pool=pool, max_cached_bytes=gpupool.size_class(300 * KIB))
+    with region:
+        step(pool, [300 * KIB, 300 * KIB])
+    assert region.stats().cached_bytes == gpupool.size_class(300 * KIB)
+    check_invariants(pool)
+
+
+def test_uncached_allocations_bypass_the_region(pool):
+    region = gpupool.Region(pool=pool, on_exit="invalidate")
+    with region:
+        with gpupool.uncached():
+            logged = pool.allocate(100)
+        temp = pool.allocate(100)
+    assert not logged.closed and temp.closed
+    assert region.stats().cache_misses == 1
+
+
+def test_bad_arguments(pool):
+    with pytest.raises(ValueError):
+        gpupool.Region(pool=pool, on_exit="forget")
+    with pytest.raises(ValueError):
+        gpupool.Region(pool=pool, collect="sometimes")
+    with pytest.raises(TypeError):
+        gpupool.Region(pool="pool")
+
+
+def test_region_dropped_while_its_buffers_live(pool):
+    region = gpupool.Region(pool=pool)
+    with region:
+        buf = pool.allocate(300 * KIB)
+        step(pool, [700 * KIB])
+    del region
+    del buf                                        # returns to the pool, not a dead region
+    stats = check_invariants(pool)
+    assert stats.in_use_bytes == 0
