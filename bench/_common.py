@@ -2,8 +2,9 @@
 
 Timing method (see README.md): a warm-up batch, then ``reps`` repetitions of a batch of
 ``ops`` operations, each repetition timed with ``time.perf_counter_ns`` and divided by ``ops``;
-the result is the median of the repetitions' ns/op and their spread (min, max). The garbage
-collector is disabled while a batch runs, as ``timeit`` does.
+the result is the median of the repetitions' ns/op and their spread (min, max). Several
+things measured together are interleaved: each round runs one batch of each, in shuffled
+order. The garbage collector is disabled while batches run, as ``timeit`` does.
 """
 
 import argparse
@@ -12,9 +13,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 KiB = 1 << 10
@@ -24,7 +27,7 @@ GiB = 1 << 30
 
 @dataclass(frozen=True)
 class Timing:
-    """Result of :func:`measure`: ns per operation."""
+    """Result of a measurement: ns per operation."""
 
     median: float
     min: float
@@ -37,55 +40,103 @@ class Timing:
         return asdict(self)
 
 
-def _run_timed(batch, ops, before, after):
-    """Run ``batch(ops)`` once between the optional hooks; return elapsed ns of the batch."""
-    if before is not None:
-        before()
+@dataclass
+class Cell:
+    """One thing to time: ``batch(ops)`` performs ``ops`` operations.
+
+    ``ops`` is the batch size; with ``target_ns`` it is the largest, and the batch is sized
+    to take about ``target_ns`` from a probe batch of ``min_ops`` run after the warm-up (for
+    slow operations). ``before`` and ``after`` run around every batch, outside the timing.
+    """
+
+    batch: Callable
+    ops: int = 2000
+    target_ns: int | None = None
+    min_ops: int = 1
+    before: Callable | None = None
+    after: Callable | None = None
+
+
+def _run_timed(cell, ops):
+    """Run ``cell.batch(ops)`` once between its hooks; return the batch's elapsed ns."""
+    if cell.before is not None:
+        cell.before()
     start = time.perf_counter_ns()
-    batch(ops)
+    cell.batch(ops)
     elapsed = time.perf_counter_ns() - start
-    if after is not None:
-        after()
+    if cell.after is not None:
+        cell.after()
     return elapsed
 
 
-def measure(batch, *, reps=20, ops=2000, target_ns=None, min_ops=1, warmup=1,
-            before=None, after=None):
-    """Time ``batch(ops)``, which performs ``ops`` operations, and return a :class:`Timing`.
+def _warm_up(cell, warmup):
+    """Run the untimed warm-up batches; return the batch size to time."""
+    for _ in range(warmup):
+        _run_timed(cell, cell.min_ops if cell.target_ns is not None else cell.ops)
+    if cell.target_ns is None:
+        return cell.ops
+    probe = _run_timed(cell, cell.min_ops) / cell.min_ops
+    return max(cell.min_ops, min(cell.ops, int(cell.target_ns / max(probe, 1.0))))
+
+
+def measure_rounds(cells, *, reps=20, warmup=1, seed=0):
+    """Time many cells, interleaved: ``reps`` rounds, each running one batch of every cell.
+
+    Interleaving spreads slow drifts and bursts of noise (clock changes, other tenants of
+    the machine) over every cell alike instead of penalising whichever runs at that moment.
+    Every cell is warmed up first; the order of the cells is shuffled in each round.
 
     Parameters
     ----------
-    batch : callable
-        ``batch(ops)`` runs ``ops`` operations (the loop lives inside it, so that the
-        timer's own cost is paid once per batch).
+    cells : dict of key -> Cell
     reps : int
-        Timed repetitions.
-    ops : int
-        Operations per batch; with ``target_ns``, the most operations per batch.
-    target_ns : int, optional
-        Choose the batch size so that one batch takes about this long (for slow operations),
-        from a probe batch of ``min_ops`` operations run after the warm-up.
-    min_ops : int
-        Fewest operations per batch when ``target_ns`` is given.
+        Rounds, so timed batches per cell.
     warmup : int
-        Untimed batches run first (they fill the caches being measured).
-    before, after : callable, optional
-        Run before and after every batch, outside the timed interval.
+        Untimed batches per cell before the rounds (they fill the caches being measured).
+    seed : int
+        Seed of the shuffles.
+
+    Returns
+    -------
+    (dict of key -> Timing, dict of key -> Exception)
+        A cell whose batch raised is dropped and its exception returned instead.
     """
+    ops, samples, errors = {}, {key: [] for key in cells}, {}
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        warm_ops = min_ops if target_ns is not None else ops
-        for _ in range(warmup):
-            _run_timed(batch, warm_ops, before, after)
-        if target_ns is not None:
-            probe = _run_timed(batch, min_ops, before, after) / min_ops
-            ops = max(min_ops, min(ops, int(target_ns / max(probe, 1.0))))
-        samples = [_run_timed(batch, ops, before, after) / ops for _ in range(reps)]
+        for key, cell in cells.items():
+            try:
+                ops[key] = _warm_up(cell, warmup)
+            except Exception as exc:  # a failed cell is reported, the others go on
+                errors[key] = exc
+        order, rng = list(ops), random.Random(seed)
+        for _ in range(reps):
+            rng.shuffle(order)
+            for key in list(order):
+                try:
+                    samples[key].append(_run_timed(cells[key], ops[key]) / ops[key])
+                except Exception as exc:  # a failed cell is reported, the others go on
+                    errors[key] = exc
+                    order.remove(key)
     finally:
         if was_enabled:
             gc.enable()
-    return Timing(statistics.median(samples), min(samples), max(samples), ops, reps)
+    timings = {key: Timing(statistics.median(samples[key]), min(samples[key]),
+                           max(samples[key]), ops[key], reps)
+               for key in ops if key not in errors}
+    return timings, errors
+
+
+def measure(batch, *, reps=20, warmup=1, **cell):
+    """Time one ``batch(ops)`` (see :class:`Cell` for the other keywords); a :class:`Timing`.
+
+    Exceptions of the batch propagate.
+    """
+    timings, errors = measure_rounds({0: Cell(batch, **cell)}, reps=reps, warmup=warmup)
+    if errors:
+        raise errors[0]
+    return timings[0]
 
 
 # Formatting -----------------------------------------------------------------------------
@@ -177,12 +228,24 @@ def _device_info(device):
         return {}
 
 
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def environment(device=0):
     """Versions and machine facts recorded with every result file."""
     info = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
     }
     for dist in ("gpupool", "cuda-bindings", "numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy",

@@ -14,18 +14,19 @@ import time
 from dataclasses import dataclass, field
 
 import _common
-from _common import KiB, MiB, format_ns, format_size, format_table, measure
+from _common import Cell, KiB, MiB, format_ns, format_size, format_table, measure_rounds
 
 SCRIPT = "alloc_latency"
 SIZES = [256, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
 
-# Batch plans (keyword arguments of _common.measure). Cached allocators: 30 x 4000 ops.
-# Uncached ones: batches of about 20 ms, at most 500 ops. Numba defers its frees in
-# groups of 10, so its batches hold at least 20 allocations and end with a flush.
-CACHED = {"reps": 30, "ops": 4000}
-UNCACHED = {"reps": 10, "ops": 500, "target_ns": 20_000_000, "min_ops": 5}
-NUMBA = {"reps": 8, "ops": 200, "target_ns": 30_000_000, "min_ops": 20}
-QUICK_REPS, QUICK_OPS = 3, 200
+# Timed rounds: each runs one batch of every (column, size), in shuffled order.
+REPS, QUICK_REPS, QUICK_OPS = 30, 3, 200
+# Batch plans (keyword arguments of _common.Cell). Cached allocators: 4000 ops a batch.
+# Uncached ones: batches of about 5 ms from a probe. Numba defers its frees in groups of
+# 10, so its batches hold at least 20 allocations and end with a flush of them.
+CACHED = {"ops": 4000}
+UNCACHED = {"ops": 200, "target_ns": 5_000_000, "min_ops": 5}
+NUMBA = {"ops": 100, "target_ns": 5_000_000, "min_ops": 20}
 
 GPUPOOL_TARGET_NS = 250        # DESIGN/issue: gpupool Python API cached allocate + free
 CUPY_EMPTY_TARGET_RATIO = 1.1  # cupy.empty on gpupool vs on CuPy's pool
@@ -37,15 +38,24 @@ class Skip(Exception):
 
 @dataclass
 class Context:
-    """What the columns draw on: gpupool's pool and the optional frameworks."""
+    """What the columns draw on: gpupool, a simulated device or not, the frameworks."""
 
     gpupool: object
-    pool: object
-    simulated: bool
+    sim: object = None                  # a SimulatedDevice in a --simulated run
     cupy: object = None
     torch: object = None
     numba_cuda: object = None
     reasons: dict = field(default_factory=dict)
+
+    @property
+    def simulated(self):
+        return self.sim is not None
+
+    def new_pool(self):
+        """A fresh gpupool pool (each column has its own, so its counters are its own)."""
+        if self.simulated:
+            return self.gpupool.Pool(upstream=self.sim)
+        return self.gpupool.Pool(device=0)
 
     def need(self, name):
         """The module ``name`` (``cupy``, ``torch``, ``numba_cuda``), or raise Skip."""
@@ -58,21 +68,37 @@ class Context:
 
 
 @dataclass
+class Made:
+    """What a column's ``make(ctx)`` returns."""
+
+    for_size: object                    # for_size(n) -> batch(ops)
+    cleanup: object = None              # run after the measurements
+    pool: object = None                 # the gpupool pool it draws from, if any
+
+
+@dataclass
 class Column:
-    """One allocator: ``make(ctx)`` returns ``(for_size, cleanup)``; ``for_size(n)`` a batch."""
+    """One allocator, its batch plan, and whether it runs with the uncached group."""
 
     key: str
     label: str
     make: object
     plan: dict
-    uses_pool: bool = False     # draws from ctx.pool: its counters are recorded
+
+    @property
+    def group(self):
+        # Uncached allocators free with cuMemFree, which synchronizes the device and makes
+        # the driver's async pool give back its memory; they are timed in a round of their
+        # own so as not to disturb the cached ones.
+        return "cached" if self.plan is CACHED else "uncached"
 
 
 # gpupool ---------------------------------------------------------------------------------
 
 def make_gpupool(ctx):
     """``buf = pool.allocate(n); del buf``."""
-    alloc = ctx.pool.allocate
+    pool = ctx.new_pool()
+    alloc = pool.allocate
 
     def for_size(n):
         def batch(ops):
@@ -81,13 +107,14 @@ def make_gpupool(ctx):
                 del buf
         return batch
 
-    return for_size, ctx.pool.trim
+    return Made(for_size, pool.trim, pool)
 
 
 def make_gpupool_region(ctx):
     """The same loop inside ``with region:`` (entered once per batch)."""
-    region = ctx.gpupool.Region(ctx.pool)
-    alloc = ctx.pool.allocate
+    pool = ctx.new_pool()
+    region = ctx.gpupool.Region(pool)
+    alloc = pool.allocate
 
     def for_size(n):
         def batch(ops):
@@ -99,9 +126,9 @@ def make_gpupool_region(ctx):
 
     def cleanup():
         region.release()
-        ctx.pool.trim()
+        pool.trim()
 
-    return for_size, cleanup
+    return Made(for_size, cleanup, pool)
 
 
 # CuPy ------------------------------------------------------------------------------------
@@ -141,18 +168,10 @@ def _cupy_empty_loop(cp, allocator):
     return for_size
 
 
-def _cupy_cleanup(cp, pool=None):
-    def cleanup():
-        cp.get_default_memory_pool().free_all_blocks()
-        if pool is not None:
-            pool.trim()
-    return cleanup
-
-
 def make_cupy_alloc(ctx):
     """``cupy.cuda.alloc(n)`` on CuPy's default MemoryPool."""
     cp = ctx.need("cupy")
-    return _cupy_alloc_loop(cp, None), _cupy_cleanup(cp)
+    return Made(_cupy_alloc_loop(cp, None), cp.get_default_memory_pool().free_all_blocks)
 
 
 def make_cupy_alloc_gp(ctx):
@@ -160,13 +179,14 @@ def make_cupy_alloc_gp(ctx):
     cp = ctx.need("cupy")
     import gpupool.cupy
 
-    return _cupy_alloc_loop(cp, gpupool.cupy.allocator(ctx.pool)), _cupy_cleanup(cp, ctx.pool)
+    pool = ctx.new_pool()
+    return Made(_cupy_alloc_loop(cp, gpupool.cupy.allocator(pool)), pool.trim, pool)
 
 
 def make_cupy_empty(ctx):
     """``cupy.empty(n, dtype=cupy.uint8)`` on CuPy's default MemoryPool."""
     cp = ctx.need("cupy")
-    return _cupy_empty_loop(cp, None), _cupy_cleanup(cp)
+    return Made(_cupy_empty_loop(cp, None), cp.get_default_memory_pool().free_all_blocks)
 
 
 def make_cupy_empty_gp(ctx):
@@ -174,7 +194,8 @@ def make_cupy_empty_gp(ctx):
     cp = ctx.need("cupy")
     import gpupool.cupy
 
-    return _cupy_empty_loop(cp, gpupool.cupy.allocator(ctx.pool)), _cupy_cleanup(cp, ctx.pool)
+    pool = ctx.new_pool()
+    return Made(_cupy_empty_loop(cp, gpupool.cupy.allocator(pool)), pool.trim, pool)
 
 
 def make_cupy_async(ctx):
@@ -186,7 +207,7 @@ def make_cupy_async(ctx):
             cp.cuda.alloc(256)
     except Exception as exc:  # unsupported here: skip the column
         raise Skip(f"MemoryAsyncPool unusable: {type(exc).__name__}: {exc}") from exc
-    return _cupy_alloc_loop(cp, apool.malloc), apool.free_all_blocks
+    return Made(_cupy_alloc_loop(cp, apool.malloc), apool.free_all_blocks)
 
 
 # PyTorch ---------------------------------------------------------------------------------
@@ -206,7 +227,7 @@ def make_torch_empty(ctx):
                 del t
         return batch
 
-    return for_size, torch.cuda.empty_cache
+    return Made(for_size, torch.cuda.empty_cache)
 
 
 # Driver through cuda.bindings' Python layer ----------------------------------------------
@@ -247,7 +268,7 @@ def make_driver_async(ctx):
                     raise DriverError("cuMemFreeAsync failed")
         return batch
 
-    return for_size, lambda: driver.cuCtxSynchronize()
+    return Made(for_size, driver.cuCtxSynchronize)
 
 
 def make_driver_alloc(ctx):
@@ -265,7 +286,7 @@ def make_driver_alloc(ctx):
                     raise DriverError("cuMemFree failed")
         return batch
 
-    return for_size, None
+    return Made(for_size)
 
 
 # Numba -----------------------------------------------------------------------------------
@@ -291,27 +312,24 @@ def make_numba(ctx):
             pending.clear()
         return batch
 
-    return for_size, None
+    return Made(for_size)
 
 
-def loop_overhead(quick):
-    """ns per iteration of the timed loop itself (``x = n; del x``), included in every cell."""
-    def batch(ops):
-        n = 256
-        for _ in range(ops):
-            x = n
-            del x
-
-    return measure(batch, **(dict(reps=QUICK_REPS, ops=QUICK_OPS) if quick else CACHED))
+def loop_batch(ops):
+    """The timed loop with nothing in it but a local store and delete (its overhead)."""
+    n = 256
+    for _ in range(ops):
+        x = n
+        del x
 
 
 COLUMNS = [
-    Column("gp", "gpupool Pool.allocate + del", make_gpupool, CACHED, True),
-    Column("gp.region", "gpupool, inside `with Region:`", make_gpupool_region, CACHED, True),
+    Column("gp", "gpupool Pool.allocate + del", make_gpupool, CACHED),
+    Column("gp.region", "gpupool, inside `with Region:`", make_gpupool_region, CACHED),
     Column("cp.alloc", "cupy.cuda.alloc, CuPy MemoryPool", make_cupy_alloc, CACHED),
-    Column("cp.alloc.gp", "cupy.cuda.alloc, gpupool allocator", make_cupy_alloc_gp, CACHED, True),
+    Column("cp.alloc.gp", "cupy.cuda.alloc, gpupool allocator", make_cupy_alloc_gp, CACHED),
     Column("cp.empty", "cupy.empty uint8, CuPy MemoryPool", make_cupy_empty, CACHED),
-    Column("cp.empty.gp", "cupy.empty uint8, gpupool allocator", make_cupy_empty_gp, CACHED, True),
+    Column("cp.empty.gp", "cupy.empty uint8, gpupool allocator", make_cupy_empty_gp, CACHED),
     Column("cp.async", "cupy.cuda.alloc, CuPy MemoryAsyncPool", make_cupy_async, CACHED),
     Column("torch", "torch.empty uint8 + del, caching allocator", make_torch_empty, CACHED),
     Column("drv.async", "cuMemAllocAsync + cuMemFreeAsync (Python layer)", make_driver_async,
@@ -331,12 +349,11 @@ def make_context(simulated):
     if simulated:
         from gpupool.testing import SimulatedDevice
 
-        pool = gpupool.Pool(upstream=SimulatedDevice(capacity=4 << 30))
-        return Context(gpupool, pool, True), None
+        return Context(gpupool, sim=SimulatedDevice(capacity=4 << 30)), None
     _, reason = _common.gpu_pool()
     if reason is not None:
         return None, reason
-    ctx = Context(gpupool, gpupool.Pool(device=0), False)
+    ctx = Context(gpupool)
     ctx.cupy, ctx.reasons["cupy"] = _common.optional_import("cupy")
     ctx.torch, ctx.reasons["torch"] = _common.optional_import("torch")
     ctx.numba_cuda, ctx.reasons["numba_cuda"] = _common.optional_import("numba.cuda")
@@ -346,71 +363,63 @@ def make_context(simulated):
 
 
 def plan_for(column, quick):
-    """The column's batch plan; with ``quick``, 3 repetitions of at most 200 ops."""
-    if not quick:
-        return column.plan
-    return dict(column.plan, reps=QUICK_REPS, ops=min(column.plan["ops"], QUICK_OPS))
+    """The column's batch plan; with ``quick``, batches of at most 200 ops."""
+    return dict(column.plan, ops=min(column.plan["ops"], QUICK_OPS)) if quick else column.plan
 
 
-# Pool counters recorded per size. A region's hits are not the pool's cache_hits, but every
-# allocation that misses both caches is one of the pool's cache_misses.
-COUNTERS = ("num_allocs", "cache_hits", "cache_misses", "upstream_allocs")
+def _pool_counters(pool):
+    """The pool's allocations and misses (a miss went to neither the pool's nor a region's
+    cache, so ``1 - misses / allocs`` is the fraction served from a cache)."""
+    stats = pool.stats()
+    return {"num_allocs": stats.num_allocs, "cache_misses": stats.cache_misses,
+            "upstream_allocs": stats.upstream_allocs}
 
 
-def _counters(pool):
-    stats = pool.stats().as_dict()
-    return {k: stats[k] for k in COUNTERS}
-
-
-def run_column(column, ctx, sizes, quick):
-    """Measure one column over every size.
-
-    Returns ``(results, errors, counters)`` keyed by size; ``counters``: the change of the
-    pool's counters over each size's measurement (columns that use the pool).
-    """
-    for_size, cleanup = column.make(ctx)
-    plan = plan_for(column, quick)
-    results, errors, counters = {}, {}, {}
-    try:
-        for n in sizes:
-            before = _counters(ctx.pool) if column.uses_pool else None
-            try:
-                results[n] = measure(for_size(n), **plan)
-            except Exception as exc:  # record the failed cell and go on
-                errors[n] = f"{type(exc).__name__}: {exc}"
-            if before is not None:
-                after = _counters(ctx.pool)
-                counters[n] = {k: after[k] - before[k] for k in COUNTERS}
-    finally:
-        if cleanup is not None:
-            cleanup()
-    return results, errors, counters
-
-
-def run(columns, ctx, sizes, quick):
-    """Run every column; print progress to stderr. Returns the result dict (for JSON)."""
-    out = {"columns": {}, "skipped": {}, "errors": {}}
+def run_group(columns, ctx, sizes, quick, out):
+    """Make, measure (interleaved rounds) and clean up one group of columns, into ``out``."""
+    cells, made = {}, {}
     for column in columns:
-        start = time.perf_counter()
         try:
-            results, errors, counters = run_column(column, ctx, sizes, quick)
+            made[column.key] = column.make(ctx)
         except Skip as exc:
             out["skipped"][column.key] = str(exc)
             print(f"  {column.key}: skipped ({exc})", file=sys.stderr)
             continue
-        out["columns"][column.key] = {
-            "label": column.label,
-            "plan": plan_for(column, quick),
-            "results": {str(n): t.as_dict() for n, t in results.items()},
-        }
-        if counters:
-            out["columns"][column.key]["pool_counters"] = {
-                str(n): c for n, c in counters.items()}
-        if errors:
-            out["errors"][column.key] = {str(n): e for n, e in errors.items()}
-        took = time.perf_counter() - start
-        print(f"  {column.key}: {took:.1f} s" + (f", {len(errors)} errors" if errors else ""),
-              file=sys.stderr)
+        for n in sizes:
+            cells[column.key, n] = Cell(made[column.key].for_size(n), **plan_for(column, quick))
+    if not cells:
+        return
+    if columns[0].group == "cached":
+        cells["loop", 0] = Cell(loop_batch, **plan_for(columns[0], quick))
+    start = time.perf_counter()
+    timings, errors = measure_rounds(cells, reps=QUICK_REPS if quick else REPS)
+    print(f"  {columns[0].group} group ({', '.join(made)}): {time.perf_counter() - start:.1f} s",
+          file=sys.stderr)
+    if ("loop", 0) in timings:
+        out["loop_overhead_ns"] = timings.pop(("loop", 0)).median
+    for column in columns:
+        if column.key not in made:
+            continue
+        entry = out["columns"][column.key] = {
+            "label": column.label, "plan": plan_for(column, quick), "results": {
+                str(n): timings[column.key, n].as_dict() for n in sizes
+                if (column.key, n) in timings}}
+        if made[column.key].pool is not None:
+            entry["pool_counters"] = _pool_counters(made[column.key].pool)
+        if made[column.key].cleanup is not None:
+            made[column.key].cleanup()
+    for (key, n), exc in errors.items():
+        out["errors"].setdefault(key, {})[str(n)] = f"{type(exc).__name__}: {exc}"
+
+
+def run(columns, ctx, sizes, quick):
+    """Run every column, cached group first; progress to stderr. Returns the result dict."""
+    out = {"columns": {}, "skipped": {}, "errors": {}, "loop_overhead_ns": None}
+    for group in ("cached", "uncached"):
+        members = [c for c in columns if c.group == group]
+        if members:
+            run_group(members, ctx, sizes, quick, out)
+    out["columns"] = {c.key: out["columns"][c.key] for c in columns if c.key in out["columns"]}
     return out
 
 
@@ -462,11 +471,18 @@ def _ratio(value):
     return "-" if value is None else f"{value:.2f}x"
 
 
-def _hit_rate(out, key, n):
-    c = out["columns"][key]["pool_counters"].get(str(n))
-    if not c or not c["num_allocs"]:
-        return "-"
-    return f"{1 - c['cache_misses'] / c['num_allocs']:.2%}"
+def _cache_lines(out):
+    """One line per column drawing from gpupool: allocations served from a cache."""
+    lines = []
+    for key, column in out["columns"].items():
+        c = column.get("pool_counters")
+        if c and c["num_allocs"]:
+            lines.append(f"  {key:12} {1 - c['cache_misses'] / c['num_allocs']:.3%} of "
+                         f"{c['num_allocs']:,} ({c['upstream_allocs']} upstream allocations)")
+    if not lines:
+        return None
+    return "\n".join(["gpupool allocations served from its caches (pool's or region's), "
+                      "warm-up included:", *lines])
 
 
 def _targets_text(out):
@@ -507,13 +523,7 @@ def report(out, sizes):
             ["size", *ratio],
             [[format_size(n)] + [_ratio(ratio[k][str(n)]) for k in ratio] for n in sizes],
             "peer median / gpupool (gp) median: above 1 = gpupool faster"))
-    pooled = [k for k in keys if "pool_counters" in out["columns"][k]]
-    if pooled:
-        parts.append(format_table(
-            ["size", *pooled],
-            [[format_size(n)] + [_hit_rate(out, k, n) for k in pooled] for n in sizes],
-            "gpupool allocations served from a cache, pool's or region's (warm-up included)"))
-    parts += [_targets_text(out), _legend(out)]
+    parts += [p for p in (_cache_lines(out), _targets_text(out), _legend(out)) if p]
     return "\n\n".join(parts)
 
 
@@ -535,7 +545,6 @@ def main(argv=None):
     out = {"script": SCRIPT, "unit": "ns per allocate+free pair", "stream": "legacy default (0)",
            "sizes": SIZES, "simulated": args.simulated, "quick": args.quick,
            "env": _common.environment()}
-    out["loop_overhead_ns"] = loop_overhead(args.quick).median
     out.update(run(columns, ctx, SIZES, args.quick))
     out["ratios"] = ratios(out, SIZES)
     out["targets"] = [] if args.simulated else targets(out, SIZES)

@@ -20,7 +20,7 @@ import sys
 import time
 
 import _common
-from _common import KiB, MiB, format_ns, format_size, format_table, measure
+from _common import KiB, MiB, format_ns, format_size, format_table, measure_rounds
 
 SCRIPT = "cross_stream"
 SIZES = [4 * KiB, 1 * MiB, 16 * MiB]
@@ -136,41 +136,49 @@ def reuse_fraction(pool, n, a, b, iterations):
     return reused / iterations
 
 
-def run_case(gpupool, streams, case, n, plan):
-    """Measure one case at one size on a fresh pool; returns the result dict."""
-    a, b, busy = case_streams(streams, case)
-    hooks = {"before": streams.make_busy, "after": streams.end_busy} if busy else {}
-    pool = streams.new_pool(gpupool)
-    streams.busy_lost = 0
-    timing = measure(make_batch(pool, n, a, b), **plan, **hooks)
-    if busy:
-        streams.make_busy()
-    fraction = reuse_fraction(pool, n, a, b, min(REUSE_ITERATIONS, plan["ops"]))
-    if busy:
-        streams.end_busy()
-    stats = pool.stats().as_dict()
-    pool.trim()
-    # Timing is per iteration of two pairs; report per pair.
-    return {
-        "median": timing.median / 2, "min": timing.min / 2, "max": timing.max / 2,
-        "ops": timing.ops, "reps": timing.reps, "reuse_fraction": fraction,
-        "busy_batches_lost": streams.busy_lost if busy else None,
-        "pool_stats": stats,
-    }
+def _per_pair(timing):
+    """A batch op is two allocate + free pairs: ns per pair."""
+    return {"median": timing.median / 2, "min": timing.min / 2, "max": timing.max / 2,
+            "ops": timing.ops, "reps": timing.reps}
 
 
 def run(gpupool, streams, plan):
-    """Every case at every size; progress to stderr. Returns (results, skipped)."""
-    results, skipped = {}, {}
-    for case in CASES:
-        if case == "cross.busy" and streams.spin is None:
-            skipped[case] = f"no spin kernel: {streams.spin_error}"
-            print(f"  {case}: skipped ({skipped[case]})", file=sys.stderr)
-            continue
-        start = time.perf_counter()
-        results[case] = {str(n): run_case(gpupool, streams, case, n, plan) for n in SIZES}
-        print(f"  {case}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    return results, skipped
+    """Every case at every size, interleaved, each on a fresh pool; progress to stderr.
+
+    Returns a dict: ``results[case][str(size)]`` (ns per pair, the reuse fraction, the
+    pool's counters), ``skipped``, ``errors`` and ``busy_batches_lost`` (busy batches that
+    outlasted A's spin kernel, so were not busy all along).
+    """
+    cases, skipped = list(CASES), {}
+    if streams.spin is None:
+        skipped["cross.busy"] = f"no spin kernel: {streams.spin_error}"
+        cases.remove("cross.busy")
+    cells, pools = {}, {}
+    for case in cases:
+        a, b, busy = case_streams(streams, case)
+        hooks = {"before": streams.make_busy, "after": streams.end_busy} if busy else {}
+        for n in SIZES:
+            pool = pools[case, n] = streams.new_pool(gpupool)
+            cells[case, n] = _common.Cell(make_batch(pool, n, a, b), ops=plan["ops"], **hooks)
+    start = time.perf_counter()
+    timings, errors = measure_rounds(cells, reps=plan["reps"])
+    print(f"  {len(cells)} cells, {plan['reps']} rounds: {time.perf_counter() - start:.1f} s",
+          file=sys.stderr)
+    lost, streams.busy_lost = streams.busy_lost, 0
+    results = {case: {} for case in cases}
+    for (case, n), timing in timings.items():
+        a, b, busy = case_streams(streams, case)
+        if busy:
+            streams.make_busy()
+        fraction = reuse_fraction(pools[case, n], n, a, b, min(REUSE_ITERATIONS, plan["ops"]))
+        if busy:
+            streams.end_busy()
+        results[case][str(n)] = dict(_per_pair(timing), reuse_fraction=fraction,
+                                     pool_stats=pools[case, n].stats().as_dict())
+        pools[case, n].trim()
+    errors = {f"{c} {format_size(n)}": f"{type(e).__name__}: {e}" for (c, n), e in errors.items()}
+    return {"results": results, "skipped": skipped, "errors": errors,
+            "busy_batches_lost": lost + streams.busy_lost}
 
 
 def report(out):
@@ -194,11 +202,12 @@ def report(out):
                      "upstream allocations, peak reserved bytes (whole case, fresh pool)"),
     ]
     notes = [f"  {c}: skipped: {why}" for c, why in out["skipped"].items()]
-    lost = [f"  cross.busy at {format_size(int(n))}: A finished before {r['busy_batches_lost']}"
-            " batch(es) ended; those batches were not all busy"
-            for n, r in res.get("cross.busy", {}).items() if r["busy_batches_lost"]]
-    if notes or lost:
-        parts.append("\n".join(["notes:", *notes, *lost]))
+    notes += [f"  {cell}: error: {why}" for cell, why in out["errors"].items()]
+    if out["busy_batches_lost"]:
+        notes.append(f"  cross.busy: A's spin kernel ended before {out['busy_batches_lost']} "
+                     "batch(es) did; those were not busy all along")
+    if notes:
+        parts.append("\n".join(["notes:", *notes]))
     return "\n\n".join(parts)
 
 
@@ -222,11 +231,11 @@ def main(argv=None):
         streams = GpuStreams(cupy)
     start = time.perf_counter()
     plan = QUICK_PLAN if args.quick else PLAN
-    results, skipped = run(gpupool, streams, plan)
     out = {"script": SCRIPT, "unit": "ns per allocate+free pair", "sizes": SIZES,
            "plan": plan, "spin_ns": SPIN_NS, "simulated": args.simulated, "quick": args.quick,
-           "env": _common.environment(), "results": results, "skipped": skipped,
-           "elapsed_s": time.perf_counter() - start}
+           "env": _common.environment()}
+    out.update(run(gpupool, streams, plan))
+    out["elapsed_s"] = time.perf_counter() - start
     print(report(out))
     print(f"\n{SCRIPT}: {out['elapsed_s']:.1f} s" + (" (simulated device)" if args.simulated
                                                    else ""))

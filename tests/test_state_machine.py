@@ -1,0 +1,118 @@
+"""A Hypothesis state machine drives the pool on the simulated device.
+
+Random allocations and frees on several streams, simulated work and its completion,
+record_stream, regions entered and left, and trims. After every step: no two live buffers
+overlap, in-use plus cached equals reserved, and no block was handed to another stream
+before the work queued on its earlier streams up to its free had completed.
+"""
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import gpupool
+from gpupool.testing import SimulatedDevice
+
+SIZES = st.sampled_from([1, 200, 512, 1000, 4097, 70_000, 262_144, 300_000, 1 << 20, 3 << 20])
+
+
+class PoolMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.sim = SimulatedDevice(capacity=64 << 20)
+        self.pool = gpupool.Pool(upstream=self.sim)
+        self.region = gpupool.Region(pool=self.pool)
+        self.streams = [0] + [self.sim.create_stream() for _ in range(2)]
+        self.live = []            # (buffer, streams it was used on)
+        self.freed = []           # (ptr, size, [(stream, work queued on it at the free)])
+
+    @rule(size=SIZES, which=st.integers(0, 2))
+    def allocate(self, size, which):
+        stream = self.streams[which]
+        try:
+            buf = self.pool.allocate(size, stream=stream)
+        except gpupool.OutOfMemoryError:
+            return
+        self._check_handoff(buf, stream)
+        self.live.append((buf, {stream}))
+
+    def _check_handoff(self, buf, stream):
+        size = gpupool.size_class(buf.nbytes)
+        for ptr, old_size, pending in self.freed:
+            if ptr < buf.ptr + size and buf.ptr < ptr + old_size:
+                for old_stream, queued in pending:
+                    if old_stream != stream:
+                        done = self.sim._done.get(old_stream, queued)
+                        assert done >= queued, (
+                            f"block {ptr:#x} went to stream {stream:#x} while stream "
+                            f"{old_stream:#x} still had work queued before its free")
+        self.freed = [f for f in self.freed
+                      if not (f[0] < buf.ptr + size and buf.ptr < f[0] + f[1])]
+
+    @precondition(lambda self: self.live)
+    @rule(index=st.integers(0, 1000))
+    def free(self, index):
+        buf, streams = self.live.pop(index % len(self.live))
+        pending = [(s, self.sim._queued[s]) for s in streams]
+        self.freed.append((buf.ptr, gpupool.size_class(buf.nbytes), pending))
+        buf.close()
+
+    @precondition(lambda self: self.live)
+    @rule(index=st.integers(0, 1000), which=st.integers(0, 2))
+    def record_stream(self, index, which):
+        buf, streams = self.live[index % len(self.live)]
+        buf.record_stream(self.streams[which])
+        streams.add(self.streams[which])
+
+    @rule(which=st.integers(0, 2))
+    def launch(self, which):
+        self.sim.launch(self.streams[which])
+
+    @rule(which=st.integers(0, 2))
+    def complete(self, which):
+        self.sim.complete(self.streams[which])
+
+    @rule()
+    def trim(self):
+        self.pool.trim()
+
+    @rule(sizes=st.lists(SIZES, max_size=4), keep=st.booleans())
+    def region_step(self, sizes, keep):
+        with self.region:
+            self._step(sizes, keep)
+
+    def _step(self, sizes, keep):
+        bufs = []
+        for size in sizes:
+            try:
+                buf = self.pool.allocate(size)
+            except gpupool.OutOfMemoryError:
+                break
+            self._check_handoff(buf, 0)
+            bufs.append(buf)
+        if keep and bufs:
+            self.live.append((bufs.pop(), {0}))
+        for buf in bufs:                       # they die when this returns
+            self.freed.append((buf.ptr, gpupool.size_class(buf.nbytes),
+                               [(0, self.sim._queued[0])]))
+
+    @rule()
+    def release_region(self):
+        self.region.release()
+
+    @invariant()
+    def no_overlap(self):
+        spans = sorted((b.ptr, b.ptr + gpupool.size_class(b.nbytes)) for b, _ in self.live)
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert end <= start
+
+    @invariant()
+    def bytes_add_up(self):
+        stats = self.pool.stats()
+        assert stats.in_use_bytes + stats.cached_bytes == stats.reserved_bytes
+        assert stats.in_use_bytes == sum(gpupool.size_class(b.nbytes) for b, _ in self.live)
+        assert stats.reserved_bytes == self.sim.used
+
+
+PoolMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestPool = PoolMachine.TestCase
