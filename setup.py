@@ -25,6 +25,14 @@ def _header_version(include):
     return code // 1000, code % 1000 // 10
 
 
+def _required_headers():
+    """Headers that cuda-bindings' cydriver.pxd declares its types from (cuda.h, and in some
+    versions cudaProfiler.h and others): the include folder must hold all of them."""
+    pxd = Path(metadata.distribution("cuda-bindings").locate_file("cuda/bindings/cydriver.pxd"))
+    names = re.findall(r"cdef extern from ['\"]([^'\"<>]+)['\"]", pxd.read_text())
+    return sorted(set(names) | {"cuda.h"})
+
+
 def _candidates():
     try:
         dist = metadata.distribution("nvidia-cuda-runtime")
@@ -44,8 +52,9 @@ def cuda_include():
         bindings = tuple(int(x) for x in metadata.version("cuda-bindings").split(".")[:2])
     except metadata.PackageNotFoundError:
         sys.exit("gpupool build: cuda-bindings is not installed (pip install 'cuda-bindings>=13,<14')")
+    headers = _required_headers()
     found = [(src, path, _header_version(path)) for src, path in _candidates()
-             if (path / "cuda.h").is_file()]
+             if all((path / name).is_file() for name in headers)]
     for wanted in (lambda v: v == bindings, lambda v: v[0] == bindings[0]):
         for src, path, version in found:
             if wanted(version):
@@ -54,8 +63,9 @@ def cuda_include():
                 return str(path)
     seen = ", ".join(f"{p} (CUDA {v[0]}.{v[1]})" for _, p, v in found) or "none"
     sys.exit(
-        f"gpupool build: no cuda.h for CUDA {bindings[0]}.x, as cuda-bindings "
-        f"{bindings[0]}.{bindings[1]} needs. Found: {seen}. Install the headers with "
+        f"gpupool build: no include folder with {', '.join(headers)} for CUDA "
+        f"{bindings[0]}.x, as cuda-bindings {bindings[0]}.{bindings[1]} needs. Found: {seen}. "
+        f"Install the headers with "
         f"pip install 'nvidia-cuda-runtime=={bindings[0]}.{bindings[1]}.*', or set CUDA_HOME.")
 
 
