@@ -51,7 +51,8 @@ def cuda_include():
     try:
         bindings = tuple(int(x) for x in metadata.version("cuda-bindings").split(".")[:2])
     except metadata.PackageNotFoundError:
-        sys.exit("gpupool build: cuda-bindings is not installed (pip install 'cuda-bindings>=13,<14')")
+        sys.exit("gpupool build: cuda-bindings is not installed "
+                 "(pip install 'cuda-bindings>=13,<14')")
     headers = _required_headers()
     found = [(src, path, _header_version(path)) for src, path in _candidates()
              if all((path / name).is_file() for name in headers)]

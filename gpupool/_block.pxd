@@ -18,12 +18,15 @@ cdef enum BlockState:
     FREE_POOL = 2       # in the pool's free lists
     FREE_REGION = 3     # in a region's free lists
 
+# One upstream allocation that small blocks of any size class are carved from, front to back,
+# as they are first needed. Carved blocks keep their size class for the slab's lifetime.
 cdef struct Slab:
     uintptr_t ptr
     size_t nbytes
-    size_t nblocks
-    size_t free_in_pool     # blocks of this slab now in the pool's free lists
-    Block* blocks           # nblocks records, one allocation
+    size_t carved           # bytes carved so far (the rest is free, counted as cached)
+    size_t nblocks          # blocks carved
+    size_t free_in_pool     # carved blocks now in the pool's free lists
+    Block* blocks           # the carved blocks, linked through slab_next
 
 cdef struct Block:
     uintptr_t ptr
@@ -32,9 +35,10 @@ cdef struct Block:
     int cls                         # size-class index
     BlockState state
     Slab* slab                      # NULL: the block is its own upstream allocation
+    Block* slab_next
     StreamKey stream                # stream of last use
     uintptr_t event                 # recorded on `stream` after its last use; 0: none yet
-    vector[uintptr_t]* extra_events     # recorded on streams added with record_stream
+    vector[uintptr_t]* extra_events     # recorded at the free on streams added by record_stream
     vector[StreamKey]* extra_streams    # streams added with record_stream while live
     RegionCache* region             # the region the block returns to when freed; NULL: pool
     Block* live_prev                # the region's list of its live blocks

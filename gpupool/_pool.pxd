@@ -2,7 +2,7 @@
 # slabs, limits and the first rungs of the out-of-memory ladder. C-level, under one mutex.
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
-from gpupool._block cimport Block, StreamKey, FreeLists, RegionCache
+from gpupool._block cimport Block, Slab, StreamKey, FreeLists, RegionCache
 from gpupool._upstream cimport Upstream
 
 cdef extern from "<mutex>" namespace "std" nogil:
@@ -40,6 +40,8 @@ cdef class Pool:
     cdef FreeLists _free
     cdef vector[uintptr_t] _events      # recycled events
     cdef vector[RegionCache*] _regions  # caches of this pool's regions, for the OOM ladder
+    cdef Slab* _slab                    # the slab small blocks are carved from now
+    cdef vector[StreamKey] _wanted      # streams whose free blocks another stream waits for
     cdef Counters c
     cdef uintptr_t _ranks               # blocks created so far
     cdef size_t _hard_limit             # 0: none
@@ -53,7 +55,11 @@ cdef class Pool:
     cdef bint _ready(self, Block* b, StreamKey s) noexcept
     cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept
     cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept
-    cdef int _new_slab(self, int cls, size_t size, Block** out) noexcept
+    cdef int _carve(self, int cls, size_t size, Block** out) noexcept
+    cdef void _mark_stream(self, StreamKey s) noexcept
+    cdef void _answer_wanted(self, StreamKey s) noexcept
+    cdef void _upstream_free(self, uintptr_t ptr, size_t nbytes) noexcept
+    cdef void _mark_blocks(self, FreeLists* fl, StreamKey s) noexcept
     cdef int _new_block(self, int cls, size_t size, Block** out) noexcept
     cdef int _grow(self, int cls, size_t size, Block** out) noexcept
     cdef void unlock(self) noexcept

@@ -5,11 +5,15 @@ Policy in brief (DESIGN.md has the contract):
 
 * A request is rounded up to a size class: multiples of 512 B up to 4 KiB, then eight classes
   per power of two, so rounding wastes at most 511 B below 4 KiB and at most 1/8 above.
-* Blocks of classes up to 256 KiB are carved from slabs of about 2 MiB, so the upstream is not
+* Blocks of classes up to 256 KiB are carved from shared 2 MiB slabs, so the upstream is not
   called for every small allocation; a slab goes back only when all its blocks are free.
-* Free blocks are binned by (size class, stream). A block goes back to its own stream at once.
-  Another stream takes it only once an event recorded on the old stream after its last use
-  reports complete (``cuEventQuery``); the allocation path never blocks the host.
+* Free blocks are binned by (size class, stream). A block goes back to its own stream at once,
+  and a free never calls the driver. Another stream takes it only once an event recorded on the
+  old stream after the free reports complete (``cuEventQuery``); the allocation path never
+  blocks the host. Events are recorded only on streams known to be alive: the legacy default
+  stream and the calling thread's per-thread stream at once, any other stream the next time
+  it allocates (a buffer may outlive the stream it was used on, and a destroyed stream must
+  never be touched). Blocks of streams that never come back are freed for all by a trim.
 * When the upstream fails: release this pool's cached blocks, retry; drain every region's
   cache, retry; then the caller runs the ``on_oom`` callbacks and retries once more before
   raising ``OutOfMemoryError``.
@@ -348,9 +352,11 @@ cdef class Pool:
                     return False
         if not (_same(b.stream, s) or _same(b.stream, NO_STREAM)):
             if b.event == 0:
-                # Events on other streams were recorded at the free. The legacy stream and
-                # this thread's per-thread stream always exist, so record on them lazily.
+                # The legacy stream and this thread's per-thread stream always exist: record
+                # now. Another stream may be gone; ask for an event when it next allocates.
                 if not (b.stream.handle == 0 or b.stream.thread == _thread()):
+                    if b.stream.handle != STREAM_PER_THREAD:
+                        self._mark_stream(b.stream)
                     return False
                 b.event = self._event()
                 if b.event == 0:
@@ -399,38 +405,67 @@ cdef class Pool:
                 self.c.peak_reserved = self.c.reserved
         return r
 
-    cdef int _new_slab(self, int cls, size_t size, Block** out) noexcept:
-        cdef size_t n = SLAB_BYTES // size
+    cdef int _carve(self, int cls, size_t size, Block** out) noexcept:
+        """Carve a block from the current slab, starting a new slab when it is full."""
+        cdef Slab* slab = self._slab
         cdef uintptr_t ptr = 0
-        cdef int r = self._upstream_alloc(n * size, &ptr)
-        cdef Slab* slab
-        cdef size_t i
-        if r != 0:
-            return r
-        slab = <Slab*>calloc(1, sizeof(Slab))
-        blocks = <Block*>calloc(n, sizeof(Block))
-        if slab == NULL or blocks == NULL:
-            free(slab)
-            free(blocks)
-            self.upstream.free(ptr)
-            self.c.reserved -= n * size
+        cdef Block* b
+        cdef int r
+        if slab == NULL or slab.nbytes - slab.carved < size:
+            r = self._upstream_alloc(SLAB_BYTES, &ptr)
+            if r != 0:
+                return r
+            slab = <Slab*>calloc(1, sizeof(Slab))
+            if slab == NULL:
+                self._upstream_free(ptr, SLAB_BYTES)
+                return CUDA_ERROR_OUT_OF_MEMORY
+            slab.ptr, slab.nbytes = ptr, SLAB_BYTES
+            self.c.cached += SLAB_BYTES
+            self._slab = slab
+        b = <Block*>calloc(1, sizeof(Block))
+        if b == NULL:
             return CUDA_ERROR_OUT_OF_MEMORY
-        slab.ptr, slab.nbytes, slab.nblocks, slab.blocks = ptr, n * size, n, blocks
-        for i in range(n):
-            blocks[i].ptr = ptr + i * size
-            blocks[i].rank = self._ranks + i
-            blocks[i].size = size
-            blocks[i].cls = cls
-            blocks[i].slab = slab
-            blocks[i].stream = NO_STREAM
-        for i in range(1, n):
-            blocks[i].state = FREE_POOL
-            _push(&self._free, &blocks[i])
-        slab.free_in_pool = n - 1
-        self._ranks += n
-        self.c.cached += (n - 1) * size
-        out[0] = &blocks[0]
+        b.ptr, b.size, b.cls, b.stream, b.rank = slab.ptr + slab.carved, size, cls, NO_STREAM, self._ranks
+        b.slab = slab
+        b.slab_next = slab.blocks
+        slab.blocks = b
+        slab.carved += size
+        slab.nblocks += 1
+        self._ranks += 1
+        out[0] = b
         return 0
+
+    cdef void _upstream_free(self, uintptr_t ptr, size_t nbytes) noexcept:
+        self.upstream.free(ptr)
+        self.c.reserved -= nbytes
+        self.c.cached -= nbytes
+        self.c.upstream_frees += 1
+
+    cdef void _mark_stream(self, StreamKey s) noexcept:
+        cdef size_t i
+        for i in range(self._wanted.size()):
+            if _same(self._wanted[i], s):
+                return
+        self._wanted.push_back(s)
+
+    cdef void _mark_blocks(self, FreeLists* fl, StreamKey s) noexcept:
+        """Record one event on stream s (alive: it is allocating) for its free blocks."""
+        cdef size_t c, i
+        cdef Block* b
+        cdef uintptr_t e = 0
+        for c in range(fl.bins.size()):
+            for i in range(fl.bins[c].size()):
+                if not _same(fl.bins[c][i].key, s):
+                    continue
+                for item in fl.bins[c][i].heap:
+                    b = item.second
+                    if b.event == 0:
+                        e = self._event()
+                        if e == 0 or self.upstream.event_record(e, s.handle) != 0:
+                            if e:
+                                self._events.push_back(e)
+                            return
+                        b.event = e
 
     cdef int _new_block(self, int cls, size_t size, Block** out) noexcept:
         cdef uintptr_t ptr = 0
@@ -438,10 +473,10 @@ cdef class Pool:
         cdef Block* b
         if r != 0:
             return r
+        self.c.cached += size
         b = <Block*>calloc(1, sizeof(Block))
         if b == NULL:
-            self.upstream.free(ptr)
-            self.c.reserved -= size
+            self._upstream_free(ptr, size)
             return CUDA_ERROR_OUT_OF_MEMORY
         b.ptr, b.size, b.cls, b.stream = ptr, size, cls, NO_STREAM
         b.rank = self._ranks
@@ -453,7 +488,7 @@ cdef class Pool:
         cdef int r
         cdef size_t i
         if size <= SLAB_BLOCK_MAX:
-            r = self._new_slab(cls, size, out)
+            r = self._carve(cls, size, out)
             if r != CUDA_ERROR_OUT_OF_MEMORY:
                 return r
         # Memory is tight (or the block is large): ask for the block alone, then climb the
@@ -471,6 +506,16 @@ cdef class Pool:
             r = self._new_block(cls, size, out)
         return r
 
+    cdef void _answer_wanted(self, StreamKey s) noexcept:
+        cdef size_t i
+        for i in range(self._wanted.size()):
+            if _same(self._wanted[i], s):
+                self._wanted.erase(self._wanted.begin() + i)
+                self._mark_blocks(&self._free, s)
+                for i in range(self._regions.size()):
+                    self._mark_blocks(&self._regions[i].free, s)
+                return
+
     cdef int acquire(self, size_t nbytes, StreamKey s, Block** out) noexcept:
         """Take a block for nbytes > 0 used on stream s. Returns 0 or a status code."""
         cdef int cls = class_index(nbytes)
@@ -483,6 +528,8 @@ cdef class Pool:
         if self._owner == _thread():
             return GP_REENTRANT
         self.lock()
+        if not self._wanted.empty():
+            self._answer_wanted(s)
         rc = self._current_region()
         if rc != NULL:
             b = self._take(&rc.free, cls, s)
@@ -503,8 +550,7 @@ cdef class Pool:
                 if r != 0:
                     self.unlock()
                     return r
-                self.c.cached += size       # counted out again below, with the hits
-        self.c.cached -= size
+        self.c.cached -= size               # new blocks were counted as cached by _grow
         b.state = LIVE
         b.stream = s
         b.region = rc
@@ -593,13 +639,6 @@ cdef class Pool:
                     self._events.push_back(e)
             del b.extra_streams
             b.extra_streams = NULL
-        if s.handle != 0 and s.handle != STREAM_PER_THREAD:
-            # Another stream can take the block once this event completes. Recorded now
-            # because the stream may be destroyed before then.
-            b.event = self._event()
-            if b.event and self.upstream.event_record(b.event, s.handle) != 0:
-                self._events.push_back(b.event)
-                b.event = 0
         if rc != NULL:
             self.region_detach(b)
             b.region = rc
@@ -688,6 +727,7 @@ cdef class Pool:
         cdef vector[Slab*] slabs
         cdef size_t c, i, before = self.c.reserved
         cdef Block* b
+        cdef Block* nxt
         cdef bint busy = False
         for c in range(self._free.bins.size()):
             for i in range(self._free.bins[c].size()):
@@ -697,7 +737,7 @@ cdef class Pool:
                     if b.slab == NULL:
                         large.push_back(b)
                     elif b.slab.free_in_pool == b.slab.nblocks:
-                        if b == &b.slab.blocks[0]:
+                        if b == b.slab.blocks:
                             slabs.push_back(b.slab)
                     else:
                         keep.push_back(b)
@@ -705,6 +745,7 @@ cdef class Pool:
             # Cached blocks may still be read by work queued before their free. After this
             # every event has completed, so every kept block is free for any stream.
             self.upstream.synchronize()
+            self._wanted.clear()
         self._free.bins.clear()
         for i in range(keep.size()):
             b = keep[i]
@@ -712,21 +753,19 @@ cdef class Pool:
             b.stream = NO_STREAM
             _push(&self._free, b)
         for i in range(large.size()):
-            b = large[i]
-            self._drop_events(b)
-            self.upstream.free(b.ptr)
-            self.c.reserved -= b.size
-            self.c.cached -= b.size
-            self.c.upstream_frees += 1
-            free(b)
+            self._drop_events(large[i])
+            self._upstream_free(large[i].ptr, large[i].size)
+            free(large[i])
         for i in range(slabs.size()):
-            for c in range(slabs[i].nblocks):
-                self._drop_events(&slabs[i].blocks[c])
-            self.upstream.free(slabs[i].ptr)
-            self.c.reserved -= slabs[i].nbytes
-            self.c.cached -= slabs[i].nbytes
-            self.c.upstream_frees += 1
-            free(slabs[i].blocks)
+            if slabs[i] == self._slab:
+                self._slab = NULL
+            b = slabs[i].blocks
+            while b != NULL:
+                nxt = b.slab_next
+                self._drop_events(b)
+                free(b)
+                b = nxt
+            self._upstream_free(slabs[i].ptr, slabs[i].nbytes)
             free(slabs[i])
         self.upstream._pending = None      # failures to free at shutdown are not reported
         return before - self.c.reserved

@@ -10,7 +10,10 @@ _UNITS = {
     "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
 }
-_FORMS = "bytes (1073741824), '512MiB', '8GB' (kB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024) or '50%'"
+_FORMS = (
+    "bytes (1073741824), '512MiB', '8GB' (kB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024) "
+    "or '50%'"
+)
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*|%)\s*$", re.IGNORECASE)
 
 

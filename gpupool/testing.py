@@ -46,6 +46,10 @@ class SimulatedDevice(PythonUpstream):
         ``synchronize``, ``copy``, ``memset``, ``mem_info``.
     used : int
         Bytes currently allocated.
+    errors : list of str
+        Misuses seen (a call on an unknown or destroyed stream, a free of an unknown pointer):
+        each also raises, but a pool freeing from ``__dealloc__`` cannot report it, so tests
+        should check that this list is empty.
     """
 
     def __init__(self, capacity=1 << 30, device=0):
@@ -55,6 +59,7 @@ class SimulatedDevice(PythonUpstream):
         self.capacity = int(capacity)
         self.used = 0
         self.calls = []
+        self.errors = []
         self._arrays = {}               # pointer -> (numpy array holding it, nbytes)
         self._handles = itertools.count(0x1000, 0x10)
         # Work on a stream is numbered; `done` is the last finished number, `queued` the last.
@@ -99,7 +104,11 @@ class SimulatedDevice(PythonUpstream):
 
     def _check_stream(self, stream):
         if stream not in self._queued:
-            raise ValueError(f"simulated device: unknown or destroyed stream {stream:#x}")
+            self._misuse(f"unknown or destroyed stream {stream:#x}")
+
+    def _misuse(self, what):
+        self.errors.append(what)
+        raise ValueError(f"simulated device: {what}")
 
     # The upstream side (called by the pool) --------------------------------------------
 
@@ -116,7 +125,7 @@ class SimulatedDevice(PythonUpstream):
     def _free(self, ptr):
         self.calls.append(("free", (ptr,)))
         if ptr not in self._arrays:
-            raise ValueError(f"simulated device: free of unknown pointer {ptr:#x}")
+            self._misuse(f"free of unknown pointer {ptr:#x}")
         self.used -= self._arrays.pop(ptr)[1]
 
     def _event_create(self):

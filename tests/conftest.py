@@ -29,7 +29,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def sim():
-    return SimulatedDevice(capacity=1 << 30)
+    device = SimulatedDevice(capacity=1 << 30)
+    yield device
+    assert device.errors == [], "the pool misused the simulated device"
 
 
 @pytest.fixture

@@ -81,8 +81,11 @@ def test_no_cross_stream_reuse_before_the_old_stream_completes(pool, sim):
     ptr = buf.ptr
     sim.launch(a)
     del buf
-    other = pool.allocate(LARGE, stream=b)
-    assert other.ptr != ptr
+    pool.allocate(10, stream=a)          # (a allocates again, so its blocks get an event)
+    held = [pool.allocate(LARGE, stream=b)]
+    pool.allocate(10, stream=a)
+    held.append(pool.allocate(LARGE, stream=b))
+    assert ptr not in [h.ptr for h in held]
     assert sim.calls_named("event_record"), "an event must mark the end of a's work"
     assert sim.calls_named("event_query")
 
@@ -93,10 +96,11 @@ def test_cross_stream_reuse_once_the_event_reports_complete(pool, sim):
     ptr = buf.ptr
     sim.launch(a)
     del buf
+    held = pool.allocate(LARGE, stream=b)            # asks a for an event
+    pool.allocate(10, stream=a)                      # ... which a records here
     sim.complete(a)
-    other = pool.allocate(LARGE, stream=b)
-    assert other.ptr == ptr
-    assert len(sim.calls_named("alloc")) == 1
+    assert pool.allocate(LARGE, stream=b).ptr == ptr
+    assert held.ptr != ptr
 
 
 def test_legacy_stream_block_waits_for_its_work_before_another_stream(pool, sim):
@@ -111,12 +115,40 @@ def test_legacy_stream_block_waits_for_its_work_before_another_stream(pool, sim)
     assert pool.allocate(LARGE, stream=b).ptr == ptr
 
 
-def test_event_is_recorded_at_free_so_destroyed_streams_are_safe(pool, sim):
+def test_free_never_calls_the_driver(pool, sim):
+    a = sim.create_stream()
+    buf = pool.allocate(LARGE, stream=a)
+    sim.calls.clear()
+    del buf
+    assert sim.calls == []
+
+
+def test_buffer_may_outlive_its_stream(pool, sim):
     a, b = sim.create_stream(), sim.create_stream()
     buf = pool.allocate(LARGE, stream=a)
     ptr = buf.ptr
+    sim.destroy_stream(a)
+    del buf                              # nothing may touch the destroyed stream
+    other = pool.allocate(LARGE, stream=b)
+    assert other.ptr != ptr              # its work cannot be checked; a trim frees it for all
+    del other
+    assert pool.trim() == 2 * LARGE      # a trim synchronizes the device and frees both
+    assert pool.stats().reserved_bytes == 0
+    assert sim.errors == []
+
+
+def test_other_streams_get_the_block_after_its_stream_allocates_again(pool, sim):
+    a, b = sim.create_stream(), sim.create_stream()
+    buf = pool.allocate(LARGE, stream=a)
+    ptr = buf.ptr
+    sim.launch(a)
     del buf
-    sim.destroy_stream(a)                # the simulated device rejects any later use of a
+    held = pool.allocate(LARGE, stream=b)    # a's block has no event yet: b gets a new block
+    assert held.ptr != ptr
+    assert sim.calls_named("event_record") == []
+    pool.allocate(10, stream=a)              # a is alive: an event now marks its work so far
+    assert [args[1] for args in sim.calls_named("event_record")] == [a]
+    sim.complete(a)
     assert pool.allocate(LARGE, stream=b).ptr == ptr
 
 

@@ -126,9 +126,9 @@ def test_invalidate_survivors(pool):
         escaped = pool.allocate(300 * KIB)
         ptr = escaped.ptr
     with pytest.raises(gpupool.InvalidBufferError, match="invalidated"):
-        escaped.ptr
+        _ = escaped.ptr
     with pytest.raises(gpupool.InvalidBufferError):
-        escaped.__cuda_array_interface__
+        _ = escaped.__cuda_array_interface__
     with region:
         assert pool.allocate(300 * KIB).ptr == ptr     # the block was recycled
     del escaped

@@ -103,7 +103,7 @@ class PoolMachine(RuleBasedStateMachine):
     @invariant()
     def no_overlap(self):
         spans = sorted((b.ptr, b.ptr + gpupool.size_class(b.nbytes)) for b, _ in self.live)
-        for (_, end), (start, _) in zip(spans, spans[1:]):
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
             assert end <= start
 
     @invariant()
