@@ -15,7 +15,7 @@ from pathlib import Path
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ["_driver", "_upstream", "_pool", "_buffer", "_region"]
+MODULES = ["_driver", "_upstream", "_pool", "_buffer", "_region", "_capi"]
 
 
 def _header_version(include):
@@ -75,7 +75,7 @@ extensions = [
     Extension(
         f"gpupool.{name}",
         [f"gpupool/{name}.pyx"],
-        include_dirs=[include],
+        include_dirs=[include, "gpupool/include"],
         language="c++",
         extra_compile_args=["-O3", "-std=c++17"],
         # C entry points keep plain C names (PyTorch's pluggable allocator looks them up).

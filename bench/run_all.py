@@ -21,7 +21,7 @@ import _common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # (script, timeout in seconds). Seen on an H200: alloc_latency ~25 s, cross_stream ~10 s.
-SCRIPTS = [("alloc_latency", 240), ("cross_stream", 120)]
+SCRIPTS = [("alloc_latency", 240), ("cross_stream", 120), ("capi_latency", 120)]
 
 
 def _tee(pipe, sink, lines):

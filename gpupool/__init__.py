@@ -2,11 +2,14 @@
 
 One pool per device serves ``DeviceBuffer`` objects (CUDA Array Interface v3) from size-binned
 free lists with stream-ordered reuse; ``Region`` caches a block of code's allocations across
-iterations with a peak equal to its working set. See DESIGN.md for the contract.
+iterations with a peak equal to its working set.
 """
 
+import os
 import threading
 
+from gpupool import _capi  # noqa: F401  (publishes the C API capsule)
+from gpupool import testing
 from gpupool._buffer import DeviceBuffer
 from gpupool._driver import current_device as _current_device
 from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class, uncached
@@ -34,15 +37,19 @@ __all__ = [
     "Region",
     "RegionStats",
     "allocate",
+    "get_include",
     "get_pool",
     "on_oom",
     "pool_status",
+    "set_pool",
     "remove_oom_callback",
     "size_class",
+    "testing",
     "uncached",
 ]
 
 _pools = {}
+_retired = []           # replaced default pools: C code may still hold their memory
 _pools_lock = threading.Lock()
 
 
@@ -73,6 +80,32 @@ def get_pool(device=None):
             if pool is None:
                 pool = _pools[device] = Pool(device=device)
     return pool
+
+
+def set_pool(pool, device=None):
+    """Make ``pool`` the default pool of its device (or of ``device``), for ``get_pool``,
+    ``allocate``, regions made without a pool, the adapters and the C API.
+
+    Parameters
+    ----------
+    pool : Pool
+        For example ``Pool(upstream=gpupool.testing.SimulatedDevice())`` in tests.
+    device : int, optional
+        Default: ``pool.device``.
+    """
+    if not isinstance(pool, Pool):
+        raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
+    device = pool.device if device is None else device
+    with _pools_lock:
+        if device in _pools:
+            _retired.append(_pools[device])
+        _pools[device] = pool
+        _capi._forget(device)
+
+
+def get_include():
+    """Folder of ``gpupool.h``, the C API header, for an extension's ``include_dirs``."""
+    return os.path.join(os.path.dirname(__file__), "include")
 
 
 def allocate(nbytes, stream=None, device=None):

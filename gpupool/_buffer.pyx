@@ -166,8 +166,9 @@ cdef class DeviceBuffer:
         Parameters
         ----------
         src : numpy.ndarray, bytes-like, DeviceBuffer or CUDA Array Interface object
-            C-contiguous source of at most ``nbytes`` bytes. Device sources are copied
-            device to device.
+            Source of at most ``nbytes`` bytes: any object with the buffer protocol (a
+            non-contiguous host array is first made contiguous), or a C-contiguous device
+            array, copied device to device.
         stream : int, stream object or None
             Stream for the copy; default: the buffer's stream. The copy is ordered after
             earlier work on that stream; host sources can be reused when this returns
@@ -175,8 +176,10 @@ cdef class DeviceBuffer:
 
         Raises
         ------
+        TypeError
+            The source has no buffer protocol (a list, a str, None) or holds Python objects.
         ValueError
-            The source is larger than the buffer or not contiguous.
+            The source is larger than the buffer, or a non-contiguous device array.
         InvalidBufferError
             The buffer was closed or invalidated.
         """
@@ -190,8 +193,7 @@ cdef class DeviceBuffer:
             n = _cai_nbytes(cai)
             kind, src_ptr, keep = DEVICE_TO_DEVICE, cai["data"][0], src
         else:
-            keep = np.ascontiguousarray(np.frombuffer(src, np.uint8) if isinstance(
-                src, (bytes, bytearray, memoryview)) else src)
+            keep = _host_bytes(src)
             n = keep.nbytes
             kind, src_ptr = HOST_TO_DEVICE, keep.ctypes.data
         if n > self.nbytes:
@@ -248,6 +250,26 @@ cdef class DeviceBuffer:
         state = ("", " closed", " invalidated")[<int>self._state]
         return (f"<gpupool.DeviceBuffer ptr={self._ptr:#x} nbytes={self.nbytes} "
                 f"device={self.pool.device} stream={self._stream.handle:#x}{state}>")
+
+
+def _host_bytes(src):
+    """The bytes of a host source as a contiguous uint8 array (a view where possible)."""
+    if isinstance(src, str) or not (isinstance(src, np.ndarray) or _has_buffer(src)):
+        raise TypeError(
+            f"copy_from_host needs a numpy array, a bytes-like object or a device array, "
+            f"got {type(src).__name__}")
+    array = np.asarray(src)
+    if array.dtype.hasobject:
+        raise TypeError("copy_from_host cannot copy an array of Python objects")
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def _has_buffer(obj):
+    try:
+        memoryview(obj).release()
+    except TypeError:
+        return False
+    return True
 
 
 def _cai_nbytes(cai):

@@ -2,6 +2,7 @@
 # slabs, limits and the first rungs of the out-of-memory ladder. C-level, under one mutex.
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
+from libcpp.unordered_map cimport unordered_map
 from gpupool._block cimport Block, Slab, StreamKey, FreeLists, RegionCache
 from gpupool._upstream cimport Upstream
 
@@ -42,39 +43,43 @@ cdef class Pool:
     cdef vector[RegionCache*] _regions  # caches of this pool's regions, for the OOM ladder
     cdef Slab* _slab                    # the slab small blocks are carved from now
     cdef vector[StreamKey] _wanted      # streams whose free blocks another stream waits for
+    cdef unordered_map[uintptr_t, Block*] _capi_blocks   # blocks handed out by the C API
     cdef Counters c
     cdef uintptr_t _ranks               # blocks created so far
     cdef size_t _hard_limit             # 0: none
     cdef size_t _soft_limit             # 0: none
     cdef object __weakref__
 
-    cdef void lock(self) noexcept
-    cdef RegionCache* _current_region(self) noexcept
-    cdef uintptr_t _event(self) noexcept
-    cdef void _drop_events(self, Block* b) noexcept
-    cdef bint _ready(self, Block* b, StreamKey s) noexcept
-    cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept
-    cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept
-    cdef int _carve(self, int cls, size_t size, Block** out) noexcept
-    cdef void _mark_stream(self, StreamKey s) noexcept
-    cdef void _answer_wanted(self, StreamKey s) noexcept
-    cdef void _upstream_free(self, uintptr_t ptr, size_t nbytes) noexcept
-    cdef void _mark_blocks(self, FreeLists* fl, StreamKey s) noexcept
-    cdef int _new_block(self, int cls, size_t size, Block** out) noexcept
-    cdef int _grow(self, int cls, size_t size, Block** out) noexcept
-    cdef void unlock(self) noexcept
-    cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept
-    cdef void release(self, Block* blk, StreamKey stream) noexcept
-    cdef void release_locked(self, Block* blk, StreamKey stream) noexcept
-    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept
-    cdef void region_register(self, RegionCache* rc) noexcept
-    cdef void region_unregister(self, RegionCache* rc) noexcept
-    cdef void region_drain(self, RegionCache* rc) noexcept
-    cdef void region_detach(self, Block* blk) noexcept
-    cdef size_t release_cached(self) noexcept
+    cdef void lock(self) noexcept nogil
+    cdef void _wait(self) noexcept nogil
+    cdef RegionCache* _current_region(self) noexcept nogil
+    cdef uintptr_t _event(self) noexcept nogil
+    cdef void _drop_events(self, Block* b) noexcept nogil
+    cdef bint _ready(self, Block* b, StreamKey s) noexcept nogil
+    cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept nogil
+    cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil
+    cdef int _carve(self, int cls, size_t size, Block** out) noexcept nogil
+    cdef void _mark_stream(self, StreamKey s) noexcept nogil
+    cdef void _answer_wanted(self, StreamKey s) noexcept nogil
+    cdef void _upstream_free(self, uintptr_t ptr, size_t nbytes) noexcept nogil
+    cdef void _mark_blocks(self, FreeLists* fl, StreamKey s) noexcept nogil
+    cdef int _new_block(self, int cls, size_t size, Block** out) noexcept nogil
+    cdef int _grow(self, int cls, size_t size, Block** out) noexcept nogil
+    cdef void unlock(self) noexcept nogil
+    cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
+    cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
+    cdef void release(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef void release_locked(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef void region_register(self, RegionCache* rc) noexcept nogil
+    cdef void region_unregister(self, RegionCache* rc) noexcept nogil
+    cdef void region_drain(self, RegionCache* rc) noexcept nogil
+    cdef void region_detach(self, Block* blk) noexcept nogil
+    cdef size_t release_cached(self) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
 
 cdef StreamKey stream_key(uintptr_t handle) noexcept nogil
+cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
 cdef uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF
 cdef void set_buffer_factory(buffer_factory factory) noexcept
 cdef void region_push(RegionCache* rc) noexcept nogil

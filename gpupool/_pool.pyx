@@ -39,6 +39,12 @@ import threading
 from gpupool.errors import GpupoolError, OutOfMemoryError
 from gpupool.stats import PoolStats, format_bytes
 
+cdef extern from "Python.h" nogil:
+    ctypedef struct PyThreadState
+    int PyGILState_Check()
+    PyThreadState* PyEval_SaveThread()
+    void PyEval_RestoreThread(PyThreadState*)
+
 cdef extern from "<pthread.h>" nogil:
     ctypedef unsigned long pthread_t
     pthread_t pthread_self()
@@ -212,37 +218,41 @@ cdef bint forked() noexcept nogil:
 
 # Free lists -------------------------------------------------------------------------------
 
-cdef inline void _push(FreeLists* fl, Block* b) noexcept:
+cdef inline void _push(FreeLists* fl, Block* b) noexcept nogil:
     cdef vector[StreamBin]* bins
-    cdef size_t i
+    cdef size_t i, n, empty
     if fl.bins.size() <= <size_t>b.cls:
         fl.bins.resize(b.cls + 1)
     bins = &fl.bins[b.cls]
-    for i in range(bins.size()):
+    n = empty = bins.size()
+    for i in range(n):
         if _same(bins[0][i].key, b.stream):
             break
+        if empty == n and bins[0][i].heap.empty():
+            empty = i
     else:
-        bins.resize(bins.size() + 1)
-        i = bins.size() - 1
+        # Empty bins are reused (their storage too), so streams that went idle do not
+        # fragment the lists and the steady state allocates nothing.
+        if empty == n:
+            bins.resize(n + 1)
+        i = empty
         bins[0][i].key = b.stream
     bins[0][i].heap.push_back(HeapItem(~b.rank, b))
     push_heap(bins[0][i].heap.begin(), bins[0][i].heap.end())
 
 
-cdef inline Block* _pop(vector[StreamBin]* bins, size_t i) noexcept:
+cdef inline Block* _pop(vector[StreamBin]* bins, size_t i) noexcept nogil:
     cdef vector[HeapItem]* heap = &bins[0][i].heap
     pop_heap(heap.begin(), heap.end())
     cdef Block* b = heap.back().second
     heap.pop_back()
-    if heap.empty():
-        # Bins of streams that went idle disappear, so streams do not fragment the lists.
-        bins[0][i] = bins.back()
-        bins.pop_back()
     return b
 
 
 cdef class Pool:
     """A caching pool of device memory on one device.
+
+    ``Pool(device=0, upstream="driver", hard_limit=None, soft_limit=None)``
 
     Parameters
     ----------
@@ -293,13 +303,23 @@ cdef class Pool:
 
     # Locking --------------------------------------------------------------------------
 
-    cdef void lock(self) noexcept:
+    cdef void lock(self) noexcept nogil:
         if not self._mutex.try_lock():
-            with nogil:
-                self._mutex.lock()
+            self._wait()
         self._owner = _thread()
 
-    cdef void unlock(self) noexcept:
+    cdef void _wait(self) noexcept nogil:
+        # A Python thread waiting for the lock lets the others run: the holder may need the
+        # GIL (a Python upstream), and must not deadlock against us.
+        cdef PyThreadState* state
+        if PyGILState_Check():
+            state = PyEval_SaveThread()
+            self._mutex.lock()
+            PyEval_RestoreThread(state)
+        else:
+            self._mutex.lock()
+
+    cdef void unlock(self) noexcept nogil:
         cdef Block* b
         while not self._deferred.empty():
             b = self._deferred.back()
@@ -310,7 +330,7 @@ cdef class Pool:
 
     # Allocation -----------------------------------------------------------------------
 
-    cdef RegionCache* _current_region(self) noexcept:
+    cdef RegionCache* _current_region(self) noexcept nogil:
         cdef size_t i = gp_region_stack.size()
         cdef RegionCache* rc
         while i:
@@ -322,7 +342,7 @@ cdef class Pool:
                 return rc
         return NULL
 
-    cdef uintptr_t _event(self) noexcept:
+    cdef uintptr_t _event(self) noexcept nogil:
         """A recycled or new event; 0 when none could be created."""
         cdef uintptr_t e = 0
         if not self._events.empty():
@@ -332,7 +352,7 @@ cdef class Pool:
             return 0
         return e
 
-    cdef void _drop_events(self, Block* b) noexcept:
+    cdef void _drop_events(self, Block* b) noexcept nogil:
         cdef size_t i
         if b.event:
             self._events.push_back(b.event)
@@ -343,7 +363,7 @@ cdef class Pool:
             del b.extra_events
             b.extra_events = NULL
 
-    cdef bint _ready(self, Block* b, StreamKey s) noexcept:
+    cdef bint _ready(self, Block* b, StreamKey s) noexcept nogil:
         """Whether stream s may use b now: all work on b's earlier streams has completed."""
         cdef size_t i
         if b.extra_events != NULL:
@@ -370,7 +390,7 @@ cdef class Pool:
         self._drop_events(b)
         return True
 
-    cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept:
+    cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept nogil:
         cdef vector[StreamBin]* bins
         cdef size_t i, n, same, fresh
         if <size_t>cls >= fl.bins.size():
@@ -378,6 +398,8 @@ cdef class Pool:
         bins = &fl.bins[cls]
         n = same = fresh = bins.size()
         for i in range(n):
+            if bins[0][i].heap.empty():
+                continue
             if _same(bins[0][i].key, s):
                 same = i
             elif _same(bins[0][i].key, NO_STREAM):
@@ -389,11 +411,12 @@ cdef class Pool:
         if fresh < n:
             return _pop(bins, fresh)
         for i in range(n):
-            if i != same and self._ready(bins[0][i].heap.front().second, s):
+            if i != same and not bins[0][i].heap.empty() and \
+                    self._ready(bins[0][i].heap.front().second, s):
                 return _pop(bins, i)
         return NULL
 
-    cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept:
+    cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
         cdef int r
         if self._hard_limit and self.c.reserved + nbytes > self._hard_limit:
             return CUDA_ERROR_OUT_OF_MEMORY
@@ -405,7 +428,7 @@ cdef class Pool:
                 self.c.peak_reserved = self.c.reserved
         return r
 
-    cdef int _carve(self, int cls, size_t size, Block** out) noexcept:
+    cdef int _carve(self, int cls, size_t size, Block** out) noexcept nogil:
         """Carve a block from the current slab, starting a new slab when it is full."""
         cdef Slab* slab = self._slab
         cdef uintptr_t ptr = 0
@@ -435,20 +458,20 @@ cdef class Pool:
         out[0] = b
         return 0
 
-    cdef void _upstream_free(self, uintptr_t ptr, size_t nbytes) noexcept:
+    cdef void _upstream_free(self, uintptr_t ptr, size_t nbytes) noexcept nogil:
         self.upstream.free(ptr)
         self.c.reserved -= nbytes
         self.c.cached -= nbytes
         self.c.upstream_frees += 1
 
-    cdef void _mark_stream(self, StreamKey s) noexcept:
+    cdef void _mark_stream(self, StreamKey s) noexcept nogil:
         cdef size_t i
         for i in range(self._wanted.size()):
             if _same(self._wanted[i], s):
                 return
         self._wanted.push_back(s)
 
-    cdef void _mark_blocks(self, FreeLists* fl, StreamKey s) noexcept:
+    cdef void _mark_blocks(self, FreeLists* fl, StreamKey s) noexcept nogil:
         """Record one event on stream s (alive: it is allocating) for its free blocks."""
         cdef size_t c, i
         cdef Block* b
@@ -467,7 +490,7 @@ cdef class Pool:
                             return
                         b.event = e
 
-    cdef int _new_block(self, int cls, size_t size, Block** out) noexcept:
+    cdef int _new_block(self, int cls, size_t size, Block** out) noexcept nogil:
         cdef uintptr_t ptr = 0
         cdef int r = self._upstream_alloc(size, &ptr)
         cdef Block* b
@@ -484,7 +507,7 @@ cdef class Pool:
         out[0] = b
         return 0
 
-    cdef int _grow(self, int cls, size_t size, Block** out) noexcept:
+    cdef int _grow(self, int cls, size_t size, Block** out) noexcept nogil:
         cdef int r
         cdef size_t i
         if size <= SLAB_BLOCK_MAX:
@@ -506,7 +529,7 @@ cdef class Pool:
             r = self._new_block(cls, size, out)
         return r
 
-    cdef void _answer_wanted(self, StreamKey s) noexcept:
+    cdef void _answer_wanted(self, StreamKey s) noexcept nogil:
         cdef size_t i
         for i in range(self._wanted.size()):
             if _same(self._wanted[i], s):
@@ -516,18 +539,24 @@ cdef class Pool:
                     self._mark_blocks(&self._regions[i].free, s)
                 return
 
-    cdef int acquire(self, size_t nbytes, StreamKey s, Block** out) noexcept:
+    cdef int acquire(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
         """Take a block for nbytes > 0 used on stream s. Returns 0 or a status code."""
-        cdef int cls = class_index(nbytes)
-        cdef size_t size = class_size(cls)
-        cdef RegionCache* rc
-        cdef Block* b = NULL
-        cdef int r = 0
+        cdef int r
         if gp_forked:
             return GP_FORKED
         if self._owner == _thread():
             return GP_REENTRANT
         self.lock()
+        r = self.acquire_locked(nbytes, s, out)
+        self.unlock()
+        return r
+
+    cdef int acquire_locked(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
+        cdef int cls = class_index(nbytes)
+        cdef size_t size = class_size(cls)
+        cdef RegionCache* rc
+        cdef Block* b = NULL
+        cdef int r = 0
         if not self._wanted.empty():
             self._answer_wanted(s)
         rc = self._current_region()
@@ -536,6 +565,7 @@ cdef class Pool:
             if b != NULL:
                 rc.hits += 1
                 rc.cached_bytes -= size
+                self.c.cache_hits += 1
             else:
                 rc.misses += 1
         if b == NULL:
@@ -548,7 +578,6 @@ cdef class Pool:
                 self.c.cache_misses += 1
                 r = self._grow(cls, size, &b)
                 if r != 0:
-                    self.unlock()
                     return r
         self.c.cached -= size               # new blocks were counted as cached by _grow
         b.state = LIVE
@@ -570,7 +599,6 @@ cdef class Pool:
             self.c.peak_in_use = self.c.in_use
         if self._soft_limit and self.c.reserved > self._soft_limit:
             self.release_cached()
-        self.unlock()
         out[0] = b
         return 0
 
@@ -603,24 +631,24 @@ cdef class Pool:
 
     # Freeing ----------------------------------------------------------------------------
 
-    cdef void release(self, Block* b, StreamKey s) noexcept:
-        """Return a live block; called with the GIL held (DeviceBuffer.__dealloc__)."""
+    cdef void release(self, Block* b, StreamKey s) noexcept nogil:
+        """Return a live block; with or without the GIL."""
         if gp_forked:
             return
         if self._mutex.try_lock():
             self._owner = _thread()
         elif self._owner == _thread():
+            # The holder is this thread (a collection run inside the pool's upstream call).
             b.stream = s
             self._deferred.push_back(b)
             return
         else:
-            with nogil:
-                self._mutex.lock()
+            self._wait()
             self._owner = _thread()
         self.release_locked(b, s)
         self.unlock()
 
-    cdef void release_locked(self, Block* b, StreamKey s) noexcept:
+    cdef void release_locked(self, Block* b, StreamKey s) noexcept nogil:
         cdef RegionCache* rc = b.region
         cdef size_t i
         cdef uintptr_t e
@@ -658,7 +686,7 @@ cdef class Pool:
         self.c.cached += b.size
         self.c.num_frees += 1
 
-    cdef void add_stream(self, Block* b, StreamKey s) noexcept:
+    cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
         self.lock()
         if not _same(b.stream, s):
             if b.extra_streams == NULL:
@@ -668,13 +696,13 @@ cdef class Pool:
 
     # Regions ----------------------------------------------------------------------------
 
-    cdef void region_register(self, RegionCache* rc) noexcept:
+    cdef void region_register(self, RegionCache* rc) noexcept nogil:
         self.lock()
         rc.pool = <void*>self
         self._regions.push_back(rc)
         self.unlock()
 
-    cdef void region_unregister(self, RegionCache* rc) noexcept:
+    cdef void region_unregister(self, RegionCache* rc) noexcept nogil:
         """Forget a region: its live blocks return to the pool when freed, its cache now."""
         cdef size_t i
         self.lock()
@@ -687,7 +715,7 @@ cdef class Pool:
                 break
         self.unlock()
 
-    cdef void region_detach(self, Block* b) noexcept:
+    cdef void region_detach(self, Block* b) noexcept nogil:
         """Unlink a live block from its region (the block then returns to the pool)."""
         cdef RegionCache* rc = b.region
         if rc == NULL:
@@ -703,7 +731,7 @@ cdef class Pool:
         rc.live_bytes -= b.size
         b.region = NULL
 
-    cdef void region_drain(self, RegionCache* rc) noexcept:
+    cdef void region_drain(self, RegionCache* rc) noexcept nogil:
         """Move every cached block of a region into the pool's free lists."""
         cdef size_t c, i
         cdef Block* b
@@ -721,7 +749,7 @@ cdef class Pool:
 
     # Trimming ---------------------------------------------------------------------------
 
-    cdef size_t release_cached(self) noexcept:
+    cdef size_t release_cached(self) noexcept nogil:
         """Give the pool's free blocks and wholly free slabs back; returns the bytes freed."""
         cdef vector[Block*] keep, large
         cdef vector[Slab*] slabs
@@ -767,7 +795,6 @@ cdef class Pool:
                 b = nxt
             self._upstream_free(slabs[i].ptr, slabs[i].nbytes)
             free(slabs[i])
-        self.upstream._pending = None      # failures to free at shutdown are not reported
         return before - self.c.reserved
 
     # Python API -------------------------------------------------------------------------
@@ -796,7 +823,9 @@ cdef class Pool:
         TypeError, ValueError
             ``nbytes`` not an integer, negative or absurd; bad ``stream``.
         OutOfMemoryError
-            The upstream is out of memory after the out-of-memory ladder (see DESIGN.md).
+            The upstream is out of memory after the out-of-memory ladder: the pool releases
+            its cached blocks, then every region's, then runs the ``on_oom`` callbacks,
+            retrying after each step.
         CudaError, GpupoolError
             A driver failure, or a pool inherited through ``fork()``.
         """
@@ -812,10 +841,7 @@ cdef class Pool:
             if n == 0:
                 return _make_buffer(self, NULL, 0, key)
         r = self.acquire(n, key, &b)
-        if r == CUDA_ERROR_OUT_OF_MEMORY and _oom_callbacks:
-            self.c.oom_retries += 1
-            for callback in list(_oom_callbacks):
-                callback(n)
+        if r == CUDA_ERROR_OUT_OF_MEMORY and run_oom_callbacks(self, n):
             r = self.acquire(n, key, &b)
         if r != 0:
             self.raise_status(r, n)
@@ -879,6 +905,16 @@ cdef class Pool:
     def __repr__(self):
         return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
                 f"in_use={self.c.in_use} reserved={self.c.reserved}>")
+
+
+cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1:
+    """Run the on_oom callbacks (with the GIL); whether there were any to run."""
+    if not _oom_callbacks:
+        return False
+    pool.c.oom_retries += 1
+    for callback in list(_oom_callbacks):
+        callback(nbytes)
+    return True
 
 
 def on_oom(callback):

@@ -31,6 +31,8 @@ _POLICIES = ("detach", "invalidate")
 cdef class Region:
     """A cached scope of allocations.
 
+    ``Region(pool=None, on_exit="detach", collect="young", max_cached_bytes=None)``
+
     Parameters
     ----------
     pool : Pool, optional
@@ -51,7 +53,8 @@ cdef class Region:
     ValueError
         Unknown ``on_exit`` or ``collect``.
     GpupoolError
-        On entry, if the region is already entered (nested, or on another thread).
+        On entry, if this Region object is already entered (re-entered inside itself, or
+        entered on another thread); distinct Region objects nest freely.
 
     Notes
     -----

@@ -102,3 +102,19 @@ def test_repr_and_len(pool):
     assert "nbytes=300" in repr(buf)
     buf.close()
     assert "closed" in repr(buf)
+
+
+@pytest.mark.parametrize("src", [None, "abc", [1, 2, 3], 12345, np.array([object()])])
+def test_copy_from_host_rejects_non_buffers(pool, src):
+    buf = pool.allocate(64)
+    with pytest.raises(TypeError):
+        buf.copy_from_host(src)
+
+
+def test_copy_from_host_makes_strided_sources_contiguous(pool):
+    data = np.arange(32, dtype=np.uint8)
+    buf = pool.allocate(16)
+    buf.copy_from_host(data[::2])
+    assert np.array_equal(buf.copy_to_host(), data[::2])
+    buf.copy_from_host(memoryview(data.tobytes())[::2])
+    assert np.array_equal(buf.copy_to_host(), data[::2])

@@ -1,0 +1,247 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""gpupool's C API: a versioned table of C functions, published as the capsule
+``gpupool._capi._C_API`` (see include/gpupool.h), and the entry points of PyTorch's
+pluggable allocator, which are thin users of the same table.
+
+The functions run without the GIL (they take it only to create a device's default pool on
+first use and to run ``on_oom`` callbacks) and never raise: they return GPUPOOL_OK or an error
+code. Memory is served by ``gpupool.get_pool(device)``, so C and Python share one pool, and a
+C allocation made on a thread inside ``with region:`` is cached by that region.
+"""
+from cpython.pycapsule cimport PyCapsule_New
+from cpython.ref cimport PyObject
+from cython.operator cimport dereference as deref
+from libc.stdint cimport uintptr_t
+from gpupool._block cimport Block
+from gpupool._pool cimport Pool, stream_key, run_oom_callbacks, forked, GP_FORKED
+from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
+
+cdef extern from "Python.h" nogil:
+    ctypedef enum PyGILState_STATE:
+        pass
+    PyGILState_STATE PyGILState_Ensure()
+    void PyGILState_Release(PyGILState_STATE)
+
+cdef extern from "gpupool.h" nogil:
+    enum:
+        GPUPOOL_API_VERSION
+        GPUPOOL_OK
+        GPUPOOL_ERROR_INVALID_VALUE
+        GPUPOOL_ERROR_OUT_OF_MEMORY
+        GPUPOOL_ERROR_NO_DEVICE
+        GPUPOOL_ERROR_FORKED
+        GPUPOOL_ERROR_INTERNAL
+    ctypedef struct gpupool_stats:
+        size_t in_use_bytes, peak_in_use_bytes, reserved_bytes, peak_reserved_bytes
+        size_t cached_bytes, num_allocs, num_frees, cache_hits, cache_misses
+        size_t upstream_allocs, upstream_frees, oom_retries
+    ctypedef struct gpupool_api:
+        unsigned int version
+        unsigned int size
+        int (*allocate)(int, size_t, uintptr_t, void**) noexcept nogil
+        int (*free)(int, void*, uintptr_t) noexcept nogil
+        int (*record_stream)(int, void*, uintptr_t) noexcept nogil
+        int (*get_stats)(int, gpupool_stats*) noexcept nogil
+        const char* (*error_string)(int) noexcept nogil
+
+cdef enum:
+    MAX_DEVICES = 64
+cdef PyObject* _pools[MAX_DEVICES]     # borrowed: gpupool keeps its default pools forever
+cdef size_t MAX_NBYTES = 1 << 50
+
+
+cdef PyObject* _pool_of(int device) noexcept with gil:
+    import gpupool
+    try:
+        pool = gpupool.get_pool(device)
+    except Exception:
+        return NULL
+    return <PyObject*>pool
+
+
+cdef inline PyObject* _pool(int device) noexcept nogil:
+    """The default pool of a device (borrowed), made with the GIL on first use; NULL if none."""
+    if device < 0 or device >= MAX_DEVICES:
+        return NULL
+    if _pools[device] == NULL:
+        _pools[device] = _pool_of(device)
+    return _pools[device]
+
+
+cdef int _code(int status) noexcept nogil:
+    if status == 0 or status == CUDA_ERROR_OUT_OF_MEMORY or status == GP_FORKED:
+        return status
+    if status < 1000:
+        return status                       # a CUresult from the driver
+    return GPUPOOL_ERROR_INTERNAL
+
+
+cdef bint _callbacks(Pool pool, size_t nbytes) noexcept with gil:
+    try:
+        return run_oom_callbacks(pool, nbytes)
+    except Exception:
+        return False
+
+
+# The table's functions look the pool up as a borrowed PyObject* (no reference counting, so
+# no GIL) and call these, which take it typed; the casts below only change the pointer type.
+
+cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+    cdef Block* b = NULL
+    cdef int r
+    pool.lock()
+    r = pool.acquire_locked(nbytes, stream_key(stream), &b)
+    if r == 0:
+        pool._capi_blocks[b.ptr] = b
+        ptr[0] = <void*>b.ptr
+    pool.unlock()
+    return r
+
+
+cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+    cdef int r = _acquire(pool, nbytes, stream, ptr)
+    if r == CUDA_ERROR_OUT_OF_MEMORY and _callbacks(pool, nbytes):
+        r = _acquire(pool, nbytes, stream, ptr)
+    return _code(r)
+
+
+cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
+    cdef Block* b = NULL
+    pool.lock()
+    it = pool._capi_blocks.find(<uintptr_t>ptr)
+    if it != pool._capi_blocks.end():
+        b = deref(it).second
+        pool._capi_blocks.erase(it)
+        pool.release_locked(b, stream_key(stream))
+    pool.unlock()
+    return GPUPOOL_OK if b != NULL else GPUPOOL_ERROR_INVALID_VALUE
+
+
+cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
+    cdef Block* b = NULL
+    pool.lock()
+    it = pool._capi_blocks.find(<uintptr_t>ptr)
+    if it != pool._capi_blocks.end():
+        b = deref(it).second
+    pool.unlock()
+    if b == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    pool.add_stream(b, stream_key(stream))
+    return GPUPOOL_OK
+
+
+cdef int _get_stats(Pool pool, gpupool_stats* out) noexcept nogil:
+    pool.lock()
+    out.in_use_bytes = pool.c.in_use
+    out.peak_in_use_bytes = pool.c.peak_in_use
+    out.reserved_bytes = pool.c.reserved
+    out.peak_reserved_bytes = pool.c.peak_reserved
+    out.cached_bytes = pool.c.cached
+    out.num_allocs = pool.c.num_allocs
+    out.num_frees = pool.c.num_frees
+    out.cache_hits = pool.c.cache_hits
+    out.cache_misses = pool.c.cache_misses
+    out.upstream_allocs = pool.c.upstream_allocs
+    out.upstream_frees = pool.c.upstream_frees
+    out.oom_retries = pool.c.oom_retries
+    pool.unlock()
+    return GPUPOOL_OK
+
+
+ctypedef int (*allocate_fn)(PyObject*, size_t, uintptr_t, void**) noexcept nogil
+ctypedef int (*free_fn)(PyObject*, void*, uintptr_t) noexcept nogil
+ctypedef int (*stats_fn)(PyObject*, gpupool_stats*) noexcept nogil
+cdef allocate_fn allocate_in = <allocate_fn>_allocate
+cdef free_fn free_in = <free_fn>_free
+cdef free_fn record_stream_in = <free_fn>_record_stream
+cdef stats_fn get_stats_in = <stats_fn>_get_stats
+
+
+cdef int capi_allocate(int device, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+    cdef PyObject* pool
+    if ptr == NULL or nbytes == 0 or nbytes > MAX_NBYTES:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    ptr[0] = NULL
+    if forked():
+        return GPUPOOL_ERROR_FORKED
+    pool = _pool(device)
+    if pool == NULL:
+        return GPUPOOL_ERROR_NO_DEVICE
+    return allocate_in(pool, nbytes, stream, ptr)
+
+
+cdef int capi_free(int device, void* ptr, uintptr_t stream) noexcept nogil:
+    cdef PyObject* pool
+    if ptr == NULL:
+        return GPUPOOL_OK
+    if forked():
+        return GPUPOOL_ERROR_FORKED
+    pool = _pool(device)
+    if pool == NULL:
+        return GPUPOOL_ERROR_NO_DEVICE
+    return free_in(pool, ptr, stream)
+
+
+cdef int capi_record_stream(int device, void* ptr, uintptr_t stream) noexcept nogil:
+    cdef PyObject* pool = _pool(device)
+    if pool == NULL:
+        return GPUPOOL_ERROR_NO_DEVICE
+    return record_stream_in(pool, ptr, stream)
+
+
+cdef int capi_get_stats(int device, gpupool_stats* out) noexcept nogil:
+    cdef PyObject* pool = _pool(device)
+    if pool == NULL:
+        return GPUPOOL_ERROR_NO_DEVICE
+    if out == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    return get_stats_in(pool, out)
+
+
+cdef const char* capi_error_string(int code) noexcept nogil:
+    if code == GPUPOOL_OK:
+        return "no error"
+    if code == GPUPOOL_ERROR_INVALID_VALUE:
+        return "invalid value: a zero or absurd size, or a pointer not from this API"
+    if code == GPUPOOL_ERROR_OUT_OF_MEMORY:
+        return "out of memory (after releasing cached blocks and running on_oom callbacks)"
+    if code == GPUPOOL_ERROR_NO_DEVICE:
+        return "no CUDA driver, or no such device"
+    if code == GPUPOOL_ERROR_FORKED:
+        return "the pool was inherited through fork() and cannot be used"
+    if code == GPUPOOL_ERROR_INTERNAL:
+        return "internal error (see the Python exception of the same call from Python)"
+    return "CUDA driver error (a CUresult: see cuGetErrorName)"
+
+
+cdef gpupool_api _api
+_api.version = GPUPOOL_API_VERSION
+_api.size = sizeof(gpupool_api)
+_api.allocate = capi_allocate
+_api.free = capi_free
+_api.record_stream = capi_record_stream
+_api.get_stats = capi_get_stats
+_api.error_string = capi_error_string
+
+def _forget(int device):
+    """Drop the cached default pool of a device (gpupool.set_pool replaced it)."""
+    if 0 <= device < MAX_DEVICES:
+        _pools[device] = NULL
+
+
+_C_API = PyCapsule_New(<void*>&_api, b"gpupool._capi._C_API", NULL)
+
+
+# PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator) looks these up by
+# name in this extension; CYTHON_EXTERN_C gives them C linkage. An error surfaces to PyTorch
+# as a NULL pointer, which it reports as out of memory.
+cdef public void* gpupool_torch_malloc(size_t size, int device, void* stream) noexcept nogil:
+    cdef void* ptr = NULL
+    if size == 0:
+        return NULL
+    capi_allocate(device, size, <uintptr_t>stream, &ptr)
+    return ptr
+
+
+cdef public void gpupool_torch_free(void* ptr, size_t size, int device, void* stream) noexcept nogil:
+    capi_free(device, ptr, <uintptr_t>stream)

@@ -1,0 +1,34 @@
+# Cython declarations of gpupool's C API (gpupool/include/gpupool.h):
+#
+#     from gpupool.capi cimport gpupool_api, gpupool_import
+#     cdef const gpupool_api* api = gpupool_import()
+#
+# Compile with include_dirs=[gpupool.get_include()].
+from libc.stdint cimport uintptr_t
+
+cdef extern from "gpupool.h" nogil:
+    enum:
+        GPUPOOL_API_VERSION
+        GPUPOOL_OK
+        GPUPOOL_ERROR_INVALID_VALUE
+        GPUPOOL_ERROR_OUT_OF_MEMORY
+        GPUPOOL_ERROR_NO_DEVICE
+        GPUPOOL_ERROR_FORKED
+        GPUPOOL_ERROR_INTERNAL
+
+    ctypedef struct gpupool_stats:
+        size_t in_use_bytes, peak_in_use_bytes, reserved_bytes, peak_reserved_bytes
+        size_t cached_bytes, num_allocs, num_frees, cache_hits, cache_misses
+        size_t upstream_allocs, upstream_frees, oom_retries
+
+    ctypedef struct gpupool_api:
+        unsigned int version
+        unsigned int size
+        int (*allocate)(int device, size_t nbytes, uintptr_t stream, void** ptr)
+        int (*free)(int device, void* ptr, uintptr_t stream)
+        int (*record_stream)(int device, void* ptr, uintptr_t stream)
+        int (*get_stats)(int device, gpupool_stats* out)
+        const char* (*error_string)(int code)
+
+cdef extern from "gpupool.h":
+    const gpupool_api* gpupool_import() except NULL

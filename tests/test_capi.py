@@ -1,0 +1,136 @@
+"""The C API: tests build examples/c_extension and drive it against the simulated device (and
+the real one where there is a GPU)."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import check_invariants
+
+import gpupool
+from gpupool.testing import SimulatedDevice
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "c_extension"
+
+
+def build(tmp, cflags=""):
+    src = tmp / "src"
+    shutil.copytree(EXAMPLE, src)
+    args = [sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp / "lib"),
+            "--build-temp", str(tmp / "build")]
+    env = dict(os.environ, CFLAGS=f"{os.environ.get('CFLAGS', '')} {cflags}")
+    result = subprocess.run(args, cwd=src, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return next((tmp / "lib").glob("gpupool_scratch*"))
+
+
+def load(path):
+    spec = importlib.util.spec_from_file_location("gpupool_scratch", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    return load(build(tmp_path_factory.mktemp("capi")))
+
+
+@pytest.fixture(autouse=True)
+def restore_default_pool():
+    previous = gpupool._pools.get(0)
+    yield
+    if previous is not None:
+        gpupool.set_pool(previous)
+    else:
+        gpupool._pools.pop(0, None)
+        gpupool._capi._forget(0)
+
+
+@pytest.fixture
+def sim_pool():
+    sim = SimulatedDevice()
+    pool = gpupool.Pool(upstream=sim, device=0)
+    gpupool.set_pool(pool)
+    yield pool
+    assert sim.errors == []
+
+
+def test_c_allocations_come_from_the_shared_pool(scratch, sim_pool):
+    ptr = scratch.allocate(1000)
+    assert ptr % 256 == 0
+    stats = check_invariants(sim_pool)
+    assert stats.in_use_bytes == 1024 and stats.num_allocs == 1
+    assert scratch.stats()["in_use_bytes"] == 1024
+    python_buf = sim_pool.allocate(1000)
+    assert python_buf.ptr != ptr
+    scratch.free(ptr)
+    assert sim_pool.stats().in_use_bytes == 1024
+    del python_buf
+    assert scratch.allocate(1000) == ptr            # the same cached block
+
+
+def test_scratch_per_call(scratch, sim_pool):
+    seen = []
+    assert scratch.with_scratch(300_000, lambda p, n: seen.append((p, n)) or "done") == "done"
+    assert scratch.with_scratch(300_000, lambda p, n: seen.append((p, n))) is None
+    assert seen[0] == seen[1] and seen[0][1] == 300_000
+    stats = check_invariants(sim_pool)
+    assert stats.in_use_bytes == 0 and stats.cache_hits == 1
+
+
+def test_errors_are_codes_not_crashes(scratch, sim_pool):
+    with pytest.raises(RuntimeError, match="invalid value"):
+        scratch.free(12345)                          # not from this API
+    with pytest.raises(RuntimeError, match="invalid value"):
+        scratch.allocate(0)
+    with pytest.raises(RuntimeError, match="no CUDA driver, or no such device"):
+        scratch.allocate(10, 63)                     # no pool for device 63 here
+    small = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 20))
+    gpupool.set_pool(small)
+    with pytest.raises(MemoryError, match="out of memory"):
+        scratch.allocate(2 << 20)
+
+
+def test_regions_cache_c_allocations_made_inside_them(scratch, sim_pool):
+    region = gpupool.Region(pool=sim_pool)
+    ptrs = []
+    for _ in range(3):
+        with region:
+            ptrs.append(scratch.with_scratch(500_000, lambda p, n: p))
+    assert ptrs[0] == ptrs[1] == ptrs[2]
+    assert region.stats().cache_hits == 2
+
+
+def test_abi_mismatch_is_refused(tmp_path):
+    path = build(tmp_path, "-DGPUPOOL_API_VERSION=99")
+    with pytest.raises(ImportError, match="version 1 .* does not match .* version 99"):
+        load(path)
+
+
+def test_header_is_found_with_get_include():
+    assert (Path(gpupool.get_include()) / "gpupool.h").is_file()
+
+
+@pytest.mark.gpu
+def test_c_api_on_the_device(scratch):
+    import numpy as np
+
+    pool = gpupool.Pool(device=0)
+    gpupool.set_pool(pool)
+    ptr = scratch.allocate(1 << 20)
+    assert pool.stats().in_use_bytes == 1 << 20
+    out = np.empty(1 << 20, np.uint8)
+    from cuda.bindings import driver
+
+    (err,) = driver.cuMemsetD8(ptr, 9, 1 << 20)
+    assert err == driver.CUresult.CUDA_SUCCESS
+    (err,) = driver.cuMemcpyDtoH(out.ctypes.data, ptr, 1 << 20)
+    assert err == driver.CUresult.CUDA_SUCCESS and (out == 9).all()
+    scratch.free(ptr)
+    assert pool.stats().in_use_bytes == 0
+    assert scratch.bench(4096, 10_000) > 0
