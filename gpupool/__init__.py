@@ -8,8 +8,10 @@ iterations with a peak equal to its working set.
 import os
 import threading
 
-from gpupool import _capi  # noqa: F401  (publishes the C API capsule)
-from gpupool import testing
+from gpupool import (
+    _capi,  # noqa: F401  (publishes the C API capsule)
+    testing,
+)
 from gpupool._buffer import DeviceBuffer
 from gpupool._driver import current_device as _current_device
 from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class, uncached
