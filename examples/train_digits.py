@@ -366,10 +366,21 @@ def require_gpu():
     try:
         count = cp.cuda.runtime.getDeviceCount()
     except Exception as exc:
-        raise SetupError(f"no CUDA GPU found: {_one_line(exc)}") from None
+        raise SetupError(f"no CUDA GPU found: {_driver_problem() or _one_line(exc)}") from None
     if count == 0:
         raise SetupError("no CUDA GPU found: the CUDA runtime reports 0 devices")
     return cp.cuda.Device().id
+
+
+def _driver_problem():
+    """gpupool's one-line account of a missing driver or device, if that is the problem."""
+    try:
+        import gpupool
+
+        gpupool.get_pool(0)
+    except Exception as exc:
+        return _one_line(exc)
+    return None
 
 
 def make_memory(mode, device):

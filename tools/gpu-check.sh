@@ -29,8 +29,9 @@ summary "examples/train_digits.py rc=$?"
 
 timeout 300 python3 bench/run_all.py --out /tmp/gpupool-bench > "$OUT/bench.log" 2>&1
 summary "bench rc=$?"
+cat /tmp/gpupool-bench/*.txt > "$OUT/bench-tables.txt" 2>/dev/null
 
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
 tail -25 "$OUT/example.log"
-tail -40 "$OUT/bench.log"
+grep -E "target|MISS|met" "$OUT/bench-tables.txt" | head -20
 cat "$OUT/summary.log"
