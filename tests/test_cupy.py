@@ -96,6 +96,9 @@ def test_block_is_not_handed_to_another_stream_while_a_kernel_writes_it(pool):
     del buf                                       # the kernel is still running on a
     other = pool.allocate(n, stream=b.ptr)
     assert other.ptr != first
+    pool.allocate(256, stream=a.ptr)              # a is alive: an event marks its work
+    third = pool.allocate(n, stream=b.ptr)        # the kernel is still running
+    assert third.ptr != first
     a.synchronize()
     again = pool.allocate(n, stream=b.ptr)
     assert again.ptr == first

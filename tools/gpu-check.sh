@@ -20,9 +20,12 @@ summary "build ok: $(grep -m1 'gpupool build:' "$OUT/build.log" || true)"
 python3 -m pytest -q -rs tests > "$OUT/tests.log" 2>&1
 summary "test suite (all tests, rc=$?): $(tail -1 "$OUT/tests.log")"
 
-compute-sanitizer --tool memcheck --error-exitcode 99 python3 -m pytest -q -m gpu \
+compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 python3 -m pytest -q -m gpu \
     -p no:cacheprovider tests > "$OUT/memcheck.log" 2>&1
 summary "GPU tests under memcheck (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E 'passed|failed' "$OUT/memcheck.log" | tail -1)"
+
+compute-sanitizer --tool memcheck --report-api-errors no python3 tools/leak_probe.py > "$OUT/leak-probe.log" 2>&1
+summary "leak probe under memcheck: $(grep -E '^buffers alive|^after' "$OUT/leak-probe.log" | tr '\n' ' ')"
 
 timeout 300 python3 examples/train_digits.py --quiet > "$OUT/example.log" 2>&1
 summary "examples/train_digits.py rc=$?"
@@ -31,7 +34,7 @@ timeout 300 python3 bench/run_all.py --out /tmp/gpupool-bench > "$OUT/bench.log"
 summary "bench rc=$?"
 cat /tmp/gpupool-bench/*.txt > "$OUT/bench-tables.txt" 2>/dev/null
 
-grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
+grep -E "^(FAILED|ERROR)" "$OUT/tests.log" "$OUT/memcheck.log" | head -20
 tail -25 "$OUT/example.log"
 grep -E "target|MISS|met" "$OUT/bench-tables.txt" | head -20
 cat "$OUT/summary.log"
