@@ -3,7 +3,8 @@
 #     from gpupool.capi cimport gpupool_api, gpupool_import
 #     cdef const gpupool_api* api = gpupool_import()
 #
-# Compile with include_dirs=[gpupool.get_include()].
+# Compile with include_dirs=[gpupool.get_include()] (and, for an editable install of gpupool,
+# cythonize(..., include_path=[folder holding the gpupool package])).
 from libc.stdint cimport uintptr_t
 
 cdef extern from "gpupool.h" nogil:
@@ -24,11 +25,11 @@ cdef extern from "gpupool.h" nogil:
     ctypedef struct gpupool_api:
         unsigned int version
         unsigned int size
-        int (*allocate)(int device, size_t nbytes, uintptr_t stream, void** ptr)
-        int (*free)(int device, void* ptr, uintptr_t stream)
-        int (*record_stream)(int device, void* ptr, uintptr_t stream)
-        int (*get_stats)(int device, gpupool_stats* out)
-        const char* (*error_string)(int code)
+        int (*allocate)(int device, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil
+        int (*free)(int device, void* ptr, uintptr_t stream) noexcept nogil
+        int (*record_stream)(int device, void* ptr, uintptr_t stream) noexcept nogil
+        int (*get_stats)(int device, gpupool_stats* out) noexcept nogil
+        const char* (*error_string)(int code) noexcept nogil
 
 cdef extern from "gpupool.h":
     const gpupool_api* gpupool_import() except NULL
