@@ -22,27 +22,11 @@ cdef extern from "Python.h" nogil:
     PyGILState_STATE PyGILState_Ensure()
     void PyGILState_Release(PyGILState_STATE)
 
-cdef extern from "gpupool.h" nogil:
-    enum:
-        GPUPOOL_API_VERSION
-        GPUPOOL_OK
-        GPUPOOL_ERROR_INVALID_VALUE
-        GPUPOOL_ERROR_OUT_OF_MEMORY
-        GPUPOOL_ERROR_NO_DEVICE
-        GPUPOOL_ERROR_FORKED
-        GPUPOOL_ERROR_INTERNAL
-    ctypedef struct gpupool_stats:
-        size_t in_use_bytes, peak_in_use_bytes, reserved_bytes, peak_reserved_bytes
-        size_t cached_bytes, num_allocs, num_frees, cache_hits, cache_misses
-        size_t upstream_allocs, upstream_frees, oom_retries
-    ctypedef struct gpupool_api:
-        unsigned int version
-        unsigned int size
-        int (*allocate)(int, size_t, uintptr_t, void**) noexcept nogil
-        int (*free)(int, void*, uintptr_t) noexcept nogil
-        int (*record_stream)(int, void*, uintptr_t) noexcept nogil
-        int (*get_stats)(int, gpupool_stats*) noexcept nogil
-        const char* (*error_string)(int) noexcept nogil
+from gpupool.capi cimport (
+    gpupool_api, gpupool_stats, GPUPOOL_API_VERSION, GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE,
+    GPUPOOL_ERROR_OUT_OF_MEMORY, GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED,
+    GPUPOOL_ERROR_INTERNAL,
+)
 
 cdef enum:
     MAX_DEVICES = 64

@@ -46,3 +46,15 @@ def check_invariants(pool):
     assert stats.peak_in_use_bytes >= stats.in_use_bytes
     assert stats.peak_reserved_bytes >= stats.reserved_bytes
     return stats
+
+
+@pytest.fixture
+def restore_default_pool():
+    """Put device 0's default pool back after a test that replaced it with set_pool."""
+    previous = gpupool._pools.get(0)
+    yield
+    if previous is not None:
+        gpupool.set_pool(previous)
+    else:
+        gpupool._pools.pop(0, None)
+        gpupool._capi._forget(0)

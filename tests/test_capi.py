@@ -40,15 +40,7 @@ def scratch(tmp_path_factory):
     return load(build(tmp_path_factory.mktemp("capi")))
 
 
-@pytest.fixture(autouse=True)
-def restore_default_pool():
-    previous = gpupool._pools.get(0)
-    yield
-    if previous is not None:
-        gpupool.set_pool(previous)
-    else:
-        gpupool._pools.pop(0, None)
-        gpupool._capi._forget(0)
+pytestmark = pytest.mark.usefixtures("restore_default_pool")
 
 
 @pytest.fixture

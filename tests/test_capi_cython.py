@@ -48,6 +48,7 @@ SETUP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.usefixtures("restore_default_pool")
 def test_cython_module_allocates_through_the_pxd(tmp_path):
     (tmp_path / "capi_user.pyx").write_text(SOURCE)
     (tmp_path / "setup.py").write_text(SETUP)
@@ -56,18 +57,10 @@ def test_cython_module_allocates_through_the_pxd(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     path = next(p for p in os.listdir(tmp_path) if p.startswith("capi_user") and
                 p.endswith(".so"))
-    previous = gpupool._pools.get(0)
     gpupool.set_pool(gpupool.Pool(upstream=SimulatedDevice()))
-    try:
-        spec = importlib.util.spec_from_file_location("capi_user", tmp_path / path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        ptr, in_use, code = module.roundtrip(1000)
-        assert ptr % 256 == 0 and in_use == 1024 and code == 0
-        assert gpupool.get_pool(0).stats().in_use_bytes == 0
-    finally:
-        if previous is not None:
-            gpupool.set_pool(previous)
-        else:
-            gpupool._pools.pop(0, None)
-            gpupool._capi._forget(0)
+    spec = importlib.util.spec_from_file_location("capi_user", tmp_path / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ptr, in_use, code = module.roundtrip(1000)
+    assert ptr % 256 == 0 and in_use == 1024 and code == 0
+    assert gpupool.get_pool(0).stats().in_use_bytes == 0
