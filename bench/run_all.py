@@ -3,7 +3,8 @@
 Each script runs as a subprocess (``sys.executable``), so the frameworks' caches and CUDA
 state of one do not leak into the next. Everything goes to ``--out DIR``:
 ``NAME.json`` (a script's results), ``NAME.txt`` (its tables), ``NAME.log`` (its progress and
-errors) and ``results.json`` (all of them, with the environment). Run::
+errors), ``NAME.png`` (its plot, for the scripts that draw one) and ``results.json`` (all of
+them, with the environment). Run::
 
     python bench/run_all.py --out /tmp/bench [--quick] [--only alloc_latency,...]
 
@@ -21,7 +22,10 @@ import _common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # (script, timeout in seconds). Seen on an H200: alloc_latency ~25 s, cross_stream ~10 s.
-SCRIPTS = [("alloc_latency", 240), ("cross_stream", 120), ("capi_latency", 120)]
+SCRIPTS = [("alloc_latency", 240), ("cross_stream", 120), ("capi_latency", 120),
+           ("region_memory", 240)]
+# Scripts that draw a plot: each gets ``--plot OUT/NAME.png``.
+PLOTTING = {"region_memory"}
 
 
 def _tee(pipe, sink, lines):
@@ -39,6 +43,8 @@ def run_script(name, timeout, out_dir, flags):
     if os.path.exists(json_path):
         os.remove(json_path)
     cmd = [sys.executable, os.path.join(HERE, f"{name}.py"), "--json", json_path, *flags]
+    if name in PLOTTING:
+        cmd += ["--plot", os.path.join(out_dir, f"{name}.png")]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, log = [], []

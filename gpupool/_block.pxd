@@ -41,6 +41,7 @@ cdef struct Block:
     vector[uintptr_t]* extra_events     # recorded at the free on streams added by record_stream
     vector[StreamKey]* extra_streams    # streams added with record_stream while live
     RegionCache* region             # the region the block returns to when freed; NULL: pool
+    bint escaped                    # outlived an exit of its region: returns to the pool
     Block* live_prev                # the region's list of its live blocks
     Block* live_next
     PyObject* buffer                # the DeviceBuffer that owns it while live (borrowed)
@@ -62,8 +63,10 @@ cdef cppclass RegionCache:
     Block* live_head
     size_t live_count
     size_t live_bytes           # bytes of its live blocks: the region's bytes in use
+    size_t escaped_bytes        # bytes of its blocks that outlived an exit and are still live
     size_t cached_bytes
     size_t peak_in_use_bytes
     size_t hits
     size_t misses
     size_t max_cached_bytes     # 0: no cap
+    PyObject* on_alloc          # called with each new block's pointer (trace=True); borrowed

@@ -42,6 +42,7 @@ cdef class Pool:
     cdef vector[uintptr_t] _events      # recycled events
     cdef vector[RegionCache*] _regions  # caches of this pool's regions, for the OOM ladder
     cdef Slab* _slab                    # the slab small blocks are carved from now
+    cdef RegionCache* _process_region   # entered with scope="process": covers every thread
     cdef vector[StreamKey] _wanted      # streams whose free blocks another stream waits for
     cdef unordered_map[uintptr_t, Block*] _capi_blocks   # blocks handed out by the C API
     cdef Counters c
@@ -72,9 +73,11 @@ cdef class Pool:
     cdef void release_locked(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void region_register(self, RegionCache* rc) noexcept nogil
+    cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil
     cdef void region_unregister(self, RegionCache* rc) noexcept nogil
     cdef void region_drain(self, RegionCache* rc) noexcept nogil
     cdef void region_detach(self, Block* blk) noexcept nogil
+    cdef void region_escape(self, Block* blk) noexcept nogil
     cdef size_t release_cached(self) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
 
@@ -84,4 +87,5 @@ cdef uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF
 cdef void set_buffer_factory(buffer_factory factory) noexcept
 cdef void region_push(RegionCache* rc) noexcept nogil
 cdef void region_pop(RegionCache* rc) noexcept nogil
+cdef RegionCache* uncached_marker() noexcept nogil
 cdef bint forked() noexcept nogil

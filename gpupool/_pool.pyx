@@ -192,8 +192,13 @@ cdef void region_pop(RegionCache* rc) noexcept nogil:
             return
 
 
-# Pushed by uncached(): regions below it on the stack do not apply.
+# Pushed by uncached() (and by a region skipping its first entry): regions below it on the
+# thread's stack do not apply. Any unique address serves as the marker.
 cdef RegionCache* UNCACHED = <RegionCache*>&gp_forked
+
+
+cdef RegionCache* uncached_marker() noexcept nogil:
+    return UNCACHED
 
 
 class uncached:
@@ -340,7 +345,7 @@ cdef class Pool:
                 return NULL
             if rc.pool == <void*>self:
                 return rc
-        return NULL
+        return self._process_region
 
     cdef uintptr_t _event(self) noexcept nogil:
         """A recycled or new event; 0 when none could be created."""
@@ -652,6 +657,7 @@ cdef class Pool:
         cdef RegionCache* rc = b.region
         cdef size_t i
         cdef uintptr_t e
+        cdef bint escaped
         b.stream = s
         b.buffer = NULL
         if b.extra_streams != NULL:
@@ -668,9 +674,11 @@ cdef class Pool:
             del b.extra_streams
             b.extra_streams = NULL
         if rc != NULL:
+            escaped = b.escaped
             self.region_detach(b)
             b.region = rc
-            if rc.max_cached_bytes and rc.cached_bytes + b.size > rc.max_cached_bytes:
+            if escaped or (rc.max_cached_bytes and
+                           rc.cached_bytes + b.size > rc.max_cached_bytes):
                 rc = NULL
         if rc != NULL:
             b.state = FREE_REGION
@@ -702,10 +710,25 @@ cdef class Pool:
         self._regions.push_back(rc)
         self.unlock()
 
+    cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil:
+        """Make rc the region of every thread (enter) or stop; False if another one is."""
+        cdef bint ok = True
+        self.lock()
+        if enter:
+            ok = self._process_region == NULL
+            if ok:
+                self._process_region = rc
+        elif self._process_region == rc:
+            self._process_region = NULL
+        self.unlock()
+        return ok
+
     cdef void region_unregister(self, RegionCache* rc) noexcept nogil:
         """Forget a region: its live blocks return to the pool when freed, its cache now."""
         cdef size_t i
         self.lock()
+        if self._process_region == rc:
+            self._process_region = NULL
         while rc.live_head != NULL:
             self.region_detach(rc.live_head)
         self.region_drain(rc)
@@ -727,9 +750,21 @@ cdef class Pool:
         if b.live_next != NULL:
             b.live_next.live_prev = b.live_prev
         b.live_prev = b.live_next = NULL
-        rc.live_count -= 1
-        rc.live_bytes -= b.size
+        if b.escaped:
+            rc.escaped_bytes -= b.size
+        else:
+            rc.live_count -= 1
+            rc.live_bytes -= b.size
         b.region = NULL
+        b.escaped = False
+
+    cdef void region_escape(self, Block* b) noexcept nogil:
+        """A live block outlived its region's exit: it stays listed (its bytes count as
+        escaped until it dies) but returns to the pool when freed."""
+        b.escaped = True
+        b.region.live_count -= 1
+        b.region.live_bytes -= b.size
+        b.region.escaped_bytes += b.size
 
     cdef void region_drain(self, RegionCache* rc) noexcept nogil:
         """Move every cached block of a region into the pool's free lists."""
@@ -845,7 +880,10 @@ cdef class Pool:
             r = self.acquire(n, key, &b)
         if r != 0:
             self.raise_status(r, n)
-        return _make_buffer(self, b, n, key)
+        buf = _make_buffer(self, b, n, key)
+        if b.region != NULL and b.region.on_alloc != NULL:
+            (<object>b.region.on_alloc)(b.ptr)
+        return buf
 
     def stats(self):
         """Current counters as a :class:`gpupool.PoolStats` (bytes and counts)."""

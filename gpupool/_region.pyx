@@ -11,20 +11,35 @@ they die) or invalidated, by the ``on_exit`` policy.
 """
 from libc.stdint cimport uintptr_t
 from gpupool._block cimport Block, RegionCache
-from gpupool._pool cimport Pool, region_push, region_pop
+from cpython.ref cimport PyObject
+from libcpp.vector cimport vector
+from gpupool._pool cimport Pool, region_push, region_pop, uncached_marker, stream_key
 from gpupool._buffer cimport DeviceBuffer
 
 cimport cython
 
+import contextlib
 import gc
+import os
+import sys
 import threading
 import time
+import warnings
 
 from gpupool.errors import GpupoolError
-from gpupool.stats import RegionStats
+from gpupool.stats import RegionStats, format_bytes
 
+# "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
+# collector is incremental with a young and an old generation, the young generation plus one
+# increment of the old one. Either way far cheaper than a full collection.
 _COLLECT = {"young": 1, "full": 2, None: None}
 _POLICIES = ("detach", "invalidate")
+_SCOPES = ("thread", "process")
+POISON = 0xFF                   # every float of a poisoned block reads as NaN
+LEAK_ENTRIES = 3                # consecutive growths of bytes alive at exit before a warning
+# Frames of these packages are skipped when tracing where an escaping buffer was allocated.
+_LIBRARY_DIRS = tuple(
+    os.sep + name + os.sep for name in ("gpupool", "cupy", "cupy_backends", "numba", "torch"))
 
 
 @cython.no_gc_clear      # __dealloc__ needs the pool to unregister from it
@@ -47,6 +62,26 @@ cdef class Region:
         ``gc.collect(1)`` (default), ``gc.collect()`` or none.
     max_cached_bytes : int, optional
         Cap on the bytes the region caches; blocks beyond it go back to the pool.
+    skip_first : bool
+        Leave the first entry's allocations (library workspaces, warm-up) out of the cache:
+        they are served by the pool as if no region were entered.
+    debug : bool
+        Fill the blocks of invalidated buffers with 0xFF bytes (NaN as floats) after
+        synchronizing the device, so a consumer holding a stale raw pointer reads garbage.
+    trace : bool
+        Record where each of the region's buffers was allocated (file:line of the first
+        frame outside gpupool and the array libraries), for the leak warning.
+    scope : {"thread", "process"}
+        ``"thread"``: the region covers the entering thread. ``"process"``: while entered, it
+        also covers every other thread that has no region of its own for this pool (for
+        example PyTorch's autograd thread); one such region per pool at a time.
+    name : str, optional
+        Name used in warnings; default: the region's repr.
+
+    Warns
+    -----
+    ResourceWarning
+        When the bytes of buffers still alive at exit grow for three consecutive entries.
 
     Raises
     ------
@@ -58,25 +93,36 @@ cdef class Region:
 
     Notes
     -----
-    Entering makes the region current for the calling thread only; allocations made by
-    other threads (for example a framework's worker threads) are served by the pool.
+    With ``scope="thread"`` entering makes the region current for the calling thread only;
+    allocations made by other threads are served by the pool, unless such a thread enters
+    ``region.enter_in_thread()``.
     """
 
     cdef RegionCache* rc
     cdef readonly Pool pool
     cdef readonly str on_exit
+    cdef readonly str scope
+    cdef readonly bint skip_first, debug, trace
+    cdef object _name
     cdef object _collect
     cdef object _active_thread
+    cdef bint _skipping
     cdef set _kept
+    cdef dict _sites
+    cdef object _on_alloc
+    cdef list _escapes
     cdef size_t entries, live_at_exit_bytes, collections
     cdef double collect_seconds
     cdef object __weakref__
 
-    def __cinit__(self, pool=None, on_exit="detach", collect="young", max_cached_bytes=None):
+    def __cinit__(self, pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
+                  skip_first=False, debug=False, trace=False, scope="thread", name=None):
         if on_exit not in _POLICIES:
             raise ValueError(f"on_exit must be one of {_POLICIES}, got {on_exit!r}")
         if collect not in _COLLECT:
             raise ValueError(f"collect must be 'young', 'full' or None, got {collect!r}")
+        if scope not in _SCOPES:
+            raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
         if pool is None:
             from gpupool import get_pool
             pool = get_pool()
@@ -86,10 +132,20 @@ cdef class Region:
             raise ValueError("max_cached_bytes must be >= 0")
         self.pool = pool
         self.on_exit = on_exit
+        self.scope = scope
+        self.skip_first = skip_first
+        self.debug = debug
+        self.trace = trace
+        self._name = name
         self._collect = _COLLECT[collect]
         self._kept = set()
+        self._sites = {}
+        self._escapes = []
         self.rc = new RegionCache()
         self.rc.max_cached_bytes = max_cached_bytes or 0
+        if trace:
+            self._on_alloc = self._record_site
+            self.rc.on_alloc = <PyObject*>self._on_alloc
         self.pool.region_register(self.rc)
 
     def __dealloc__(self):
@@ -104,15 +160,24 @@ cdef class Region:
             raise GpupoolError(
                 "this Region is already entered (nested, or on another thread); use one "
                 "Region object per scope and per thread")
+        self._skipping = self.skip_first and self.entries == 0
+        if self.scope == "process" and not self._skipping:
+            if not self.pool.region_set_process(self.rc, True):
+                raise GpupoolError(
+                    "another Region with scope='process' is entered on this pool")
         self._active_thread = threading.get_ident()
         self.entries += 1
         self._kept.clear()
-        region_push(self.rc)
+        region_push(uncached_marker() if self._skipping else self.rc)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        region_pop(self.rc)
+        region_pop(uncached_marker() if self._skipping else self.rc)
         try:
+            if self._skipping:
+                return False
+            if self.scope == "process":
+                self.pool.region_set_process(self.rc, False)
             if self.rc.live_count and self._collect is not None:
                 # The traceback of an exception raised in the block holds its frames, and so
                 # the step's temporaries: drop our references before collecting.
@@ -129,29 +194,94 @@ cdef class Region:
             self._active_thread = None
         return False
 
-    cdef void _settle(self):
+    cdef int _settle(self) except -1:
         """Apply on_exit to the region's buffers still alive."""
         cdef Block* b
         cdef Block* nxt
         cdef DeviceBuffer buf
         cdef size_t escaped = 0
+        cdef vector[Block*] poisoned
+        cdef int status = 0
+        escaping = []
         self.pool.lock()
         b = self.rc.live_head
         while b != NULL:
             nxt = b.live_next
-            if <uintptr_t>b in self._kept or self.on_exit == "detach" or b.buffer == NULL:
-                if <uintptr_t>b not in self._kept:
-                    escaped += b.size
+            if b.escaped:
+                escaping.append(b.ptr)                  # escaped an earlier exit
+            elif <uintptr_t>b in self._kept:
                 self.pool.region_detach(b)
+            elif self.on_exit == "detach" or b.buffer == NULL:
+                escaping.append(b.ptr)
+                self.pool.region_escape(b)
             else:
                 escaped += b.size
                 buf = <DeviceBuffer>b.buffer
                 buf.invalidate_locked()
-                self.pool.release_locked(b, buf._stream)
+                if self.debug:
+                    # Filled on the legacy stream once the device is idle (below), so the
+                    # block now belongs to that stream.
+                    self.pool.release_locked(b, stream_key(0))
+                    poisoned.push_back(b)
+                else:
+                    self.pool.release_locked(b, buf._stream)
             b = nxt
+        escaped += self.rc.escaped_bytes
+        if not poisoned.empty():
+            status = self._poison_locked(poisoned)
         self.pool.unlock()
+        self.pool.upstream.raise_error(status, "poisoning invalidated blocks")
         self.live_at_exit_bytes = escaped
         self._kept.clear()
+        self._check_leaks(escaping)
+        return 0
+
+    cdef int _poison_locked(self, vector[Block*]& blocks) noexcept:
+        """Fill the blocks on the legacy stream once all their work is done."""
+        cdef size_t i
+        cdef int r = self.pool.upstream.synchronize()
+        for i in range(blocks.size()):
+            if r == 0:
+                r = self.pool.upstream.memset(blocks[i].ptr, POISON, blocks[i].size, 0)
+        return r
+
+    cdef int _check_leaks(self, list escaping) except -1:
+        self._sites = {p: self._sites[p] for p in escaping if p in self._sites}
+        sites = list(self._sites.values())
+        self._escapes.append(self.live_at_exit_bytes)
+        del self._escapes[:-LEAK_ENTRIES - 1]
+        if len(self._escapes) <= LEAK_ENTRIES or any(
+                later <= earlier for earlier, later in zip(self._escapes, self._escapes[1:])):
+            return 0
+        self._escapes.clear()
+        where = (f" Allocated at: {', '.join(sorted(set(sites)))}." if sites else
+                 " Use Region(trace=True) to see where they were allocated.")
+        warnings.warn(
+            f"gpupool region {self._name or repr(self)}: bytes of buffers alive at exit grew "
+            f"for {LEAK_ENTRIES} consecutive entries (now {format_bytes(self.live_at_exit_bytes)}"
+            f"): buffers are escaping the step.{where}", ResourceWarning, stacklevel=3)
+        return 0
+
+    def _record_site(self, ptr):
+        frame = sys._getframe(0)      # the innermost Python frame (Cython adds none)
+        while frame is not None and any(d in frame.f_code.co_filename for d in _LIBRARY_DIRS):
+            frame = frame.f_back
+        if frame is not None:
+            self._sites[ptr] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+    @contextlib.contextmanager
+    def enter_in_thread(self):
+        """Context manager: make this region current in the calling (worker) thread too.
+
+        Allocations made there from the region's pool are cached by the region, as those of
+        the thread that entered it. The exit policy and collection stay with that thread's
+        ``with region:``; use this only while the region is entered there.
+        """
+        region_push(self.rc)
+        try:
+            yield self
+        finally:
+            region_pop(self.rc)
 
     def keep(self, obj):
         """Exempt one buffer from the exit policy: it stays valid and leaves the region.
@@ -211,7 +341,8 @@ cdef class Region:
         self.pool.unlock()
 
     def __repr__(self):
-        return (f"<gpupool.Region pool={self.pool!r} on_exit={self.on_exit!r} "
+        name = f" {self._name!r}" if self._name else ""
+        return (f"<gpupool.Region{name} on_exit={self.on_exit!r} scope={self.scope!r} "
                 f"entries={self.entries} cached={self.rc.cached_bytes}>")
 
 

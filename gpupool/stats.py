@@ -38,8 +38,9 @@ class PoolStats:
 @dataclass(frozen=True)
 class RegionStats:
     """A region's counters: entries, hits and misses of its cache, bytes it caches, bytes of
-    its buffers still alive at the last exit, peak bytes in use by its buffers, and the time
-    its exit collections took (seconds, summed)."""
+    its buffers alive at the last exit (after the collection; buffers given to ``keep``
+    excluded, buffers that escaped earlier entries and still live included), peak bytes in
+    use by the buffers of a step, and the exit collections (count, seconds summed)."""
 
     entries: int
     cache_hits: int

@@ -306,3 +306,91 @@ def test_region_dropped_while_its_buffers_live(pool):
     del buf                                        # returns to the pool, not a dead region
     stats = check_invariants(pool)
     assert stats.in_use_bytes == 0
+
+
+def test_skip_first_leaves_the_first_entry_out_of_the_cache(pool):
+    region = gpupool.Region(pool=pool, skip_first=True)
+    with region:
+        workspace = pool.allocate(900 * KIB)          # a one-off: served by the pool
+        step(pool, [300 * KIB])
+    assert region.stats().cached_bytes == 0 and region.stats().live_at_exit_bytes == 0
+    for _ in range(2):
+        with region:
+            step(pool, [300 * KIB])
+    stats = region.stats()
+    assert stats.entries == 3 and stats.cache_misses == 1 and stats.cache_hits == 1
+    assert stats.cached_bytes == gpupool.size_class(300 * KIB)
+    del workspace
+
+
+def test_debug_poisons_invalidated_blocks(pool, sim):
+    np = pytest.importorskip("numpy")
+    region = gpupool.Region(pool=pool, on_exit="invalidate", debug=True)
+    with region:
+        escaped = pool.allocate(4096)
+        escaped.copy_from_host(np.zeros(4096, np.uint8))
+        raw = escaped.ptr
+    assert escaped.closed
+    assert sim.calls_named("synchronize")
+    assert sim.calls_named("memset")[-1] == (raw, 0xFF, 4096, 0)
+    with region:
+        again = pool.allocate(4096)
+        assert again.ptr == raw
+        assert (again.copy_to_host() == 0xFF).all()
+
+
+def test_leak_warning_names_the_allocation_site(pool):
+    region = gpupool.Region(pool=pool, trace=True, name="train-step")
+    escaped = []
+    with pytest.warns(ResourceWarning, match=r"train-step.*test_region\.py:\d+"):
+        for _ in range(5):
+            with region:
+                escaped.append(pool.allocate(300 * KIB))      # escapes every step
+    assert region.stats().live_at_exit_bytes == 5 * gpupool.size_class(300 * KIB)
+    escaped.clear()
+    assert region.stats().live_at_exit_bytes == 5 * gpupool.size_class(300 * KIB)  # last exit
+    with region:
+        pass
+    assert region.stats().live_at_exit_bytes == 0
+
+
+def test_no_leak_warning_for_a_steady_step(pool, recwarn):
+    region = gpupool.Region(pool=pool)
+    kept = None
+    for _ in range(6):
+        with region:
+            kept = pool.allocate(300 * KIB)               # one survivor per step, not growing
+    assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
+    del kept
+
+
+def test_enter_in_thread_covers_a_worker_thread(pool, region):
+    ptrs = []
+
+    def worker():
+        with region.enter_in_thread():
+            ptrs.append(pool.allocate(300 * KIB).ptr)
+
+    for _ in range(2):
+        with region:
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join()
+    assert ptrs[0] == ptrs[1]
+    assert region.stats().cache_hits == 1
+
+
+def test_process_scope_covers_every_thread(pool):
+    region = gpupool.Region(pool=pool, scope="process")
+    ptrs = []
+    for _ in range(2):
+        with region:
+            t = threading.Thread(target=lambda: ptrs.append(pool.allocate(300 * KIB).ptr))
+            t.start()
+            t.join()
+    assert ptrs[0] == ptrs[1]
+    outside = pool.allocate(300 * KIB)                    # not entered: the pool serves
+    assert region.stats().cache_hits == 1 and outside.ptr != ptrs[0]
+    other = gpupool.Region(pool=pool, scope="process")
+    with region, pytest.raises(gpupool.GpupoolError, match="scope='process'"):
+        other.__enter__()
