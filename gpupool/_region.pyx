@@ -12,6 +12,7 @@ they die) or invalidated, by the ``on_exit`` policy.
 from libc.stdint cimport uintptr_t
 from gpupool._block cimport Block, RegionCache
 from cpython.ref cimport PyObject
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from libcpp.vector cimport vector
 from gpupool._pool cimport Pool, region_push, region_pop, uncached_marker, stream_key
 from gpupool._buffer cimport DeviceBuffer
@@ -346,10 +347,34 @@ cdef class Region:
                 f"entries={self.entries} cached={self.rc.cached_bytes}>")
 
 
+# DLPack's DLTensor (dlpack.h), which an unversioned "dltensor" capsule points to (its
+# DLManagedTensor begins with it); only the data pointer and byte offset are read.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    typedef struct { int32_t device_type; int32_t device_id; } gp_DLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } gp_DLDataType;
+    typedef struct {
+        void* data; gp_DLDevice device; int32_t ndim; gp_DLDataType dtype;
+        int64_t* shape; int64_t* strides; uint64_t byte_offset;
+    } gp_DLTensor;
+    """
+    ctypedef struct gp_DLTensor:
+        void* data
+        unsigned long long byte_offset
+
+
 def _data_pointer(obj):
+    """Device pointer of the data of an object exporting the CUDA Array Interface or DLPack."""
+    cdef gp_DLTensor* tensor
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         return cai["data"][0]
+    if hasattr(obj, "__dlpack__"):
+        capsule = obj.__dlpack__()
+        # Not consumed: the capsule's destructor releases the producer's tensor.
+        tensor = <gp_DLTensor*>PyCapsule_GetPointer(capsule, "dltensor")
+        return <uintptr_t>tensor.data + tensor.byte_offset
     raise TypeError(
-        f"keep() needs a DeviceBuffer or an object with __cuda_array_interface__, "
-        f"got {type(obj).__name__}")
+        f"keep() needs a DeviceBuffer or an object with __cuda_array_interface__ or "
+        f"__dlpack__, got {type(obj).__name__}")

@@ -394,3 +394,26 @@ def test_process_scope_covers_every_thread(pool):
     other = gpupool.Region(pool=pool, scope="process")
     with region, pytest.raises(gpupool.GpupoolError, match="scope='process'"):
         other.__enter__()
+
+
+def test_keep_accepts_a_dlpack_exporter(pool):
+    np = pytest.importorskip("numpy")
+    region = gpupool.Region(pool=pool, on_exit="invalidate")
+
+    class DLPackOver:
+        """Exports, through a NumPy array's DLPack capsule, a pointer into a region block:
+        keep() reads only the data pointer, as it would of a device array."""
+
+        def __init__(self, buf):
+            self.buf = buf
+
+        def __dlpack__(self):
+            view = np.ctypeslib.as_array((ctypes.c_uint8 * 64).from_address(self.buf.ptr + 512))
+            return view.__dlpack__()
+
+    import ctypes
+
+    with region:
+        buf = pool.allocate(4096)
+        region.keep(DLPackOver(buf))
+    assert not buf.closed

@@ -24,15 +24,13 @@ compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 pyt
     -p no:cacheprovider tests > "$OUT/memcheck.log" 2>&1
 summary "GPU tests under memcheck (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E 'passed|failed' "$OUT/memcheck.log" | tail -1)"
 
-compute-sanitizer --tool memcheck --report-api-errors no python3 tools/leak_probe.py > "$OUT/leak-probe.log" 2>&1
-summary "leak probe under memcheck: $(grep -E '^buffers alive|^after' "$OUT/leak-probe.log" | tr '\n' ' ')"
-
 timeout 300 python3 examples/train_digits.py --quiet > "$OUT/example.log" 2>&1
 summary "examples/train_digits.py rc=$?"
 
-timeout 300 python3 bench/run_all.py --out /tmp/gpupool-bench > "$OUT/bench.log" 2>&1
+timeout 480 python3 bench/run_all.py --out /tmp/gpupool-bench > "$OUT/bench.log" 2>&1
 summary "bench rc=$?"
 cat /tmp/gpupool-bench/*.txt > "$OUT/bench-tables.txt" 2>/dev/null
+cp /tmp/gpupool-bench/region_memory.png "$OUT/" 2>/dev/null
 
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" "$OUT/memcheck.log" | head -20
 tail -25 "$OUT/example.log"
