@@ -56,7 +56,8 @@ cdef class Pool:
     cdef RegionCache* _current_region(self) noexcept nogil
     cdef uintptr_t _event(self) noexcept nogil
     cdef void _drop_events(self, Block* b) noexcept nogil
-    cdef bint _ready(self, Block* b, StreamKey s) noexcept nogil
+    cdef bint _after(self, uintptr_t event, StreamKey s, bint wait) noexcept nogil
+    cdef bint _ready(self, Block* b, StreamKey s, bint wait) noexcept nogil
     cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept nogil
     cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil
     cdef int _carve(self, int cls, size_t size, Block** out) noexcept nogil

@@ -8,12 +8,14 @@ Policy in brief (DESIGN.md has the contract):
 * Blocks of classes up to 256 KiB are carved from shared 2 MiB slabs, so the upstream is not
   called for every small allocation; a slab goes back only when all its blocks are free.
 * Free blocks are binned by (size class, stream). A block goes back to its own stream at once,
-  and a free never calls the driver. Another stream takes it only once an event recorded on the
-  old stream after the free reports complete (``cuEventQuery``); the allocation path never
-  blocks the host. Events are recorded only on streams known to be alive: the legacy default
-  stream and the calling thread's per-thread stream at once, any other stream the next time
-  it allocates (a buffer may outlive the stream it was used on, and a destroyed stream must
-  never be touched). Blocks of streams that never come back are freed for all by a trim.
+  and a free never calls the driver. Another stream takes it once an event recorded on the
+  old stream after the free reports complete (``cuEventQuery``; such blocks are preferred) or
+  after making the new stream wait for that event on the GPU (``cuStreamWaitEvent``); the
+  allocation path never blocks the host. Events are recorded only on streams known to be
+  alive: the legacy default stream and the calling thread's per-thread stream at once, any
+  other stream the next time it allocates (a buffer may outlive the stream it was used on, and
+  a destroyed stream must never be touched). Blocks of streams that never come back are freed
+  for all by a trim.
 * When the upstream fails: release this pool's cached blocks, retry; drain every region's
   cache, retry; then the caller runs the ``on_oom`` callbacks and retries once more before
   raising ``OutOfMemoryError``.
@@ -368,13 +370,17 @@ cdef class Pool:
             del b.extra_events
             b.extra_events = NULL
 
-    cdef bint _ready(self, Block* b, StreamKey s) noexcept nogil:
-        """Whether stream s may use b now: all work on b's earlier streams has completed."""
+    cdef bint _after(self, uintptr_t event, StreamKey s, bint wait) noexcept nogil:
+        """Whether work on s is ordered after event: it has completed, or (wait) s now waits
+        for it on the GPU (cuStreamWaitEvent), which never blocks the host."""
+        if self.upstream.event_query(event) == 0:
+            return True
+        return wait and self.upstream.stream_wait(s.handle, event) == 0
+
+    cdef bint _ready(self, Block* b, StreamKey s, bint wait) noexcept nogil:
+        """Whether stream s may use b now: all work on b's earlier streams, submitted before
+        its free, has completed or (wait) is ordered before s's next work."""
         cdef size_t i
-        if b.extra_events != NULL:
-            for i in range(b.extra_events.size()):
-                if self.upstream.event_query(b.extra_events[0][i]) != 0:
-                    return False
         if not (_same(b.stream, s) or _same(b.stream, NO_STREAM)):
             if b.event == 0:
                 # The legacy stream and this thread's per-thread stream always exist: record
@@ -390,14 +396,19 @@ cdef class Pool:
                     self._events.push_back(b.event)
                     b.event = 0
                     return False
-            if self.upstream.event_query(b.event) != 0:
+            if not self._after(b.event, s, wait):
                 return False
+        if b.extra_events != NULL:
+            for i in range(b.extra_events.size()):
+                if not self._after(b.extra_events[0][i], s, wait):
+                    return False
         self._drop_events(b)
         return True
 
     cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept nogil:
         cdef vector[StreamBin]* bins
         cdef size_t i, n, same, fresh
+        cdef int wait
         if <size_t>cls >= fl.bins.size():
             return NULL
         bins = &fl.bins[cls]
@@ -410,15 +421,16 @@ cdef class Pool:
             elif _same(bins[0][i].key, NO_STREAM):
                 fresh = i
         # This stream's blocks first (same addresses, no wait), then never-used ones, then
-        # other streams' blocks whose work has completed.
-        if same < n and self._ready(bins[0][same].heap.front().second, s):
+        # other streams' blocks whose work has completed, then (GPU-side wait) the others.
+        if same < n and self._ready(bins[0][same].heap.front().second, s, True):
             return _pop(bins, same)
         if fresh < n:
             return _pop(bins, fresh)
-        for i in range(n):
-            if i != same and not bins[0][i].heap.empty() and \
-                    self._ready(bins[0][i].heap.front().second, s):
-                return _pop(bins, i)
+        for wait in range(2):
+            for i in range(n):
+                if i != same and not bins[0][i].heap.empty() and \
+                        self._ready(bins[0][i].heap.front().second, s, wait):
+                    return _pop(bins, i)
         return NULL
 
     cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:

@@ -98,6 +98,14 @@ class SimulatedDevice(PythonUpstream):
         self._check_stream(stream)
         return self._done[stream] < self._queued[stream]
 
+    def ordered(self, stream, before, work):
+        """Whether new work on ``stream`` runs after the first ``work`` items of ``before``:
+        they are done, or ``stream`` waits for an event that covers them."""
+        if self._done.get(before, work) >= work:
+            return True
+        return any(s == before and n >= work
+                   for event in self._waits.get(stream, ()) for s, n in self._events[event])
+
     def calls_named(self, name):
         """The arguments of every call named ``name``, in order."""
         return [args for call, args in self.calls if call == name]
@@ -152,7 +160,10 @@ class SimulatedDevice(PythonUpstream):
     def _stream_wait_event(self, stream, event):
         self.calls.append(("stream_wait_event", (stream, event)))
         self._check_stream(stream)
-        self._waits.setdefault(stream, []).append(event)
+        # The wait is on the event as recorded now; a later record of it changes nothing.
+        copy = next(self._handles)
+        self._events[copy] = list(self._events[event])
+        self._waits.setdefault(stream, []).append(copy)
 
     def _synchronize(self):
         self.calls.append(("synchronize", ()))

@@ -75,19 +75,39 @@ def test_same_stream_reuse_returns_the_same_block(pool, sim):
     assert pool.stats().cache_hits == 1
 
 
-def test_no_cross_stream_reuse_before_the_old_stream_completes(pool, sim):
-    a, b = sim.create_stream(), sim.create_stream()
-    buf = pool.allocate(LARGE, stream=a)
+def test_busy_block_goes_to_another_stream_behind_a_gpu_wait(pool, sim):
+    b = sim.create_stream()
+    buf = pool.allocate(LARGE)                    # legacy default stream
     ptr = buf.ptr
-    sim.launch(a)
+    sim.launch(0)
+    queued = sim._queued[0]
     del buf
-    pool.allocate(10, stream=a)          # (a allocates again, so its blocks get an event)
-    held = [pool.allocate(LARGE, stream=b)]
-    pool.allocate(10, stream=a)
+    other = pool.allocate(LARGE, stream=b)        # 0 is still busy: b waits for it on the GPU
+    assert other.ptr == ptr
+    (event_stream,) = [args[1] for args in sim.calls_named("event_record")]
+    assert event_stream == 0
+    assert [args[0] for args in sim.calls_named("stream_wait_event")] == [b]
+    assert sim.pending(0) and sim.ordered(b, 0, queued)
+    assert "synchronize" not in [name for name, _ in sim.calls]
+
+
+def test_blocks_whose_streams_are_done_are_preferred(pool, sim):
+    a, b, c = sim.create_stream(), sim.create_stream(), sim.create_stream()
+    first, second = pool.allocate(LARGE, stream=a), pool.allocate(LARGE, stream=c)
+    busy, idle = first.ptr, second.ptr
+    sim.launch(a)
+    sim.launch(c)
+    del first, second
+    held = [pool.allocate(LARGE, stream=b)]       # no events yet: a new block; a, c asked
+    pool.allocate(10, stream=a)                   # both streams allocate again: events
+    pool.allocate(10, stream=c)
+    sim.complete(c)
     held.append(pool.allocate(LARGE, stream=b))
-    assert ptr not in [h.ptr for h in held]
-    assert sim.calls_named("event_record"), "an event must mark the end of a's work"
-    assert sim.calls_named("event_query")
+    assert held[-1].ptr == idle
+    assert sim.calls_named("stream_wait_event") == []
+    held.append(pool.allocate(LARGE, stream=b))   # then the busy one, behind a GPU wait
+    assert held[-1].ptr == busy
+    assert sim.ordered(b, a, sim._queued[a])
 
 
 def test_cross_stream_reuse_once_the_event_reports_complete(pool, sim):
@@ -101,18 +121,7 @@ def test_cross_stream_reuse_once_the_event_reports_complete(pool, sim):
     sim.complete(a)
     assert pool.allocate(LARGE, stream=b).ptr == ptr
     assert held.ptr != ptr
-
-
-def test_legacy_stream_block_waits_for_its_work_before_another_stream(pool, sim):
-    b = sim.create_stream()
-    buf = pool.allocate(LARGE)           # legacy default stream
-    ptr = buf.ptr
-    sim.launch(0)
-    del buf
-    held = pool.allocate(LARGE, stream=b)
-    assert held.ptr != ptr
-    sim.complete(0)
-    assert pool.allocate(LARGE, stream=b).ptr == ptr
+    assert sim.calls_named("stream_wait_event") == []      # done: no wait needed
 
 
 def test_free_never_calls_the_driver(pool, sim):
@@ -148,21 +157,20 @@ def test_other_streams_get_the_block_after_its_stream_allocates_again(pool, sim)
     assert sim.calls_named("event_record") == []
     pool.allocate(10, stream=a)              # a is alive: an event now marks its work so far
     assert [args[1] for args in sim.calls_named("event_record")] == [a]
-    sim.complete(a)
-    assert pool.allocate(LARGE, stream=b).ptr == ptr
+    assert pool.allocate(LARGE, stream=b).ptr == ptr      # b waits for it on the GPU
+    assert sim.ordered(b, a, sim._queued[a])
 
 
-def test_record_stream_delays_reuse_until_that_stream_completes(pool, sim):
+def test_record_stream_orders_reuse_after_that_streams_work(pool, sim):
     other = sim.create_stream()
     buf = pool.allocate(LARGE)
     ptr = buf.ptr
     buf.record_stream(other)
     sim.launch(other)
     del buf
-    held = pool.allocate(LARGE)
-    assert held.ptr != ptr                          # even on its own stream
-    sim.complete(other)
-    assert pool.allocate(LARGE).ptr == ptr
+    queued = sim._queued[other]
+    assert pool.allocate(LARGE).ptr == ptr          # its own stream now waits for `other`
+    assert sim.ordered(0, other, queued)
 
 
 def test_stream_setter_moves_the_block(pool, sim):
