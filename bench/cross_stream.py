@@ -1,14 +1,15 @@
 """Cross-stream reuse in gpupool: a block freed on stream A, then an allocation on stream B.
 
 Each iteration allocates ``n`` bytes on A and frees it, then allocates ``n`` on B and frees it.
-B may take A's block only once an event recorded at A's free reports complete (the pool
-queries it, never waits), otherwise it takes another block. Cases:
+B takes A's block once an event recorded on A after the free reports complete, or behind a
+GPU-side wait for it (``cuStreamWaitEvent``); frees never touch a stream, so that event is
+recorded when A next allocates. Cases:
 
 * ``same.legacy``: A = B = the legacy default stream (no events at all);
-* ``same.A``:      A = B = one non-blocking stream (an event is recorded at each free);
+* ``same.A``:      A = B = one non-blocking stream;
 * ``cross.idle``:  A and B two non-blocking streams, both idle;
-* ``cross.busy``:  the same while a spin kernel keeps A busy for the whole batch, so B must
-  never take A's block.
+* ``cross.busy``:  the same while a spin kernel keeps A busy for the whole batch: B may take
+  A's block only behind a GPU-side wait, never by blocking the host.
 
 Reported: ns per allocate + free pair (median), the fraction of B's allocations that got the
 block A had just freed (``.ptr`` compared), and the pool's counters. Run::
