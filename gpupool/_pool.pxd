@@ -25,6 +25,9 @@ cdef struct Counters:
     size_t upstream_allocs
     size_t upstream_frees
     size_t oom_retries
+    size_t num_ooms
+    size_t allocated_bytes      # cumulative, as PyTorch's allocated_bytes.all.allocated
+    size_t freed_bytes
 
 cdef enum:
     GP_REENTRANT = 100002     # the pool was entered again by the thread holding its lock

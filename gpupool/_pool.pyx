@@ -611,6 +611,7 @@ cdef class Pool:
             if rc.live_bytes > rc.peak_in_use_bytes:
                 rc.peak_in_use_bytes = rc.live_bytes
         self.c.in_use += size
+        self.c.allocated_bytes += size
         self.c.num_allocs += 1
         if self.c.in_use > self.c.peak_in_use:
             self.c.peak_in_use = self.c.in_use
@@ -621,6 +622,7 @@ cdef class Pool:
 
     cdef object raise_status(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
+            self.c.num_ooms += 1
             raise OutOfMemoryError(self._oom_message(nbytes))
         if status == GP_FORKED:
             raise GpupoolError(
@@ -703,6 +705,7 @@ cdef class Pool:
                 b.slab.free_in_pool += 1
             _push(&self._free, b)
         self.c.in_use -= b.size
+        self.c.freed_bytes += b.size
         self.c.cached += b.size
         self.c.num_frees += 1
 
@@ -910,6 +913,43 @@ cdef class Pool:
             upstream_allocs=c.upstream_allocs, upstream_frees=c.upstream_frees,
             oom_retries=c.oom_retries,
         )
+
+    def memory_stats(self):
+        """Counters under the keys of ``torch.cuda.memory_stats()``, for existing dashboards.
+
+        Returns
+        -------
+        dict
+            ``allocated_bytes.all.{current,peak,allocated,freed}`` and
+            ``active_bytes.all.{current,peak}`` (bytes of live blocks, by size class),
+            ``reserved_bytes.all.{current,peak}``, ``allocation.all.{current,allocated,freed}``
+            (counts), ``segment.all.{current,allocated,freed}`` (upstream allocations),
+            ``num_alloc_retries``, ``num_ooms``, ``num_device_alloc``, ``num_device_free``.
+            gpupool keeps no per-pool ("small_pool"/"large_pool") split.
+        """
+        self.lock()
+        c = self.c
+        self.unlock()
+        return {
+            "allocated_bytes.all.current": c.in_use,
+            "allocated_bytes.all.peak": c.peak_in_use,
+            "allocated_bytes.all.allocated": c.allocated_bytes,
+            "allocated_bytes.all.freed": c.freed_bytes,
+            "active_bytes.all.current": c.in_use,
+            "active_bytes.all.peak": c.peak_in_use,
+            "reserved_bytes.all.current": c.reserved,
+            "reserved_bytes.all.peak": c.peak_reserved,
+            "allocation.all.current": c.num_allocs - c.num_frees,
+            "allocation.all.allocated": c.num_allocs,
+            "allocation.all.freed": c.num_frees,
+            "segment.all.current": c.upstream_allocs - c.upstream_frees,
+            "segment.all.allocated": c.upstream_allocs,
+            "segment.all.freed": c.upstream_frees,
+            "num_alloc_retries": c.oom_retries,
+            "num_ooms": c.num_ooms,
+            "num_device_alloc": c.upstream_allocs,
+            "num_device_free": c.upstream_frees,
+        }
 
     def reset_peak_stats(self):
         """Set the peaks of bytes in use and reserved to their current values."""

@@ -396,3 +396,22 @@ with region:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0
     assert result.stderr == ""
+
+
+def test_memory_stats_in_pytorch_form(sim):
+    pool = gpupool.Pool(upstream=type(sim)(capacity=4 << 20))
+    a = pool.allocate(LARGE)
+    b = pool.allocate(1000)
+    del b
+    with pytest.raises(gpupool.OutOfMemoryError):
+        pool.allocate(8 << 20)
+    stats = pool.memory_stats()
+    assert stats["allocated_bytes.all.current"] == LARGE
+    assert stats["allocated_bytes.all.peak"] == LARGE + 1024
+    assert stats["allocated_bytes.all.allocated"] == LARGE + 1024
+    assert stats["allocated_bytes.all.freed"] == 1024
+    assert stats["reserved_bytes.all.current"] == pool.stats().reserved_bytes
+    assert stats["allocation.all.current"] == 1 and stats["allocation.all.allocated"] == 2
+    assert stats["segment.all.current"] == stats["num_device_alloc"] - stats["num_device_free"]
+    assert stats["num_ooms"] == 1 and stats["num_alloc_retries"] >= 1
+    del a

@@ -20,14 +20,17 @@ summary "build ok: $(grep -m1 'gpupool build:' "$OUT/build.log" || true)"
 python3 -m pytest -q -rs tests > "$OUT/tests.log" 2>&1
 summary "test suite (all tests, rc=$?): $(tail -1 "$OUT/tests.log")"
 
-compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 python3 -m pytest -q -m gpu \
+GPUPOOL_STRESS_OPS=2000 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
+    python3 -m pytest -q -m gpu \
     -p no:cacheprovider tests > "$OUT/memcheck.log" 2>&1
 summary "GPU tests under memcheck (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E 'passed|failed' "$OUT/memcheck.log" | tail -1)"
 
 timeout 300 python3 examples/train_digits.py --quiet > "$OUT/example.log" 2>&1
 summary "examples/train_digits.py rc=$?"
 
-timeout 480 python3 bench/run_all.py --out /tmp/gpupool-bench > "$OUT/bench.log" 2>&1
+# BENCH=alloc_latency,cross_stream runs only those scripts (default: all).
+timeout 480 python3 bench/run_all.py --out /tmp/gpupool-bench ${BENCH:+--only "$BENCH"} \
+    > "$OUT/bench.log" 2>&1
 summary "bench rc=$?"
 cat /tmp/gpupool-bench/*.txt > "$OUT/bench-tables.txt" 2>/dev/null
 cp /tmp/gpupool-bench/region_memory.png "$OUT/" 2>/dev/null
