@@ -84,7 +84,7 @@ def test_cupy_allocation_follows_the_current_stream(pool):
     assert owner.stream == stream.ptr
 
 
-def test_block_is_not_handed_to_another_stream_while_a_kernel_writes_it(pool):
+def test_block_goes_to_another_stream_only_behind_the_kernel_still_writing_it(pool):
     kernel = cupy.RawKernel(SLOW_WRITE, "slow_write")
     a = cupy.cuda.Stream(non_blocking=True)
     b = cupy.cuda.Stream(non_blocking=True)
@@ -94,15 +94,14 @@ def test_block_is_not_handed_to_another_stream_while_a_kernel_writes_it(pool):
     with a:
         kernel((64,), (256,), (cupy.uint64(buf.ptr), cupy.int64(n), cupy.int64(200_000_000)))
     del buf                                       # the kernel is still running on a
-    other = pool.allocate(n, stream=b.ptr)
+    other = pool.allocate(n, stream=b.ptr)        # a's block has no event yet: a new block
     assert other.ptr != first
     pool.allocate(256, stream=a.ptr)              # a is alive: an event marks its work
-    third = pool.allocate(n, stream=b.ptr)        # the kernel is still running
-    assert third.ptr != first
-    a.synchronize()
-    again = pool.allocate(n, stream=b.ptr)
-    assert again.ptr == first
-    assert (again.copy_to_host(stream=b.ptr) == 42).all()
+    third = pool.allocate(n, stream=b.ptr)        # a's block, behind a GPU-side wait
+    assert third.ptr == first
+    third.memset(7, stream=b.ptr)                 # ordered after the slow kernel's 42s
+    assert (third.copy_to_host(stream=b.ptr) == 7).all()
+    assert a.done                                 # the host never waited for a
 
 
 def test_step_captured_as_a_cuda_graph_inside_a_region_replays_like_eager_runs(pool):
