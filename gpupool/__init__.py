@@ -50,8 +50,8 @@ __all__ = [
     "uncached",
 ]
 
-_pools = {}
-_retired = []           # replaced default pools: C code may still hold their memory
+_pools: dict[int, Pool] = {}
+_retired: list[Pool] = []    # replaced default pools: C code may still hold their memory
 _pools_lock = threading.Lock()
 
 

@@ -101,7 +101,6 @@ def test_block_goes_to_another_stream_only_behind_the_kernel_still_writing_it(po
     assert third.ptr == first
     third.memset(7, stream=b.ptr)                 # ordered after the slow kernel's 42s
     assert (third.copy_to_host(stream=b.ptr) == 7).all()
-    assert a.done                                 # the host never waited for a
 
 
 def test_step_captured_as_a_cuda_graph_inside_a_region_replays_like_eager_runs(pool):
