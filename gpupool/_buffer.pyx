@@ -127,8 +127,10 @@ cdef class DeviceBuffer:
     def record_stream(self, stream):
         """Mark the memory as used on another stream too.
 
-        The block is then reused only after the work submitted to ``stream`` before the
-        buffer's free has completed (as ``torch.Tensor.record_stream``).
+        The block is then reused only once the work submitted to ``stream`` before the
+        buffer's free has completed or is ordered before its next user (as
+        ``torch.Tensor.record_stream``). An event is recorded on ``stream`` at the free, so
+        ``stream`` must still exist then.
 
         Parameters
         ----------
