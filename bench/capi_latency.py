@@ -79,8 +79,9 @@ def main(argv=None):
                                "ns per cached allocate + free pair, median of "
                                f"{reps} repetitions of {ops} (C) / {ops // 10} (Python)"))
     worst = max(r["c_api"]["median"] for r in results.values())
-    print(f"\ntarget C API <= 50 ns: {'met' if worst <= 50 else 'MISSED'} (worst size "
-          f"{worst:.1f} ns)")
+    verdict = "not judged (simulated device)" if args.simulated else (
+        "met" if worst <= 50 else "MISSED")
+    print(f"\ntarget C API <= 50 ns: {verdict} (worst size {worst:.1f} ns)")
     out = {"script": SCRIPT, "unit": "ns per allocate+free pair", "results": results,
            "simulated": args.simulated, "env": _common.environment(),
            "elapsed_s": time.perf_counter() - start}

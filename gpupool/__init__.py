@@ -62,7 +62,7 @@ def get_pool(device=None):
     ----------
     device : int, optional
         Device ordinal; default: the device of the calling thread's current CUDA context,
-        or 0 when there is none.
+        or 0 when there is none (or no driver, once ``set_pool`` gave device 0 a pool).
 
     Returns
     -------
@@ -74,7 +74,12 @@ def get_pool(device=None):
         No driver, or no such device.
     """
     if device is None:
-        device = _current_device()
+        try:
+            device = _current_device()
+        except NoDeviceError:
+            if 0 not in _pools:
+                raise
+            device = 0
     pool = _pools.get(device)
     if pool is None:
         with _pools_lock:

@@ -592,10 +592,10 @@ cdef class Pool:
                 if b.slab != NULL:
                     b.slab.free_in_pool -= 1
             else:
-                self.c.cache_misses += 1
                 r = self._grow(cls, size, &b)
                 if r != 0:
                     return r
+                self.c.cache_misses += 1
         self.c.cached -= size               # new blocks were counted as cached by _grow
         b.state = LIVE
         b.stream = s

@@ -122,3 +122,9 @@ def test_c_api_on_the_device(scratch):
     scratch.free(ptr)
     assert pool.stats().in_use_bytes == 0
     assert scratch.bench(4096, 10_000) > 0
+
+
+def test_set_pool_makes_the_default_without_a_driver(sim_pool):
+    assert gpupool.get_pool() is sim_pool
+    assert gpupool.allocate(10).pool is sim_pool
+    assert gpupool.Region().pool is sim_pool

@@ -415,3 +415,12 @@ def test_memory_stats_in_pytorch_form(sim):
     assert stats["segment.all.current"] == stats["num_device_alloc"] - stats["num_device_free"]
     assert stats["num_ooms"] == 1 and stats["num_alloc_retries"] >= 1
     del a
+
+
+def test_hits_plus_misses_count_allocations_even_after_out_of_memory(sim):
+    pool = gpupool.Pool(upstream=type(sim)(capacity=4 << 20))
+    pool.allocate(1000)
+    with pytest.raises(gpupool.OutOfMemoryError):
+        pool.allocate(1 << 40)
+    stats = pool.stats()
+    assert stats.num_allocs == stats.cache_hits + stats.cache_misses == 1

@@ -342,10 +342,11 @@ def test_debug_poisons_invalidated_blocks(pool, sim):
 def test_leak_warning_names_the_allocation_site(pool):
     region = gpupool.Region(pool=pool, trace=True, name="train-step")
     escaped = []
-    with pytest.warns(ResourceWarning, match=r"train-step.*test_region\.py:\d+"):
+    with pytest.warns(ResourceWarning, match=r"train-step.*test_region\.py:\d+") as seen:
         for _ in range(5):
             with region:
                 escaped.append(pool.allocate(300 * KIB))      # escapes every step
+    assert seen[0].filename == __file__                          # the `with` line's file
     assert region.stats().live_at_exit_bytes == 5 * gpupool.size_class(300 * KIB)
     escaped.clear()
     assert region.stats().live_at_exit_bytes == 5 * gpupool.size_class(300 * KIB)  # last exit
