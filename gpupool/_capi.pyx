@@ -207,6 +207,7 @@ _api.record_stream = capi_record_stream
 _api.get_stats = capi_get_stats
 _api.error_string = capi_error_string
 
+
 def _forget(int device):
     """Drop the cached default pool of a device (gpupool.set_pool replaced it)."""
     if 0 <= device < MAX_DEVICES:
@@ -227,5 +228,6 @@ cdef public void* gpupool_torch_malloc(size_t size, int device, void* stream) no
     return ptr
 
 
-cdef public void gpupool_torch_free(void* ptr, size_t size, int device, void* stream) noexcept nogil:
+cdef public void gpupool_torch_free(void* ptr, size_t size, int device,
+                                    void* stream) noexcept nogil:
     capi_free(device, ptr, <uintptr_t>stream)

@@ -24,19 +24,16 @@ Everything here runs under the pool's mutex, taken without blocking other Python
 (the GIL is released while waiting). A free made by the thread that holds the mutex (a
 garbage collection run by a Python upstream, say) is deferred until that thread unlocks.
 """
-from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
-from libc.stdlib cimport malloc, calloc, free
+from libc.stdlib cimport calloc, free
 from libcpp.vector cimport vector
 from libcpp.algorithm cimport push_heap, pop_heap
 from gpupool._block cimport (
     Block, Slab, StreamKey, StreamBin, FreeLists, RegionCache, HeapItem,
     LIVE, FREE_POOL, FREE_REGION,
 )
-from gpupool._upstream cimport Upstream, DriverUpstream, GP_PY_ERROR
+from gpupool._upstream cimport Upstream, DriverUpstream
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
-
-import threading
 
 from gpupool.errors import GpupoolError, OutOfMemoryError
 from gpupool.stats import PoolStats, format_bytes
@@ -465,7 +462,8 @@ cdef class Pool:
         b = <Block*>calloc(1, sizeof(Block))
         if b == NULL:
             return CUDA_ERROR_OUT_OF_MEMORY
-        b.ptr, b.size, b.cls, b.stream, b.rank = slab.ptr + slab.carved, size, cls, NO_STREAM, self._ranks
+        b.ptr, b.size, b.cls, b.stream = slab.ptr + slab.carved, size, cls, NO_STREAM
+        b.rank = self._ranks
         b.slab = slab
         b.slab_next = slab.blocks
         slab.blocks = b
@@ -547,13 +545,13 @@ cdef class Pool:
         return r
 
     cdef void _answer_wanted(self, StreamKey s) noexcept nogil:
-        cdef size_t i
+        cdef size_t i, j
         for i in range(self._wanted.size()):
             if _same(self._wanted[i], s):
                 self._wanted.erase(self._wanted.begin() + i)
                 self._mark_blocks(&self._free, s)
-                for i in range(self._regions.size()):
-                    self._mark_blocks(&self._regions[i].free, s)
+                for j in range(self._regions.size()):
+                    self._mark_blocks(&self._regions[j].free, s)
                 return
 
     cdef int acquire(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:

@@ -260,7 +260,8 @@ cdef class Region:
         warnings.warn(
             f"gpupool region {self._name or repr(self)}: bytes of buffers alive at exit grew "
             f"for {LEAK_ENTRIES} consecutive entries (now {format_bytes(self.live_at_exit_bytes)}"
-            f"): buffers are escaping the step.{where}", ResourceWarning, stacklevel=1)   # Cython adds no frames: the `with` line
+            f"): buffers are escaping the step.{where}", ResourceWarning,
+            stacklevel=1)           # Cython adds no frames: this points at the `with` line
         return 0
 
     def _record_site(self, ptr):
