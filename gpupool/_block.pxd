@@ -70,3 +70,12 @@ cdef cppclass RegionCache:
     size_t misses
     size_t max_cached_bytes     # 0: no cap
     PyObject* on_alloc          # called with each new block's pointer (trace=True); borrowed
+
+# Blocks handed out by the C API, which frees by pointer: an open-addressing table (linear
+# probing, no allocation per entry). Keys are 256-byte aligned pointers, so 0 marks an empty
+# slot and 1 a deleted one.
+ctypedef pair[uintptr_t, Block*] PtrSlot
+
+cdef cppclass PtrTable:
+    vector[PtrSlot] slots
+    size_t used             # slots not empty (live or deleted)

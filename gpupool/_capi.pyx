@@ -10,9 +10,9 @@ C allocation made on a thread inside ``with region:`` is cached by that region.
 """
 from cpython.pycapsule cimport PyCapsule_New
 from cpython.ref cimport PyObject
-from cython.operator cimport dereference as deref
 from libc.stdint cimport uintptr_t
-from gpupool._block cimport Block
+from libcpp.vector cimport vector
+from gpupool._block cimport Block, PtrTable, PtrSlot
 from gpupool._pool cimport Pool, stream_key, run_oom_callbacks, forked, GP_FORKED
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 
@@ -67,6 +67,49 @@ cdef bint _callbacks(Pool pool, size_t nbytes) noexcept with gil:
         return False
 
 
+# Pointer table ----------------------------------------------------------------------------
+
+cdef enum:
+    EMPTY = 0
+    DELETED = 1
+
+
+cdef inline size_t _home(uintptr_t ptr, size_t mask) noexcept nogil:
+    return <size_t>(((ptr >> 8) * <uintptr_t>0x9E3779B97F4A7C15) >> 32) & mask
+
+
+cdef size_t _find(PtrTable* t, uintptr_t ptr) noexcept nogil:
+    """Slot of ptr, or the table's size when absent."""
+    cdef size_t n = t.slots.size(), i
+    if n == 0:
+        return 0
+    i = _home(ptr, n - 1)
+    while t.slots[i].first != EMPTY:
+        if t.slots[i].first == ptr:
+            return i
+        i = (i + 1) & (n - 1)
+    return n
+
+
+cdef void _insert(PtrTable* t, uintptr_t ptr, Block* b) noexcept nogil:
+    cdef vector[PtrSlot] old
+    cdef size_t n = t.slots.size(), i
+    if 2 * (t.used + 1) > n:                # keep at most half the slots used
+        old.swap(t.slots)
+        t.slots.assign(max(64, 2 * n), PtrSlot(EMPTY, NULL))
+        t.used = 0
+        for i in range(old.size()):
+            if old[i].first > DELETED:
+                _insert(t, old[i].first, old[i].second)
+        n = t.slots.size()
+    i = _home(ptr, n - 1)
+    while t.slots[i].first > DELETED:
+        i = (i + 1) & (n - 1)
+    if t.slots[i].first == EMPTY:
+        t.used += 1
+    t.slots[i] = PtrSlot(ptr, b)
+
+
 # The table's functions look the pool up as a borrowed PyObject* (no reference counting, so
 # no GIL) and call these, which take it typed; the casts below only change the pointer type.
 
@@ -76,7 +119,7 @@ cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexce
     pool.lock()
     r = pool.acquire_locked(nbytes, stream_key(stream), &b)
     if r == 0:
-        pool._capi_blocks[b.ptr] = b
+        _insert(&pool._capi_blocks, b.ptr, b)
         ptr[0] = <void*>b.ptr
     pool.unlock()
     return r
@@ -91,11 +134,12 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
 
 cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef Block* b = NULL
+    cdef size_t i
     pool.lock()
-    it = pool._capi_blocks.find(<uintptr_t>ptr)
-    if it != pool._capi_blocks.end():
-        b = deref(it).second
-        pool._capi_blocks.erase(it)
+    i = _find(&pool._capi_blocks, <uintptr_t>ptr)
+    if i < pool._capi_blocks.slots.size():
+        b = pool._capi_blocks.slots[i].second
+        pool._capi_blocks.slots[i].first = DELETED
         pool.release_locked(b, stream_key(stream))
     pool.unlock()
     return GPUPOOL_OK if b != NULL else GPUPOOL_ERROR_INVALID_VALUE
@@ -103,10 +147,11 @@ cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
 
 cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef Block* b = NULL
+    cdef size_t i
     pool.lock()
-    it = pool._capi_blocks.find(<uintptr_t>ptr)
-    if it != pool._capi_blocks.end():
-        b = deref(it).second
+    i = _find(&pool._capi_blocks, <uintptr_t>ptr)
+    if i < pool._capi_blocks.slots.size():
+        b = pool._capi_blocks.slots[i].second
     pool.unlock()
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE

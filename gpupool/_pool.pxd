@@ -2,8 +2,7 @@
 # slabs, limits and the first rungs of the out-of-memory ladder. C-level, under one mutex.
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
-from libcpp.unordered_map cimport unordered_map
-from gpupool._block cimport Block, Slab, StreamKey, FreeLists, RegionCache
+from gpupool._block cimport Block, Slab, StreamKey, FreeLists, RegionCache, PtrTable
 from gpupool._upstream cimport Upstream
 
 cdef extern from "<mutex>" namespace "std" nogil:
@@ -47,7 +46,7 @@ cdef class Pool:
     cdef Slab* _slab                    # the slab small blocks are carved from now
     cdef RegionCache* _process_region   # entered with scope="process": covers every thread
     cdef vector[StreamKey] _wanted      # streams whose free blocks another stream waits for
-    cdef unordered_map[uintptr_t, Block*] _capi_blocks   # blocks handed out by the C API
+    cdef PtrTable _capi_blocks          # blocks handed out by the C API, by pointer
     cdef Counters c
     cdef uintptr_t _ranks               # blocks created so far
     cdef size_t _hard_limit             # 0: none

@@ -128,3 +128,20 @@ def test_set_pool_makes_the_default_without_a_driver(sim_pool):
     assert gpupool.get_pool() is sim_pool
     assert gpupool.allocate(10).pool is sim_pool
     assert gpupool.Region().pool is sim_pool
+
+
+def test_many_c_allocations_freed_in_any_order(scratch, sim_pool):
+    import random
+
+    ptrs = [scratch.allocate(1000 + i % 7 * 300) for i in range(3000)]    # grows the table
+    assert len(set(ptrs)) == 3000
+    random.Random(0).shuffle(ptrs)
+    for ptr in ptrs[:1500]:
+        scratch.free(ptr)
+    again = [scratch.allocate(1000) for _ in range(500)]                 # reuses deleted slots
+    for ptr in ptrs[1500:] + again:
+        scratch.free(ptr)
+    with pytest.raises(RuntimeError, match="invalid value"):
+        scratch.free(ptrs[0])                                            # freed twice
+    stats = check_invariants(sim_pool)
+    assert stats.in_use_bytes == 0 and stats.num_frees == 3500
