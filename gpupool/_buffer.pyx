@@ -5,11 +5,56 @@ It exports the CUDA Array Interface (version 3) and copies to and from host memo
 stream. Its block goes back to the pool, or to the region it was allocated in, when its last
 reference goes or when it is closed.
 """
-from cpython.ref cimport PyObject
+from cpython.pycapsule cimport PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport malloc, free
 from libc.stdint cimport uintptr_t
 from gpupool._block cimport Block, StreamKey
 from gpupool._pool cimport Pool, set_buffer_factory, stream_key, stream_handle, forked
 from gpupool._upstream cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
+
+# DLPack 1.x (dlpack.h): the structures a consumer reads from the capsule.
+cdef struct DLDevice:
+    int32_t device_type
+    int32_t device_id
+
+cdef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+cdef struct DLTensor:
+    void* data
+    DLDevice device
+    int32_t ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides
+    uint64_t byte_offset
+
+cdef struct DLManagedTensor:
+    DLTensor dl_tensor
+    void* manager_ctx
+    void (*deleter)(DLManagedTensor*) noexcept nogil
+
+cdef struct DLPackVersion:
+    uint32_t major
+    uint32_t minor
+
+cdef struct DLManagedTensorVersioned:
+    DLPackVersion version
+    void* manager_ctx
+    void (*deleter)(DLManagedTensorVersioned*) noexcept nogil
+    uint64_t flags
+    DLTensor dl_tensor
+
+cdef enum:
+    DLPACK_MAJOR = 1
+    DLPACK_MINOR = 1
+    KDL_CPU = 1
+    KDL_CUDA = 2
+    KDL_UINT = 1
 
 cimport cython
 
@@ -31,6 +76,48 @@ cdef object _new_buffer(Pool pool, Block* blk, size_t nbytes, StreamKey stream):
 
 
 set_buffer_factory(_new_buffer)
+
+
+# The manager context is the DeviceBuffer (a strong reference) and the shape lives in the same
+# allocation as the tensor, so the deleter frees one block and drops one reference. A deleter
+# may run without the GIL (a consumer's C code), so it takes it.
+cdef void _delete_legacy(DLManagedTensor* tensor) noexcept nogil:
+    with gil:
+        Py_DECREF(<object>tensor.manager_ctx)
+    free(tensor)
+
+
+cdef void _delete_versioned(DLManagedTensorVersioned* tensor) noexcept nogil:
+    with gil:
+        Py_DECREF(<object>tensor.manager_ctx)
+    free(tensor)
+
+
+cdef void _capsule_legacy(object capsule) noexcept:
+    # Still named "dltensor": no consumer took it, so the producer deletes it.
+    if PyCapsule_IsValid(capsule, b"dltensor"):
+        tensor = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+        tensor.deleter(tensor)
+
+
+cdef void _capsule_versioned(object capsule) noexcept:
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        tensor = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        tensor.deleter(tensor)
+
+
+cdef void _fill(DLTensor* t, DeviceBuffer buf, int64_t* shape, int device_type) noexcept:
+    t.data = <void*>buf._ptr
+    t.device.device_type = device_type
+    t.device.device_id = buf.pool.device if device_type == KDL_CUDA else 0
+    t.ndim = 1
+    t.dtype.code = KDL_UINT
+    t.dtype.bits = 8
+    t.dtype.lanes = 1
+    shape[0] = <int64_t>buf.nbytes
+    t.shape = shape
+    t.strides = NULL
+    t.byte_offset = 0
 
 
 cdef inline object _cai_stream(uintptr_t handle):
@@ -123,6 +210,96 @@ cdef class DeviceBuffer:
             "strides": None,
             "stream": _cai_stream(self._stream.handle),
         }
+
+    def __dlpack_device__(self):
+        """``(device_type, device_id)`` per the DLPack spec: ``(2, ordinal)`` (kDLCUDA), or
+        ``(1, 0)`` (kDLCPU) for an upstream whose memory is host memory (the simulated
+        device)."""
+        if getattr(self.pool.upstream, "dlpack_host_memory", False):
+            return (KDL_CPU, 0)
+        return (KDL_CUDA, self.pool.device)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """Export the bytes as a DLPack capsule: a 1-D ``uint8`` tensor of ``nbytes``.
+
+        Parameters
+        ----------
+        stream : int or None
+            The consumer's stream (DLPack's convention for CUDA: 1 the legacy default stream,
+            2 the per-thread one, -1 no synchronization, None the legacy default stream). The
+            pool makes it wait on the buffer's stream (an event and ``cuStreamWaitEvent``), so
+            the consumer's work runs after the producer's; the host does not wait.
+        max_version : tuple of int, optional
+            The highest DLPack version the consumer reads: ``(1, x)`` or later gives a
+            versioned capsule ("dltensor_versioned"); None gives the legacy "dltensor".
+        dl_device : tuple, optional
+            Must be this buffer's ``__dlpack_device__()``.
+        copy : bool, optional
+            ``True`` is refused (gpupool exports without copying).
+
+        Returns
+        -------
+        PyCapsule
+            Keeps the buffer alive until the consumer's deleter runs; a capsule nobody
+            consumed deletes itself when it dies. Follows the DLPack Python specification.
+
+        Raises
+        ------
+        BufferError
+            ``copy=True``, or another ``dl_device``.
+        InvalidBufferError
+            The buffer was closed or invalidated.
+        """
+        cdef int64_t* shape
+        cdef DLManagedTensor* legacy
+        cdef DLManagedTensorVersioned* versioned
+        self._live_ptr()
+        device = self.__dlpack_device__()
+        if copy:
+            raise BufferError("gpupool exports DLPack without copying (copy=True refused)")
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"the buffer is on DLPack device {device}, not {dl_device}")
+        consumer = 1 if stream is None else stream
+        if consumer != -1:
+            self._order_before(0 if consumer == 1 else consumer)
+        if max_version is None or max_version[0] < DLPACK_MAJOR:
+            legacy = <DLManagedTensor*>malloc(sizeof(DLManagedTensor) + sizeof(int64_t))
+            if legacy == NULL:
+                raise MemoryError()
+            shape = <int64_t*>(legacy + 1)
+            _fill(&legacy.dl_tensor, self, shape, device[0])
+            legacy.manager_ctx = <void*>self
+            legacy.deleter = _delete_legacy
+            Py_INCREF(self)
+            return PyCapsule_New(legacy, b"dltensor", _capsule_legacy)
+        versioned = <DLManagedTensorVersioned*>malloc(
+            sizeof(DLManagedTensorVersioned) + sizeof(int64_t))
+        if versioned == NULL:
+            raise MemoryError()
+        shape = <int64_t*>(versioned + 1)
+        versioned.version.major = DLPACK_MAJOR
+        versioned.version.minor = DLPACK_MINOR
+        versioned.flags = 0
+        _fill(&versioned.dl_tensor, self, shape, device[0])
+        versioned.manager_ctx = <void*>self
+        versioned.deleter = _delete_versioned
+        Py_INCREF(self)
+        return PyCapsule_New(versioned, b"dltensor_versioned", _capsule_versioned)
+
+    def _order_before(self, consumer):
+        """Make stream ``consumer`` wait for the work queued so far on the buffer's stream."""
+        cdef uintptr_t event = 0
+        cdef uintptr_t handle = stream_handle(consumer)
+        upstream = self.pool.upstream
+        if stream_key(handle).handle == self._stream.handle:
+            return
+        upstream.raise_error(upstream.event_create(&event), "cuEventCreate")
+        try:
+            upstream.raise_error(upstream.event_record(event, self._stream.handle),
+                                 "cuEventRecord")
+            upstream.raise_error(upstream.stream_wait(handle, event), "cuStreamWaitEvent")
+        finally:
+            upstream.event_destroy(event)
 
     def record_stream(self, stream):
         """Mark the memory as used on another stream too.

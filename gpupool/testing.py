@@ -52,6 +52,9 @@ class SimulatedDevice(PythonUpstream):
         should check that this list is empty.
     """
 
+    #: Its memory is host memory: buffers export DLPack as kDLCPU, so NumPy can read them.
+    dlpack_host_memory = True
+
     def __init__(self, capacity=1 << 30, device=0):
         if capacity <= 0:
             raise ValueError("capacity must be positive")

@@ -1,0 +1,98 @@
+"""DLPack export on the simulated device (host memory, so NumPy consumes it as kDLCPU)."""
+
+import ctypes
+import sys
+
+import numpy as np
+import pytest
+
+import gpupool
+
+_name = ctypes.pythonapi.PyCapsule_GetName
+_name.restype = ctypes.c_char_p
+_name.argtypes = [ctypes.py_object]
+
+
+def test_numpy_reads_a_buffer_without_copying(pool):
+    buf = pool.allocate(256)
+    buf.copy_from_host(np.arange(256, dtype=np.uint8))
+    view = np.from_dlpack(buf)
+    assert view.ctypes.data == buf.ptr and view.dtype == np.uint8 and view.shape == (256,)
+    assert np.array_equal(view, np.arange(256, dtype=np.uint8))
+    view[:4] = 9                                   # the same memory
+    assert list(buf.copy_to_host()[:4]) == [9] * 4
+    assert buf.__dlpack_device__() == (1, 0)
+
+
+def test_legacy_and_versioned_capsules(pool):
+    buf = pool.allocate(64)
+    assert _name(buf.__dlpack__()) == b"dltensor"
+    assert _name(buf.__dlpack__(max_version=(0, 8))) == b"dltensor"
+    assert _name(buf.__dlpack__(max_version=(1, 0))) == b"dltensor_versioned"
+
+
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_the_deleter_runs_once_taken_or_not(pool, max_version):
+    buf = pool.allocate(64)
+    base = sys.getrefcount(buf)
+    capsule = buf.__dlpack__(max_version=max_version)
+    assert sys.getrefcount(buf) == base + 1        # the capsule keeps the buffer alive
+    del capsule                                    # never consumed: it deletes itself
+    assert sys.getrefcount(buf) == base
+
+    class Exporter:
+        def __dlpack__(self, **kwargs):
+            return buf.__dlpack__(max_version=max_version)
+
+        def __dlpack_device__(self):
+            return buf.__dlpack_device__()
+
+    view = np.from_dlpack(Exporter())              # consumed: NumPy calls the deleter later
+    assert sys.getrefcount(buf) == base + 1
+    del view
+    assert sys.getrefcount(buf) == base
+
+
+def test_a_capsule_consumed_twice_is_refused(pool):
+    buf = pool.allocate(64)
+    capsule = buf.__dlpack__()
+
+    class Same:
+        def __dlpack__(self, **kwargs):
+            return capsule
+
+        def __dlpack_device__(self):
+            return buf.__dlpack_device__()
+
+    np.from_dlpack(Same())
+    with pytest.raises((ValueError, RuntimeError, BufferError, TypeError)):
+        np.from_dlpack(Same())
+
+
+def test_the_consumer_stream_waits_for_the_buffer_stream(pool, sim):
+    a, b = sim.create_stream(), sim.create_stream()
+    buf = pool.allocate(64, stream=a)
+    sim.launch(a)
+    queued = sim._queued[a]
+    buf.__dlpack__(stream=b)
+    assert sim.ordered(b, a, queued) and sim.pending(a)
+    calls = len(sim.calls)
+    buf.__dlpack__(stream=-1)                      # no synchronization asked
+    buf.__dlpack__(stream=a)                       # the buffer's own stream
+    assert len(sim.calls) == calls
+
+
+def test_refusals(pool):
+    buf = pool.allocate(64)
+    with pytest.raises(BufferError):
+        buf.__dlpack__(copy=True)
+    with pytest.raises(BufferError):
+        buf.__dlpack__(dl_device=(2, 0))
+    buf.close()
+    with pytest.raises(gpupool.InvalidBufferError):
+        buf.__dlpack__()
+
+
+def test_empty_buffer(pool):
+    view = np.from_dlpack(pool.allocate(0))
+    assert view.shape == (0,)
