@@ -106,17 +106,25 @@ cdef void _capsule_versioned(object capsule) noexcept:
         tensor.deleter(tensor)
 
 
-cdef void _fill(DLTensor* t, DeviceBuffer buf, int64_t* shape, int device_type) noexcept:
+cdef void _fill_after(DLTensor* t, void* storage, DeviceBuffer buf, int device_type, int code,
+                      int bits, tuple shape, tuple strides) noexcept:
+    """Describe the buffer's memory; shape and strides (in elements, or None) are written to
+    storage, the end of the same allocation."""
+    cdef int64_t* dims = <int64_t*>storage
+    cdef Py_ssize_t i, ndim = len(shape)
     t.data = <void*>buf._ptr
     t.device.device_type = device_type
     t.device.device_id = buf.pool.device if device_type == KDL_CUDA else 0
-    t.ndim = 1
-    t.dtype.code = KDL_UINT
-    t.dtype.bits = 8
+    t.ndim = <int32_t>ndim
+    t.dtype.code = code
+    t.dtype.bits = bits
     t.dtype.lanes = 1
-    shape[0] = <int64_t>buf.nbytes
-    t.shape = shape
-    t.strides = NULL
+    for i in range(ndim):
+        dims[i] = shape[i]
+        if strides is not None:
+            dims[ndim + i] = strides[i]
+    t.shape = dims
+    t.strides = dims + ndim if strides is not None else NULL
     t.byte_offset = 0
 
 
@@ -250,9 +258,17 @@ cdef class DeviceBuffer:
         InvalidBufferError
             The buffer was closed or invalidated.
         """
-        cdef int64_t* shape
+        return self._export(self, KDL_UINT, 8, (self.nbytes,), None, stream=stream,
+                            max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def _export(self, owner, int code, int bits, tuple shape, tuple strides, *, stream,
+                max_version, dl_device, copy):
+        """The DLPack capsule of ``__dlpack__`` for this memory seen as ``shape`` elements of
+        (DLPack type ``code``, ``bits``), strides in elements or None; ``owner`` (this
+        buffer or a view of it) stays alive until the deleter runs."""
         cdef DLManagedTensor* legacy
         cdef DLManagedTensorVersioned* versioned
+        cdef size_t extra = 2 * len(shape) * sizeof(int64_t)
         self._live_ptr()
         device = self.__dlpack_device__()
         if copy:
@@ -263,28 +279,42 @@ cdef class DeviceBuffer:
         if consumer != -1:
             self._order_before(0 if consumer == 1 else consumer)
         if max_version is None or max_version[0] < DLPACK_MAJOR:
-            legacy = <DLManagedTensor*>malloc(sizeof(DLManagedTensor) + sizeof(int64_t))
+            legacy = <DLManagedTensor*>malloc(sizeof(DLManagedTensor) + extra)
             if legacy == NULL:
                 raise MemoryError()
-            shape = <int64_t*>(legacy + 1)
-            _fill(&legacy.dl_tensor, self, shape, device[0])
-            legacy.manager_ctx = <void*>self
+            # The shape follows the whole managed tensor, not just the DLTensor in it.
+            _fill_after(&legacy.dl_tensor, <void*>(legacy + 1), self, device[0], code, bits,
+                        shape, strides)
+            legacy.manager_ctx = <void*>owner
             legacy.deleter = _delete_legacy
-            Py_INCREF(self)
+            Py_INCREF(owner)
             return PyCapsule_New(legacy, b"dltensor", _capsule_legacy)
-        versioned = <DLManagedTensorVersioned*>malloc(
-            sizeof(DLManagedTensorVersioned) + sizeof(int64_t))
+        versioned = <DLManagedTensorVersioned*>malloc(sizeof(DLManagedTensorVersioned) + extra)
         if versioned == NULL:
             raise MemoryError()
-        shape = <int64_t*>(versioned + 1)
         versioned.version.major = DLPACK_MAJOR
         versioned.version.minor = DLPACK_MINOR
         versioned.flags = 0
-        _fill(&versioned.dl_tensor, self, shape, device[0])
-        versioned.manager_ctx = <void*>self
+        _fill_after(&versioned.dl_tensor, <void*>(versioned + 1), self, device[0], code, bits,
+                    shape, strides)
+        versioned.manager_ctx = <void*>owner
         versioned.deleter = _delete_versioned
-        Py_INCREF(self)
+        Py_INCREF(owner)
         return PyCapsule_New(versioned, b"dltensor_versioned", _capsule_versioned)
+
+    def view(self, dtype, shape, strides=None):
+        """This memory as an array of ``dtype`` and ``shape`` (no copy): a
+        :class:`gpupool.view.BufferView` exporting the CUDA Array Interface and DLPack, which
+        keeps the buffer alive. ``strides`` in bytes; default C-contiguous.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As ``BufferView``: an unsupported dtype, or a view past ``nbytes``.
+        """
+        from gpupool.view import BufferView
+
+        return BufferView(self, dtype, shape, strides)
 
     def _order_before(self, consumer):
         """Make stream ``consumer`` wait for the work queued so far on the buffer's stream."""

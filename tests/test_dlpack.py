@@ -96,3 +96,50 @@ def test_refusals(pool):
 def test_empty_buffer(pool):
     view = np.from_dlpack(pool.allocate(0))
     assert view.shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16, np.uint64, np.complex64, np.bool_])
+def test_typed_views_export_dtype_and_shape(pool, dtype):
+    data = (np.arange(24) % 2 == 1) if dtype is np.bool_ else np.arange(24).astype(dtype)
+    buf = pool.allocate(data.nbytes + 100)
+    buf.copy_from_host(data)
+    view = buf.view(dtype, (4, 6))
+    assert np.array_equal(np.from_dlpack(view), data.reshape(4, 6))
+    cai = view.__cuda_array_interface__
+    assert cai["shape"] == (4, 6) and cai["typestr"] == np.dtype(dtype).str
+    assert cai["data"] == (buf.ptr, False) and cai["strides"] is None
+
+
+def test_strided_view(pool):
+    data = np.arange(12, dtype=np.float64)
+    buf = pool.allocate(data.nbytes)
+    buf.copy_from_host(data)
+    view = buf.view(np.float64, (3, 2), strides=(32, 8))       # every other row pair
+    assert np.array_equal(np.from_dlpack(view), data.reshape(3, 4)[:, :2])
+    assert view.__cuda_array_interface__["strides"] == (32, 8)
+
+
+def test_view_keeps_the_buffer_alive(pool):
+    buf = pool.allocate(64)
+    view = buf.view(np.uint32, 16)
+    del buf
+    assert pool.stats().in_use_bytes == 512
+    array = np.from_dlpack(view)
+    del view
+    assert pool.stats().in_use_bytes == 512                   # the array holds it now
+    del array
+    assert pool.stats().in_use_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "dtype, shape, strides, error",
+    [(np.float32, (100,), None, ValueError), (np.float32, (-1,), None, ValueError),
+     (np.float32, (4,), (6,), ValueError), (np.object_, (1,), None, TypeError),
+     (">f4", (4,), None, TypeError), (np.float32, (4, 4), (4,), ValueError)])
+def test_bad_views(pool, dtype, shape, strides, error):
+    with pytest.raises(error):
+        pool.allocate(64).view(dtype, shape, strides)
+
+
+def test_empty_views(pool):
+    assert np.from_dlpack(pool.allocate(0).view(np.float32, (0, 3))).shape == (0, 3)
