@@ -12,7 +12,7 @@ from gpupool import (
     _capi,  # noqa: F401  (publishes the C API capsule)
     testing,
 )
-from gpupool._buffer import DeviceBuffer
+from gpupool._buffer import DeviceBuffer, as_buffer
 from gpupool._driver import current_device as _current_device
 from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class, uncached
 from gpupool._region import Region
@@ -39,6 +39,7 @@ __all__ = [
     "Region",
     "RegionStats",
     "allocate",
+    "as_buffer",
     "get_include",
     "get_pool",
     "on_oom",

@@ -15,6 +15,7 @@ cdef class DeviceBuffer:
     cdef readonly size_t nbytes
     cdef StreamKey _stream
     cdef BufferState _state
+    cdef object _owner              # the exporter of wrapped memory (as_buffer); None if ours
     cdef object __weakref__
 
     cdef uintptr_t _live_ptr(self) except? 0

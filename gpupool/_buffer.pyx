@@ -355,6 +355,7 @@ cdef class DeviceBuffer:
         if self._blk != NULL and not forked():
             self.pool.release(self._blk, self._stream)
         self._blk = NULL
+        self._owner = None
         if self._state == OPEN:
             self._state = CLOSED
 
@@ -479,6 +480,52 @@ def _has_buffer(obj):
     except TypeError:
         return False
     return True
+
+
+def as_buffer(obj, device=None):
+    """Wrap memory exported by another library as a non-owning DeviceBuffer (no copy).
+
+    Parameters
+    ----------
+    obj : object with ``__cuda_array_interface__``
+        A C-contiguous device array (CuPy, Numba, PyTorch, ...); kept alive by the buffer.
+    device : int, optional
+        The device of the memory; default: the current device. Its default pool serves the
+        buffer's copies; the memory itself stays the exporter's and is never freed by gpupool.
+
+    Returns
+    -------
+    DeviceBuffer
+        ``nbytes`` = the array's bytes; ``stream`` = the interface's stream (the legacy default
+        stream when it gives none).
+
+    Raises
+    ------
+    TypeError
+        ``obj`` exports no CUDA Array Interface.
+    ValueError
+        The array is not C-contiguous, or is read-only.
+    """
+    from gpupool import get_pool
+
+    cdef DeviceBuffer buf
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is None:
+        raise TypeError(f"as_buffer needs an object with __cuda_array_interface__, got "
+                        f"{type(obj).__name__}")
+    if cai.get("strides") is not None and not _c_contiguous(cai):
+        raise ValueError("as_buffer needs a C-contiguous array")
+    ptr, readonly = cai["data"]
+    if readonly:
+        raise ValueError("as_buffer needs writable memory (the interface marks it read-only)")
+    stream = cai.get("stream")
+    buf = DeviceBuffer.__new__(DeviceBuffer)
+    buf.pool = get_pool(device)
+    buf._ptr = ptr
+    buf.nbytes = _cai_nbytes(cai)
+    buf._stream = stream_key(0 if stream in (None, 1) else stream)
+    buf._owner = obj
+    return buf
 
 
 def _cai_nbytes(cai):

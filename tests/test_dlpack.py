@@ -143,3 +143,26 @@ def test_bad_views(pool, dtype, shape, strides, error):
 
 def test_empty_views(pool):
     assert np.from_dlpack(pool.allocate(0).view(np.float32, (0, 3))).shape == (0, 3)
+
+
+@pytest.mark.usefixtures("restore_default_pool")
+def test_as_buffer_wraps_foreign_memory_without_owning_it(pool, sim):
+    gpupool.set_pool(pool)
+    owner = pool.allocate(64)
+    owner.copy_from_host(np.arange(64, dtype=np.uint8))
+    view = owner.view(np.float32, (4, 4))
+    s = sim.create_stream()
+    foreign = type("Foreign", (), {"__cuda_array_interface__": dict(
+        view.__cuda_array_interface__, stream=s)})()
+    wrapped = gpupool.as_buffer(foreign)
+    assert wrapped.ptr == owner.ptr and wrapped.nbytes == 64 and wrapped.stream == s
+    assert np.array_equal(wrapped.copy_to_host(), np.arange(64, dtype=np.uint8))
+    in_use = pool.stats().in_use_bytes
+    del wrapped                                   # not ours: nothing goes back to the pool
+    assert pool.stats().in_use_bytes == in_use and not owner.closed
+    with pytest.raises(TypeError):
+        gpupool.as_buffer(object())
+    strided = type("S", (), {"__cuda_array_interface__": dict(
+        view.__cuda_array_interface__, strides=(32, 4))})()
+    with pytest.raises(ValueError):
+        gpupool.as_buffer(strided)
