@@ -132,26 +132,31 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
     return _code(r)
 
 
-cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
-    cdef Block* b = NULL
-    cdef size_t i
-    pool.lock()
-    i = _find(&pool._capi_blocks, <uintptr_t>ptr)
-    if i < pool._capi_blocks.slots.size():
-        b = pool._capi_blocks.slots[i].second
+cdef Block* _block_of(Pool pool, void* ptr, bint remove) noexcept nogil:
+    """The C API's block at ptr (the caller holds the pool's lock), taken out of the table if
+    remove; NULL when the C API did not hand it out."""
+    cdef size_t i = _find(&pool._capi_blocks, <uintptr_t>ptr)
+    if i >= pool._capi_blocks.slots.size():
+        return NULL
+    if remove:
         pool._capi_blocks.slots[i].first = DELETED
+    return pool._capi_blocks.slots[i].second
+
+
+cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
+    cdef Block* b
+    pool.lock()
+    b = _block_of(pool, ptr, True)
+    if b != NULL:
         pool.release_locked(b, stream_key(stream))
     pool.unlock()
     return GPUPOOL_OK if b != NULL else GPUPOOL_ERROR_INVALID_VALUE
 
 
 cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
-    cdef Block* b = NULL
-    cdef size_t i
+    cdef Block* b
     pool.lock()
-    i = _find(&pool._capi_blocks, <uintptr_t>ptr)
-    if i < pool._capi_blocks.slots.size():
-        b = pool._capi_blocks.slots[i].second
+    b = _block_of(pool, ptr, False)
     pool.unlock()
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
