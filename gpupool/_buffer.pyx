@@ -482,7 +482,7 @@ def _has_buffer(obj):
     return True
 
 
-def as_buffer(obj, device=None):
+def as_buffer(obj, device=None, pool=None):
     """Wrap memory exported by another library as a non-owning DeviceBuffer (no copy).
 
     Parameters
@@ -492,6 +492,9 @@ def as_buffer(obj, device=None):
     device : int, optional
         The device of the memory; default: the current device. Its default pool serves the
         buffer's copies; the memory itself stays the exporter's and is never freed by gpupool.
+    pool : Pool, optional
+        The pool whose upstream serves the copies instead; default: the pool of ``obj`` when
+        it is a gpupool buffer or view, else ``get_pool(device)``.
 
     Returns
     -------
@@ -519,8 +522,11 @@ def as_buffer(obj, device=None):
     if readonly:
         raise ValueError("as_buffer needs writable memory (the interface marks it read-only)")
     stream = cai.get("stream")
+    if pool is None:
+        source = getattr(obj, "buffer", obj)          # a BufferView's buffer
+        pool = source.pool if isinstance(source, DeviceBuffer) else get_pool(device)
     buf = DeviceBuffer.__new__(DeviceBuffer)
-    buf.pool = get_pool(device)
+    buf.pool = pool
     buf._ptr = ptr
     buf.nbytes = _cai_nbytes(cai)
     buf._stream = stream_key(0 if stream in (None, 1) else stream)

@@ -166,3 +166,11 @@ def test_as_buffer_wraps_foreign_memory_without_owning_it(pool, sim):
         view.__cuda_array_interface__, strides=(32, 4))})()
     with pytest.raises(ValueError):
         gpupool.as_buffer(strided)
+
+
+def test_as_buffer_of_a_gpupool_view_uses_its_pool(pool):
+    buf = pool.allocate(64)
+    buf.copy_from_host(np.arange(64, dtype=np.uint8))
+    wrapped = gpupool.as_buffer(buf.view("float32", (4, 4)))    # no driver, no set_pool
+    assert wrapped.pool is pool and wrapped.ptr == buf.ptr
+    assert np.array_equal(wrapped.copy_to_host(), np.arange(64, dtype=np.uint8))
