@@ -16,6 +16,7 @@ from gpupool._buffer import DeviceBuffer, as_buffer
 from gpupool._driver import current_device as _current_device
 from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class, uncached
 from gpupool._region import Region
+from gpupool._upstream import AsyncUpstream, DriverUpstream, PythonUpstream, Upstream
 from gpupool.errors import (
     CudaError,
     GpupoolError,
@@ -28,14 +29,17 @@ from gpupool.stats import PoolStats, RegionStats, format_status
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncUpstream",
     "CudaError",
     "DeviceBuffer",
+    "DriverUpstream",
     "GpupoolError",
     "InvalidBufferError",
     "NoDeviceError",
     "OutOfMemoryError",
     "Pool",
     "PoolStats",
+    "PythonUpstream",
     "Region",
     "RegionStats",
     "allocate",
@@ -49,6 +53,7 @@ __all__ = [
     "size_class",
     "testing",
     "uncached",
+    "Upstream",
 ]
 
 _pools: dict[int, Pool] = {}

@@ -7,11 +7,13 @@ from libcpp.pair cimport pair
 from cpython.ref cimport PyObject
 
 # A stream as the pool tells streams apart. The per-thread default stream has one handle value
-# (CU_STREAM_PER_THREAD) that names another stream in every thread, so its key carries the
-# thread; the legacy default stream is handle 0 (CU_STREAM_LEGACY is folded into it).
+# (CU_STREAM_PER_THREAD) that names another stream in every thread, so its tag is the thread;
+# the legacy default stream is handle 0 (CU_STREAM_LEGACY is folded into it), tag 0. Any other
+# stream's tag is the driver's stream ID (cuStreamGetId), unique for the process's lifetime:
+# a handle value reused by a new stream after cuStreamDestroy gives another key.
 cdef struct StreamKey:
     uintptr_t handle
-    uintptr_t thread
+    uintptr_t tag
 
 cdef enum BlockState:
     LIVE = 1            # owned by a DeviceBuffer
@@ -27,12 +29,14 @@ cdef struct Slab:
     size_t nblocks          # blocks carved
     size_t free_in_pool     # carved blocks now in the pool's free lists
     Block* blocks           # the carved blocks, linked through slab_next
+    StreamKey stream        # stream-ordered upstreams: the stream the slab was allocated on,
+    uintptr_t event         # and an event recorded there after it (0: none, or completed)
 
 cdef struct Block:
     uintptr_t ptr
     uintptr_t rank                  # creation order in its pool: free lists hand out lowest first
-    size_t size                     # size-class bytes
-    int cls                         # size-class index
+    size_t size                     # bytes: its size class's, or more (see Pool._exact_block)
+    int cls                         # size-class index: class_size(cls) <= size
     BlockState state
     Slab* slab                      # NULL: the block is its own upstream allocation
     Block* slab_next

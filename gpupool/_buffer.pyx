@@ -200,8 +200,9 @@ cdef class DeviceBuffer:
 
     @stream.setter
     def stream(self, stream):
+        cdef uintptr_t handle = stream_handle(stream)
         self._live_ptr()
-        self._stream = stream_key(stream_handle(stream))
+        self._stream = stream_key(handle) if self.pool is None else self.pool.key(handle)
 
     @property
     def __cuda_array_interface__(self):
@@ -347,7 +348,7 @@ cdef class DeviceBuffer:
         cdef uintptr_t handle = stream_handle(stream)
         self._live_ptr()
         if self._blk != NULL:
-            self.pool.add_stream(self._blk, stream_key(handle))
+            self.pool.add_stream(self._blk, self.pool.key(handle))
 
     def close(self):
         """Give the memory back now (to the pool or its region). Later use raises

@@ -6,7 +6,7 @@
 # as CUDA_SUCCESS (the trap in DESIGN.md's build notes). check() raises from a result.
 from libc.stdint cimport uintptr_t
 from cuda.bindings.cydriver cimport (
-    CUresult, CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice,
+    CUresult, CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice, CUmemoryPool,
 )
 
 cdef enum:
@@ -34,5 +34,13 @@ cdef CUresult event_create(CUevent* e) noexcept nogil
 cdef CUresult event_destroy(CUevent e) noexcept nogil
 cdef CUresult event_record(CUevent e, CUstream s) noexcept nogil
 cdef CUresult event_query(CUevent e) noexcept nogil
+cdef CUresult stream_get_id(CUstream s, unsigned long long* stream_id) noexcept nogil
+cdef CUresult mem_pool_create(CUmemoryPool* pool, int device) noexcept nogil
+cdef CUresult mem_pool_destroy(CUmemoryPool pool) noexcept nogil
+cdef CUresult mem_pool_set_release_threshold(CUmemoryPool pool, size_t nbytes) noexcept nogil
+cdef CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) noexcept nogil
+cdef CUresult mem_alloc_from_pool(CUdeviceptr* ptr, size_t nbytes, CUmemoryPool pool,
+                                  CUstream s) noexcept nogil
+cdef CUresult mem_free_async(CUdeviceptr ptr, CUstream s) noexcept nogil
 
 cdef int check(CUresult result, str what) except -1

@@ -7,6 +7,7 @@ Nothing links against libcuda: cydriver loads it on the first call and raises a 
 sentinel (CUDA_ERROR_NOT_FOUND), so the common path costs one indirect call and no GIL.
 """
 from cpython.exc cimport PyErr_Occurred, PyErr_Clear
+from libc.string cimport memset
 from cuda.bindings cimport cydriver
 from cuda.bindings.cydriver cimport CUDA_SUCCESS, CUDA_ERROR_NOT_FOUND
 
@@ -34,6 +35,13 @@ ctypedef CUresult (*fn_event_create)(CUevent*, unsigned int) noexcept nogil
 ctypedef CUresult (*fn_event)(CUevent) noexcept nogil
 ctypedef CUresult (*fn_record)(CUevent, CUstream) noexcept nogil
 ctypedef CUresult (*fn_name)(CUresult, const char**) noexcept nogil
+ctypedef CUresult (*fn_stream_id)(CUstream, unsigned long long*) noexcept nogil
+ctypedef CUresult (*fn_pool_create)(CUmemoryPool*, const cydriver.CUmemPoolProps*) noexcept nogil
+ctypedef CUresult (*fn_pool)(CUmemoryPool) noexcept nogil
+ctypedef CUresult (*fn_pool_set)(CUmemoryPool, cydriver.CUmemPool_attribute, void*) noexcept nogil
+ctypedef CUresult (*fn_pool_trim)(CUmemoryPool, size_t) noexcept nogil
+ctypedef CUresult (*fn_pool_alloc)(CUdeviceptr*, size_t, CUmemoryPool, CUstream) noexcept nogil
+ctypedef CUresult (*fn_free_async)(CUdeviceptr, CUstream) noexcept nogil
 
 
 cdef inline CUresult _result(CUresult r) noexcept nogil:
@@ -112,6 +120,37 @@ cdef CUresult event_record(CUevent e, CUstream s) noexcept nogil:
 
 cdef CUresult event_query(CUevent e) noexcept nogil:
     return _result((<fn_event>cydriver.cuEventQuery)(e))
+
+cdef CUresult stream_get_id(CUstream s, unsigned long long* stream_id) noexcept nogil:
+    return _result((<fn_stream_id>cydriver.cuStreamGetId)(s, stream_id))
+
+cdef CUresult mem_pool_create(CUmemoryPool* pool, int device) noexcept nogil:
+    # A device-local pool of ordinary (pinned, non-exportable) device memory.
+    cdef cydriver.CUmemPoolProps props
+    memset(&props, 0, sizeof(props))
+    props.allocType = cydriver.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.handleTypes = cydriver.CU_MEM_HANDLE_TYPE_NONE
+    props.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
+    props.location.id = device
+    return _result((<fn_pool_create>cydriver.cuMemPoolCreate)(pool, &props))
+
+cdef CUresult mem_pool_destroy(CUmemoryPool pool) noexcept nogil:
+    return _result((<fn_pool>cydriver.cuMemPoolDestroy)(pool))
+
+cdef CUresult mem_pool_set_release_threshold(CUmemoryPool pool, size_t nbytes) noexcept nogil:
+    cdef cydriver.cuuint64_t value = nbytes
+    return _result((<fn_pool_set>cydriver.cuMemPoolSetAttribute)(
+        pool, cydriver.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &value))
+
+cdef CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) noexcept nogil:
+    return _result((<fn_pool_trim>cydriver.cuMemPoolTrimTo)(pool, keep))
+
+cdef CUresult mem_alloc_from_pool(CUdeviceptr* ptr, size_t nbytes, CUmemoryPool pool,
+                                  CUstream s) noexcept nogil:
+    return _result((<fn_pool_alloc>cydriver.cuMemAllocFromPoolAsync)(ptr, nbytes, pool, s))
+
+cdef CUresult mem_free_async(CUdeviceptr ptr, CUstream s) noexcept nogil:
+    return _result((<fn_free_async>cydriver.cuMemFreeAsync)(ptr, s))
 
 
 cdef str _name(CUresult result):

@@ -55,20 +55,24 @@ cdef class Pool:
 
     cdef void lock(self) noexcept nogil
     cdef void _wait(self) noexcept nogil
+    cdef StreamKey key(self, uintptr_t handle) noexcept nogil
     cdef RegionCache* _current_region(self) noexcept nogil
     cdef uintptr_t _event(self) noexcept nogil
     cdef void _drop_events(self, Block* b) noexcept nogil
     cdef bint _after(self, uintptr_t event, StreamKey s, bint wait) noexcept nogil
     cdef bint _ready(self, Block* b, StreamKey s, bint wait) noexcept nogil
     cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept nogil
-    cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil
-    cdef int _carve(self, int cls, size_t size, Block** out) noexcept nogil
+    cdef int _upstream_alloc(self, size_t nbytes, StreamKey s, uintptr_t* ptr) noexcept nogil
+    cdef int _carve(self, int cls, size_t size, StreamKey s, Block** out) noexcept nogil
+    cdef int _slab_event(self, Slab* slab) noexcept nogil
     cdef void _mark_stream(self, StreamKey s) noexcept nogil
     cdef void _answer_wanted(self, StreamKey s) noexcept nogil
     cdef void _upstream_free(self, uintptr_t ptr, size_t nbytes) noexcept nogil
     cdef void _mark_blocks(self, FreeLists* fl, StreamKey s) noexcept nogil
-    cdef int _new_block(self, int cls, size_t size, Block** out) noexcept nogil
-    cdef int _grow(self, int cls, size_t size, Block** out) noexcept nogil
+    cdef int _new_block(self, int cls, size_t size, StreamKey s, Block** out) noexcept nogil
+    cdef int _grow(self, size_t nbytes, int cls, size_t size, StreamKey s,
+                   Block** out) noexcept nogil
+    cdef int _exact_block(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil
     cdef void unlock(self) noexcept nogil
     cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
     cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil

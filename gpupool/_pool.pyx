@@ -32,7 +32,7 @@ from gpupool._block cimport (
     Block, Slab, StreamKey, StreamBin, FreeLists, RegionCache, HeapItem,
     LIVE, FREE_POOL, FREE_REGION,
 )
-from gpupool._upstream cimport Upstream, DriverUpstream
+from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 
 from gpupool.errors import GpupoolError, OutOfMemoryError
@@ -73,6 +73,7 @@ cdef size_t MAX_NBYTES = 1 << 50        # requests above 1 PiB are refused as ab
 
 cdef uintptr_t STREAM_LEGACY = 1        # CU_STREAM_LEGACY, folded into handle 0
 cdef uintptr_t STREAM_PER_THREAD = 2    # CU_STREAM_PER_THREAD
+cdef size_t WANTED_MAX = 256           # streams asked for events before a synchronize
 cdef uintptr_t HANDLE_MAX = <uintptr_t>0xFFFFFFFFFFFFFFFF
 cdef StreamKey NO_STREAM = StreamKey(HANDLE_MAX, 0)   # never used: any stream may take it
 
@@ -137,13 +138,14 @@ cdef inline uintptr_t _thread() noexcept nogil:
 
 
 cdef StreamKey stream_key(uintptr_t handle) noexcept nogil:
+    """A stream's key from its handle alone (no stream ID: see Pool.key)."""
     if handle == STREAM_LEGACY:
         handle = 0
     return StreamKey(handle, _thread() if handle == STREAM_PER_THREAD else 0)
 
 
 cdef inline bint _same(StreamKey a, StreamKey b) noexcept nogil:
-    return a.handle == b.handle and a.thread == b.thread
+    return a.handle == b.handle and a.tag == b.tag
 
 
 cdef uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF:
@@ -263,9 +265,12 @@ cdef class Pool:
     device : int
         Device ordinal (ignored when ``upstream`` is an ``Upstream`` object, whose device
         is used).
-    upstream : {"driver"} or gpupool.testing.SimulatedDevice
+    upstream : {"driver", "async"} or gpupool.Upstream
         Where memory comes from: ``"driver"`` (``cuMemAlloc`` / ``cuMemFree`` on the
-        device's primary context) or an ``Upstream`` such as a simulated device.
+        device's primary context), ``"async"`` (a driver memory pool of the pool's own,
+        ``cuMemAllocFromPoolAsync`` on the requesting stream / ``cuMemFreeAsync``, whose
+        release threshold is the soft limit: see ``gpupool.AsyncUpstream``) or an
+        ``Upstream`` object such as ``gpupool.testing.SimulatedDevice``.
     hard_limit, soft_limit : int or str, optional
         Bytes the pool may reserve (hard: never exceeded; soft: cached blocks are released
         when exceeded), as an int or a string such as ``"512MiB"``, ``"8GB"``, ``"50%"``.
@@ -285,14 +290,20 @@ cdef class Pool:
             self.upstream = upstream
         elif upstream == "driver":
             self.upstream = DriverUpstream(device)
+        elif upstream == "async":
+            self.upstream = AsyncUpstream(device)
         elif isinstance(upstream, str):
-            raise ValueError(f"upstream must be 'driver' or an Upstream object, got {upstream!r}")
+            raise ValueError(f"upstream must be 'driver', 'async' or an Upstream object, "
+                             f"got {upstream!r}")
         else:
-            raise TypeError(f"upstream must be 'driver' or an Upstream object, "
+            raise TypeError(f"upstream must be 'driver', 'async' or an Upstream object, "
                             f"got {type(upstream).__name__}")
         self.device = self.upstream.device
         self._hard_limit, self._soft_limit = resolve_limits(
             hard_limit, soft_limit, lambda: self.mem_info()[1])
+        # A stream-ordered upstream keeps freed memory up to the soft limit for regrowth.
+        self.upstream.raise_error(self.upstream.set_release_threshold(self._soft_limit),
+                                  "set_release_threshold")
 
     def __dealloc__(self):
         # Buffers and regions hold references to their pool, so only free lists remain.
@@ -333,6 +344,16 @@ cdef class Pool:
         self._mutex.unlock()
 
     # Allocation -----------------------------------------------------------------------
+
+    cdef StreamKey key(self, uintptr_t handle) noexcept nogil:
+        """The key of the stream with this handle, as the calling thread names it: a
+        created stream's key carries its driver stream ID, so a handle value reused after
+        cuStreamDestroy names another stream."""
+        cdef unsigned long long sid = 0
+        if handle <= STREAM_PER_THREAD:
+            return stream_key(handle)
+        self.upstream.stream_id(handle, &sid)
+        return StreamKey(handle, <uintptr_t>sid)
 
     cdef RegionCache* _current_region(self) noexcept nogil:
         cdef size_t i = gp_region_stack.size()
@@ -382,9 +403,9 @@ cdef class Pool:
             if b.event == 0:
                 # The legacy stream and this thread's per-thread stream always exist: record
                 # now. Another stream may be gone; ask for an event when it next allocates.
-                if not (b.stream.handle == 0 or b.stream.thread == _thread()):
-                    if b.stream.handle != STREAM_PER_THREAD:
-                        self._mark_stream(b.stream)
+                if not (b.stream.handle == 0 or (b.stream.handle == STREAM_PER_THREAD and
+                                                 b.stream.tag == _thread())):
+                    self._mark_stream(b.stream)
                     return False
                 b.event = self._event()
                 if b.event == 0:
@@ -430,11 +451,11 @@ cdef class Pool:
                     return _pop(bins, i)
         return NULL
 
-    cdef int _upstream_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
+    cdef int _upstream_alloc(self, size_t nbytes, StreamKey s, uintptr_t* ptr) noexcept nogil:
         cdef int r
         if self._hard_limit and self.c.reserved + nbytes > self._hard_limit:
             return CUDA_ERROR_OUT_OF_MEMORY
-        r = self.upstream.alloc(nbytes, ptr)
+        r = self.upstream.alloc(nbytes, s.handle, ptr)
         if r == 0:
             self.c.reserved += nbytes
             self.c.upstream_allocs += 1
@@ -442,23 +463,36 @@ cdef class Pool:
                 self.c.peak_reserved = self.c.reserved
         return r
 
-    cdef int _carve(self, int cls, size_t size, Block** out) noexcept nogil:
+    cdef int _carve(self, int cls, size_t size, StreamKey s, Block** out) noexcept nogil:
         """Carve a block from the current slab, starting a new slab when it is full."""
         cdef Slab* slab = self._slab
         cdef uintptr_t ptr = 0
         cdef Block* b
         cdef int r
         if slab == NULL or slab.nbytes - slab.carved < size:
-            r = self._upstream_alloc(SLAB_BYTES, &ptr)
+            r = self._upstream_alloc(SLAB_BYTES, s, &ptr)
             if r != 0:
                 return r
             slab = <Slab*>calloc(1, sizeof(Slab))
             if slab == NULL:
                 self._upstream_free(ptr, SLAB_BYTES)
                 return CUDA_ERROR_OUT_OF_MEMORY
-            slab.ptr, slab.nbytes = ptr, SLAB_BYTES
+            slab.ptr, slab.nbytes, slab.stream = ptr, SLAB_BYTES, s
             self.c.cached += SLAB_BYTES
             self._slab = slab
+            if self.upstream.stream_ordered:
+                # The memory exists in s's order only: other streams wait for this event.
+                r = self._slab_event(slab)
+                if r != 0:
+                    return r
+        elif slab.event and not _same(slab.stream, s):
+            if self.upstream.event_query(slab.event) == 0:
+                self._events.push_back(slab.event)
+                slab.event = 0
+            else:
+                r = self.upstream.stream_wait(s.handle, slab.event)
+                if r != 0:
+                    return r
         b = <Block*>calloc(1, sizeof(Block))
         if b == NULL:
             return CUDA_ERROR_OUT_OF_MEMORY
@@ -471,6 +505,18 @@ cdef class Pool:
         slab.nblocks += 1
         self._ranks += 1
         out[0] = b
+        return 0
+
+    cdef int _slab_event(self, Slab* slab) noexcept nogil:
+        cdef uintptr_t e = self._event()
+        cdef int r
+        if e == 0:
+            return self.upstream.synchronize()
+        r = self.upstream.event_record(e, slab.stream.handle)
+        if r != 0:
+            self._events.push_back(e)
+            return r
+        slab.event = e
         return 0
 
     cdef void _upstream_free(self, uintptr_t ptr, size_t nbytes) noexcept nogil:
@@ -505,9 +551,9 @@ cdef class Pool:
                             return
                         b.event = e
 
-    cdef int _new_block(self, int cls, size_t size, Block** out) noexcept nogil:
+    cdef int _new_block(self, int cls, size_t size, StreamKey s, Block** out) noexcept nogil:
         cdef uintptr_t ptr = 0
-        cdef int r = self._upstream_alloc(size, &ptr)
+        cdef int r = self._upstream_alloc(size, s, &ptr)
         cdef Block* b
         if r != 0:
             return r
@@ -522,27 +568,49 @@ cdef class Pool:
         out[0] = b
         return 0
 
-    cdef int _grow(self, int cls, size_t size, Block** out) noexcept nogil:
+    cdef int _grow(self, size_t nbytes, int cls, size_t size, StreamKey s,
+                   Block** out) noexcept nogil:
         cdef int r
         cdef size_t i
         if size <= SLAB_BLOCK_MAX:
-            r = self._carve(cls, size, out)
+            r = self._carve(cls, size, s, out)
             if r != CUDA_ERROR_OUT_OF_MEMORY:
                 return r
         # Memory is tight (or the block is large): ask for the block alone, then climb the
         # ladder: this pool's cache, then every region's.
-        r = self._new_block(cls, size, out)
+        r = self._new_block(cls, size, s, out)
         if r == CUDA_ERROR_OUT_OF_MEMORY and self.c.cached:
             self.c.oom_retries += 1
             self.release_cached()
-            r = self._new_block(cls, size, out)
+            r = self._new_block(cls, size, s, out)
         if r == CUDA_ERROR_OUT_OF_MEMORY and self.c.cached:
             self.c.oom_retries += 1
             for i in range(self._regions.size()):
                 self.region_drain(self._regions[i])
             self.release_cached()
-            r = self._new_block(cls, size, out)
+            r = self._new_block(cls, size, s, out)
+        if r == CUDA_ERROR_OUT_OF_MEMORY and self._hard_limit:
+            r = self._exact_block(nbytes, s, out)
         return r
+
+    cdef int _exact_block(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
+        """Under a hard limit that the size class's rounding would cross: a block of the
+        room left (>= nbytes), binned in the largest class it holds. A pool capped at N bytes
+        can so always allocate one N-byte block once its cache is released."""
+        cdef size_t room, size
+        cdef int cls
+        if self.c.reserved >= self._hard_limit:
+            return CUDA_ERROR_OUT_OF_MEMORY
+        room = self._hard_limit - self.c.reserved
+        size = room - room % SMALL_STEP
+        if size < nbytes:
+            size = room
+        if size < nbytes or size < SMALL_STEP:
+            return CUDA_ERROR_OUT_OF_MEMORY
+        cls = class_index(size)
+        if class_size(cls) > size:
+            cls -= 1
+        return self._new_block(cls, size, s, out)
 
     cdef void _answer_wanted(self, StreamKey s) noexcept nogil:
         cdef size_t i, j
@@ -573,13 +641,18 @@ cdef class Pool:
         cdef Block* b = NULL
         cdef int r = 0
         if not self._wanted.empty():
-            self._answer_wanted(s)
+            if self._wanted.size() > WANTED_MAX:
+                # Many streams hold blocks that others want and never allocate again (most
+                # likely destroyed): one synchronize frees their blocks for every stream.
+                self.release_cached()
+            else:
+                self._answer_wanted(s)
         rc = self._current_region()
         if rc != NULL:
             b = self._take(&rc.free, cls, s)
             if b != NULL:
                 rc.hits += 1
-                rc.cached_bytes -= size
+                rc.cached_bytes -= b.size
                 self.c.cache_hits += 1
             else:
                 rc.misses += 1
@@ -590,10 +663,11 @@ cdef class Pool:
                 if b.slab != NULL:
                     b.slab.free_in_pool -= 1
             else:
-                r = self._grow(cls, size, &b)
+                r = self._grow(nbytes, cls, size, s, &b)
                 if r != 0:
                     return r
                 self.c.cache_misses += 1
+        size = b.size                       # the class's, or more (an exact block)
         self.c.cached -= size               # new blocks were counted as cached by _grow
         b.state = LIVE
         b.stream = s
@@ -835,6 +909,8 @@ cdef class Pool:
         for i in range(slabs.size()):
             if slabs[i] == self._slab:
                 self._slab = NULL
+            if slabs[i].event:
+                self._events.push_back(slabs[i].event)
             b = slabs[i].blocks
             while b != NULL:
                 nxt = b.slab_next
@@ -879,7 +955,7 @@ cdef class Pool:
         """
         cdef size_t n
         cdef uintptr_t handle = 0 if stream is None else stream_handle(stream)
-        cdef StreamKey key = stream_key(handle)
+        cdef StreamKey key = self.key(handle)
         cdef Block* b = NULL
         cdef int r
         if type(nbytes) is int and 0 < <object>nbytes <= MAX_NBYTES:
@@ -967,11 +1043,14 @@ cdef class Pool:
         int
             Bytes released.
         """
+        cdef int r
         if gp_forked:
             self.raise_status(GP_FORKED, 0)
         self.lock()
         released = self.release_cached()
+        r = self.upstream.trim()
         self.unlock()
+        self.upstream.raise_error(r, "trim")
         return released
 
     def mem_info(self):

@@ -14,9 +14,10 @@ cdef enum CopyKind:
 
 cdef class Upstream:
     cdef readonly int device
+    cdef readonly bint stream_ordered   # alloc is ordered on its stream (not usable before)
     cdef object _pending          # exception raised by a Python upstream, for error()
 
-    cdef int alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil
+    cdef int alloc(self, size_t nbytes, uintptr_t stream, uintptr_t* ptr) noexcept nogil
     cdef int free(self, uintptr_t ptr) noexcept nogil
     cdef int event_create(self, uintptr_t* event) noexcept nogil
     cdef int event_destroy(self, uintptr_t event) noexcept nogil
@@ -29,6 +30,9 @@ cdef class Upstream:
     cdef int memset(self, uintptr_t dst, unsigned char value, size_t nbytes,
                     uintptr_t stream) noexcept nogil
     cdef int mem_info(self, size_t* free, size_t* total) noexcept nogil
+    cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil
+    cdef int set_release_threshold(self, size_t nbytes) noexcept nogil
+    cdef int trim(self) noexcept nogil
     cdef int raise_error(self, int code, str what) except -1
 
 cdef class DriverUpstream(Upstream):
@@ -37,6 +41,10 @@ cdef class DriverUpstream(Upstream):
 
     cdef int _enter(self, void** previous) noexcept nogil
     cdef int _leave(self, void* previous, int result) noexcept nogil
+
+cdef class AsyncUpstream(DriverUpstream):
+    cdef void* mempool            # CUmemoryPool of its own, created on the device
+    cdef size_t threshold         # its release threshold in bytes
 
 cdef class PythonUpstream(Upstream):
     cdef int _call(self, str name, tuple args, uintptr_t* out, size_t* out2) noexcept

@@ -1,13 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Upstreams of the pool: the CUDA driver (cuMemAlloc/cuMemFree) and Python-defined ones.
+"""Upstreams of the pool: the CUDA driver (cuMemAlloc/cuMemFree), the driver's stream-ordered
+memory pool (cuMemAllocFromPoolAsync/cuMemFreeAsync) and Python-defined ones.
 
 ``DriverUpstream`` makes every call with its device's primary context current, so a block
 freed on another thread, or with another device current, goes back with its own context.
-``PythonUpstream`` forwards to Python methods; ``gpupool.testing.SimulatedDevice`` is one.
+``AsyncUpstream`` is a ``DriverUpstream`` whose memory comes from a driver memory pool of its
+own. ``PythonUpstream`` forwards to Python methods; ``gpupool.testing.SimulatedDevice`` is one.
 """
 from libc.stdint cimport uintptr_t
 from cuda.bindings.cydriver cimport (
-    CUresult, CUcontext, CUdevice, CUdeviceptr, CUstream, CUevent,
+    CUresult, CUcontext, CUdevice, CUdeviceptr, CUstream, CUevent, CUmemoryPool,
     CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_READY,
 )
 from gpupool cimport _driver as drv
@@ -18,7 +20,7 @@ from gpupool.errors import GpupoolError
 cdef class Upstream:
     """Base of the C-level upstream interface; not used directly."""
 
-    cdef int alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
+    cdef int alloc(self, size_t nbytes, uintptr_t stream, uintptr_t* ptr) noexcept nogil:
         return GP_PY_ERROR
 
     cdef int free(self, uintptr_t ptr) noexcept nogil:
@@ -53,6 +55,19 @@ cdef class Upstream:
     cdef int mem_info(self, size_t* free, size_t* total) noexcept nogil:
         return GP_PY_ERROR
 
+    cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil:
+        """The stream's process-unique ID (0: unknown); the pool keys streams by it."""
+        out[0] = 0
+        return 0
+
+    cdef int set_release_threshold(self, size_t nbytes) noexcept nogil:
+        """Bytes of freed memory the upstream may keep for reuse (stream-ordered pools)."""
+        return 0
+
+    cdef int trim(self) noexcept nogil:
+        """Give memory the upstream keeps after frees back to the device."""
+        return 0
+
     cdef int raise_error(self, int code, str what) except -1:
         """Raise the exception for a status code returned by one of the methods above."""
         if code == 0:
@@ -82,7 +97,7 @@ cdef class DriverUpstream(Upstream):
         Any other failure of ``cuInit`` or ``cuDevicePrimaryCtxRetain``.
     """
 
-    def __cinit__(self, int device=0):
+    def __cinit__(self, int device=0, *args, **kwargs):
         cdef CUdevice dev
         cdef CUcontext ctx
         cdef int count = 0
@@ -119,7 +134,7 @@ cdef class DriverUpstream(Upstream):
             r = drv.ctx_set_current(<CUcontext>previous)
         return result if result != 0 else r
 
-    cdef int alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
+    cdef int alloc(self, size_t nbytes, uintptr_t stream, uintptr_t* ptr) noexcept nogil:
         cdef void* prev = NULL
         cdef CUdeviceptr p = 0
         cdef int r = self._enter(&prev)
@@ -206,20 +221,119 @@ cdef class DriverUpstream(Upstream):
             r = self._leave(prev, drv.mem_get_info(free, total))
         return r
 
+    cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil:
+        cdef int r = drv.stream_get_id(<CUstream>stream, out)
+        if r != 0:
+            out[0] = 0
+        return r
+
     def __repr__(self):
         return f"DriverUpstream(device={self.device})"
+
+
+cdef class AsyncUpstream(DriverUpstream):
+    """Device memory from a driver memory pool of its own (``cuMemPoolCreate``), allocated
+    with ``cuMemAllocFromPoolAsync`` on the requesting stream and freed with
+    ``cuMemFreeAsync``.
+
+    ``AsyncUpstream(device=0, release_threshold=0)``
+
+    The gpupool pool over it keeps its own free lists as with ``DriverUpstream``; memory it
+    gives back stays in the driver pool up to ``release_threshold`` bytes (the gpupool pool's
+    soft limit, see ``Pool(upstream="async")``), where later growth finds it cheaply. A
+    block is usable on its allocating stream at once; the pool orders other streams after
+    the allocation with an event (``stream_ordered`` is true).
+
+    Parameters
+    ----------
+    device : int
+        Device ordinal.
+    release_threshold : int
+        Bytes of freed memory the driver pool keeps at synchronization points
+        (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``).
+
+    Raises
+    ------
+    NoDeviceError
+        No driver, no device, or ``device`` out of range.
+    CudaError
+        The device has no memory pool support, or ``cuMemPoolCreate`` failed.
+    """
+
+    def __cinit__(self, int device=0, release_threshold=0):
+        cdef void* prev = NULL
+        cdef CUmemoryPool pool = NULL
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = self._leave(prev, drv.mem_pool_create(&pool, device))
+        drv.check(<CUresult>r, "cuMemPoolCreate")
+        self.mempool = <void*>pool
+        self.stream_ordered = True
+        self.raise_error(self.set_release_threshold(release_threshold),
+                         "cuMemPoolSetAttribute(RELEASE_THRESHOLD)")
+
+    def __dealloc__(self):
+        # Outstanding allocations keep the driver pool alive until they are freed.
+        if self.mempool != NULL:
+            drv.mem_pool_destroy(<CUmemoryPool>self.mempool)
+
+    cdef int alloc(self, size_t nbytes, uintptr_t stream, uintptr_t* ptr) noexcept nogil:
+        cdef void* prev = NULL
+        cdef CUdeviceptr p = 0
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = self._leave(prev, drv.mem_alloc_from_pool(&p, nbytes,
+                                                          <CUmemoryPool>self.mempool,
+                                                          <CUstream>stream))
+        ptr[0] = <uintptr_t>p
+        return r
+
+    cdef int free(self, uintptr_t ptr) noexcept nogil:
+        # The pool frees only blocks with no queued work (it synchronizes first when one
+        # may have some), so the legacy stream is as good as the block's own.
+        cdef void* prev = NULL
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = self._leave(prev, drv.mem_free_async(<CUdeviceptr>ptr, <CUstream>0))
+        return r
+
+    cdef int set_release_threshold(self, size_t nbytes) noexcept nogil:
+        cdef int r = drv.mem_pool_set_release_threshold(<CUmemoryPool>self.mempool, nbytes)
+        if r == 0:
+            self.threshold = nbytes
+        return r
+
+    cdef int trim(self) noexcept nogil:
+        cdef void* prev = NULL
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = drv.stream_synchronize(<CUstream>0)     # the frees above have run
+            if r == 0:
+                r = drv.mem_pool_trim_to(<CUmemoryPool>self.mempool, self.threshold)
+            r = self._leave(prev, r)
+        return r
+
+    @property
+    def release_threshold(self):
+        """Bytes of freed memory the driver pool keeps (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``)."""
+        return self.threshold
+
+    def __repr__(self):
+        return f"AsyncUpstream(device={self.device}, release_threshold={self.threshold})"
 
 
 cdef class PythonUpstream(Upstream):
     """An upstream whose operations are Python methods; subclass it to simulate a device.
 
-    A subclass defines ``_alloc(nbytes) -> int`` (raise ``MemoryError`` when out of memory),
+    A subclass defines ``_alloc(nbytes) -> int`` (raise ``MemoryError`` when out of memory;
+    ``_alloc(nbytes, stream)`` once ``_set_stream_ordered(True)``),
     ``_free(ptr)``, ``_event_create() -> int``, ``_event_destroy(event)``,
     ``_event_record(event, stream)``, ``_event_query(event) -> bool``,
     ``_stream_wait_event(stream, event)``, ``_synchronize()``,
     ``_copy(kind, dst, src, nbytes, stream)`` (kind: 1 host to device, 2 device to host,
     3 device to device), ``_memset(dst, value, nbytes, stream)`` and
-    ``_mem_info() -> (free, total)``. Exceptions other than ``MemoryError`` reach the caller
+    ``_mem_info() -> (free, total)``, ``_stream_id(stream) -> int`` and ``_trim()``.
+    Exceptions other than ``MemoryError`` reach the caller
     of the pool operation that made the call.
     """
 
@@ -244,8 +358,10 @@ cdef class PythonUpstream(Upstream):
             return GP_PY_ERROR
         return 0
 
-    cdef int alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
+    cdef int alloc(self, size_t nbytes, uintptr_t stream, uintptr_t* ptr) noexcept nogil:
         with gil:
+            if self.stream_ordered:
+                return self._call("_alloc", (nbytes, stream), ptr, NULL)
             return self._call("_alloc", (nbytes,), ptr, NULL)
 
     cdef int free(self, uintptr_t ptr) noexcept nogil:
@@ -297,3 +413,23 @@ cdef class PythonUpstream(Upstream):
             r = self._call("_mem_info", (), &f, total)
         free[0] = f
         return r
+
+    cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil:
+        cdef uintptr_t sid = 0
+        cdef int r = 0
+        with gil:
+            if hasattr(self, "_stream_id"):
+                r = self._call("_stream_id", (stream,), &sid, NULL)
+                self._pending = None        # the pool falls back to the handle alone
+        out[0] = sid if r == 0 else 0
+        return r
+
+    cdef int trim(self) noexcept nogil:
+        with gil:
+            if not hasattr(self, "_trim"):
+                return 0
+            return self._call("_trim", (), NULL, NULL)
+
+    def _set_stream_ordered(self, bint ordered):
+        """Declare that ``_alloc(nbytes, stream)`` is ordered on ``stream`` (for subclasses)."""
+        self.stream_ordered = ordered

@@ -37,13 +37,18 @@ class SimulatedDevice(PythonUpstream):
         Bytes the device holds; an allocation beyond it fails as out of memory.
     device : int
         Ordinal reported as the pool's device.
+    stream_ordered : bool
+        Simulate a stream-ordered upstream (as ``gpupool.AsyncUpstream``): each allocation
+        is work queued on the requesting stream, and memory exists for other streams only
+        once that work is done or ordered before theirs.
 
     Attributes
     ----------
     calls : list of (str, tuple)
         Every simulated driver call, in order: ``alloc``, ``free``, ``event_create``,
         ``event_destroy``, ``event_record``, ``event_query``, ``stream_wait_event``,
-        ``synchronize``, ``copy``, ``memset``, ``mem_info``.
+        ``synchronize``, ``copy``, ``memset``, ``mem_info``, ``trim``. With
+        ``stream_ordered``, ``alloc``'s arguments are ``(nbytes, stream)``.
     used : int
         Bytes currently allocated.
     errors : list of str
@@ -55,10 +60,11 @@ class SimulatedDevice(PythonUpstream):
     #: Its memory is host memory: buffers export DLPack as kDLCPU, so NumPy can read them.
     dlpack_host_memory = True
 
-    def __init__(self, capacity=1 << 30, device=0):
+    def __init__(self, capacity=1 << 30, device=0, stream_ordered=False):
         if capacity <= 0:
             raise ValueError("capacity must be positive")
         self._set_device(device)
+        self._set_stream_ordered(stream_ordered)
         self.capacity = int(capacity)
         self.used = 0
         self.calls = []
@@ -70,13 +76,26 @@ class SimulatedDevice(PythonUpstream):
         self._done = {LEGACY_STREAM: 0, PER_THREAD_STREAM: 0}
         self._events = {}               # event -> list of (stream, work number) it waits for
         self._waits = {}                # stream -> events its later work waits for
+        self._ids = itertools.count(1)
+        self._stream_ids = {}           # stream -> ID, new for every created stream
+        self.allocated_on = {}          # stream-ordered: pointer -> (stream, work number)
 
     # The test-facing side --------------------------------------------------------------
 
-    def create_stream(self):
-        """A new simulated stream handle (an int, as a ``CUstream`` would be)."""
-        handle = next(self._handles)
+    def create_stream(self, reuse=None):
+        """A new simulated stream handle (an int, as a ``CUstream`` would be).
+
+        ``reuse``: a destroyed stream's handle to give the new stream, as a driver may; the
+        new stream still has a new stream ID (``cuStreamGetId``).
+        """
+        if reuse is not None:
+            if reuse in self._queued:
+                self._misuse(f"stream {reuse:#x} is not destroyed")
+            handle = reuse
+        else:
+            handle = next(self._handles)
         self._queued[handle] = self._done[handle] = 0
+        self._stream_ids[handle] = next(self._ids)
         return handle
 
     def destroy_stream(self, stream):
@@ -123,14 +142,19 @@ class SimulatedDevice(PythonUpstream):
 
     # The upstream side (called by the pool) --------------------------------------------
 
-    def _alloc(self, nbytes):
-        self.calls.append(("alloc", (nbytes,)))
+    def _alloc(self, nbytes, stream=None):
+        self.calls.append(("alloc", (nbytes,) if stream is None else (nbytes, stream)))
+        if stream is not None:
+            self._check_stream(stream)
         if self.used + nbytes > self.capacity:
             raise MemoryError(f"simulated device out of memory: {nbytes} B requested")
         array = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
         ptr = -array.ctypes.data % ALIGNMENT + array.ctypes.data
         self._arrays[ptr] = (array, nbytes)
         self.used += nbytes
+        if stream is not None:
+            self._queued[stream] += 1       # the allocation is work in the stream's order
+            self.allocated_on[ptr] = (stream, self._queued[stream])
         return ptr
 
     def _free(self, ptr):
@@ -138,6 +162,7 @@ class SimulatedDevice(PythonUpstream):
         if ptr not in self._arrays:
             self._misuse(f"free of unknown pointer {ptr:#x}")
         self.used -= self._arrays.pop(ptr)[1]
+        self.allocated_on.pop(ptr, None)
 
     def _event_create(self):
         event = next(self._handles)
@@ -181,6 +206,13 @@ class SimulatedDevice(PythonUpstream):
         self.calls.append(("memset", (dst, value, nbytes, stream)))
         self._check_stream(stream)
         ctypes.memset(dst, value, nbytes)
+
+    def _stream_id(self, stream):
+        self._check_stream(stream)
+        return self._stream_ids[stream]
+
+    def _trim(self):
+        self.calls.append(("trim", ()))
 
     def _mem_info(self):
         self.calls.append(("mem_info", ()))

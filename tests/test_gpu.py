@@ -89,7 +89,7 @@ def test_several_devices_each_get_their_own_pool():
         buf.copy_from_host(np.full(MIB, d, np.uint8))
     for d, buf in enumerate(bufs):
         assert (buf.copy_to_host() == d).all()
-    del bufs                      # freed with device 0 current: each goes to its own pool
+    del bufs, buf                 # freed with device 0 current: each goes to its own pool
     for p in pools:
         stats = p.stats()
         assert stats.in_use_bytes == 0 and stats.num_frees >= 1

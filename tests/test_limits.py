@@ -33,3 +33,4 @@ def test_malformed_limits_name_the_accepted_forms(text):
 def test_wrong_types(value):
     with pytest.raises(TypeError):
         parse_limit(value, total)
+

@@ -233,7 +233,7 @@ def test_trim_releases_large_cached_blocks_and_synchronizes_first(pool, sim):
     sim.launch(0)
     del buf
     assert pool.trim() == LARGE
-    assert [name for name, _ in sim.calls][-2:] == ["synchronize", "free"]
+    assert [name for name, _ in sim.calls][-3:] == ["synchronize", "free", "trim"]
     assert sim.used == 0
     stats = check_invariants(pool)
     assert stats.upstream_frees == 1
@@ -272,6 +272,22 @@ def test_hard_limit_trims_then_raises_with_the_numbers(sim):
         assert part in message
     assert isinstance(info.value, MemoryError)
     assert pool.stats().oom_retries >= 1
+
+
+@pytest.mark.parametrize("cap", [1_000_000, 3 * (1 << 20) + 12_345, 100 << 20])
+def test_pool_capped_at_n_bytes_can_allocate_one_n_byte_block(sim, cap):
+    pool = gpupool.Pool(upstream=sim, hard_limit=cap)
+    assert gpupool.size_class(cap) > cap         # the size class's rounding would cross it
+    small = [pool.allocate(1000) for _ in range(3)]              # leaves a slab cached
+    del small
+    buf = pool.allocate(cap)                 # the cache is released, then an exact block
+    assert buf.nbytes == cap
+    assert pool.stats().reserved_bytes <= cap
+    del buf
+    assert pool.allocate(cap).nbytes == cap  # and again, from the cache or anew
+    with pytest.raises(gpupool.OutOfMemoryError):
+        pool.allocate(cap + 1)
+    check_invariants(pool)
 
 
 def test_out_of_memory_from_the_device(sim):
