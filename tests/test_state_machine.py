@@ -4,7 +4,9 @@ Random allocations and frees on several streams, simulated work and its completi
 record_stream, regions entered and left, and trims. After every step: no two live buffers
 overlap, in-use plus cached equals reserved, and no block was handed to another stream
 unless the work queued on its earlier streams before its free had completed or the new stream
-waits for it (an event it waits on covers that work).
+waits for it (an event it waits on covers that work). A second machine runs the same rules
+over a stream-ordered upstream (as the "async" one), where memory also exists for a stream
+only behind its allocation on the stream that allocated it.
 """
 
 from hypothesis import settings
@@ -18,9 +20,11 @@ SIZES = st.sampled_from([1, 200, 512, 1000, 4097, 70_000, 262_144, 300_000, 1 <<
 
 
 class PoolMachine(RuleBasedStateMachine):
+    stream_ordered = False
+
     def __init__(self):
         super().__init__()
-        self.sim = SimulatedDevice(capacity=64 << 20)
+        self.sim = SimulatedDevice(capacity=64 << 20, stream_ordered=self.stream_ordered)
         self.pool = gpupool.Pool(upstream=self.sim)
         self.region = gpupool.Region(pool=self.pool)
         self.streams = [0] + [self.sim.create_stream() for _ in range(2)]
@@ -39,6 +43,11 @@ class PoolMachine(RuleBasedStateMachine):
 
     def _check_handoff(self, buf, stream):
         size = gpupool.size_class(buf.nbytes)
+        for base, (alloc_stream, work) in self.sim.allocated_on.items():
+            if base <= buf.ptr < base + self.sim._arrays[base][1] and alloc_stream != stream:
+                assert self.sim.ordered(stream, alloc_stream, work), (
+                    f"memory at {buf.ptr:#x}, allocated in stream {alloc_stream:#x}'s order, "
+                    f"went to stream {stream:#x} before that allocation")
         for ptr, old_size, pending in self.freed:
             if ptr < buf.ptr + size and buf.ptr < ptr + old_size:
                 for old_stream, queued in pending:
@@ -114,5 +123,11 @@ class PoolMachine(RuleBasedStateMachine):
         assert stats.reserved_bytes == self.sim.used
 
 
+class OrderedPoolMachine(PoolMachine):
+    stream_ordered = True
+
+
 PoolMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+OrderedPoolMachine.TestCase.settings = PoolMachine.TestCase.settings
 TestPool = PoolMachine.TestCase
+TestPoolOnStreamOrderedUpstream = OrderedPoolMachine.TestCase
