@@ -23,7 +23,8 @@ SIZES = [256, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
 REPS, QUICK_REPS, QUICK_OPS = 30, 3, 200
 # Batch plans (keyword arguments of _common.Cell). Cached allocators: 4000 ops a batch.
 # Uncached ones: batches of about 5 ms from a probe. Numba defers its frees in groups of
-# 10, so its batches hold at least 20 allocations and end with a flush of them.
+# 10, so its batches hold at least 20 allocations and end with a flush of them; Numba on
+# gpupool runs with the same plan, in the same rounds, for a like-for-like comparison.
 CACHED = {"ops": 4000}
 UNCACHED = {"ops": 200, "target_ns": 5_000_000, "min_ops": 5}
 NUMBA = {"ops": 100, "target_ns": 5_000_000, "min_ops": 20}
@@ -291,28 +292,63 @@ def make_driver_alloc(ctx):
 
 # Numba -----------------------------------------------------------------------------------
 
-def make_numba(ctx):
-    """``numba.cuda.device_array(n, dtype=np.uint8)``, default memory manager (no pool).
-
-    Numba defers frees; each batch ends by flushing them, so their cost is counted.
-    """
+def _numba_context(ctx):
+    """``(numba.cuda, Numba's context of device 0)``, or raise Skip."""
     cuda = ctx.need("numba_cuda")
-    import numpy as np
-
     if not cuda.is_available():
         raise Skip("numba.cuda.is_available() is False")
+    return cuda, cuda.current_context()
+
+
+@contextlib.contextmanager
+def _serving(context, manager):
+    """Numba's context allocating through ``manager`` while entered (None: its own); yields
+    the manager in use. Numba fixes a context's manager when it makes the context, so a
+    plugin is swapped in around each batch rather than set with ``set_memory_manager``."""
+    previous = context.memory_manager
+    context.memory_manager = previous if manager is None else manager
+    try:
+        yield context.memory_manager
+    finally:
+        context.memory_manager = previous
+
+
+def _numba_loop(cuda, context, manager):
+    """for_size running ``a = numba.cuda.device_array(n, dtype=np.uint8); del a``.
+
+    Numba's own manager defers frees; each batch ends by flushing them, so their cost is
+    counted (gpupool's plugin frees at once: nothing to flush).
+    """
+    import numpy as np
+
     device_array, u8 = cuda.device_array, np.uint8
-    pending = cuda.current_context().deallocations
 
     def for_size(n):
         def batch(ops):
-            for _ in range(ops):
-                a = device_array(n, dtype=u8)
-                del a
-            pending.clear()
+            with _serving(context, manager) as serving:
+                for _ in range(ops):
+                    a = device_array(n, dtype=u8)
+                    del a
+                serving.deallocations.clear()
         return batch
 
-    return Made(for_size)
+    return for_size
+
+
+def make_numba(ctx):
+    """``numba.cuda.device_array(n, dtype=np.uint8)``, Numba's default memory manager."""
+    cuda, context = _numba_context(ctx)
+    return Made(_numba_loop(cuda, context, None))
+
+
+def make_numba_gp(ctx):
+    """The same through gpupool's EMM plugin (``gpupool.numba``), from a pool of its own."""
+    cuda, context = _numba_context(ctx)
+    import gpupool.numba
+
+    pool = ctx.new_pool()
+    manager = gpupool.numba.GpupoolNumbaManager(context=context, pool=pool)
+    return Made(_numba_loop(cuda, context, manager), pool.trim, pool)
 
 
 def loop_batch(ops):
@@ -337,6 +373,7 @@ COLUMNS = [
     Column("drv.alloc", "cuMemAlloc + cuMemFree (Python layer, uncached)", make_driver_alloc,
            UNCACHED),
     Column("numba", "numba.cuda.device_array, no pool", make_numba, NUMBA),
+    Column("numba.gp", "numba.cuda.device_array, gpupool EMM plugin", make_numba_gp, NUMBA),
 ]
 
 

@@ -1,4 +1,5 @@
-"""examples/train_digits.py on a GPU: region mode trains to >= 0.95 with flat reserved memory."""
+"""The examples on a GPU: train_digits trains to >= 0.95 with flat reserved memory in region mode;
+mixed_frameworks passes data between CuPy, Numba and PyTorch on one pool."""
 
 import subprocess
 import sys
@@ -41,3 +42,24 @@ def test_train_digits_region_mode():
     row = lines[header + 2].split()
     assert row[0] == "region", output
     assert row[5] == "yes", output  # the flat? column
+
+
+@pytest.mark.gpu
+def test_mixed_frameworks_share_one_pool():
+    _require_gpu()
+    for name in ("numba.cuda", "torch"):
+        pytest.importorskip(name)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "mixed_frameworks.py")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    # Exit status 0 means every check passed: hand-offs at the producer's address, each
+    # library's allocations in the pool, CuPy's own pool empty, results equal to NumPy's.
+    assert proc.returncode == 0, output
+    checks = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(checks) == 8 and all(line.startswith("[ok] ") for line in checks), output
+    assert proc.stdout.count("Memory pool usage: ") == 1, output

@@ -1,0 +1,77 @@
+"""Numba adapter: Numba's device arrays allocated from gpupool (an EMM plugin).
+
+::
+
+    import gpupool.numba
+    gpupool.numba.use()          # before Numba's first CUDA call (array, kernel, context)
+
+    # or, for a whole program, with no change to its code:
+    #   NUMBA_CUDA_MEMORY_MANAGER=gpupool.numba python program.py
+
+Every ``numba.cuda.device_array`` (and every other device allocation Numba makes) is then a
+:class:`gpupool.DeviceBuffer` from ``gpupool.get_pool(device)``, allocated on the legacy
+default stream; regions apply to it as to any other allocation. Pinned and mapped host
+memory stay Numba's. The plugin class is :class:`GpupoolNumbaManager`.
+
+Numba is imported when the class is first asked for (``gpupool.numba.GpupoolNumbaManager``,
+``use()``, or Numba's own lookup of ``_numba_memory_manager``), not when this module is.
+"""
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:                    # at run time the class comes from __getattr__, lazily
+    from gpupool._numba_manager import GpupoolNumbaManager
+
+__all__ = ["GpupoolNumbaManager", "use"]
+
+_LAZY = ("GpupoolNumbaManager", "_numba_memory_manager")
+
+
+def use():
+    """Make Numba allocate device memory from gpupool (``numba.cuda.set_memory_manager``).
+
+    Numba picks a context's memory manager when it creates the context, so call this before
+    Numba's first CUDA call; ``NUMBA_CUDA_MEMORY_MANAGER=gpupool.numba`` does the same from
+    the environment. Calling it again is harmless.
+
+    Raises
+    ------
+    ImportError
+        numba-cuda is not installed.
+    RuntimeError
+        Numba already created a CUDA context with another memory manager.
+    """
+    manager = _manager_class()
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import driver
+
+    for device in list(driver.devices.values()):
+        context = device.primary_context
+        if context is not None and not isinstance(context.memory_manager, manager):
+            raise RuntimeError(
+                f"Numba already created its CUDA context on device {device.id} with "
+                f"{type(context.memory_manager).__name__}; call gpupool.numba.use() before "
+                f"Numba's first CUDA call, or set NUMBA_CUDA_MEMORY_MANAGER=gpupool.numba")
+    cuda.set_memory_manager(manager)
+
+
+def __getattr__(name):
+    # Numba reads ``_numba_memory_manager`` with getattr after importing this module.
+    if name in _LAZY:
+        return _manager_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])
+
+
+def _manager_class():
+    try:
+        from gpupool._numba_manager import GpupoolNumbaManager
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "numba":
+            raise
+        raise ImportError(
+            "gpupool.numba needs Numba's CUDA target: pip install numba-cuda") from exc
+    return GpupoolNumbaManager

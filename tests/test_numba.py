@@ -1,0 +1,366 @@
+"""The Numba EMM plugin (gpupool.numba): lazily imported, Numba's interface, allocation through
+the pool on the simulated device; on a GPU (marked gpu): Numba arrays and kernels on gpupool
+memory, the environment variable, memory info, IPC offsets and regions."""
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import check_invariants
+
+import gpupool
+import gpupool.numba
+from gpupool.testing import SimulatedDevice
+
+KIB = 1 << 10
+
+
+def run_python(code, **env):
+    """Run ``code`` in a fresh interpreter; its CompletedProcess (text output)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, **env))
+
+
+def test_importing_the_adapter_does_not_import_numba():
+    result = run_python("""
+        import sys
+        import gpupool.numba
+        assert "GpupoolNumbaManager" in dir(gpupool.numba)
+        print(sorted(name for name in sys.modules if name.split(".")[0] == "numba"))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_without_numba_the_plugin_says_what_to_install():
+    result = run_python("""
+        import sys
+
+        class NoNumba:                      # as if numba were not installed
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "numba":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        sys.meta_path.insert(0, NoNumba())
+        import gpupool.numba
+        for attempt in (lambda: gpupool.numba.GpupoolNumbaManager, gpupool.numba.use,
+                        lambda: gpupool.numba._numba_memory_manager):
+            try:
+                attempt()
+            except ImportError as exc:
+                print(type(exc).__name__, exc)
+        try:
+            gpupool.numba.no_such_name
+        except AttributeError as exc:
+            print("AttributeError", exc)
+    """)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["ImportError gpupool.numba needs Numba's CUDA target: "
+                         "pip install numba-cuda"] * 3
+    assert lines[3] == "AttributeError module 'gpupool.numba' has no attribute 'no_such_name'"
+
+
+# With Numba installed ------------------------------------------------------------------------
+
+@pytest.fixture
+def numba_cuda():
+    return pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
+
+
+@pytest.fixture
+def manager_class(numba_cuda):
+    return gpupool.numba.GpupoolNumbaManager
+
+
+@pytest.fixture
+def numba_driver(numba_cuda, monkeypatch):
+    """Numba's driver module, its choice of memory manager restored after the test."""
+    from numba.cuda.cudadrv import driver
+
+    monkeypatch.setattr(driver, "_memory_manager", driver._memory_manager)
+    monkeypatch.setattr(driver.driver, "devices", {})    # as if Numba had made no context yet
+    return driver
+
+
+class FakeDevice:
+    def __init__(self, ordinal):
+        self.id = ordinal
+
+
+class FakeContext:
+    """What the plugin reads of a Numba context: its device's ordinal (weak-referenceable)."""
+
+    def __init__(self, ordinal=0, memory_manager=None):
+        self.device = FakeDevice(ordinal)
+        self.memory_manager = memory_manager
+
+
+@pytest.fixture
+def manager(manager_class, pool):
+    """The plugin for a context of device 0, drawing from the simulated pool."""
+    return manager_class(context=FakeContext(), pool=pool)
+
+
+def test_the_class_is_an_emm_plugin_of_interface_version_1(numba_cuda, manager_class):
+    assert issubclass(manager_class, numba_cuda.HostOnlyCUDAMemoryManager)
+    assert issubclass(manager_class, numba_cuda.GetIpcHandleMixin)
+    assert gpupool.numba._numba_memory_manager is manager_class
+    dummy = manager_class(context=None)         # as numba.cuda.set_memory_manager makes it
+    assert dummy.interface_version == 1
+    for name in ("memalloc", "get_memory_info", "get_ipc_handle", "initialize", "reset",
+                 "defer_cleanup", "memhostalloc", "mempin"):
+        assert not getattr(getattr(manager_class, name), "__isabstractmethod__", False), name
+
+
+def test_use_installs_the_plugin(numba_driver, manager_class):
+    gpupool.numba.use()
+    assert numba_driver._memory_manager is manager_class
+    gpupool.numba.use()                         # again: harmless
+
+
+def test_use_refuses_once_numba_made_a_context_with_another_manager(numba_driver, monkeypatch):
+    device = FakeDevice(0)
+    device.primary_context = FakeContext(memory_manager=object())
+    monkeypatch.setattr(numba_driver.driver, "devices", {0: device})
+    with pytest.raises(RuntimeError, match="before Numba's first CUDA call.*"
+                                           "NUMBA_CUDA_MEMORY_MANAGER=gpupool.numba"):
+        gpupool.numba.use()
+
+
+def test_memalloc_takes_a_block_from_the_pool_and_numba_frees_it(manager, pool):
+    pointer = manager.memalloc(1000)
+    address, size = pointer.device_pointer_value, pointer.size
+    stats = check_invariants(pool)
+    assert (size, stats.in_use_bytes, stats.num_allocs) == (1000, 1024, 1)
+    assert address % 256 == 0
+    view = pointer.view(16, 48)                 # Numba's slices keep the allocation alive
+    assert view.device_pointer_value == address + 16
+    del pointer
+    assert pool.stats().in_use_bytes == 1024
+    del view
+    assert pool.stats().in_use_bytes == 0
+    assert pool.allocate(1000).ptr == address   # the same block, back in the pool
+
+
+def test_zero_size_allocation(manager, pool):
+    pointer = manager.memalloc(0)
+    assert pointer.size == 0 and pointer.device_pointer_value is None
+    assert pointer.view(0).size == 0
+    assert pool.stats().num_allocs == 0
+
+
+def test_defer_cleanup_holds_frees_until_the_outermost_exit(manager, pool):
+    kept = manager.memalloc(100)
+    with manager.defer_cleanup():
+        with manager.defer_cleanup():
+            pointer = manager.memalloc(3000)
+            del pointer
+        assert pool.stats().in_use_bytes == 512 + 3072
+    assert pool.stats().in_use_bytes == 512
+    del kept
+    assert pool.stats().in_use_bytes == 0
+
+
+def test_a_region_hands_numba_the_same_addresses_every_step(manager, pool):
+    region = gpupool.Region(pool=pool)
+    steps = []
+    for _ in range(3):
+        with region:
+            a, b = manager.memalloc(1000), manager.memalloc(300 * KIB)
+            steps.append((a.device_pointer_value, b.device_pointer_value))
+            del a, b
+    assert steps[0] == steps[1] == steps[2]
+    assert region.stats().cache_hits == 4
+
+
+def test_reset_trims_and_memory_info_comes_from_the_driver(manager, pool, sim):
+    pointer = manager.memalloc(1 << 20)
+    del pointer
+    assert pool.stats().reserved_bytes > 0
+    manager.reset()
+    assert pool.stats().reserved_bytes == 0
+    assert tuple(manager.get_memory_info()) == pool.mem_info() == (sim.capacity, sim.capacity)
+
+
+@pytest.mark.usefixtures("restore_default_pool")
+def test_without_a_pool_it_draws_from_the_default_pool_of_the_context_device(manager_class,
+                                                                              pool):
+    gpupool.set_pool(pool)
+    manager = manager_class(context=FakeContext(0))
+    manager.initialize()
+    assert manager.pool() is pool
+    pointer = manager.memalloc(64)
+    assert pool.stats().num_allocs == 1
+    del pointer
+
+
+def test_refusals(manager_class, manager, pool):
+    with pytest.raises(ValueError, match="pool of device 0 given for a Numba context of device 1"):
+        manager_class(context=FakeContext(1), pool=pool)
+    with pytest.raises(ValueError, match="empty Numba allocation"):
+        manager.get_ipc_handle(manager.memalloc(0))
+    with pytest.raises(gpupool.OutOfMemoryError):
+        manager_class(context=FakeContext(), pool=gpupool.Pool(
+            upstream=SimulatedDevice(capacity=1 << 20))).memalloc(4 << 20)
+
+
+# On a GPU ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def gpu_pool():
+    return gpupool.Pool(device=0)
+
+
+@pytest.fixture
+def numba_on_gpupool(numba_cuda, manager_class, gpu_pool):
+    """Numba's context of device 0 allocating from ``gpu_pool`` during the test.
+
+    Numba chooses a context's manager when it creates the context, which another test in
+    this process may have done already, so the test swaps the context's manager (the
+    subprocess tests below use the documented switches).
+    """
+    context = numba_cuda.current_context()
+    previous = context.memory_manager
+    context.memory_manager = manager_class(context=context, pool=gpu_pool)
+    yield gpu_pool
+    context.memory_manager = previous
+
+
+@pytest.mark.gpu
+def test_device_arrays_and_kernels_on_gpupool_memory(numba_cuda, numba_on_gpupool):
+    pool = numba_on_gpupool
+
+    @numba_cuda.jit
+    def fill(out):
+        i = numba_cuda.grid(1)
+        if i < out.size:
+            out[i] = i * 0.5
+
+    before = pool.stats().num_allocs
+    array = numba_cuda.device_array(100_000, dtype=np.float32)
+    assert pool.stats().num_allocs == before + 1
+    fill[(100_000 + 255) // 256, 256](array)
+    np.testing.assert_array_equal(array.copy_to_host(), np.arange(100_000) * 0.5)
+    address = array.__cuda_array_interface__["data"][0]
+    del array
+    assert pool.allocate(400_000).ptr == address   # its block went back to the pool
+
+
+@pytest.mark.gpu
+def test_defer_cleanup_and_memory_info_through_numba(numba_cuda, numba_on_gpupool):
+    pool = numba_on_gpupool
+    with numba_cuda.defer_cleanup():
+        array = numba_cuda.device_array(1 << 20, dtype=np.uint8)
+        del array
+        assert pool.stats().in_use_bytes == 1 << 20
+    assert pool.stats().in_use_bytes == 0
+    free, total = numba_cuda.current_context().get_memory_info()
+    assert 0 < free <= total == pool.mem_info()[1]
+
+
+@pytest.mark.gpu
+def test_a_region_gives_numba_arrays_the_same_addresses(numba_cuda, numba_on_gpupool):
+    region = gpupool.Region(pool=numba_on_gpupool)
+    steps = []
+    for _ in range(3):
+        with region:
+            a = numba_cuda.device_array((256, 256), dtype=np.float32)
+            b = numba_cuda.to_device(np.arange(1000))
+            steps.append((a.__cuda_array_interface__["data"][0],
+                          b.__cuda_array_interface__["data"][0]))
+            del a, b
+    assert steps[0] == steps[1] == steps[2]
+
+
+# What a sandboxed machine answers when it does not support CUDA IPC.
+IPC_UNAVAILABLE = ("CUDA_ERROR_OPERATING_SYSTEM", "CUDA_ERROR_NOT_PERMITTED",
+                   "CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_MAP_FAILED")
+
+
+def _ipc_handle_or_skip(array):
+    """``array.get_ipc_handle()``; skips where the machine (a sandbox) refuses CUDA IPC."""
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    try:
+        return array.get_ipc_handle()
+    except CudaAPIError as exc:
+        if any(name in str(exc) for name in IPC_UNAVAILABLE):
+            pytest.skip(f"CUDA IPC is unavailable here: {exc}")
+        raise
+
+
+@pytest.mark.gpu
+def test_ipc_handle_of_a_slab_block_carries_its_offset(numba_cuda, numba_on_gpupool, tmp_path):
+    from cuda.bindings import driver
+
+    def address_and_base(array):
+        address = array.__cuda_array_interface__["data"][0]
+        err, base, _ = driver.cuMemGetAddressRange(address)
+        assert not err
+        return address, int(base)
+
+    arrays = [numba_cuda.to_device(np.arange(250, dtype=np.int32) + 1000 * k) for k in range(3)]
+    # 1 KiB blocks carved from one slab: at most one of them starts its driver allocation.
+    k = next(k for k, array in enumerate(arrays) if len(set(address_and_base(array))) == 2)
+    array, (address, base) = arrays[k], address_and_base(arrays[k])
+    handle = _ipc_handle_or_skip(array)
+    assert handle._ipc_handle.offset == address - base > 0
+    # Another process opens the handle and reads this block's values, not the slab's first.
+    path = tmp_path / "handle.pickle"
+    path.write_bytes(pickle.dumps(handle))
+    child = run_python(f"""
+        import pickle
+        with open({str(path)!r}, "rb") as f:
+            handle = pickle.load(f)
+        with handle as array:
+            print(array.copy_to_host().tolist())
+    """)
+    if child.returncode and any(name in child.stderr for name in IPC_UNAVAILABLE):
+        pytest.skip(f"this machine cannot open CUDA IPC handles: {child.stderr[-300:]}")
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == str(list(range(1000 * k, 1000 * k + 250)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("switch", ["environment", "use"])
+def test_numba_programs_allocate_from_gpupool_when_switched_on(switch):
+    pytest.importorskip("numba.cuda")
+    env = {"NUMBA_CUDA_MEMORY_MANAGER": "gpupool.numba"} if switch == "environment" else {}
+    result = run_python(f"""
+        import numpy as np
+        from numba import cuda
+        import gpupool, gpupool.numba
+        if {switch == "use"}:
+            gpupool.numba.use()
+        array = cuda.to_device(np.arange(1000))
+        manager = cuda.current_context().memory_manager
+        print(type(manager).__name__, gpupool.get_pool(0).stats().num_allocs,
+              int(array.copy_to_host().sum()))
+        if {switch == "use"}:
+            gpupool.numba.use()             # again, with its own context made: harmless
+    """, **env)
+    assert result.returncode == 0, result.stderr
+    name, allocs, total = result.stdout.split()
+    assert (name, total) == ("GpupoolNumbaManager", str(sum(range(1000))))
+    assert int(allocs) >= 1
+
+
+@pytest.mark.gpu
+def test_use_after_numba_made_its_context_is_refused():
+    pytest.importorskip("numba.cuda")
+    result = run_python("""
+        from numba import cuda
+        import gpupool.numba
+        cuda.current_context()
+        try:
+            gpupool.numba.use()
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "Numba already created its CUDA context on device 0" in result.stdout
