@@ -1,13 +1,13 @@
 """Device memory of a deep MLP training step whose temporaries sit in reference cycles.
 
 The step: a CuPy MLP (8 dense layers of 1024, batch 256, float32, ReLU, softmax cross entropy)
-trained with SGD and weight decay, through a tiny autograd like ``examples/train_digits.py``'s:
-every node keeps its parents and a backward closure that refers back to the node, so a step's
-tape (its activations) is a reference cycle that only the cyclic garbage collector frees.
-Backward frees each gradient once it has been passed on, and the optimizer works unfused, so
-the step makes many short-lived temporaries besides. PyTorch is imported first, as in real
-jobs (its objects are what make a full collection slow). ``--steps`` steps (500; ``--quick``:
-60) run in each of six ways, each from a fresh state:
+trained with SGD and weight decay, through ``examples/autograd.py``, the tiny autograd that
+``examples/train_digits.py`` uses: every node keeps its parents and a backward closure that
+refers back to the node, so a step's tape (its activations) is a reference cycle that only the
+cyclic garbage collector frees. Backward frees each gradient once it has been passed on, and
+the optimizer works unfused, so the step makes many short-lived temporaries besides. PyTorch is
+imported first, as in real jobs (its objects are what make a full collection slow).
+``--steps`` steps (500; ``--quick``: 60) run in each of six ways, each from a fresh state:
 
 * ``cupy-default``: CuPy's ``MemoryPool``, default garbage collection;
 * ``cupy-gc``: the same with ``gc.collect()`` after every step (for at most ``--gc-steps``);
@@ -38,6 +38,9 @@ import _common
 import numpy as np
 from _common import MiB, format_table
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import autograd  # noqa: E402  (examples/autograd.py, shared with examples/train_digits.py)
+
 SCRIPT = "region_memory"
 DEPTH, WIDTH, BATCH = 8, 1024, 256
 LR, WEIGHT_DECAY, SEED = 0.01, 1e-4, 0
@@ -64,157 +67,15 @@ COLUMNS = ("ms", "in_use", "peak_in_use", "reserved", "peak_reserved", "in_use_a
            "region_peak")
 
 
-# Autograd ----------------------------------------------------------------------------------
-# Each op's backward closure refers to `out`, the node that holds it: the cycle every Python
-# autograd engine makes, and the reason a step's memory waits for the cyclic collector.
-
-class Node:
-    """A value of the tape: an array, its gradient, its parents and its backward closure."""
-
-    __slots__ = ("data", "grad", "parents", "backward", "requires_grad")
-
-    def __init__(self, data, parents=(), requires_grad=False):
-        self.data = data
-        self.grad = None
-        self.parents = parents
-        self.backward = None
-        self.requires_grad = requires_grad or any(p.requires_grad for p in parents)
-
-
-def _accumulate(node, grad):
-    if node.requires_grad:
-        node.grad = grad if node.grad is None else node.grad + grad
-
-
-def matmul(a, b):
-    out = Node(a.data @ b.data, (a, b))
-
-    def backward():
-        if a.requires_grad:
-            _accumulate(a, out.grad @ b.data.T)
-        if b.requires_grad:
-            _accumulate(b, a.data.T @ out.grad)
-
-    out.backward = backward
-    return out
-
-
-def add_bias(a, bias):
-    """``a`` (rows, n) plus ``bias`` (n,), broadcast over the rows."""
-    out = Node(a.data + bias.data, (a, bias))
-
-    def backward():
-        _accumulate(a, out.grad)
-        _accumulate(bias, out.grad.sum(axis=0))
-
-    out.backward = backward
-    return out
-
-
-def relu(x, xp):
-    out = Node(xp.maximum(x.data, 0), (x,))
-
-    def backward():
-        _accumulate(x, out.grad * (x.data > 0))
-
-    out.backward = backward
-    return out
-
-
-def softmax_cross_entropy(logits, labels, xp):
-    """Per-row ``-log softmax(logits)[label]``, the row maximum subtracted first."""
-    rows = xp.arange(labels.shape[0])
-    shifted = logits.data - logits.data.max(axis=1, keepdims=True)
-    log_probs = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
-    out = Node(-log_probs[rows, labels], (logits,))
-
-    def backward():
-        grad = xp.exp(log_probs)
-        grad[rows, labels] -= 1
-        _accumulate(logits, grad * out.grad[:, None])
-
-    out.backward = backward
-    return out
-
-
-def mean(x, xp):
-    out = Node(x.data.mean(), (x,))
-
-    def backward():
-        _accumulate(x, xp.ones_like(x.data) * (out.grad / x.data.size))
-
-    out.backward = backward
-    return out
-
-
-def _topological_order(root):
-    """Nodes reachable from root, each after all of its parents."""
-    order, seen, stack = [], set(), [(root, False)]
-    while stack:
-        node, parents_done = stack.pop()
-        if parents_done:
-            order.append(node)
-        elif id(node) not in seen:
-            seen.add(id(node))
-            stack.append((node, True))
-            stack.extend((parent, False) for parent in node.parents)
-    return order
-
-
-def backward(root, xp):
-    """Fill ``.grad`` of the leaves that require it, from the scalar ``root`` back.
-
-    A node's gradient is dropped once passed on to its parents, as an autograd engine does;
-    its activations stay in the tape until the tape is collected.
-    """
-    root.grad = xp.ones_like(root.data)
-    for node in reversed(_topological_order(root)):
-        if node.backward is not None and node.grad is not None:
-            node.backward()
-            node.grad = None
-
-
 # Model -------------------------------------------------------------------------------------
-
-class MLP:
-    """``depth`` dense layers of ``width``, ReLU between them, He-initialised (float32)."""
-
-    def __init__(self, xp, depth, width, rng):
-        self.xp = xp
-        scale = np.sqrt(2.0 / width)
-        self.layers = [
-            (Node(xp.asarray((rng.standard_normal((width, width)) * scale)
-                             .astype(np.float32)), requires_grad=True),
-             Node(xp.zeros(width, dtype=np.float32), requires_grad=True))
-            for _ in range(depth)]
-
-    def parameters(self):
-        return [p for layer in self.layers for p in layer]
-
-    def __call__(self, x):
-        h = x
-        for i, (weight, bias) in enumerate(self.layers):
-            h = add_bias(matmul(h, weight), bias)
-            if i < len(self.layers) - 1:
-                h = relu(h, self.xp)
-        return h
-
 
 def make_problem(xp, seed=SEED, depth=DEPTH, width=WIDTH, batch=BATCH):
     """A fresh model, one batch of inputs and labels (the same for every way)."""
     rng = np.random.RandomState(seed)
-    model = MLP(xp, depth, width, rng)
+    model = autograd.MLP([width] * (depth + 1), rng, xp)
     x = xp.asarray(rng.standard_normal((batch, width)).astype(np.float32))
     labels = xp.asarray(rng.randint(0, width, size=batch).astype(np.int64))
     return model, x, labels
-
-
-def sgd_update(parameters, lr=LR, weight_decay=WEIGHT_DECAY):
-    """Plain SGD with weight decay, unfused (each expression is a temporary), in place."""
-    for p in parameters:
-        step = p.grad + weight_decay * p.data
-        p.data -= lr * step
-        p.grad = None
 
 
 def train_step(model, x, labels, want_loss=False):
@@ -222,10 +83,9 @@ def train_step(model, x, labels, want_loss=False):
 
     On return nothing of the step is referenced from outside: its tape is cyclic garbage.
     """
-    xp = model.xp
-    loss = mean(softmax_cross_entropy(model(Node(x)), labels, xp), xp)
-    backward(loss, xp)
-    sgd_update(model.parameters())
+    loss = autograd.mean(autograd.softmax_cross_entropy(model(autograd.Tensor(x)), labels))
+    loss.backward()                  # drops each gradient once it has been passed on
+    autograd.sgd_update(model.parameters(), LR, WEIGHT_DECAY)   # unfused: many temporaries
     return float(loss.data) if want_loss else None
 
 

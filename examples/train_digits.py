@@ -9,8 +9,8 @@ Under a plain caching pool the memory reserved from the GPU climbs between colle
 ``gc.collect()`` every step keeps it flat, but costs far more than the step itself.
 
 This script trains a two-layer MLP (64 -> 128 -> 10) on the 8x8 handwritten digits that ship inside
-scikit-learn (nothing is downloaded), with gradients from the small reverse-mode autograd below, and
-serves CuPy's allocations in one of three ways:
+scikit-learn (nothing is downloaded), with gradients from the small reverse-mode autograd in
+``examples/autograd.py`` (beside this script), and serves CuPy's allocations in one of three ways:
 
 ``region``
     gpupool, each training step inside ``with region:``. A block freed during the step goes back
@@ -47,6 +47,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
+from autograd import MLP, Tensor, mean, sgd_update, softmax_cross_entropy
 
 with warnings.catch_warnings():
     # Some CuPy installs warn at import (no CUDA path found); require_gpu() reports what matters.
@@ -82,161 +83,7 @@ def mib(nbytes):
     return f"{nbytes / MIB:.3f}"
 
 
-# --- autograd ------------------------------------------------------------------------------------
-
-
-class Tensor:
-    """A node of the graph: a CuPy array, its gradient, its parents and how to pass gradients on."""
-
-    def __init__(self, data, parents=(), requires_grad=False):
-        self.data = data
-        self.grad = None
-        self.requires_grad = requires_grad or any(p.requires_grad for p in parents)
-        self._parents = parents
-        self._backward = None
-
-    def __matmul__(self, other):
-        return matmul(self, other)
-
-    def __add__(self, other):
-        return add(self, other)
-
-    def backward(self):
-        """Fill ``.grad`` of every node that requires it, from this (scalar) node back."""
-        self.grad = cp.ones_like(self.data)
-        for node in reversed(_topological_order(self)):
-            if node._backward is not None and node.grad is not None:
-                node._backward()
-
-
-def _topological_order(root):
-    """Nodes reachable from root, each after all of its parents."""
-    order, seen, stack = [], set(), [(root, False)]
-    while stack:
-        node, parents_done = stack.pop()
-        if parents_done:
-            order.append(node)
-        elif id(node) not in seen:
-            seen.add(id(node))
-            stack.append((node, True))
-            stack.extend((parent, False) for parent in node._parents)
-    return order
-
-
-def _accumulate(node, grad):
-    if node.requires_grad:
-        node.grad = grad if node.grad is None else node.grad + grad
-
-
-def _unbroadcast(grad, shape):
-    """Sum grad over the axes that broadcasting added or stretched to reach it from shape."""
-    while grad.ndim > len(shape):
-        grad = grad.sum(axis=0)
-    for axis, size in enumerate(shape):
-        if size == 1 and grad.shape[axis] != 1:
-            grad = grad.sum(axis=axis, keepdims=True)
-    return grad
-
-
-# Each op's _backward closure refers to `out`, the node that holds it: the cycle every Python
-# autograd engine makes, and the reason a step's memory waits for the cyclic collector.
-
-
-def matmul(a, b):
-    out = Tensor(a.data @ b.data, (a, b))
-
-    def _backward():
-        if a.requires_grad:
-            _accumulate(a, out.grad @ b.data.T)
-        if b.requires_grad:
-            _accumulate(b, a.data.T @ out.grad)
-
-    out._backward = _backward
-    return out
-
-
-def add(a, b):
-    out = Tensor(a.data + b.data, (a, b))
-
-    def _backward():
-        _accumulate(a, _unbroadcast(out.grad, a.data.shape))
-        _accumulate(b, _unbroadcast(out.grad, b.data.shape))
-
-    out._backward = _backward
-    return out
-
-
-def relu(x):
-    out = Tensor(cp.maximum(x.data, 0), (x,))
-
-    def _backward():
-        _accumulate(x, out.grad * (x.data > 0))
-
-    out._backward = _backward
-    return out
-
-
-def softmax_cross_entropy(logits, labels):
-    """Per-row ``-log softmax(logits)[label]``; the row maximum is subtracted first, for stability.
-
-    ``labels`` is a CuPy integer array of class indices, one per row of ``logits``.
-    """
-    rows = cp.arange(labels.shape[0])
-    shifted = logits.data - logits.data.max(axis=1, keepdims=True)
-    log_probs = shifted - cp.log(cp.exp(shifted).sum(axis=1, keepdims=True))
-    out = Tensor(-log_probs[rows, labels], (logits,))
-
-    def _backward():
-        grad = cp.exp(log_probs)
-        grad[rows, labels] -= 1
-        _accumulate(logits, grad * out.grad[:, None])
-
-    out._backward = _backward
-    return out
-
-
-def mean(x):
-    out = Tensor(x.data.mean(), (x,))
-
-    def _backward():
-        _accumulate(x, cp.ones_like(x.data) * (out.grad / x.data.size))
-
-    out._backward = _backward
-    return out
-
-
-# --- model and data ------------------------------------------------------------------------------
-
-
-def _parameter(host_array):
-    return Tensor(cp.asarray(host_array, dtype=cp.float32), requires_grad=True)
-
-
-class MLP:
-    """Two dense layers with a ReLU between them, He-initialised from a NumPy RandomState."""
-
-    def __init__(self, n_in, n_hidden, n_out, rng):
-        self.w1 = _parameter(rng.standard_normal((n_in, n_hidden)) * np.sqrt(2.0 / n_in))
-        self.b1 = _parameter(np.zeros(n_hidden))
-        self.w2 = _parameter(rng.standard_normal((n_hidden, n_out)) * np.sqrt(2.0 / n_hidden))
-        self.b2 = _parameter(np.zeros(n_out))
-
-    def parameters(self):
-        return (self.w1, self.b1, self.w2, self.b2)
-
-    def __call__(self, x):
-        return relu(x @ self.w1 + self.b1) @ self.w2 + self.b2
-
-    def predict(self, x):
-        """Class indices for the rows of the CuPy array x; builds no graph."""
-        hidden = cp.maximum(x @ self.w1.data + self.b1.data, 0)
-        return (hidden @ self.w2.data + self.b2.data).argmax(axis=1)
-
-
-def sgd_update(parameters, lr):
-    for p in parameters:
-        p.data -= lr * p.grad  # in place: the parameter keeps the buffer it got before training
-        p.grad = None  # so that no buffer of the step outlives it outside the cycles
+# --- data ----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -418,7 +265,8 @@ def train_step(model, x, y, batch, lr):
     """
     rows = cp.asarray(batch)
     loss = mean(softmax_cross_entropy(model(Tensor(x[rows])), y[rows]))
-    loss.backward()
+    # Every gradient of the step stays in its graph, waiting in the cycles with the activations.
+    loss.backward(keep_grads=True)
     sgd_update(model.parameters(), lr)
     return float(loss.data)
 
@@ -447,7 +295,7 @@ def train(memory, data, args):
     rng = np.random.RandomState(args.seed)
     step_times, reserved = [], []
     with cp.cuda.using_allocator(memory.allocator):
-        model = MLP(data.x_train.shape[1], args.hidden, N_CLASSES, rng)
+        model = MLP((data.x_train.shape[1], args.hidden, N_CLASSES), rng, cp)
         x_train, y_train = cp.asarray(data.x_train), cp.asarray(data.y_train)
         x_test, y_test = cp.asarray(data.x_test), cp.asarray(data.y_test)
         for epoch in range(1, args.epochs + 1):
