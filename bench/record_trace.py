@@ -6,7 +6,9 @@ GPU and trained for ``--steps`` steps (forward, backward, optimizer step) on ran
 on the GPU each step, then ``torch.cuda.memory._snapshot()`` is converted
 (``alloc_trace.from_snapshot``) and saved as ``DIR/NAME.npz``. Run::
 
-    python bench/record_trace.py --out DIR [--steps 5] [--models conv,transformer]
+    python bench/record_trace.py --out DIR [--steps 5] [--models conv,transformer] [--quick]
+
+(``--quick``: at most 2 steps.)
 
 Models:
 
@@ -157,6 +159,8 @@ def main(argv=None):
     p.add_argument("--max-entries", type=int, default=MAX_ENTRIES,
                    help=f"PyTorch memory history entries kept ({MAX_ENTRIES:,})")
     args = p.parse_args(argv)
+    if args.quick:
+        args.steps = min(args.steps, 2)
     names = args.models.split(",")
     if set(names) - set(MODELS) or args.steps < 1:
         p.error(f"models must be among {list(MODELS)} and --steps >= 1")
