@@ -179,6 +179,30 @@ def format_table(headers, rows, title=None):
     return "\n".join(out)
 
 
+def pool_counters(pool):
+    """A gpupool pool's allocations and misses, for :func:`cache_lines` (a miss went to
+    neither the pool's nor a region's cache, so ``1 - misses / allocs`` is the fraction
+    served from a cache)."""
+    stats = pool.stats()
+    return {"num_allocs": stats.num_allocs, "cache_misses": stats.cache_misses,
+            "upstream_allocs": stats.upstream_allocs}
+
+
+def cache_lines(out):
+    """One line per column of ``out["columns"]`` with ``pool_counters``: allocations served
+    from a cache; None when no column has them."""
+    lines = []
+    for key, column in out["columns"].items():
+        c = column.get("pool_counters")
+        if c and c["num_allocs"]:
+            lines.append(f"  {key:12} {1 - c['cache_misses'] / c['num_allocs']:.3%} of "
+                         f"{c['num_allocs']:,} ({c['upstream_allocs']} upstream allocations)")
+    if not lines:
+        return None
+    return "\n".join(["gpupool allocations served from its caches (pool's or region's), "
+                      "warm-up included:", *lines])
+
+
 # GPU and environment --------------------------------------------------------------------
 
 def gpu_pool(device=0):

@@ -11,10 +11,11 @@ Columns whose framework is missing (CuPy, PyTorch, Numba) are skipped and say wh
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import _common
 from _common import Cell, KiB, MiB, format_ns, format_size, format_table, measure_rounds
+from _peers import DriverError, Skip, make_context
 
 SCRIPT = "alloc_latency"
 SIZES = [256, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
@@ -31,41 +32,6 @@ NUMBA = {"ops": 100, "target_ns": 5_000_000, "min_ops": 20}
 
 GPUPOOL_TARGET_NS = 250        # DESIGN/issue: gpupool Python API cached allocate + free
 CUPY_EMPTY_TARGET_RATIO = 1.1  # cupy.empty on gpupool vs on CuPy's pool
-
-
-class Skip(Exception):
-    """A column that cannot run here; the message says why."""
-
-
-@dataclass
-class Context:
-    """What the columns draw on: gpupool, a simulated device or not, the frameworks."""
-
-    gpupool: object
-    sim: object = None                  # a SimulatedDevice in a --simulated run
-    cupy: object = None
-    torch: object = None
-    numba_cuda: object = None
-    reasons: dict = field(default_factory=dict)
-
-    @property
-    def simulated(self):
-        return self.sim is not None
-
-    def new_pool(self):
-        """A fresh gpupool pool (each column has its own, so its counters are its own)."""
-        if self.simulated:
-            return self.gpupool.Pool(upstream=self.sim)
-        return self.gpupool.Pool(device=0)
-
-    def need(self, name):
-        """The module ``name`` (``cupy``, ``torch``, ``numba_cuda``), or raise Skip."""
-        if self.simulated:
-            raise Skip("simulated run: gpupool columns only")
-        module = getattr(self, name)
-        if module is None:
-            raise Skip(self.reasons.get(name, f"{name} unavailable"))
-        return module
 
 
 @dataclass
@@ -233,29 +199,9 @@ def make_torch_empty(ctx):
 
 # Driver through cuda.bindings' Python layer ----------------------------------------------
 
-def _driver(ctx):
-    """cuda.bindings.driver with device 0's primary context current on this thread."""
-    if ctx.simulated:
-        raise Skip("simulated run: gpupool columns only")
-    from cuda.bindings import driver
-
-    (err,) = driver.cuInit(0)
-    if err:
-        raise Skip(f"cuInit failed: {err}")
-    err, dev = driver.cuDeviceGet(0)
-    err2, pctx = driver.cuDevicePrimaryCtxRetain(dev)
-    if err or err2 or driver.cuCtxSetCurrent(pctx)[0]:
-        raise Skip("could not make device 0's primary context current")
-    return driver
-
-
-class DriverError(RuntimeError):
-    """A driver call in a timed loop failed."""
-
-
 def make_driver_async(ctx):
     """``cuMemAllocAsync`` + ``cuMemFreeAsync`` on the legacy stream, device's default pool."""
-    driver = _driver(ctx)
+    driver = ctx.driver()
     alloc, free = driver.cuMemAllocAsync, driver.cuMemFreeAsync
     stream = driver.CUstream(0)
 
@@ -274,7 +220,7 @@ def make_driver_async(ctx):
 
 def make_driver_alloc(ctx):
     """``cuMemAlloc`` + ``cuMemFree`` (no cache): the baseline every pool avoids."""
-    driver = _driver(ctx)
+    driver = ctx.driver()
     alloc, free = driver.cuMemAlloc, driver.cuMemFree
 
     def for_size(n):
@@ -379,37 +325,9 @@ COLUMNS = [
 
 # Running ---------------------------------------------------------------------------------
 
-def make_context(simulated):
-    """``(Context, None)`` for a GPU or simulated run, or ``(None, reason)`` without a GPU."""
-    import gpupool
-
-    if simulated:
-        from gpupool.testing import SimulatedDevice
-
-        return Context(gpupool, sim=SimulatedDevice(capacity=4 << 30)), None
-    _, reason = _common.gpu_pool()
-    if reason is not None:
-        return None, reason
-    ctx = Context(gpupool)
-    ctx.cupy, ctx.reasons["cupy"] = _common.optional_import("cupy")
-    ctx.torch, ctx.reasons["torch"] = _common.optional_import("torch")
-    ctx.numba_cuda, ctx.reasons["numba_cuda"] = _common.optional_import("numba.cuda")
-    if ctx.cupy is not None:
-        ctx.cupy.cuda.Device(0).use()
-    return ctx, None
-
-
 def plan_for(column, quick):
     """The column's batch plan; with ``quick``, batches of at most 200 ops."""
     return dict(column.plan, ops=min(column.plan["ops"], QUICK_OPS)) if quick else column.plan
-
-
-def _pool_counters(pool):
-    """The pool's allocations and misses (a miss went to neither the pool's nor a region's
-    cache, so ``1 - misses / allocs`` is the fraction served from a cache)."""
-    stats = pool.stats()
-    return {"num_allocs": stats.num_allocs, "cache_misses": stats.cache_misses,
-            "upstream_allocs": stats.upstream_allocs}
 
 
 def run_group(columns, ctx, sizes, quick, out):
@@ -442,7 +360,7 @@ def run_group(columns, ctx, sizes, quick, out):
                 str(n): timings[column.key, n].as_dict() for n in sizes
                 if (column.key, n) in timings}}
         if made[column.key].pool is not None:
-            entry["pool_counters"] = _pool_counters(made[column.key].pool)
+            entry["pool_counters"] = _common.pool_counters(made[column.key].pool)
         if made[column.key].cleanup is not None:
             made[column.key].cleanup()
     for (key, n), exc in errors.items():
@@ -508,20 +426,6 @@ def _ratio(value):
     return "-" if value is None else f"{value:.2f}x"
 
 
-def _cache_lines(out):
-    """One line per column drawing from gpupool: allocations served from a cache."""
-    lines = []
-    for key, column in out["columns"].items():
-        c = column.get("pool_counters")
-        if c and c["num_allocs"]:
-            lines.append(f"  {key:12} {1 - c['cache_misses'] / c['num_allocs']:.3%} of "
-                         f"{c['num_allocs']:,} ({c['upstream_allocs']} upstream allocations)")
-    if not lines:
-        return None
-    return "\n".join(["gpupool allocations served from its caches (pool's or region's), "
-                      "warm-up included:", *lines])
-
-
 def _targets_text(out):
     if out["simulated"]:
         return "targets: not judged on the simulated device"
@@ -560,7 +464,7 @@ def report(out, sizes):
             ["size", *ratio],
             [[format_size(n)] + [_ratio(ratio[k][str(n)]) for k in ratio] for n in sizes],
             "peer median / gpupool (gp) median: above 1 = gpupool faster"))
-    parts += [p for p in (_cache_lines(out), _targets_text(out), _legend(out)) if p]
+    parts += [p for p in (_common.cache_lines(out), _targets_text(out), _legend(out)) if p]
     return "\n\n".join(parts)
 
 

@@ -8,14 +8,11 @@ legacy default stream. Target (issue 7 / DESIGN): C API <= 50 ns per pair.
     python bench/capi_latency.py [--quick] [--simulated] [--json PATH]
 """
 
-import importlib.util
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
+import _cext
 import _common
 
 import gpupool
@@ -28,17 +25,7 @@ SIZES = [256, 4 * _common.KiB, 64 * _common.KiB, _common.MiB, 16 * _common.MiB]
 
 def build_example():
     """Build and import the C extension example; returns the module."""
-    tmp = tempfile.mkdtemp(prefix="gpupool-capi-")
-    src = os.path.join(tmp, "src")
-    shutil.copytree(EXAMPLE, src)
-    subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", tmp,
-                    "--build-temp", os.path.join(tmp, "build")], cwd=src, check=True,
-                   capture_output=True)
-    path = next(os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith("gpupool_scratch"))
-    spec = importlib.util.spec_from_file_location("gpupool_scratch", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _cext.build("gpupool_scratch", [os.path.join(EXAMPLE, "scratch.c")])
 
 
 def python_pairs(pool, nbytes):

@@ -1,0 +1,75 @@
+/* Benchmark helper built by bench/threads.py at run time (bench/_cext.py): a loop of cached
+ * allocate + free pairs through gpupool's C API (gpupool.h), run without the GIL, so that
+ * several Python threads calling it at once run in parallel. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <time.h>
+#include <gpupool.h>
+
+#define MAX_SIZES 16
+
+static const gpupool_api* api;
+
+/* loop(sizes, n, device=0, stream=0) -> ns per pair: n allocate + free pairs on `stream`,
+ * the i-th of `nbytes = sizes[i % len(sizes)]`, timed in C (CLOCK_MONOTONIC). */
+static PyObject* loop(PyObject* self, PyObject* args) {
+    PyObject* seq;
+    Py_ssize_t n, count;
+    int device = 0, code = GPUPOOL_OK;
+    unsigned long long stream = 0;
+    size_t sizes[MAX_SIZES];
+    struct timespec t0, t1;
+    void* ptr;
+    if (!PyArg_ParseTuple(args, "On|iK", &seq, &n, &device, &stream))
+        return NULL;
+    seq = PySequence_Fast(seq, "sizes must be a sequence of ints");
+    if (seq == NULL)
+        return NULL;
+    count = PySequence_Fast_GET_SIZE(seq);
+    if (count < 1 || count > MAX_SIZES || n < 0) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "need 1 to %d sizes and n >= 0", MAX_SIZES);
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t v = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i), PyExc_OverflowError);
+        if (v <= 0) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "sizes must be positive");
+            return NULL;
+        }
+        sizes[i] = (size_t)v;
+    }
+    Py_DECREF(seq);
+    Py_BEGIN_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (Py_ssize_t i = 0; i < n && code == GPUPOOL_OK; i++) {
+        code = api->allocate(device, sizes[i % count], (uintptr_t)stream, &ptr);
+        if (code == GPUPOOL_OK)
+            code = api->free(device, ptr, (uintptr_t)stream);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    Py_END_ALLOW_THREADS
+    if (code != GPUPOOL_OK)
+        return PyErr_Format(code == GPUPOOL_ERROR_OUT_OF_MEMORY ? PyExc_MemoryError
+                                                                : PyExc_RuntimeError,
+                            "gpupool error %d: %s", code, api->error_string(code));
+    double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
+    return PyFloat_FromDouble(n ? ns / (double)n : 0.0);
+}
+
+static PyMethodDef methods[] = {
+    {"loop", loop, METH_VARARGS, "loop(sizes, n, device=0, stream=0) -> ns per pair"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gpupool_bench_loop",
+                                    "Allocate + free loops through gpupool's C API.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit_gpupool_bench_loop(void) {
+    api = gpupool_import();
+    if (api == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

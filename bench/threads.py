@@ -1,0 +1,353 @@
+"""Allocate + free throughput of gpupool and its peers from 1, 2, 4 and 8 Python threads.
+
+Each thread allocates and at once frees blocks of a mix of sizes (256 B to 16 MiB, in turn) on
+its own non-blocking stream; the result is allocate + free pairs per second of all threads
+together (median of the repetitions), and how it scales with the threads. Run::
+
+    python bench/threads.py [--json PATH] [--quick] [--simulated] [--columns gp,gp.capi,...]
+
+gpupool's Python API holds the GIL except while it waits for the pool's mutex, so its Python
+threads take turns; the ``gp.capi`` column runs the same pairs through the C API in a C loop
+without the GIL (a helper compiled at run time; skipped if that fails). Columns whose framework
+is missing (CuPy, PyTorch) are skipped and say why.
+"""
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from itertools import cycle, islice
+
+import _cext
+import _common
+from _common import Cell, KiB, MiB, format_size, format_table, measure_rounds
+from _peers import DriverError, Skip, make_context
+
+SCRIPT = "threads"
+HERE = os.path.dirname(os.path.abspath(__file__))
+THREADS = [1, 2, 4, 8]
+SIZES = [256, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB]   # each thread cycles through these
+# Per thread: batches of about 40 ms from a probe of 500 pairs (at most 200,000 pairs).
+PLAN = {"ops": 200_000, "target_ns": 40_000_000, "min_ops": 500}
+QUICK_PLAN = {"ops": 200}
+REPS, QUICK_REPS = 12, 3
+BARRIER_TIMEOUT_S = 120
+
+
+class Team:
+    """``count`` worker threads that each run one batch per :meth:`batch` call, together.
+
+    Parameters
+    ----------
+    count : int
+        Threads.
+    work_for : callable
+        ``work_for(i)`` runs once on worker ``i``'s own thread, first (for per-thread set-up:
+        a current stream or context), and returns ``work(ops)``, that thread's batch.
+    """
+
+    def __init__(self, count, work_for):
+        self.count = count
+        self._start = threading.Barrier(count + 1)
+        self._end = threading.Barrier(count + 1)
+        self._ops, self._errors = 0, []
+        self._threads = [threading.Thread(target=self._main, args=(i, work_for), daemon=True,
+                                          name=f"bench-{count}-{i}") for i in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def _main(self, i, work_for):
+        try:
+            work, failure = work_for(i), None
+        except Exception as exc:  # reported by every batch
+            work, failure = None, exc
+        try:
+            while True:
+                self._start.wait()
+                if self._ops is None:
+                    return
+                try:
+                    if failure is not None:
+                        raise failure
+                    work(self._ops)
+                except Exception as exc:  # reported by batch() on the main thread
+                    self._errors.append(exc)
+                self._end.wait()
+        except threading.BrokenBarrierError:    # batch() timed out: the team is finished
+            return
+
+    def batch(self, ops):
+        """Run ``ops`` pairs on every thread; return when all are done.
+
+        Raises the first exception a thread raised, or ``threading.BrokenBarrierError`` when
+        the threads took more than BARRIER_TIMEOUT_S.
+        """
+        self._ops = ops
+        self._start.wait(BARRIER_TIMEOUT_S)
+        self._end.wait(BARRIER_TIMEOUT_S)
+        if self._errors:
+            raise self._errors[0]
+
+    def close(self):
+        """Stop and join the threads (after a timed-out batch, leave them: they are daemons)."""
+        self._ops = None
+        try:
+            self._start.wait(BARRIER_TIMEOUT_S)
+        except threading.BrokenBarrierError:
+            return
+        for thread in self._threads:
+            thread.join()
+
+
+@dataclass
+class Made:
+    """What a column's ``make(ctx)`` returns."""
+
+    work_for: object                    # work_for(i) -> work(ops), called on thread i
+    cleanup: object = None              # run after the measurements
+    pool: object = None                 # the gpupool pool it draws from, if any
+
+
+@dataclass
+class Column:
+    key: str
+    label: str
+    make: object
+
+
+def _python_loop(alloc):
+    """``work(ops)``: ``buf = alloc(n); del buf`` for ``ops`` sizes taken in turn from SIZES."""
+    def work(ops):
+        for n in islice(cycle(SIZES), ops):
+            buf = alloc(n)
+            del buf
+    return work
+
+
+def make_gpupool(ctx):
+    """``buf = pool.allocate(n, stream); del buf``, the thread's own stream."""
+    pool, streams = ctx.new_pool(), ctx.streams(max(THREADS))
+
+    def work_for(i):
+        alloc, stream = pool.allocate, streams[i]
+
+        def work(ops):
+            for n in islice(cycle(SIZES), ops):
+                buf = alloc(n, stream)
+                del buf
+        return work
+
+    return Made(work_for, pool.trim, pool)
+
+
+def make_gpupool_capi(ctx):
+    """``api->allocate`` + ``api->free`` in a C loop without the GIL, the thread's stream."""
+    pool, streams = ctx.new_pool(), ctx.streams(max(THREADS))
+    ctx.gpupool.set_pool(pool)
+    try:
+        helper = _cext.build("gpupool_bench_loop", [os.path.join(HERE, "_capi_loop.c")])
+    except Exception as exc:  # no compiler, say: the column is skipped
+        raise Skip(f"C helper not built: {str(exc).splitlines()[0]}") from exc
+    sizes = tuple(SIZES)
+
+    def work_for(i):
+        loop, stream = helper.loop, streams[i]
+        return lambda ops: loop(sizes, ops, 0, stream)
+
+    return Made(work_for, pool.trim, pool)
+
+
+def make_cupy(ctx):
+    """``x = cupy.cuda.alloc(n); del x`` on CuPy's default MemoryPool, the thread's stream
+    current (``cupy.cuda.ExternalStream``)."""
+    cp, streams = ctx.need("cupy"), ctx.streams(max(THREADS))
+
+    def work_for(i):
+        cp.cuda.Device(0).use()
+        stream = cp.cuda.ExternalStream(streams[i])
+        stream.use()
+        return _python_loop(cp.cuda.alloc)
+
+    return Made(work_for, cp.get_default_memory_pool().free_all_blocks)
+
+
+def make_torch(ctx):
+    """``t = torch.empty(n, dtype=torch.uint8, device="cuda"); del t`` (caching allocator),
+    the thread's stream current (``torch.cuda.ExternalStream``, ``torch.cuda.set_stream``)."""
+    torch, streams = ctx.need("torch"), ctx.streams(max(THREADS))
+    if not torch.cuda.is_available():
+        raise Skip("torch.cuda.is_available() is False")
+
+    def work_for(i):
+        torch.cuda.set_stream(torch.cuda.ExternalStream(streams[i]))
+        empty, u8, dev = torch.empty, torch.uint8, torch.device("cuda", 0)
+        return _python_loop(lambda n: empty(n, dtype=u8, device=dev))
+
+    return Made(work_for, torch.cuda.empty_cache)
+
+
+def make_driver_async(ctx):
+    """``cuMemAllocAsync`` + ``cuMemFreeAsync`` (cuda.bindings' Python layer), the device's
+    default memory pool, the thread's stream."""
+    driver, streams = ctx.driver(), ctx.streams(max(THREADS))
+
+    def work_for(i):
+        ctx.driver()                    # the context is current per thread
+        alloc, free, stream = driver.cuMemAllocAsync, driver.cuMemFreeAsync, streams[i]
+        stream = driver.CUstream(stream)
+
+        def work(ops):
+            for n in islice(cycle(SIZES), ops):
+                err, ptr = alloc(n, stream)
+                if err:
+                    raise DriverError(f"cuMemAllocAsync({n}): {err}")
+                if free(ptr, stream)[0]:
+                    raise DriverError("cuMemFreeAsync failed")
+        return work
+
+    return Made(work_for, driver.cuCtxSynchronize)
+
+
+COLUMNS = [
+    Column("gp", "gpupool pool.allocate(n, stream) + del (Python API)", make_gpupool),
+    Column("gp.capi", "gpupool C API allocate + free, C loop without the GIL",
+           make_gpupool_capi),
+    Column("cp.alloc", "cupy.cuda.alloc, CuPy MemoryPool", make_cupy),
+    Column("torch", "torch.empty uint8 + del, caching allocator", make_torch),
+    Column("drv.async", "cuMemAllocAsync + cuMemFreeAsync (Python layer)", make_driver_async),
+]
+
+
+# Running ---------------------------------------------------------------------------------
+
+def run(columns, ctx, quick):
+    """Make every column, time every (column, threads) cell in interleaved rounds, clean up.
+
+    Returns the result dict: ``columns[key]["results"][str(threads)]`` with ``ops_per_s``
+    (pairs per second, all threads together: median, min, max) and ``ns_per_pair`` (per
+    thread, median), plus ``skipped`` and ``errors``.
+    """
+    out = {"columns": {}, "skipped": {}, "errors": {}}
+    made, cells, teams = {}, {}, []
+    plan = QUICK_PLAN if quick else PLAN
+    for column in columns:
+        try:
+            made[column.key] = column.make(ctx)
+        except Skip as exc:
+            out["skipped"][column.key] = str(exc)
+            print(f"  {column.key}: skipped ({exc})", file=sys.stderr)
+            continue
+        for count in THREADS:
+            team = Team(count, made[column.key].work_for)
+            teams.append(team)
+            cells[column.key, count] = Cell(team.batch, **plan)
+    start = time.perf_counter()
+    try:
+        timings, errors = measure_rounds(cells, reps=QUICK_REPS if quick else REPS)
+    finally:
+        for team in teams:
+            team.close()
+    print(f"  {len(cells)} cells: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    for column in columns:
+        if column.key not in made:
+            continue
+        results = {}
+        for count in THREADS:
+            t = timings.get((column.key, count))
+            if t is not None:
+                results[str(count)] = {
+                    "ops_per_s": {"median": count * 1e9 / t.median, "min": count * 1e9 / t.max,
+                                  "max": count * 1e9 / t.min},
+                    "ns_per_pair": t.median, "ops_per_thread": t.ops, "reps": t.reps}
+        entry = out["columns"][column.key] = {"label": column.label, "results": results}
+        if made[column.key].pool is not None:
+            entry["pool_counters"] = _common.pool_counters(made[column.key].pool)
+        if made[column.key].cleanup is not None:
+            made[column.key].cleanup()
+    for (key, count), exc in errors.items():
+        out["errors"].setdefault(key, {})[str(count)] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+# Reporting -------------------------------------------------------------------------------
+
+def _ops(out, key, count, field="median"):
+    result = out["columns"].get(key, {}).get("results", {}).get(str(count))
+    return None if result is None else result["ops_per_s"][field]
+
+
+def _mops(value):
+    return "-" if value is None else f"{value / 1e6:.2f}"
+
+
+def _ratio(num, den):
+    return "-" if num is None or not den else f"{num / den:.2f}x"
+
+
+def report(out):
+    """The printed tables: pairs per second, spread, scaling, gpupool over each peer."""
+    keys = list(out["columns"])
+    parts = [
+        format_table(["threads", *keys],
+                     [[str(c)] + [_mops(_ops(out, k, c)) for k in keys] for c in THREADS],
+                     "million allocate + free pairs per second, all threads together, median"),
+        format_table(["threads", *keys],
+                     [[str(c)] + [f"{_mops(_ops(out, k, c, 'min'))}-{_mops(_ops(out, k, c, 'max'))}"
+                                  if _ops(out, k, c) is not None else "-" for k in keys]
+                      for c in THREADS],
+                     "spread: min-max of the repetitions, million pairs per second"),
+        format_table(["threads", *keys],
+                     [[str(c)] + [_ratio(_ops(out, k, c), _ops(out, k, 1)) for k in keys]
+                      for c in THREADS],
+                     "scaling: pairs per second over the same column's with 1 thread"),
+    ]
+    peers = [k for k in keys if k != "gp"]
+    if "gp" in keys and peers:
+        parts.append(format_table(
+            ["threads", *peers],
+            [[str(c)] + [_ratio(_ops(out, "gp", c), _ops(out, k, c)) for k in peers]
+             for c in THREADS],
+            "gpupool (gp) pairs per second / peer's: above 1 = gpupool faster"))
+    legend = [f"each thread: allocate + free of {', '.join(format_size(n) for n in SIZES)} in "
+              "turn, on its own non-blocking stream; the GIL is released only by gp.capi's C "
+              "loop, by gpupool while it waits for its mutex, and by whatever a peer releases",
+              "", "columns:"]
+    legend += [f"  {k:10} {c['label']}" for k, c in out["columns"].items()]
+    legend += [f"  {k:10} skipped: {why}" for k, why in out["skipped"].items()]
+    for key, errors in out["errors"].items():
+        legend += [f"  {key:10} error with {n} threads: {e}" for n, e in errors.items()]
+    parts += [p for p in (_common.cache_lines(out), "\n".join(legend)) if p]
+    return "\n\n".join(parts)
+
+
+def main(argv=None):
+    p = _common.parser(__doc__.splitlines()[0])
+    p.add_argument("--columns", help="comma-separated column keys to run (default: all)")
+    args = p.parse_args(argv)
+    columns = COLUMNS
+    if args.columns:
+        wanted = args.columns.split(",")
+        unknown = set(wanted) - {c.key for c in COLUMNS}
+        if unknown:
+            p.error(f"unknown columns {sorted(unknown)}; known: {[c.key for c in COLUMNS]}")
+        columns = [c for c in COLUMNS if c.key in wanted]
+    ctx, reason = make_context(args.simulated, frameworks=("cupy", "torch"))
+    if ctx is None:
+        _common.skip(SCRIPT, reason, args.json)
+    start = time.perf_counter()
+    out = {"script": SCRIPT, "unit": "allocate+free pairs per second, all threads",
+           "threads": THREADS, "sizes": SIZES, "simulated": args.simulated,
+           "quick": args.quick, "env": _common.environment()}
+    out.update(run(columns, ctx, args.quick))
+    out["elapsed_s"] = time.perf_counter() - start
+    print(report(out))
+    print(f"\n{SCRIPT}: {out['elapsed_s']:.1f} s" + (" (simulated device)" if args.simulated
+                                                   else ""))
+    if args.json:
+        _common.write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
