@@ -75,7 +75,7 @@ extensions = [
     Extension(
         f"gpupool.{name}",
         [f"gpupool/{name}.pyx"],
-        include_dirs=[include, "gpupool/include"],
+        include_dirs=[include, "gpupool/include", "gpupool/src"],
         language="c++",
         extra_compile_args=["-O3", "-std=c++17"],
         # C entry points keep plain C names (PyTorch's pluggable allocator looks them up).

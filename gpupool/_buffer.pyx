@@ -11,7 +11,9 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.stdint cimport uintptr_t
 from gpupool._block cimport Block, StreamKey
-from gpupool._pool cimport Pool, set_buffer_factory, stream_key, stream_handle, forked
+from gpupool._pool cimport (
+    Pool, set_buffer_factory, stream_key, pool_key, stream_handle, forked,
+)
 from gpupool._upstream cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
 
 # DLPack 1.x (dlpack.h): the structures a consumer reads from the capsule.
@@ -202,7 +204,7 @@ cdef class DeviceBuffer:
     def stream(self, stream):
         cdef uintptr_t handle = stream_handle(stream)
         self._live_ptr()
-        self._stream = stream_key(handle) if self.pool is None else self.pool.key(handle)
+        self._stream = stream_key(handle) if self.pool is None else pool_key(self.pool, handle)
 
     @property
     def __cuda_array_interface__(self):
@@ -348,7 +350,7 @@ cdef class DeviceBuffer:
         cdef uintptr_t handle = stream_handle(stream)
         self._live_ptr()
         if self._blk != NULL:
-            self.pool.add_stream(self._blk, self.pool.key(handle))
+            self.pool.add_stream(self._blk, pool_key(self.pool, handle))
 
     def close(self):
         """Give the memory back now (to the pool or its region). Later use raises

@@ -13,7 +13,7 @@ from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool._block cimport Block, PtrTable, PtrSlot, StreamKey
-from gpupool._pool cimport Pool, run_oom_callbacks, forked, GP_FORKED
+from gpupool._pool cimport Pool, pool_key, run_oom_callbacks, forked, GP_FORKED
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 
 cdef extern from "Python.h" nogil:
@@ -116,7 +116,7 @@ cdef void _insert(PtrTable* t, uintptr_t ptr, Block* b) noexcept nogil:
 cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
     cdef Block* b = NULL
     cdef int r
-    cdef StreamKey key = pool.key(stream)
+    cdef StreamKey key = pool_key(pool, stream)
     pool.lock()
     r = pool.acquire_locked(nbytes, key, &b)
     if r == 0:
@@ -146,7 +146,7 @@ cdef Block* _block_of(Pool pool, void* ptr, bint remove) noexcept nogil:
 
 cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef Block* b
-    cdef StreamKey key = pool.key(stream)
+    cdef StreamKey key = pool_key(pool, stream)
     pool.lock()
     b = _block_of(pool, ptr, True)
     if b != NULL:
@@ -162,7 +162,7 @@ cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     pool.unlock()
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
-    pool.add_stream(b, pool.key(stream))
+    pool.add_stream(b, pool_key(pool, stream))
     return GPUPOOL_OK
 
 

@@ -5,8 +5,8 @@ from libcpp.vector cimport vector
 from gpupool._block cimport Block, Slab, StreamKey, FreeLists, RegionCache, PtrTable
 from gpupool._upstream cimport Upstream
 
-cdef extern from "<mutex>" namespace "std" nogil:
-    cppclass mutex:
+cdef extern from "gp_lock.h" nogil:
+    cppclass gp_lock:           # an atomic word: one compare-and-swap when free, then a futex
         void lock()
         bint try_lock()
         void unlock()
@@ -35,7 +35,7 @@ cdef enum:
 ctypedef object (*buffer_factory)(Pool pool, Block* blk, size_t nbytes, StreamKey stream)
 
 cdef class Pool:
-    cdef mutex _mutex
+    cdef gp_lock _mutex
     cdef uintptr_t _owner               # thread holding _mutex, 0 when free
     cdef vector[Block*] _deferred       # frees made by _owner while it held the lock
     cdef readonly Upstream upstream
@@ -88,11 +88,32 @@ cdef class Pool:
     cdef size_t release_cached(self) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
 
-cdef StreamKey stream_key(uintptr_t handle) noexcept nogil
+cdef extern from "<pthread.h>" nogil:
+    ctypedef unsigned long pthread_t
+    pthread_t pthread_self()
+
+
+cdef inline uintptr_t _thread() noexcept nogil:
+    return <uintptr_t>pthread_self()
+
+
+cdef inline StreamKey stream_key(uintptr_t handle) noexcept nogil:
+    """A stream's key from its handle alone: the legacy stream (0, or CU_STREAM_LEGACY = 1)
+    is 0; the per-thread stream (CU_STREAM_PER_THREAD = 2) is tagged with the thread."""
+    if handle <= 1:
+        return StreamKey(0, 0)
+    return StreamKey(handle, _thread() if handle == 2 else 0)
+
+
+cdef inline StreamKey pool_key(Pool pool, uintptr_t handle) noexcept nogil:
+    """Pool.key without a call for the default streams (the hot path)."""
+    if handle <= 2:
+        return stream_key(handle)
+    return pool.key(handle)
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
 cdef uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF
 cdef void set_buffer_factory(buffer_factory factory) noexcept
-cdef void region_push(RegionCache* rc) noexcept nogil
+cdef int region_push(RegionCache* rc) except -1
 cdef void region_pop(RegionCache* rc) noexcept nogil
 cdef RegionCache* uncached_marker() noexcept nogil
 cdef bint forked() noexcept nogil

@@ -45,19 +45,22 @@ cdef extern from "Python.h" nogil:
     void PyEval_RestoreThread(PyThreadState*)
 
 cdef extern from "<pthread.h>" nogil:
-    ctypedef unsigned long pthread_t
-    pthread_t pthread_self()
     int pthread_atfork(void (*prepare)() noexcept, void (*parent)() noexcept,
                        void (*child)() noexcept)
 
+# The calling thread's stack of entered regions (and uncached() markers), innermost last:
+# plain thread-local data, so reading it costs no TLS initialization check.
 cdef extern from *:
     """
-    #include <vector>
-    static thread_local std::vector<void*> gp_region_stack;
+    #define GP_REGION_DEPTH_MAX 64
+    static thread_local void* gp_region_stack[GP_REGION_DEPTH_MAX];
+    static thread_local int gp_region_depth = 0;
     static int gp_forked = 0;
     static void gp_on_fork_child(void) { gp_forked = 1; }
     """
-    vector[void*] gp_region_stack
+    int GP_REGION_DEPTH_MAX
+    void* gp_region_stack[]
+    int gp_region_depth
     int gp_forked
     void gp_on_fork_child() noexcept nogil
 
@@ -133,17 +136,6 @@ cdef size_t _check_nbytes(object nbytes) except? 0xFFFFFFFFFFFFFFFF:
     return <size_t>nbytes
 
 
-cdef inline uintptr_t _thread() noexcept nogil:
-    return <uintptr_t>pthread_self()
-
-
-cdef StreamKey stream_key(uintptr_t handle) noexcept nogil:
-    """A stream's key from its handle alone (no stream ID: see Pool.key)."""
-    if handle == STREAM_LEGACY:
-        handle = 0
-    return StreamKey(handle, _thread() if handle == STREAM_PER_THREAD else 0)
-
-
 cdef inline bint _same(StreamKey a, StreamKey b) noexcept nogil:
     return a.handle == b.handle and a.tag == b.tag
 
@@ -180,16 +172,27 @@ cdef void set_buffer_factory(buffer_factory factory) noexcept:
     _make_buffer = factory
 
 
-cdef void region_push(RegionCache* rc) noexcept nogil:
-    gp_region_stack.push_back(<void*>rc)
+cdef int region_push(RegionCache* rc) except -1:
+    """Make rc the calling thread's innermost region (or marker)."""
+    global gp_region_depth
+    if gp_region_depth >= GP_REGION_DEPTH_MAX:
+        raise GpupoolError(f"regions nested more than {GP_REGION_DEPTH_MAX} deep on one "
+                           f"thread (uncached() counts as one)")
+    gp_region_stack[gp_region_depth] = <void*>rc
+    gp_region_depth += 1
+    return 0
 
 
 cdef void region_pop(RegionCache* rc) noexcept nogil:
-    cdef size_t i = gp_region_stack.size()
+    """Remove the innermost entry of rc from the calling thread's stack."""
+    global gp_region_depth
+    cdef int i = gp_region_depth, j
     while i:
         i -= 1
         if gp_region_stack[i] == <void*>rc:
-            gp_region_stack.erase(gp_region_stack.begin() + i)
+            for j in range(i, gp_region_depth - 1):
+                gp_region_stack[j] = gp_region_stack[j + 1]
+            gp_region_depth -= 1
             return
 
 
@@ -348,7 +351,7 @@ cdef class Pool:
     cdef StreamKey key(self, uintptr_t handle) noexcept nogil:
         """The key of the stream with this handle, as the calling thread names it: a
         created stream's key carries its driver stream ID, so a handle value reused after
-        cuStreamDestroy names another stream."""
+        cuStreamDestroy names another stream. (pool_key() inlines the default streams.)"""
         cdef unsigned long long sid = 0
         if handle <= STREAM_PER_THREAD:
             return stream_key(handle)
@@ -356,7 +359,7 @@ cdef class Pool:
         return StreamKey(handle, <uintptr_t>sid)
 
     cdef RegionCache* _current_region(self) noexcept nogil:
-        cdef size_t i = gp_region_stack.size()
+        cdef int i = gp_region_depth
         cdef RegionCache* rc
         while i:
             i -= 1
@@ -427,10 +430,20 @@ cdef class Pool:
         cdef vector[StreamBin]* bins
         cdef size_t i, n, same, fresh
         cdef int wait
+        cdef Block* b
         if <size_t>cls >= fl.bins.size():
             return NULL
         bins = &fl.bins[cls]
         n = same = fresh = bins.size()
+        # Fast path, the steady state of one stream: its bin first, its oldest block free of
+        # other streams' events.
+        if n and _same(bins[0][0].key, s) and not bins[0][0].heap.empty():
+            b = bins[0][0].heap.front().second
+            if b.extra_events == NULL:
+                if b.event:
+                    self._events.push_back(b.event)
+                    b.event = 0
+                return _pop(bins, 0)
         for i in range(n):
             if bins[0][i].heap.empty():
                 continue
@@ -955,7 +968,7 @@ cdef class Pool:
         """
         cdef size_t n
         cdef uintptr_t handle = 0 if stream is None else stream_handle(stream)
-        cdef StreamKey key = self.key(handle)
+        cdef StreamKey key = pool_key(self, handle)
         cdef Block* b = NULL
         cdef int r
         if type(nbytes) is int and 0 < <object>nbytes <= MAX_NBYTES:

@@ -162,14 +162,15 @@ cdef class Region:
                 "this Region is already entered (nested, or on another thread); use one "
                 "Region object per scope and per thread")
         self._skipping = self.skip_first and self.entries == 0
+        region_push(uncached_marker() if self._skipping else self.rc)
         if self.scope == "process" and not self._skipping:
             if not self.pool.region_set_process(self.rc, True):
+                region_pop(self.rc)
                 raise GpupoolError(
                     "another Region with scope='process' is entered on this pool")
         self._active_thread = threading.get_ident()
         self.entries += 1
         self._kept.clear()
-        region_push(uncached_marker() if self._skipping else self.rc)
         return self
 
     def __exit__(self, exc_type, exc, tb):
