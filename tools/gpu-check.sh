@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build there (no network), run the whole test suite, the GPU
-# tests under compute-sanitizer memcheck, the main example and the benchmarks. Logs go to $OUT
-# (at most 8 files come back); the summary is printed last.
+# One call on the GPU machine: build there (no network), then the steps named in STEPS
+# (default: all but traces and diag), logs to $OUT (at most 8 files come back), summary last.
+#   tests     the whole test suite
+#   memcheck  the GPU tests under compute-sanitizer memcheck
+#   example   the main job (examples/train_digits.py)
+#   bench     bench/run_all.py (BENCH=a,b limits the scripts, BENCH_ARGS adds options)
+#   traces    bench/record_trace.py: allocation traces of PyTorch training steps -> $OUT
+#   diag      tools/diag_held_buffers.py under compute-sanitizer
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpupool-gpu-check}
+STEPS=${STEPS:-tests,memcheck,example,bench}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 summary() { echo "== $*" | tee -a "$OUT/summary.log"; }
+step() { [[ ",$STEPS," == *",$1,"* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.log"
 python3 -c "import sys, cuda.bindings, Cython; print(sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__, 'Cython', Cython.__version__)" | tee -a "$OUT/summary.log"
@@ -15,27 +22,41 @@ python3 -c "import sys, cuda.bindings, Cython; print(sys.version.split()[0], 'cu
 if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
     tail -40 "$OUT/build.log"; summary "build FAILED"; exit 1
 fi
-summary "build ok: $(grep -m1 'gpupool build:' "$OUT/build.log" || true)"
+summary "build ok"
 
-python3 -m pytest -q -rs tests > "$OUT/tests.log" 2>&1
-summary "test suite (all tests, rc=$?): $(tail -1 "$OUT/tests.log")"
+if step tests; then
+    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -rs tests > "$OUT/tests.log" 2>&1
+    summary "test suite (all tests, rc=$?): $(tail -1 "$OUT/tests.log")"
+fi
+if step memcheck; then
+    GPUPOOL_STRESS_OPS=2000 timeout 400 compute-sanitizer --tool memcheck \
+        --report-api-errors no --error-exitcode 99 python3 -m pytest -q -m gpu \
+        -p no:cacheprovider ${MEMCHECK_TESTS:-tests} > "$OUT/memcheck.log" 2>&1
+    summary "GPU tests under memcheck (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E 'passed|failed' "$OUT/memcheck.log" | tail -1)"
+fi
+if step diag; then
+    timeout 120 compute-sanitizer --tool memcheck --report-api-errors no \
+        python3 tools/diag_held_buffers.py > "$OUT/diag.log" 2>&1
+    summary "diag (rc=$?): $(grep -E '^CuPy|^gpupool' "$OUT/diag.log" | tr '\n' ' ')"
+fi
+if step traces; then
+    timeout 300 python3 bench/record_trace.py --out "$OUT" > "$OUT/traces.log" 2>&1
+    summary "record_trace rc=$?: $(ls "$OUT"/*.npz 2>/dev/null | xargs -n1 basename | tr '\n' ' ')"
+    mkdir -p bench/traces && cp "$OUT"/*.npz bench/traces/ 2>/dev/null     # for trace_replay
+fi
+if step example; then
+    timeout 300 python3 examples/train_digits.py --quiet > "$OUT/example.log" 2>&1
+    summary "examples/train_digits.py rc=$?"
+fi
+if step bench; then
+    timeout 480 python3 bench/run_all.py --out /tmp/gpupool-bench ${BENCH:+--only "$BENCH"} \
+        ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+    summary "bench rc=$?"
+    cat /tmp/gpupool-bench/*.txt > "$OUT/bench-tables.txt" 2>/dev/null
+    cp /tmp/gpupool-bench/region_memory.png "$OUT/" 2>/dev/null
+fi
 
-GPUPOOL_STRESS_OPS=2000 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
-    python3 -m pytest -q -m gpu \
-    -p no:cacheprovider tests > "$OUT/memcheck.log" 2>&1
-summary "GPU tests under memcheck (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E 'passed|failed' "$OUT/memcheck.log" | tail -1)"
-
-timeout 300 python3 examples/train_digits.py --quiet > "$OUT/example.log" 2>&1
-summary "examples/train_digits.py rc=$?"
-
-# BENCH=alloc_latency,cross_stream runs only those scripts (default: all).
-timeout 480 python3 bench/run_all.py --out /tmp/gpupool-bench ${BENCH:+--only "$BENCH"} \
-    > "$OUT/bench.log" 2>&1
-summary "bench rc=$?"
-cat /tmp/gpupool-bench/*.txt > "$OUT/bench-tables.txt" 2>/dev/null
-cp /tmp/gpupool-bench/region_memory.png "$OUT/" 2>/dev/null
-
-grep -E "^(FAILED|ERROR)" "$OUT/tests.log" "$OUT/memcheck.log" | head -20
-tail -25 "$OUT/example.log"
-grep -E "target|MISS|met" "$OUT/bench-tables.txt" | head -20
+grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/memcheck.log 2>/dev/null | head -30
+[ -f "$OUT/example.log" ] && tail -12 "$OUT/example.log"
+[ -f "$OUT/bench-tables.txt" ] && grep -E "target|MISS|met" "$OUT/bench-tables.txt" | head -20
 cat "$OUT/summary.log"
