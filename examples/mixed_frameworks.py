@@ -45,6 +45,11 @@ import warnings
 
 import numpy as np
 
+# numba-cuda 0.30 registers an overload for np.row_stack, which NumPy 2.5 removed, when it
+# first compiles a kernel: alias it so the Numba kernel below compiles on such machines.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
 ROWS, COLS, FEATURES = 4096, 1024, 256
 THREADS = 128
 FRAMEWORKS = (("cupy", "pip install cupy-cuda13x"), ("numba.cuda", "pip install numba-cuda"),

@@ -2,10 +2,16 @@
 
 import functools
 
+import numpy as np
 import pytest
 
 import gpupool
 from gpupool.testing import SimulatedDevice
+
+# numba-cuda 0.30 registers an overload for np.row_stack, which NumPy 2.5 removed, when it
+# first compiles a kernel: alias it so Numba's kernels compile on such machines.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
 
 
 @functools.cache

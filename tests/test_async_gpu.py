@@ -12,10 +12,18 @@ MIB = 1 << 20
 
 
 def _stream():
+    """A new non-blocking stream on device 0's primary context (made current here)."""
     from cuda.bindings import driver
 
+    ok = driver.CUresult.CUDA_SUCCESS
+    err, dev = driver.cuDeviceGet(0)
+    assert err == ok
+    err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+    assert err == ok
+    (err,) = driver.cuCtxSetCurrent(ctx)
+    assert err == ok
     err, stream = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
-    assert err == driver.CUresult.CUDA_SUCCESS
+    assert err == ok
     return driver, stream
 
 

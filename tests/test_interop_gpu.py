@@ -159,7 +159,9 @@ CONSUMERS = {"cupy": CuPyConsumer, "numba": NumbaConsumer, "torch": TorchConsume
              "jax": JaxConsumer}
 PROTOCOLS = ("cai", "dlpack")
 UNORDERED = {("torch", "cai"): "PyTorch's CUDA Array Interface import ignores the "
-                               "producer's stream; use DLPack"}
+                               "producer's stream; use DLPack",
+             ("jax", "cai"): "JAX's CUDA Array Interface import refuses a producer stream "
+                             "it did not create (GetStreamFromExternalStream); use DLPack"}
 MATRIX = pytest.mark.parametrize("name, protocol",
                                  [(c, p) for c in CONSUMERS for p in PROTOCOLS])
 
