@@ -1,20 +1,23 @@
-"""examples/train_digits.py on a machine without a GPU: exit status 2 and one line, no traceback."""
+"""The digits examples on a machine without a GPU: exit status 2 and one line, no traceback."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "train_digits.py"
 
 
-def test_train_digits_without_gpu_exits_2_with_one_line():
+@pytest.mark.parametrize("name", ["train_digits", "train_digits_torch"])
+def test_example_without_gpu_exits_2_with_one_line(name):
     # An empty CUDA_VISIBLE_DEVICES hides every GPU, so this holds on GPU machines too; where
-    # CuPy is not installed (CI) the example stops even earlier, with the same contract.
+    # the array library (CuPy, PyTorch) is not installed (CI) the example stops even earlier,
+    # with the same contract.
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--epochs", "1"],
+        [sys.executable, str(REPO / "examples" / f"{name}.py"), "--epochs", "1"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -26,4 +29,4 @@ def test_train_digits_without_gpu_exits_2_with_one_line():
     assert "Traceback" not in proc.stderr, output
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, output
-    assert lines[0].startswith("train_digits: "), output
+    assert lines[0].startswith(f"{name}: "), output
