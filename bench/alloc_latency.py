@@ -197,6 +197,67 @@ def make_torch_empty(ctx):
     return Made(for_size, torch.cuda.empty_cache)
 
 
+def _torch_use_child(conn):
+    """Child process of ``torch.gp``: gpupool.torch.use(), then run each batch it is sent."""
+    import gc
+
+    import torch
+
+    import gpupool.torch
+
+    try:
+        gpupool.torch.use()
+        empty, u8, dev = torch.empty, torch.uint8, torch.device("cuda", 0)
+        empty(1, dtype=u8, device=dev)
+    except Exception as exc:  # reported by the parent as the column's skip reason
+        conn.send(f"{type(exc).__name__}: {exc}")
+        return
+    gc.disable()
+    conn.send(None)
+    for n, ops in iter(conn.recv, None):
+        for _ in range(ops):
+            t = empty(n, dtype=u8, device=dev)
+            del t
+        conn.send(None)
+
+
+def make_torch_empty_gp(ctx):
+    """The ``torch`` loop with gpupool as PyTorch's allocator (``gpupool.torch.use()``).
+
+    ``use()`` must precede PyTorch's CUDA start, so the loop runs in a child process; each
+    batch is one round trip over a pipe (tens of microseconds, under 1% of a batch).
+    """
+    import multiprocessing
+
+    torch = ctx.need("torch")
+    if not torch.cuda.is_available():
+        raise Skip("torch.cuda.is_available() is False")
+    spawn = multiprocessing.get_context("spawn")
+    conn, child_conn = spawn.Pipe()
+    child = spawn.Process(target=_torch_use_child, args=(child_conn,), daemon=True)
+    child.start()
+    child_conn.close()          # so that a dead child reads as EOF here
+    try:
+        error = conn.recv()
+    except EOFError:
+        error = "it exited"
+    if error is not None:
+        child.join()
+        raise Skip(f"the gpupool.torch.use() child process failed: {error}")
+
+    def for_size(n):
+        def batch(ops):
+            conn.send((n, ops))
+            conn.recv()
+        return batch
+
+    def cleanup():
+        conn.send(None)
+        child.join()
+
+    return Made(for_size, cleanup)
+
+
 # Driver through cuda.bindings' Python layer ----------------------------------------------
 
 def make_driver_async(ctx):
@@ -314,6 +375,8 @@ COLUMNS = [
     Column("cp.empty.gp", "cupy.empty uint8, gpupool allocator", make_cupy_empty_gp, CACHED),
     Column("cp.async", "cupy.cuda.alloc, CuPy MemoryAsyncPool", make_cupy_async, CACHED),
     Column("torch", "torch.empty uint8 + del, caching allocator", make_torch_empty, CACHED),
+    Column("torch.gp", "torch.empty uint8 + del, gpupool.torch.use() (child process)",
+           make_torch_empty_gp, CACHED),
     Column("drv.async", "cuMemAllocAsync + cuMemFreeAsync (Python layer)", make_driver_async,
            CACHED),
     Column("drv.alloc", "cuMemAlloc + cuMemFree (Python layer, uncached)", make_driver_alloc,

@@ -47,6 +47,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
+from _digits import SetupError, load_data, mib, one_line
 from autograd import MLP, Tensor, mean, sgd_update, softmax_cross_entropy
 
 with warnings.catch_warnings():
@@ -68,53 +69,9 @@ MODE_TITLES = {
 }
 MIN_ACCURACY = 0.95
 N_CLASSES = 10
-MIB = 1 << 20
-
-
-class SetupError(Exception):
-    """A prerequisite (GPU, CuPy, scikit-learn, gpupool) is missing: exit status 2."""
-
-
-def _one_line(exc):
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def mib(nbytes):
-    return f"{nbytes / MIB:.3f}"
 
 
 # --- data ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Digits:
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-
-
-def load_data():
-    """The digits, split 75/25 (stratified), standardised with the training split's statistics."""
-    try:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-    except ImportError:
-        raise SetupError(
-            "scikit-learn is needed for the digits data set: pip install scikit-learn"
-        ) from None
-    x, y = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=0.25, random_state=0, stratify=y
-    )
-    centre, scale = x_train.mean(axis=0), x_train.std(axis=0)
-    scale[scale == 0] = 1.0  # some border pixels are 0 in every training image
-    return Digits(
-        ((x_train - centre) / scale).astype(np.float32),
-        y_train.astype(np.int64),
-        ((x_test - centre) / scale).astype(np.float32),
-        y_test.astype(np.int64),
-    )
 
 
 # --- memory back ends ----------------------------------------------------------------------------
@@ -131,7 +88,7 @@ class GpupoolMemory:
         try:
             self.pool = gpupool.Pool(device=device)
         except gpupool.NoDeviceError as exc:
-            raise SetupError(_one_line(exc)) from None
+            raise SetupError(one_line(exc)) from None
         self.allocator = gpupool.cupy.allocator(self.pool)
         self.region = gpupool.Region(pool=self.pool) if use_region else None
         self.step_scope = self.region if use_region else nullcontext()
@@ -209,11 +166,11 @@ def require_gpu():
                 "CuPy is not installed (pip install 'gpupool[examples]' on a machine with an"
                 " NVIDIA GPU)"
             )
-        raise SetupError(f"CuPy cannot be imported: {_one_line(exc)}")
+        raise SetupError(f"CuPy cannot be imported: {one_line(exc)}")
     try:
         count = cp.cuda.runtime.getDeviceCount()
     except Exception as exc:
-        raise SetupError(f"no CUDA GPU found: {_driver_problem() or _one_line(exc)}") from None
+        raise SetupError(f"no CUDA GPU found: {_driver_problem() or one_line(exc)}") from None
     if count == 0:
         raise SetupError("no CUDA GPU found: the CUDA runtime reports 0 devices")
     return cp.cuda.Device().id
@@ -226,7 +183,7 @@ def _driver_problem():
 
         gpupool.get_pool(0)
     except Exception as exc:
-        return _one_line(exc)
+        return one_line(exc)
     return None
 
 
@@ -236,7 +193,7 @@ def make_memory(mode, device):
     try:
         import gpupool.cupy  # the CuPy adapter is a submodule; this binds `gpupool` too
     except ImportError as exc:
-        raise SetupError(f"gpupool cannot be imported: {_one_line(exc)}") from None
+        raise SetupError(f"gpupool cannot be imported: {one_line(exc)}") from None
     return GpupoolMemory(gpupool, device, use_region=mode == "region")
 
 

@@ -25,6 +25,7 @@
 #endif
 
 __PYX_EXTERN_C void *gpupool_torch_malloc(size_t, int, void *);
+__PYX_EXTERN_C void *gpupool_torch_malloc_raising(size_t, int, void *);
 __PYX_EXTERN_C void gpupool_torch_free(void *, size_t, int, void *);
 
 #endif /* !__PYX_HAVE_API__gpupool___capi */

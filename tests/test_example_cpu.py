@@ -11,6 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("script, args", [("train_digits", ["--epochs", "1"]),
+                                          ("train_digits_torch", ["--epochs", "1"]),
                                           ("mixed_frameworks", [])])
 def test_example_without_gpu_exits_2_with_one_line(script, args):
     # An empty CUDA_VISIBLE_DEVICES hides every GPU, so this holds on GPU machines too; where

@@ -63,3 +63,27 @@ def test_mixed_frameworks_share_one_pool():
     checks = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert len(checks) == 8 and all(line.startswith("[ok] ") for line in checks), output
     assert proc.stdout.count("Memory pool usage: ") == 1, output
+
+
+@pytest.mark.gpu
+def test_train_digits_torch_all_modes():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA GPU")
+    pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "train_digits_torch.py"), "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    # Exit status 0 means: accuracy >= 0.95 in every mode, the region mode's reserved bytes
+    # equal after epochs 1 and 30, and both gpupool modes' losses within 1e-6 of PyTorch's.
+    assert proc.returncode == 0, output
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("mode "))
+    rows = {line.split()[0]: line.split() for line in lines[header + 2:header + 5]}
+    assert set(rows) == {"region", "no-region", "torch"}, output
+    assert rows["region"][7] == "yes", output  # the flat? column

@@ -1,33 +1,230 @@
-"""PyTorch allocates from gpupool through the extension's pluggable-allocator entry points
-(marked gpu)."""
+"""gpupool.torch: PyTorch allocating from gpupool. CPU tests drive the entry points on the
+simulated device and check laziness and errors without CUDA; GPU tests (marked gpu) run
+PyTorch on gpupool, in fresh processes where use() is involved (tests/torch_child.py)."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import gpupool
+import gpupool.torch
+from gpupool import _capi
+from gpupool.testing import SimulatedDevice
 
-pytestmark = pytest.mark.gpu
-torch = pytest.importorskip("torch")
+CHILD = Path(__file__).resolve().parent / "torch_child.py"
+MiB = 1 << 20
+
+pytestmark = pytest.mark.usefixtures("restore_default_pool")
 
 
-@pytest.mark.usefixtures("restore_default_pool")
-def test_torch_mempool_allocates_from_gpupool():
-    from torch.cuda.memory import CUDAPluggableAllocator
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
 
-    from gpupool import _capi
 
-    pool = gpupool.Pool(device=0)
+@pytest.fixture
+def limited():
+    """Device 0's default pool: the simulated device, 4 MiB hard limit."""
+    sim = SimulatedDevice(capacity=64 * MiB)
+    pool = gpupool.Pool(upstream=sim, device=0, hard_limit=4 * MiB)
     gpupool.set_pool(pool)
-    allocator = CUDAPluggableAllocator(_capi.__file__, "gpupool_torch_malloc",
-                                       "gpupool_torch_free")
-    mempool = torch.cuda.MemPool(allocator.allocator())
+    yield pool
+    assert sim.errors == []
+
+
+def run_python(code_or_path, *args, env=None):
+    command = [sys.executable, *(["-c", code_or_path] if not str(code_or_path).endswith(".py")
+                                 else [str(code_or_path)]), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env=None if env is None else {**os.environ, **env})
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc.stdout
+
+
+# Without a GPU -----------------------------------------------------------------------------
+
+def test_importing_the_adapter_does_not_import_torch():
+    out = run_python(
+        "import sys, gpupool, gpupool.torch\n"
+        "from gpupool.testing import SimulatedDevice\n"
+        "gpupool.set_pool(gpupool.Pool(upstream=SimulatedDevice(), device=0))\n"
+        "gpupool.torch.memory_stats(0); gpupool.torch.last_error()\n"
+        "print('torch' in sys.modules)")
+    assert out.strip() == "False"
+
+
+def test_use_and_mempool_without_cuda_raise_no_device_error(torch):
+    # CUDA_VISIBLE_DEVICES="" hides every GPU, so this holds on GPU machines too.
+    out = run_python(
+        "import gpupool, gpupool.torch\n"
+        "for f in (gpupool.torch.use, gpupool.torch.mempool):\n"
+        "    try:\n"
+        "        f()\n"
+        "    except gpupool.NoDeviceError as e:\n"
+        "        print(type(e).__name__, e)\n",
+        env={"CUDA_VISIBLE_DEVICES": ""})
+    lines = out.strip().splitlines()
+    assert len(lines) == 2, out
+    for line in lines:
+        assert line.startswith("NoDeviceError PyTorch"), out
+        assert "without CUDA" in line or "sees no CUDA device" in line, out
+
+
+def test_bad_pool_arguments_are_refused_before_torch_is_needed(limited):
+    for f in (gpupool.torch.use, gpupool.torch.mempool):
+        with pytest.raises(TypeError, match="gpupool.Pool"):
+            f(pool="device 0")
+        with pytest.raises(ValueError, match="simulated device"):
+            f(pool=limited)
+
+
+def test_the_out_of_memory_error_is_torch_s_and_gpupool_s(torch):
+    kind = gpupool.torch.OutOfMemoryError
+    assert issubclass(kind, torch.OutOfMemoryError)
+    assert issubclass(kind, gpupool.OutOfMemoryError) and issubclass(kind, MemoryError)
+    assert kind is gpupool.torch.OutOfMemoryError
+    assert repr(kind("x")) == "OutOfMemoryError('x')"
+
+
+def test_global_entry_point_throws_gpupool_s_message(torch, limited):
+    # The C++ exception is caught as PyTorch's bindings catch it (torch::PyTorchError).
+    kind = gpupool.torch.OutOfMemoryError
+    ptr = _capi._torch_malloc_checked(1000, 0, 0)
+    assert ptr % 256 == 0 and limited.stats().in_use_bytes == 1024
+    _capi._torch_free(ptr, 1000, 0, 0)
+    with pytest.raises(kind) as info:
+        _capi._torch_malloc_checked(8 * MiB, 0, 0)
+    message = str(info.value)
+    assert message.startswith("gpupool: out of memory on device 0 allocating 8.000 MiB")
+    assert "hard limit 4.000 MiB" in message
+    assert gpupool.torch.last_error() == message
+    assert gpupool.torch.memory_stats(0)["num_ooms"] == 1
+    assert limited.stats().in_use_bytes == 0
+
+
+def test_global_entry_point_other_failures_are_gpupool_errors(limited):
+    with pytest.raises(gpupool.GpupoolError, match="device 63 failed: no CUDA driver") as info:
+        _capi._torch_malloc_checked(1000, 63, 0)
+    assert not isinstance(info.value, MemoryError)
+    assert gpupool.torch.last_error() == str(info.value)
+
+
+def test_mempool_entry_point_returns_null_and_the_observer_raises(torch, limited):
+    assert _capi._torch_malloc(8 * MiB, 0, 0) == 0
+    with pytest.raises(gpupool.torch.OutOfMemoryError, match="hard limit 4.000 MiB"):
+        gpupool.torch._on_torch_oom(0, 8 * MiB, 80 << 30, 1 << 30)
+    gpupool.torch._on_torch_oom(0, 8 * MiB, 80 << 30, 1 << 30)   # the failure was taken
+    assert _capi._torch_malloc(8 * MiB, 0, 0) == 0
+    gpupool.torch._on_torch_oom(1, 8 * MiB, 80 << 30, 1 << 30)   # another device's: not ours
+    assert _capi._torch_malloc(8 * MiB, 0, 0) == 0
+    ptr = _capi._torch_malloc(1000, 0, 0)                          # a success clears it
+    assert ptr != 0
+    gpupool.torch._on_torch_oom(0, 8 * MiB, 80 << 30, 1 << 30)
+    _capi._torch_free(ptr, 1000, 0, 0)
+    assert limited.stats().in_use_bytes == 0
+
+
+def test_memory_stats_takes_torch_devices(torch, limited):
+    buf = limited.allocate(1000)
+    stats = gpupool.torch.memory_stats(0)
+    assert stats == limited.memory_stats()
+    assert stats["allocated_bytes.all.current"] == 1024
+    assert gpupool.torch.memory_stats("cuda:0") == stats
+    assert gpupool.torch.memory_stats(torch.device("cuda", 0)) == stats
+    with pytest.raises(ValueError, match="CUDA device"):
+        gpupool.torch.memory_stats("cpu")
+    del buf
+
+
+# On a GPU ----------------------------------------------------------------------------------
+
+@functools.cache
+def child(scenario):
+    """Run tests/torch_child.py SCENARIO in a fresh process; its JSON result (run once)."""
+    return json.loads(run_python(CHILD, scenario).strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+def test_mempool_allocates_from_gpupool(torch):
+    pool = gpupool.Pool(device=0)
+    mempool = gpupool.torch.mempool(pool)
     with torch.cuda.use_mem_pool(mempool):
         x = torch.ones(1 << 20, device="cuda")
         y = x * 3
-    assert pool.stats().in_use_bytes >= 4 << 20         # its segments come from gpupool
+    assert pool.stats().in_use_bytes >= 4 * MiB             # its segments come from gpupool
     assert float(y.sum()) == 3 * (1 << 20)
     before = pool.stats().num_allocs
-    z = torch.ones(1 << 20, device="cuda")              # outside: PyTorch's own allocator
+    z = torch.ones(1 << 20, device="cuda")                  # outside: PyTorch's own allocator
     assert pool.stats().num_allocs == before
+    stats = gpupool.torch.memory_stats(0)
+    assert stats == pool.memory_stats()
+    assert stats["allocated_bytes.all.current"] >= 4 * MiB
+    assert gpupool.torch.memory_stats("cuda:0").keys() == stats.keys()
     del x, y, z, mempool
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["use", "mempool"])
+def test_training_matches_pytorch_s_allocator_with_flat_memory(torch, mode):
+    native, mine = child("train-native"), child(f"train-{mode}")
+    assert len(mine["losses"]) == len(native["losses"]) == 8
+    for a, b in zip(mine["losses"], native["losses"], strict=True):
+        assert abs(a - b) <= 1e-6, (mine["losses"], native["losses"])
+    assert mine["num_allocs"] > 0
+    assert len(set(mine["reserved"][1:])) == 1, mine["reserved"]     # flat after step 2
+
+
+@pytest.mark.gpu
+def test_use_after_cuda_init_raises_a_clear_error(torch):
+    out = child("too-late")
+    assert out["error"]["type"] == "GpupoolError", out
+    assert "must run before PyTorch's first CUDA allocation" in out["error"]["message"]
+    assert "gpupool.torch.mempool()" in out["error"]["message"]
+    assert out["backend"] == "native"
+
+
+def assert_gpupool_oom(error):
+    assert error is not None, "no error raised"
+    assert (error["module"], error["type"]) == ("gpupool.torch", "OutOfMemoryError"), error
+    assert error["torch_oom"] and error["gpupool_oom"], error
+    assert "gpupool: out of memory on device 0" in error["message"], error
+    assert "hard limit 64.000 MiB" in error["message"], error
+
+
+@pytest.mark.gpu
+def test_out_of_memory_under_use(torch):
+    out = child("oom-use")
+    assert_gpupool_oom(out["forward"])
+    assert "allocating 128.000 MiB" in out["forward"]["message"]
+    assert_gpupool_oom(out["backward"])                     # raised on PyTorch's own thread
+    assert "allocating 16.000 MiB" in out["backward"]["message"]
+    assert out["after"] == 1000.0                           # the context still works
+    assert out["last_error"] == out["backward"]["message"]
+    assert out["num_ooms"] == 2
+
+
+@pytest.mark.gpu
+def test_out_of_memory_under_mempool(torch):
+    out = child("oom-mempool")
+    assert_gpupool_oom(out["forward"])
+    assert "allocating 128.000 MiB" in out["forward"]["message"]
+    assert out["after"] == 1000.0
+    assert out["last_error"] == out["forward"]["message"]
+    assert out["num_ooms"] == 1
+
+
+@pytest.mark.gpu
+def test_region_hands_a_step_s_tensors_back_at_the_same_addresses(torch):
+    out = child("region-ptr")
+    assert all(p == out["ptrs"][0] for p in out["ptrs"]), out["ptrs"]
+    assert out["ptrs"][0][0] != out["ptrs"][0][1]
+    assert (out["misses"], out["hits"]) == (2, 8), out
+    assert out["cached"] >= 8 * MiB
+    assert len(set(out["reserved"])) == 1, out["reserved"]
