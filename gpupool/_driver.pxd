@@ -35,6 +35,7 @@ cdef CUresult event_destroy(CUevent e) noexcept nogil
 cdef CUresult event_record(CUevent e, CUstream s) noexcept nogil
 cdef CUresult event_query(CUevent e) noexcept nogil
 cdef CUresult stream_get_id(CUstream s, unsigned long long* stream_id) noexcept nogil
+cdef CUresult stream_is_capturing(CUstream s, bint* capturing) noexcept nogil
 cdef CUresult mem_pool_create(CUmemoryPool* pool, int device) noexcept nogil
 cdef CUresult mem_pool_destroy(CUmemoryPool pool) noexcept nogil
 cdef CUresult mem_pool_set_release_threshold(CUmemoryPool pool, size_t nbytes) noexcept nogil

@@ -36,6 +36,7 @@ ctypedef CUresult (*fn_event)(CUevent) noexcept nogil
 ctypedef CUresult (*fn_record)(CUevent, CUstream) noexcept nogil
 ctypedef CUresult (*fn_name)(CUresult, const char**) noexcept nogil
 ctypedef CUresult (*fn_stream_id)(CUstream, unsigned long long*) noexcept nogil
+ctypedef CUresult (*fn_capturing)(CUstream, cydriver.CUstreamCaptureStatus*) noexcept nogil
 ctypedef CUresult (*fn_pool_create)(CUmemoryPool*, const cydriver.CUmemPoolProps*) noexcept nogil
 ctypedef CUresult (*fn_pool)(CUmemoryPool) noexcept nogil
 ctypedef CUresult (*fn_pool_set)(CUmemoryPool, cydriver.CUmemPool_attribute, void*) noexcept nogil
@@ -123,6 +124,12 @@ cdef CUresult event_query(CUevent e) noexcept nogil:
 
 cdef CUresult stream_get_id(CUstream s, unsigned long long* stream_id) noexcept nogil:
     return _result((<fn_stream_id>cydriver.cuStreamGetId)(s, stream_id))
+
+cdef CUresult stream_is_capturing(CUstream s, bint* capturing) noexcept nogil:
+    cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    cdef CUresult r = _result((<fn_capturing>cydriver.cuStreamIsCapturing)(s, &status))
+    capturing[0] = status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    return r
 
 cdef CUresult mem_pool_create(CUmemoryPool* pool, int device) noexcept nogil:
     # A device-local pool of ordinary (pinned, non-exportable) device memory.

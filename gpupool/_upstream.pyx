@@ -16,6 +16,19 @@ from gpupool cimport _driver as drv
 
 from gpupool.errors import GpupoolError
 
+# Per thread, the stream ID last seen for a few stream handles (see DriverUpstream.stream_id).
+cdef extern from *:
+    """
+    #define GP_ID_CACHE 16
+    struct gp_id_entry { uintptr_t handle; unsigned long long id; };
+    static thread_local gp_id_entry gp_id_cache[GP_ID_CACHE];
+    """
+    int GP_ID_CACHE
+    struct gp_id_entry:
+        uintptr_t handle
+        unsigned long long id
+    gp_id_entry gp_id_cache[]
+
 
 cdef class Upstream:
     """Base of the C-level upstream interface; not used directly."""
@@ -222,10 +235,26 @@ cdef class DriverUpstream(Upstream):
         return r
 
     cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil:
-        cdef int r = drv.stream_get_id(<CUstream>stream, out)
+        # cuStreamGetId on a stream being captured into a graph fails and invalidates the
+        # capture; a stream being captured is alive, so the ID this thread last saw for the
+        # handle is still its ID (0, unknown, when there is none).
+        cdef bint capturing = False
+        cdef int r = drv.stream_is_capturing(<CUstream>stream, &capturing)
+        cdef int slot = <int>((stream >> 4) % GP_ID_CACHE)
+        out[0] = 0
+        if r != 0:
+            return r
+        if capturing:
+            if gp_id_cache[slot].handle == stream:
+                out[0] = gp_id_cache[slot].id
+            return 0
+        r = drv.stream_get_id(<CUstream>stream, out)
         if r != 0:
             out[0] = 0
-        return r
+            return r
+        gp_id_cache[slot].handle = stream
+        gp_id_cache[slot].id = out[0]
+        return 0
 
     def __repr__(self):
         return f"DriverUpstream(device={self.device})"

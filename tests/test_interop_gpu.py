@@ -221,14 +221,16 @@ def test_a_numba_kernel_writes_gpupool_memory_through_dlpack(pool):
     buf = pool.allocate(data.nbytes)
     buf.copy_from_host(data)
 
-    @reader.cuda.jit
+    cuda = reader.cuda                      # a module: Numba types it inside the kernel
+
+    @cuda.jit
     def double(x):
-        i = reader.cuda.grid(1)
+        i = cuda.grid(1)
         if i < x.shape[0]:
             x[i] *= 2
 
     double[16, 256](DLPackOnly(buf.view("float32", data.shape)))
-    reader.cuda.synchronize()
+    cuda.synchronize()
     np.testing.assert_array_equal(buf.copy_to_host().view(np.float32), data * 2)
 
 
