@@ -4,6 +4,8 @@ peer frameworks, the CUDA driver through ``cuda.bindings.driver``, and streams.
 A script makes one :class:`Context` with :func:`make_context`; each column asks it for what it
 needs (``ctx.need("cupy")``, ``ctx.driver()``, ``ctx.streams(4)``) and raises :class:`Skip`,
 with the reason, when that is not there, so the column is left out and the run goes on.
+:func:`make_columns` makes a script's columns (each a :class:`Column` whose ``make(ctx)``
+returns a :class:`Made`), :func:`close_column` records a column's pool counters and cleans up.
 """
 
 import sys
