@@ -203,6 +203,23 @@ def cache_lines(out):
                       "warm-up included:", *lines])
 
 
+def record_errors(errors, into):
+    """File :func:`measure_rounds`' errors by column: ``into[key][str(at)]`` gets
+    ``"Type: message"`` for each ``(key, at) -> exception`` of ``errors``."""
+    for (key, at), exc in errors.items():
+        into.setdefault(key, {})[str(at)] = f"{type(exc).__name__}: {exc}"
+
+
+def problem_lines(out, width, where):
+    """Legend lines for ``out["skipped"]`` (key -> reason) and ``out["errors"]`` (key -> at ->
+    message): ``"  KEY skipped: reason"``, ``"  KEY error WHERE: message"``, keys padded to
+    ``width``; ``where(at)`` says where an error happened (``"at 4 KiB"``)."""
+    lines = [f"  {k:{width}} skipped: {why}" for k, why in out["skipped"].items()]
+    for key, errors in out["errors"].items():
+        lines += [f"  {key:{width}} error {where(at)}: {e}" for at, e in errors.items()]
+    return lines
+
+
 # GPU and environment --------------------------------------------------------------------
 
 def gpu_pool(device=0):
@@ -283,8 +300,9 @@ def environment(device=0):
 
 # Command line and output ----------------------------------------------------------------
 
-def parser(description):
-    """Argument parser with the options every script takes."""
+def parser(description, columns=False):
+    """Argument parser with the options every script takes; with ``columns``, ``--columns``
+    too (read it with :func:`column_keys`)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     p.add_argument("--quick", action="store_true",
@@ -292,7 +310,39 @@ def parser(description):
     p.add_argument("--simulated", action="store_true",
                    help="run gpupool on gpupool.testing.SimulatedDevice (no GPU needed; checks "
                         "the harness only, the numbers are not GPU numbers)")
+    if columns:
+        p.add_argument("--columns", help="comma-separated column keys to run (default: all)")
     return p
+
+
+def column_keys(p, spec, known):
+    """The column keys a ``--columns`` option names.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+        The script's parser, for the error.
+    spec : str or None
+        The option's value: comma-separated keys; None or empty: every known column.
+    known : list of str
+        The script's column keys, in its order.
+
+    Returns
+    -------
+    list of str
+        ``spec``'s keys in the order given, or ``known``.
+
+    Notes
+    -----
+    An unknown key ends the script through ``p.error`` (exit status 2), naming it.
+    """
+    if not spec:
+        return list(known)
+    wanted = spec.split(",")
+    unknown = set(wanted) - set(known)
+    if unknown:
+        p.error(f"unknown columns {sorted(unknown)}; known: {list(known)}")
+    return wanted
 
 
 def write_json(path, obj):
@@ -302,6 +352,30 @@ def write_json(path, obj):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
         f.write("\n")
+
+
+def finish(out, start, report, json_path=None):
+    """End a script's run: the report, the elapsed-time line, the JSON file; returns 0.
+
+    Parameters
+    ----------
+    out : dict
+        The results; ``out["script"]`` names the script and ``out.get("simulated")`` marks a
+        run on the simulated device. ``out["elapsed_s"]`` is set here.
+    start : float
+        ``time.perf_counter()`` when the measurements began.
+    report : callable
+        ``report(out)`` -> the text to print (the script's tables).
+    json_path : str, optional
+        Where to write ``out`` as JSON (see :func:`write_json`); None: nowhere.
+    """
+    out["elapsed_s"] = time.perf_counter() - start
+    print(report(out))
+    print(f"\n{out['script']}: {out['elapsed_s']:.1f} s"
+          + (" (simulated device)" if out.get("simulated") else ""))
+    if json_path:
+        write_json(json_path, out)
+    return 0
 
 
 def skip(script, reason, json_path=None):

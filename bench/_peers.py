@@ -4,8 +4,11 @@ peer frameworks, the CUDA driver through ``cuda.bindings.driver``, and streams.
 A script makes one :class:`Context` with :func:`make_context`; each column asks it for what it
 needs (``ctx.need("cupy")``, ``ctx.driver()``, ``ctx.streams(4)``) and raises :class:`Skip`,
 with the reason, when that is not there, so the column is left out and the run goes on.
+:func:`make_columns` makes a script's columns (each a :class:`Column` whose ``make(ctx)``
+returns a :class:`Made`), :func:`close_column` records a column's pool counters and cleans up.
 """
 
+import sys
 from dataclasses import dataclass, field
 
 import _common
@@ -17,6 +20,25 @@ class Skip(Exception):
 
 class DriverError(RuntimeError):
     """A driver call made by a benchmark failed."""
+
+
+@dataclass
+class Made:
+    """What a column's ``make(ctx)`` returns."""
+
+    loop: object                        # makes the timed loop: see the script's columns
+    cleanup: object = None              # run after the measurements
+    pool: object = None                 # the gpupool pool it draws from, if any
+
+
+@dataclass
+class Column:
+    """One allocator of a script: its key, its label in the legend, and ``make(ctx)``, which
+    returns a :class:`Made` or raises :class:`Skip`."""
+
+    key: str
+    label: str
+    make: object
 
 
 def check(result, what):
@@ -146,3 +168,56 @@ def make_context(simulated, frameworks=("cupy", "torch", "numba_cuda")):
     if ctx.cupy is not None:
         ctx.cupy.cuda.Device(0).use()
     return ctx, None
+
+
+def context_or_skip(script, args, frameworks=("cupy", "torch", "numba_cuda")):
+    """:func:`make_context` for a script's parsed ``args`` (``simulated``, ``json``); without
+    a GPU, the script's skip (:func:`_common.skip`: a line, a skip record, exit status 0)."""
+    ctx, reason = make_context(args.simulated, frameworks)
+    if ctx is None:
+        _common.skip(script, reason, args.json)
+    return ctx
+
+
+def chosen_columns(p, spec, columns):
+    """The columns (:class:`Column`) that ``--columns`` (``spec``) names, in the script's
+    order; all without ``spec`` (see :func:`_common.column_keys`: an unknown key exits 2)."""
+    keys = _common.column_keys(p, spec, [c.key for c in columns])
+    return [c for c in columns if c.key in keys]
+
+
+def make_columns(makers, ctx, skipped):
+    """Make every column that can run here; the others are skipped, with their reason.
+
+    Parameters
+    ----------
+    makers : dict of key -> callable
+        ``make(ctx)`` of each column, in the order to make them.
+    ctx : Context
+        What the columns draw on.
+    skipped : dict
+        Gets ``key -> reason`` for each column whose ``make`` raised :class:`Skip` (the
+        reason is also printed to stderr, as progress).
+
+    Returns
+    -------
+    dict of key -> what ``make`` returned
+        The columns that can run, in ``makers``' order. Exceptions other than Skip propagate.
+    """
+    made = {}
+    for key, make in makers.items():
+        try:
+            made[key] = make(ctx)
+        except Skip as exc:
+            skipped[key] = str(exc)
+            print(f"  {key}: skipped ({exc})", file=sys.stderr)
+    return made
+
+
+def close_column(made, entry):
+    """After a column's measurements: its pool's counters into ``entry`` (``made.pool``, if
+    any; see :func:`_common.pool_counters`), then its ``made.cleanup()``, if any."""
+    if made.pool is not None:
+        entry["pool_counters"] = _common.pool_counters(made.pool)
+    if made.cleanup is not None:
+        made.cleanup()

@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 
 import _common
+import _peers
 from _common import Cell, KiB, MiB, format_ns, format_size, format_table, measure_rounds
-from _peers import DriverError, Skip, make_context
+from _peers import DriverError, Made, Skip
 
 SCRIPT = "alloc_latency"
 SIZES = [256, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
@@ -35,21 +36,10 @@ CUPY_EMPTY_TARGET_RATIO = 1.1  # cupy.empty on gpupool vs on CuPy's pool
 
 
 @dataclass
-class Made:
-    """What a column's ``make(ctx)`` returns."""
+class Column(_peers.Column):
+    """One allocator (``make(ctx)`` returns a :class:`_peers.Made` whose ``loop(n)`` is
+    ``batch(ops)`` for size n), its batch plan, and whether it runs with the uncached group."""
 
-    for_size: object                    # for_size(n) -> batch(ops)
-    cleanup: object = None              # run after the measurements
-    pool: object = None                 # the gpupool pool it draws from, if any
-
-
-@dataclass
-class Column:
-    """One allocator, its batch plan, and whether it runs with the uncached group."""
-
-    key: str
-    label: str
-    make: object
     plan: dict
 
     @property
@@ -395,16 +385,9 @@ def plan_for(column, quick):
 
 def run_group(columns, ctx, sizes, quick, out):
     """Make, measure (interleaved rounds) and clean up one group of columns, into ``out``."""
-    cells, made = {}, {}
-    for column in columns:
-        try:
-            made[column.key] = column.make(ctx)
-        except Skip as exc:
-            out["skipped"][column.key] = str(exc)
-            print(f"  {column.key}: skipped ({exc})", file=sys.stderr)
-            continue
-        for n in sizes:
-            cells[column.key, n] = Cell(made[column.key].for_size(n), **plan_for(column, quick))
+    made = _peers.make_columns({c.key: c.make for c in columns}, ctx, out["skipped"])
+    cells = {(c.key, n): Cell(made[c.key].loop(n), **plan_for(c, quick))
+             for c in columns if c.key in made for n in sizes}
     if not cells:
         return
     if columns[0].group == "cached":
@@ -422,12 +405,8 @@ def run_group(columns, ctx, sizes, quick, out):
             "label": column.label, "plan": plan_for(column, quick), "results": {
                 str(n): timings[column.key, n].as_dict() for n in sizes
                 if (column.key, n) in timings}}
-        if made[column.key].pool is not None:
-            entry["pool_counters"] = _common.pool_counters(made[column.key].pool)
-        if made[column.key].cleanup is not None:
-            made[column.key].cleanup()
-    for (key, n), exc in errors.items():
-        out["errors"].setdefault(key, {})[str(n)] = f"{type(exc).__name__}: {exc}"
+        _peers.close_column(made[column.key], entry)
+    _common.record_errors(errors, out["errors"])
 
 
 def run(columns, ctx, sizes, quick):
@@ -504,9 +483,7 @@ def _legend(out):
     lines = [f"Python loop overhead: {format_ns(out['loop_overhead_ns'])} ns per iteration "
              "(included in every cell)", "", "columns:"]
     lines += [f"  {k:12} {c['label']}" for k, c in out["columns"].items()]
-    lines += [f"  {k:12} skipped: {why}" for k, why in out["skipped"].items()]
-    for key, errors in out["errors"].items():
-        lines += [f"  {key:12} error at {format_size(int(n))}: {e}" for n, e in errors.items()]
+    lines += _common.problem_lines(out, 12, lambda n: f"at {format_size(int(n))}")
     return "\n".join(lines)
 
 
@@ -532,19 +509,10 @@ def report(out, sizes):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0])
-    p.add_argument("--columns", help="comma-separated column keys to run (default: all)")
+    p = _common.parser(__doc__.splitlines()[0], columns=True)
     args = p.parse_args(argv)
-    columns = COLUMNS
-    if args.columns:
-        wanted = args.columns.split(",")
-        unknown = set(wanted) - {c.key for c in COLUMNS}
-        if unknown:
-            p.error(f"unknown columns {sorted(unknown)}; known: {[c.key for c in COLUMNS]}")
-        columns = [c for c in COLUMNS if c.key in wanted]
-    ctx, reason = make_context(args.simulated)
-    if ctx is None:
-        _common.skip(SCRIPT, reason, args.json)
+    columns = _peers.chosen_columns(p, args.columns, COLUMNS)
+    ctx = _peers.context_or_skip(SCRIPT, args)
     start = time.perf_counter()
     out = {"script": SCRIPT, "unit": "ns per allocate+free pair", "stream": "legacy default (0)",
            "sizes": SIZES, "simulated": args.simulated, "quick": args.quick,
@@ -552,13 +520,7 @@ def main(argv=None):
     out.update(run(columns, ctx, SIZES, args.quick))
     out["ratios"] = ratios(out, SIZES)
     out["targets"] = [] if args.simulated else targets(out, SIZES)
-    out["elapsed_s"] = time.perf_counter() - start
-    print(report(out, SIZES))
-    print(f"\n{SCRIPT}: {out['elapsed_s']:.1f} s" + (" (simulated device)" if args.simulated
-                                                   else ""))
-    if args.json:
-        _common.write_json(args.json, out)
-    return 0
+    return _common.finish(out, start, lambda o: report(o, SIZES), args.json)
 
 
 if __name__ == "__main__":

@@ -236,13 +236,7 @@ def main(argv=None):
            "plan": plan, "spin_ns": SPIN_NS, "simulated": args.simulated, "quick": args.quick,
            "env": _common.environment()}
     out.update(run(gpupool, streams, plan))
-    out["elapsed_s"] = time.perf_counter() - start
-    print(report(out))
-    print(f"\n{SCRIPT}: {out['elapsed_s']:.1f} s" + (" (simulated device)" if args.simulated
-                                                   else ""))
-    if args.json:
-        _common.write_json(args.json, out)
-    return 0
+    return _common.finish(out, start, report, args.json)
 
 
 if __name__ == "__main__":

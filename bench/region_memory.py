@@ -676,12 +676,7 @@ def main(argv=None):
                         if "per_step" in r}
     out["targets"] = targets(out["summaries"], ws_bytes)
     out["plot"], out["plot_skipped"] = plot(out, args.plot or default_plot_path(args.json))
-    out["elapsed_s"] = time.perf_counter() - start
-    print(report(out))
-    print(f"\n{SCRIPT}: {out['elapsed_s']:.1f} s")
-    if args.json:
-        _common.write_json(args.json, out)
-    return 0
+    return _common.finish(out, start, report, args.json)
 
 
 if __name__ == "__main__":

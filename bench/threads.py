@@ -16,13 +16,13 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from itertools import cycle, islice
 
 import _cext
 import _common
+import _peers
 from _common import Cell, KiB, MiB, format_size, format_table, measure_rounds
-from _peers import DriverError, Skip, make_context
+from _peers import Column, DriverError, Made, Skip
 
 SCRIPT = "threads"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,20 +100,8 @@ class Team:
             thread.join()
 
 
-@dataclass
-class Made:
-    """What a column's ``make(ctx)`` returns."""
-
-    work_for: object                    # work_for(i) -> work(ops), called on thread i
-    cleanup: object = None              # run after the measurements
-    pool: object = None                 # the gpupool pool it draws from, if any
-
-
-@dataclass
-class Column:
-    key: str
-    label: str
-    make: object
+# Columns: ``make(ctx)`` returns a Made whose ``loop`` is a Team's ``work_for``: ``loop(i)`` ->
+# ``work(ops)``, called on thread i.
 
 
 def _python_loop(alloc):
@@ -229,19 +217,14 @@ def run(columns, ctx, quick):
     thread, median), plus ``skipped`` and ``errors``.
     """
     out = {"columns": {}, "skipped": {}, "errors": {}}
-    made, cells, teams = {}, {}, []
+    made = _peers.make_columns({c.key: c.make for c in columns}, ctx, out["skipped"])
+    cells, teams = {}, []
     plan = QUICK_PLAN if quick else PLAN
-    for column in columns:
-        try:
-            made[column.key] = column.make(ctx)
-        except Skip as exc:
-            out["skipped"][column.key] = str(exc)
-            print(f"  {column.key}: skipped ({exc})", file=sys.stderr)
-            continue
+    for key in made:
         for count in THREADS:
-            team = Team(count, made[column.key].work_for)
+            team = Team(count, made[key].loop)
             teams.append(team)
-            cells[column.key, count] = Cell(team.batch, **plan)
+            cells[key, count] = Cell(team.batch, **plan)
     start = time.perf_counter()
     try:
         timings, errors = measure_rounds(cells, reps=QUICK_REPS if quick else REPS)
@@ -261,12 +244,8 @@ def run(columns, ctx, quick):
                                   "max": count * 1e9 / t.min},
                     "ns_per_pair": t.median, "ops_per_thread": t.ops, "reps": t.reps}
         entry = out["columns"][column.key] = {"label": column.label, "results": results}
-        if made[column.key].pool is not None:
-            entry["pool_counters"] = _common.pool_counters(made[column.key].pool)
-        if made[column.key].cleanup is not None:
-            made[column.key].cleanup()
-    for (key, count), exc in errors.items():
-        out["errors"].setdefault(key, {})[str(count)] = f"{type(exc).__name__}: {exc}"
+        _peers.close_column(made[column.key], entry)
+    _common.record_errors(errors, out["errors"])
     return out
 
 
@@ -314,39 +293,22 @@ def report(out):
               "loop, by gpupool while it waits for its mutex, and by whatever a peer releases",
               "", "columns:"]
     legend += [f"  {k:10} {c['label']}" for k, c in out["columns"].items()]
-    legend += [f"  {k:10} skipped: {why}" for k, why in out["skipped"].items()]
-    for key, errors in out["errors"].items():
-        legend += [f"  {key:10} error with {n} threads: {e}" for n, e in errors.items()]
+    legend += _common.problem_lines(out, 10, lambda n: f"with {n} threads")
     parts += [p for p in (_common.cache_lines(out), "\n".join(legend)) if p]
     return "\n\n".join(parts)
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0])
-    p.add_argument("--columns", help="comma-separated column keys to run (default: all)")
+    p = _common.parser(__doc__.splitlines()[0], columns=True)
     args = p.parse_args(argv)
-    columns = COLUMNS
-    if args.columns:
-        wanted = args.columns.split(",")
-        unknown = set(wanted) - {c.key for c in COLUMNS}
-        if unknown:
-            p.error(f"unknown columns {sorted(unknown)}; known: {[c.key for c in COLUMNS]}")
-        columns = [c for c in COLUMNS if c.key in wanted]
-    ctx, reason = make_context(args.simulated, frameworks=("cupy", "torch"))
-    if ctx is None:
-        _common.skip(SCRIPT, reason, args.json)
+    columns = _peers.chosen_columns(p, args.columns, COLUMNS)
+    ctx = _peers.context_or_skip(SCRIPT, args, frameworks=("cupy", "torch"))
     start = time.perf_counter()
     out = {"script": SCRIPT, "unit": "allocate+free pairs per second, all threads",
            "threads": THREADS, "sizes": SIZES, "simulated": args.simulated,
            "quick": args.quick, "env": _common.environment()}
     out.update(run(columns, ctx, args.quick))
-    out["elapsed_s"] = time.perf_counter() - start
-    print(report(out))
-    print(f"\n{SCRIPT}: {out['elapsed_s']:.1f} s" + (" (simulated device)" if args.simulated
-                                                   else ""))
-    if args.json:
-        _common.write_json(args.json, out)
-    return 0
+    return _common.finish(out, start, report, args.json)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import time
 import _common
 import alloc_trace
 from _common import Cell, MiB, format_ns, format_table, measure_rounds
-from _peers import DriverError, Skip, check, make_context
+from _peers import DriverError, Skip, check, context_or_skip, make_columns
 
 SCRIPT = "trace_replay"
 REPS, QUICK_REPS = 7, 2
@@ -358,14 +358,8 @@ def run(traces, keys, ctx, quick):
     """Replay every trace through every allocator, interleaved rounds; progress to stderr."""
     out = {"traces": {}, "skipped": {}, "errors": {}, "loop_ns": {},
            "reps": QUICK_REPS if quick else REPS}
-    allocators = {}
-    for key in ["loop", *keys]:
-        cls = LoopReplay if key == "loop" else COLUMNS[key][1]
-        try:
-            allocators[key] = cls(ctx)
-        except Skip as exc:
-            out["skipped"][key] = str(exc)
-            print(f"  {key}: skipped ({exc})", file=sys.stderr)
+    allocators = make_columns({key: LoopReplay if key == "loop" else COLUMNS[key][1]
+                               for key in ["loop", *keys]}, ctx, out["skipped"])
     cells, timed = {}, {}
     for trace in traces:
         for key, allocator in allocators.items():
@@ -394,8 +388,8 @@ def run(traces, keys, ctx, quick):
                 "peak_reserved_min_bytes": min(reserved),
                 "peak_in_use_bytes": max(in_use) if in_use else None,
                 "reserved_over_live": max(reserved) / peak_live if peak_live else None}
-    for (name, key), exc in errors.items():
-        out["errors"].setdefault(key, {})[name] = f"{type(exc).__name__}: {exc}"
+    _common.record_errors({(key, name): exc for (name, key), exc in errors.items()},
+                          out["errors"])
     return out
 
 
@@ -472,9 +466,7 @@ def report(out, keys):
     if out.get("note"):
         notes.insert(0, f"  {out['note']}")
     notes += ["", "columns:"] + [f"  {k:10} {COLUMNS[k][0]}" for k in keys]
-    notes += [f"  {k:10} skipped: {why}" for k, why in out["skipped"].items()]
-    for key, errors in out["errors"].items():
-        notes += [f"  {key:10} error on {n}: {e}" for n, e in errors.items()]
+    notes += _common.problem_lines(out, 10, lambda name: f"on {name}")
     parts.append("notes:\n" + "\n".join(notes))
     return "\n\n".join(parts)
 
@@ -491,15 +483,8 @@ def main(argv=None):
     p.add_argument("--columns", help=f"comma-separated allocators (default: all: "
                                      f"{','.join(COLUMNS)})")
     args = p.parse_args(argv)
-    keys = list(COLUMNS)
-    if args.columns:
-        keys = args.columns.split(",")
-        if set(keys) - set(COLUMNS):
-            p.error(f"unknown columns {sorted(set(keys) - set(COLUMNS))}; known: "
-                    f"{list(COLUMNS)}")
-    ctx, reason = make_context(args.simulated, frameworks=("cupy", "torch"))
-    if ctx is None:
-        _common.skip(SCRIPT, reason, args.json)
+    keys = _common.column_keys(p, args.columns, list(COLUMNS))
+    ctx = context_or_skip(SCRIPT, args, frameworks=("cupy", "torch"))
     traces, note = load_traces(args.trace, args.trace_dir, args.synthetic)
     if note:
         print(f"{SCRIPT}: {note}", file=sys.stderr)
@@ -507,13 +492,7 @@ def main(argv=None):
     out = {"script": SCRIPT, "simulated": args.simulated, "quick": args.quick, "note": note,
            "env": _common.environment()}
     out.update(run(traces, keys, ctx, args.quick))
-    out["elapsed_s"] = time.perf_counter() - start
-    print(report(out, keys))
-    print(f"\n{SCRIPT}: {out['elapsed_s']:.1f} s" + (" (simulated device)" if args.simulated
-                                                   else ""))
-    if args.json:
-        _common.write_json(args.json, out)
-    return 0
+    return _common.finish(out, start, lambda o: report(o, keys), args.json)
 
 
 if __name__ == "__main__":

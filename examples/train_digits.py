@@ -37,7 +37,6 @@ Exit status: 0 when every check passed; 1 when a mode's test accuracy is below 0
 mode's reserved memory was not flat; 2 when the GPU, CuPy, scikit-learn or gpupool is missing.
 """
 
-import argparse
 import gc
 import statistics
 import sys
@@ -46,6 +45,7 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import _digits
 import numpy as np
 from _digits import SetupError, load_data, mib, one_line
 from autograd import MLP, Tensor, mean, sgd_update, softmax_cross_entropy
@@ -67,11 +67,7 @@ MODE_TITLES = {
     "no-region": "gpupool, no region (default garbage collection)",
     "cupy": "CuPy MemoryPool (default garbage collection)",
 }
-MIN_ACCURACY = 0.95
-N_CLASSES = 10
-
-
-# --- data ----------------------------------------------------------------------------------------
+PROG = "train_digits"
 
 
 # --- memory back ends ----------------------------------------------------------------------------
@@ -201,18 +197,9 @@ def make_memory(mode, device):
 
 
 @dataclass
-class RunResult:
-    mode: str
-    accuracy: float
+class RunResult(_digits.Run):
     peak_in_use_bytes: int
-    reserved_first_epoch: int
-    reserved_last_epoch: int
-    ms_per_step: float
     peak_sampled: bool
-
-    @property
-    def flat(self):
-        return self.reserved_first_epoch == self.reserved_last_epoch
 
 
 def train_step(model, x, y, batch, lr):
@@ -252,7 +239,7 @@ def train(memory, data, args):
     rng = np.random.RandomState(args.seed)
     step_times, reserved = [], []
     with cp.cuda.using_allocator(memory.allocator):
-        model = MLP((data.x_train.shape[1], args.hidden, N_CLASSES), rng, cp)
+        model = MLP((data.x_train.shape[1], args.hidden, _digits.N_CLASSES), rng, cp)
         x_train, y_train = cp.asarray(data.x_train), cp.asarray(data.y_train)
         x_test, y_test = cp.asarray(data.x_test), cp.asarray(data.y_test)
         for epoch in range(1, args.epochs + 1):
@@ -261,10 +248,7 @@ def train(memory, data, args):
             reserved.append(memory.reserved_bytes())
             step_times.append(times)
             if not args.quiet:
-                print(
-                    f"[{memory.name}] epoch {epoch:3d}  loss {statistics.fmean(losses):.4f}"
-                    f"  test accuracy {accuracy:.4f}"
-                )
+                print(_digits.epoch_line(memory.name, epoch, losses, accuracy))
                 memory.print_status()
     timed = step_times[1:] if len(step_times) >= 2 else step_times  # epoch 1 warms up
     return RunResult(
@@ -291,87 +275,38 @@ def run_mode(mode, device, data, args):
 
 
 def print_table(results, epochs):
-    header = (
-        "mode",
-        "test acc",
-        "peak in use (MiB)",
-        "reserved after epoch 1 (MiB)",
-        f"reserved after epoch {epochs} (MiB)",
-        "flat?",
-        "ms/step",
-    )
-    rows = [
-        (
-            r.mode,
-            f"{r.accuracy:.4f}",
-            mib(r.peak_in_use_bytes) + ("*" if r.peak_sampled else " "),  # digits stay aligned
-            mib(r.reserved_first_epoch),
-            mib(r.reserved_last_epoch),
-            "yes" if r.flat else "no",
-            f"{r.ms_per_step:.3f}",
-        )
-        for r in results
-    ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    warm_up = ", epoch 1 excluded" if epochs >= 2 else ""
-    print(f"\nSummary ({epochs} epochs; ms/step is the median time of a step{warm_up})")
-    for row in (header, tuple("-" * w for w in widths), *rows):
-        cells = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
-        print("  ".join([row[0].ljust(widths[0]), *cells[1:]]))
+    def peak(r):
+        return mib(r.peak_in_use_bytes) + ("*" if r.peak_sampled else " ")  # digits stay aligned
+
+    _digits.print_summary(epochs, results, [
+        ("peak in use (MiB)", peak),
+        ("reserved after epoch 1 (MiB)", lambda r: mib(r.reserved_first_epoch)),
+        (f"reserved after epoch {epochs} (MiB)", lambda r: mib(r.reserved_last_epoch)),
+    ])
     if any(r.peak_sampled for r in results):
         print("* CuPy pool: the largest used_bytes() seen after a step, not a true peak.")
 
 
-def failed_checks(results, epochs):
-    failures = []
-    for r in results:
-        if r.accuracy < MIN_ACCURACY:
-            failures.append(f"{r.mode}: test accuracy {r.accuracy:.4f} is below {MIN_ACCURACY}")
-        if r.mode == "region" and not r.flat:
-            failures.append(
-                f"region: reserved memory is not flat ({mib(r.reserved_first_epoch)} MiB after"
-                f" epoch 1, {mib(r.reserved_last_epoch)} MiB after epoch {epochs})"
-            )
-    return failures
-
-
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        description="Train an MLP on scikit-learn's digits with CuPy on gpupool (see the module"
-        " docstring)."
-    )
-    parser.add_argument("--epochs", type=_positive_int, default=30)
-    parser.add_argument("--batch-size", type=_positive_int, default=64)
-    parser.add_argument("--hidden", type=_positive_int, default=128, help="hidden layer width")
-    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
-    parser.add_argument("--mode", choices=(*MODES, "all"), default="all")
-    parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
-    parser.add_argument("--seed", type=int, default=0, help="weights and shuffling")
-    return parser.parse_args(argv)
+    return _digits.parser(
+        "Train an MLP on scikit-learn's digits with CuPy on gpupool (see the module docstring).",
+        MODES,
+    ).parse_args(argv)
+
+
+def run(args):
+    """Train every mode asked for, print the summary; the failed checks."""
+    modes = MODES if args.mode == "all" else (args.mode,)
+    device = require_gpu()
+    data = load_data()
+    results = [run_mode(mode, device, data, args) for mode in modes]
+    print_table(results, args.epochs)
+    return [f for r in results for f in _digits.run_failures(r, f"after epoch {args.epochs}")]
 
 
 def main(argv=None):
     args = parse_args(argv)
-    modes = MODES if args.mode == "all" else (args.mode,)
-    try:
-        device = require_gpu()
-        data = load_data()
-        results = [run_mode(mode, device, data, args) for mode in modes]
-    except SetupError as exc:
-        print(f"train_digits: {exc}", file=sys.stderr)
-        return 2
-    print_table(results, args.epochs)
-    failures = failed_checks(results, args.epochs)
-    for failure in failures:
-        print(f"train_digits: check failed: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    return _digits.exit_status(PROG, lambda: run(args))
 
 
 if __name__ == "__main__":

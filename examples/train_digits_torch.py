@@ -48,12 +48,14 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 
 # Deterministic cuBLAS (with torch.use_deterministic_algorithms), set before PyTorch starts.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
+import _digits  # noqa: E402
 import numpy as np  # noqa: E402
-from _digits import SetupError, load_data, mib, one_line  # noqa: E402
+from _digits import RunFailed, SetupError, load_data, mib, one_line  # noqa: E402
 
 MODES = ("region", "no-region", "torch")
 MODE_TITLES = {
@@ -61,14 +63,16 @@ MODE_TITLES = {
     "no-region": "gpupool.torch.use(), no region",
     "torch": "PyTorch's caching allocator",
 }
-MIN_ACCURACY = 0.95
 MAX_LOSS_DIFFERENCE = 1e-6
-N_CLASSES = 10
 PROG = "train_digits_torch"
 
 
-class RunFailed(Exception):
-    """A mode's child process failed for another reason than a missing prerequisite."""
+@dataclass
+class TorchRun(_digits.Run):
+    """A mode's measurements, the loss of every step and the bytes reserved after the first."""
+
+    losses: list
+    reserved_first_step: int
 
 
 def require_torch_gpu():
@@ -107,7 +111,7 @@ def train(mode, args):
     model = torch.nn.Sequential(
         torch.nn.Linear(data.x_train.shape[1], args.hidden),
         torch.nn.ReLU(),
-        torch.nn.Linear(args.hidden, N_CLASSES),
+        torch.nn.Linear(args.hidden, _digits.N_CLASSES),
     ).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     x_train, y_train, x_test, y_test = (
@@ -146,12 +150,13 @@ def train(mode, args):
             reserved["epoch 1"] = reserved["last epoch"]
         losses += epoch_losses
         if not args.quiet:
-            print(f"[{mode}] epoch {epoch:3d}  loss {statistics.fmean(epoch_losses):.4f}  test"
-                  f" accuracy {accuracy:.4f}  reserved {mib(reserved['last epoch'])} MiB",
-                  flush=True)
+            print(f"{_digits.epoch_line(mode, epoch, epoch_losses, accuracy)}"
+                  f"  reserved {mib(reserved['last epoch'])} MiB", flush=True)
     timed = times[len(times) // args.epochs:] if args.epochs >= 2 else times   # epoch 1 warms up
-    return {"mode": mode, "accuracy": accuracy, "losses": losses, "reserved": reserved,
-            "ms_per_step": 1e3 * statistics.median(timed)}
+    return TorchRun(mode=mode, accuracy=accuracy, reserved_first_epoch=reserved["epoch 1"],
+                    reserved_last_epoch=reserved["last epoch"],
+                    ms_per_step=1e3 * statistics.median(timed), losses=losses,
+                    reserved_first_step=reserved["step 1"])
 
 
 def run_child(mode, args):
@@ -171,7 +176,7 @@ def run_child(mode, args):
                         f"{proc.stderr}")
     for line in lines[:-1]:
         print(line)
-    return json.loads(lines[-1])
+    return TorchRun(**json.loads(lines[-1]))
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -180,94 +185,59 @@ def run_child(mode, args):
 def max_loss_difference(result, reference):
     if reference is None or result is reference:
         return None
-    return max(abs(a - b) for a, b in zip(result["losses"], reference["losses"], strict=True))
-
-
-def is_flat(result):
-    return result["reserved"]["epoch 1"] == result["reserved"]["last epoch"]
+    return max(abs(a - b) for a, b in zip(result.losses, reference.losses, strict=True))
 
 
 def print_table(results, reference, epochs):
-    header = ("mode", "test acc", "last loss", "max |loss - torch|", "reserved step 1 (MiB)",
-              "epoch 1 (MiB)", f"epoch {epochs} (MiB)", "flat?", "ms/step")
-    rows = []
-    for r in results:
-        difference = max_loss_difference(r, reference)
-        rows.append((r["mode"], f"{r['accuracy']:.4f}", f"{r['losses'][-1]:.6f}",
-                     "-" if difference is None else f"{difference:.1e}",
-                     mib(r["reserved"]["step 1"]), mib(r["reserved"]["epoch 1"]),
-                     mib(r["reserved"]["last epoch"]), "yes" if is_flat(r) else "no",
-                     f"{r['ms_per_step']:.3f}"))
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    warm_up = ", epoch 1 excluded" if epochs >= 2 else ""
-    print(f"\nSummary ({epochs} epochs; reserved after the first step, the first epoch and the"
-          f" last; ms/step is the median time of a step{warm_up})")
-    for row in (header, tuple("-" * w for w in widths), *rows):
-        cells = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
-        print("  ".join([row[0].ljust(widths[0]), *cells[1:]]))
+    def difference(r):
+        value = max_loss_difference(r, reference)
+        return "-" if value is None else f"{value:.1e}"
+
+    _digits.print_summary(epochs, results, [
+        ("last loss", lambda r: f"{r.losses[-1]:.6f}"),
+        ("max |loss - torch|", difference),
+        ("reserved step 1 (MiB)", lambda r: mib(r.reserved_first_step)),
+        ("epoch 1 (MiB)", lambda r: mib(r.reserved_first_epoch)),
+        (f"epoch {epochs} (MiB)", lambda r: mib(r.reserved_last_epoch)),
+    ], note="reserved after the first step, the first epoch and the last; ")
 
 
 def failed_checks(results, reference):
     failures = []
     for r in results:
-        if r["accuracy"] < MIN_ACCURACY:
-            failures.append(f"{r['mode']}: test accuracy {r['accuracy']:.4f} is below"
-                            f" {MIN_ACCURACY}")
-        if r["mode"] == "region" and not is_flat(r):
-            failures.append(f"region: reserved memory is not flat ({mib(r['reserved']['epoch 1'])}"
-                            f" MiB after epoch 1, {mib(r['reserved']['last epoch'])} MiB at the"
-                            f" end)")
+        failures += _digits.run_failures(r, "at the end")
         difference = max_loss_difference(r, reference)
         if difference is not None and difference > MAX_LOSS_DIFFERENCE:
-            failures.append(f"{r['mode']}: a loss differs from PyTorch's allocator's by"
+            failures.append(f"{r.mode}: a loss differs from PyTorch's allocator's by"
                             f" {difference:.1e}")
     return failures
 
 
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        description="Train an MLP on scikit-learn's digits in PyTorch on gpupool (see the module"
-        " docstring).")
-    parser.add_argument("--epochs", type=_positive_int, default=30)
-    parser.add_argument("--batch-size", type=_positive_int, default=64)
-    parser.add_argument("--hidden", type=_positive_int, default=128, help="hidden layer width")
-    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
-    parser.add_argument("--mode", choices=(*MODES, "all"), default="all")
-    parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
-    parser.add_argument("--seed", type=int, default=0, help="weights and shuffling")
-    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    p = _digits.parser("Train an MLP on scikit-learn's digits in PyTorch on gpupool (see the"
+                       " module docstring).", MODES)
+    p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def run(args):
+    """The child: train args.child, print its result as JSON; no checks. The parent: every mode
+    asked for, each in a child, then the summary; the failed checks."""
+    require_torch_gpu()
+    if args.child:
+        print(json.dumps(asdict(train(args.child, args))))
+        return []
+    load_data()                         # scikit-learn is there: fail early otherwise
+    modes = MODES if args.mode == "all" else (args.mode,)
+    results = [run_child(mode, args) for mode in modes]
+    reference = next((r for r in results if r.mode == "torch"), None)
+    print_table(results, reference, args.epochs)
+    return failed_checks(results, reference)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        require_torch_gpu()
-        if args.child:
-            print(json.dumps(train(args.child, args)))
-            return 0
-        load_data()                         # scikit-learn is there: fail early otherwise
-        modes = MODES if args.mode == "all" else (args.mode,)
-        results = [run_child(mode, args) for mode in modes]
-    except SetupError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
-    except RunFailed as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
-    reference = next((r for r in results if r["mode"] == "torch"), None)
-    print_table(results, reference, args.epochs)
-    failures = failed_checks(results, reference)
-    for failure in failures:
-        print(f"{PROG}: check failed: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    return _digits.exit_status(PROG, lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,18 @@
-"""Shared fixtures: a pool on the simulated device for CPU tests, and skipping of GPU tests."""
+"""Shared fixtures: a pool on the simulated device for CPU tests, skipping of GPU tests, and
+running the repository's scripts in a subprocess."""
 
 import functools
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import gpupool
 from gpupool.testing import SimulatedDevice
+
+REPO = Path(__file__).resolve().parents[1]
 
 # numba-cuda 0.30 registers an overload for np.row_stack, which NumPy 2.5 removed, when it
 # first compiles a kernel: alias it so Numba's kernels compile on such machines.
@@ -64,3 +70,18 @@ def restore_default_pool():
     else:
         gpupool._pools.pop(0, None)
         gpupool._capi._forget(0)
+
+
+@pytest.fixture
+def run_script():
+    """``run_script(path, *args, env=None, timeout=600)``: run the repository's script ``path``
+    (relative to the repository, e.g. ``examples/train_digits.py``) with ``sys.executable``
+    from the repository's root; returns ``(CompletedProcess, output)``, ``output`` being its
+    stdout and stderr for assertion messages. ``env`` None: this process's environment."""
+
+    def run(path, *args, env=None, timeout=600):
+        proc = subprocess.run([sys.executable, str(REPO / path), *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        return proc, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+    return run

@@ -2,8 +2,6 @@
 
 import gc
 import importlib.util
-import subprocess
-import sys
 import weakref
 from pathlib import Path
 
@@ -149,13 +147,7 @@ def test_training_lowers_the_loss():
     assert float(_loss(model, x, labels).data) < 0.5 * first
 
 
-def test_bench_region_memory_imports_it_and_prints_help():
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "region_memory.py"), "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+def test_bench_region_memory_imports_it_and_prints_help(run_script):
+    proc, output = run_script("bench/region_memory.py", "--help", timeout=120)
+    assert proc.returncode == 0, output
     assert "--steps" in proc.stdout and "--gc-steps" in proc.stdout

@@ -1,14 +1,7 @@
 """The examples on a GPU: train_digits trains to >= 0.95 with flat reserved memory in region mode;
 mixed_frameworks passes data between CuPy, Numba and PyTorch on one pool."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "train_digits.py"
 
 
 def _require_gpu():
@@ -21,23 +14,22 @@ def _require_gpu():
         pytest.skip("no CUDA GPU")
 
 
+def _summary_header(lines):
+    """The index of the summary table's header line (``mode ...``)."""
+    return next(i for i, line in enumerate(lines) if line.startswith("mode "))
+
+
 @pytest.mark.gpu
-def test_train_digits_region_mode():
+def test_train_digits_region_mode(run_script):
     _require_gpu()
     pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--epochs", "30", "--mode", "region", "--quiet"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    proc, output = run_script("examples/train_digits.py", "--epochs", "30", "--mode", "region",
+                              "--quiet")
     # Exit status 0 means: test accuracy >= 0.95 and reserved bytes equal after epochs 1 and 30.
     assert proc.returncode == 0, output
     assert "Summary (30 epochs" in proc.stdout, output
     lines = proc.stdout.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("mode "))
+    header = _summary_header(lines)
     assert "ms/step" in lines[header], output
     row = lines[header + 2].split()
     assert row[0] == "region", output
@@ -45,18 +37,11 @@ def test_train_digits_region_mode():
 
 
 @pytest.mark.gpu
-def test_mixed_frameworks_share_one_pool():
+def test_mixed_frameworks_share_one_pool(run_script):
     _require_gpu()
     for name in ("numba.cuda", "torch"):
         pytest.importorskip(name)
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "mixed_frameworks.py")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    proc, output = run_script("examples/mixed_frameworks.py")
     # Exit status 0 means every check passed: hand-offs at the producer's address, each
     # library's allocations in the pool, CuPy's own pool empty, results equal to NumPy's.
     assert proc.returncode == 0, output
@@ -66,24 +51,17 @@ def test_mixed_frameworks_share_one_pool():
 
 
 @pytest.mark.gpu
-def test_train_digits_torch_all_modes():
+def test_train_digits_torch_all_modes(run_script):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("PyTorch sees no CUDA GPU")
     pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "train_digits_torch.py"), "--quiet"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    proc, output = run_script("examples/train_digits_torch.py", "--quiet")
     # Exit status 0 means: accuracy >= 0.95 in every mode, the region mode's reserved bytes
     # equal after epochs 1 and 30, and both gpupool modes' losses within 1e-6 of PyTorch's.
     assert proc.returncode == 0, output
     lines = proc.stdout.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("mode "))
+    header = _summary_header(lines)
     rows = {line.split()[0]: line.split() for line in lines[header + 2:header + 5]}
     assert set(rows) == {"region", "no-region", "torch"}, output
     assert rows["region"][7] == "yes", output  # the flat? column
