@@ -62,6 +62,7 @@ cdef class Pool:
     cdef bint _after(self, uintptr_t event, StreamKey s, bint wait) noexcept nogil
     cdef bint _ready(self, Block* b, StreamKey s, bint wait) noexcept nogil
     cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept nogil
+    cdef Block* _take_larger(self, int cls, StreamKey s) noexcept nogil
     cdef int _upstream_alloc(self, size_t nbytes, StreamKey s, uintptr_t* ptr) noexcept nogil
     cdef int _carve(self, int cls, size_t size, StreamKey s, Block** out) noexcept nogil
     cdef int _slab_event(self, Slab* slab) noexcept nogil

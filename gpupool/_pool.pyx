@@ -76,6 +76,7 @@ cdef size_t MAX_NBYTES = 1 << 50        # requests above 1 PiB are refused as ab
 
 cdef uintptr_t STREAM_LEGACY = 1        # CU_STREAM_LEGACY, folded into handle 0
 cdef uintptr_t STREAM_PER_THREAD = 2    # CU_STREAM_PER_THREAD
+cdef int FIT_CLASSES = 4               # a request may take a cached block <= 4 classes up, <= 1.5x
 cdef size_t WANTED_MAX = 256           # streams asked for events before a synchronize
 cdef uintptr_t HANDLE_MAX = <uintptr_t>0xFFFFFFFFFFFFFFFF
 cdef StreamKey NO_STREAM = StreamKey(HANDLE_MAX, 0)   # never used: any stream may take it
@@ -464,6 +465,24 @@ cdef class Pool:
                     return _pop(bins, i)
         return NULL
 
+    cdef Block* _take_larger(self, int cls, StreamKey s) noexcept nogil:
+        """A free block of one of the FIT_CLASSES next larger classes (at most 1.5 times
+        the size), smallest first: cached memory serves a request before the pool grows, so
+        a program whose sizes drift reserves less. (On the recorded conv and transformer
+        traces, 4 classes gave the lowest peak reserved of 0, 2, 4, 8, 16 and 32.)"""
+        cdef int c, last = cls + FIT_CLASSES
+        cdef size_t limit = class_size(cls) + class_size(cls) // 2
+        cdef Block* b
+        if <size_t>last >= self._free.bins.size():
+            last = <int>self._free.bins.size() - 1
+        for c in range(cls + 1, last + 1):
+            if class_size(c) > limit:
+                break
+            b = self._take(&self._free, c, s)
+            if b != NULL:
+                return b
+        return NULL
+
     cdef int _upstream_alloc(self, size_t nbytes, StreamKey s, uintptr_t* ptr) noexcept nogil:
         cdef int r
         if self._hard_limit and self.c.reserved + nbytes > self._hard_limit:
@@ -671,6 +690,8 @@ cdef class Pool:
                 rc.misses += 1
         if b == NULL:
             b = self._take(&self._free, cls, s)
+            if b == NULL:
+                b = self._take_larger(cls, s)
             if b != NULL:
                 self.c.cache_hits += 1
                 if b.slab != NULL:

@@ -125,6 +125,20 @@ def test_cross_stream_reuse_once_the_event_reports_complete(pool, sim):
     assert sim.calls_named("stream_wait_event") == []      # done: no wait needed
 
 
+def test_a_miss_takes_a_cached_block_up_to_one_and_a_half_times_larger(pool, sim):
+    mib = 1 << 20
+    buf = pool.allocate(3 * mib)
+    ptr = buf.ptr
+    del buf
+    smaller = pool.allocate(9 * mib // 4)          # 3 MiB is 3 classes up, 1.33x: reused
+    assert smaller.ptr == ptr and len(sim.calls_named("alloc")) == 1
+    assert pool.stats().in_use_bytes == 3 * mib    # the block's bytes count as in use
+    del smaller
+    much_smaller = pool.allocate(7 * mib // 4)     # 1.71x: too wasteful, a new block
+    assert much_smaller.ptr != ptr and len(sim.calls_named("alloc")) == 2
+    check_invariants(pool)
+
+
 def test_free_never_calls_the_driver(pool, sim):
     a = sim.create_stream()
     buf = pool.allocate(LARGE, stream=a)

@@ -119,7 +119,10 @@ class PoolMachine(RuleBasedStateMachine):
     def bytes_add_up(self):
         stats = self.pool.stats()
         assert stats.in_use_bytes + stats.cached_bytes == stats.reserved_bytes
-        assert stats.in_use_bytes == sum(gpupool.size_class(b.nbytes) for b, _ in self.live)
+        # A block is its request's size class, or a cached block of a larger class (at most
+        # 4 classes up: < 1.5x) that the pool used rather than growing.
+        classes = sum(gpupool.size_class(b.nbytes) for b, _ in self.live)
+        assert classes <= stats.in_use_bytes <= 1.5 * classes
         assert stats.reserved_bytes == self.sim.used
 
 
