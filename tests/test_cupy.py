@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from conftest import flat_memory_unmeasurable
 
 import gpupool
 
@@ -50,6 +51,7 @@ def test_cupy_arrays_come_from_the_pool(pool):
     assert pool.stats().in_use_bytes == 0
 
 
+@flat_memory_unmeasurable
 def test_cupy_loop_under_the_adapter_holds_reserved_memory_flat(pool):
     reserved = []
     with cupy.cuda.using_allocator(gpupool.cupy.allocator(pool)):

@@ -2,6 +2,7 @@
 mixed_frameworks passes data between CuPy, Numba and PyTorch on one pool."""
 
 import pytest
+from conftest import flat_memory_unmeasurable
 
 
 def _require_gpu():
@@ -20,6 +21,7 @@ def _summary_header(lines):
 
 
 @pytest.mark.gpu
+@flat_memory_unmeasurable
 def test_train_digits_region_mode(run_script):
     _require_gpu()
     pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")

@@ -2,7 +2,8 @@
 # One call on the GPU machine: build there (no network), then the steps named in STEPS
 # (default: all but traces and diag), logs to $OUT (at most 8 files come back), summary last.
 #   tests     the whole test suite
-#   memcheck  the GPU tests under compute-sanitizer memcheck
+#   memcheck  the GPU tests under compute-sanitizer memcheck (PyTorch's and JAX's left out:
+#             MEMCHECK_K selects, MEMCHECK_TESTS names files)
 #   example   the main job (examples/train_digits.py)
 #   bench     bench/run_all.py (BENCH=a,b limits the scripts, BENCH_ARGS adds options)
 #   traces    bench/record_trace.py: allocation traces of PyTorch training steps -> $OUT
@@ -29,9 +30,10 @@ if step tests; then
     summary "test suite (all tests, rc=$?): $(tail -1 "$OUT/tests.log")"
 fi
 if step memcheck; then
-    GPUPOOL_STRESS_OPS=2000 timeout 400 compute-sanitizer --tool memcheck \
+    GPUPOOL_UNDER_SANITIZER=1 GPUPOOL_STRESS_OPS=2000 timeout 400 compute-sanitizer --tool memcheck \
         --report-api-errors no --error-exitcode 99 python3 -m pytest -q -m gpu \
-        -p no:cacheprovider ${MEMCHECK_TESTS:-tests} > "$OUT/memcheck.log" 2>&1
+        -p no:cacheprovider -k "${MEMCHECK_K:-not torch and not jax and not mixed}" \
+        ${MEMCHECK_TESTS:-tests} > "$OUT/memcheck.log" 2>&1
     summary "GPU tests under memcheck (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E 'passed|failed' "$OUT/memcheck.log" | tail -1)"
 fi
 if step diag; then
