@@ -63,6 +63,7 @@ cimport cython
 import numpy as np
 
 from gpupool.errors import InvalidBufferError
+from gpupool.interface import read_cai
 
 
 cdef object _new_buffer(Pool pool, Block* blk, size_t nbytes, StreamKey stream):
@@ -281,6 +282,11 @@ cdef class DeviceBuffer:
         consumer = 1 if stream is None else stream
         if consumer != -1:
             self._order_before(0 if consumer == 1 else consumer)
+        if max_version is not None and not (
+                isinstance(max_version, tuple) and len(max_version) == 2
+                and all(type(v) is int for v in max_version)):
+            raise TypeError(f"max_version must be None or a (major, minor) tuple of ints, "
+                            f"got {max_version!r}")
         if max_version is None or max_version[0] < DLPACK_MAJOR:
             legacy = <DLManagedTensor*>malloc(sizeof(DLManagedTensor) + extra)
             if legacy == NULL:
@@ -399,12 +405,12 @@ cdef class DeviceBuffer:
         cdef uintptr_t dst = self._live_ptr()
         cdef uintptr_t s = self._stream.handle if stream is None else stream_handle(stream)
         cdef size_t n
-        if hasattr(src, "__cuda_array_interface__"):
-            cai = src.__cuda_array_interface__
-            if cai.get("strides") is not None and not _c_contiguous(cai):
+        cai = read_cai(src)
+        if cai is not None:
+            if not cai.c_contiguous:
                 raise ValueError("the device source must be C-contiguous")
-            n = _cai_nbytes(cai)
-            kind, src_ptr, keep = DEVICE_TO_DEVICE, cai["data"][0], src
+            n = cai.nbytes
+            kind, src_ptr, keep = DEVICE_TO_DEVICE, cai.ptr, src
         else:
             keep = _host_bytes(src)
             n = keep.nbytes
@@ -515,40 +521,24 @@ def as_buffer(obj, device=None, pool=None):
     from gpupool import get_pool
 
     cdef DeviceBuffer buf
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    cai = read_cai(obj)
     if cai is None:
         raise TypeError(f"as_buffer needs an object with __cuda_array_interface__, got "
                         f"{type(obj).__name__}")
-    if cai.get("strides") is not None and not _c_contiguous(cai):
+    if not cai.c_contiguous:
         raise ValueError("as_buffer needs a C-contiguous array")
-    ptr, readonly = cai["data"]
-    if readonly:
+    if cai.readonly:
         raise ValueError("as_buffer needs writable memory (the interface marks it read-only)")
-    stream = cai.get("stream")
+    stream = cai.stream
     if pool is None:
         source = getattr(obj, "buffer", obj)          # a BufferView's buffer
         pool = source.pool if isinstance(source, DeviceBuffer) else get_pool(device)
     buf = DeviceBuffer.__new__(DeviceBuffer)
     buf.pool = pool
-    buf._ptr = ptr
-    buf.nbytes = _cai_nbytes(cai)
+    buf._ptr = cai.ptr
+    buf.nbytes = cai.nbytes
     buf._stream = stream_key(0 if stream in (None, 1) else stream)
     buf._owner = obj
     return buf
 
 
-def _cai_nbytes(cai):
-    n = np.dtype(cai["typestr"]).itemsize
-    for extent in cai["shape"]:
-        n *= extent
-    return n
-
-
-def _c_contiguous(cai):
-    itemsize = np.dtype(cai["typestr"]).itemsize
-    expected = itemsize
-    for extent, stride in zip(reversed(cai["shape"]), reversed(cai["strides"])):
-        if extent > 1 and stride != expected:
-            return False
-        expected *= extent
-    return True

@@ -151,7 +151,11 @@ cdef uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF:
         return 0
     if type(stream) is not int:
         if hasattr(stream, "__cuda_stream__"):
-            stream = stream.__cuda_stream__()[1]
+            value = stream.__cuda_stream__()
+            if not (isinstance(value, tuple) and len(value) == 2):
+                raise TypeError(f"__cuda_stream__() must return (version, handle), got "
+                                f"{value!r}")
+            stream = value[1]
         elif hasattr(stream, "cuda_stream"):
             stream = stream.cuda_stream
         elif hasattr(stream, "ptr"):

@@ -28,6 +28,8 @@ import time
 import warnings
 
 from gpupool.errors import GpupoolError
+from gpupool.interface import read_cai
+from gpupool.limits import parse_limit
 from gpupool.stats import RegionStats, format_bytes
 
 # "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
@@ -61,8 +63,9 @@ cdef class Region:
     collect : {"young", "full", None}
         Garbage collection run at exit when some of the region's buffers are still alive:
         ``gc.collect(1)`` (default), ``gc.collect()`` or none.
-    max_cached_bytes : int, optional
-        Cap on the bytes the region caches; blocks beyond it go back to the pool.
+    max_cached_bytes : int or str, optional
+        Cap on the bytes the region caches; blocks beyond it go back to the pool. An int, or
+        a string as for ``Pool``'s limits (``"512MiB"``, ``"8GB"``, ``"10%"``).
     skip_first : bool
         Leave the first entry's allocations (library workspaces, warm-up) out of the cache:
         they are served by the pool as if no region were entered.
@@ -129,8 +132,9 @@ cdef class Region:
             pool = get_pool()
         if not isinstance(pool, Pool):
             raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
-        if max_cached_bytes is not None and max_cached_bytes < 0:
-            raise ValueError("max_cached_bytes must be >= 0")
+        if max_cached_bytes is not None:
+            # Bytes, or a limit string ("512MiB", "10%" of the device) as for Pool's limits.
+            max_cached_bytes = parse_limit(max_cached_bytes, lambda: pool.mem_info()[1])
         self.pool = pool
         self.on_exit = on_exit
         self.scope = scope
@@ -369,9 +373,9 @@ cdef extern from *:
 def _data_pointer(obj):
     """Device pointer of the data of an object exporting the CUDA Array Interface or DLPack."""
     cdef gp_DLTensor* tensor
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    cai = read_cai(obj)
     if cai is not None:
-        return cai["data"][0]
+        return cai.ptr
     if hasattr(obj, "__dlpack__"):
         capsule = obj.__dlpack__()
         # Not consumed: the capsule's destructor releases the producer's tensor.

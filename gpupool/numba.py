@@ -20,9 +20,11 @@ Numba is imported when the class is first asked for (``gpupool.numba.GpupoolNumb
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:                    # at run time the class comes from __getattr__, lazily
-    from gpupool._numba_manager import GpupoolNumbaManager
+    pass
 
-__all__ = ["GpupoolNumbaManager", "use"]
+# GpupoolNumbaManager is left out of __all__: naming it imports Numba (help() and
+# `import *` must work without Numba).
+__all__ = ["use"]
 
 _LAZY = ("GpupoolNumbaManager", "_numba_memory_manager")
 
@@ -63,7 +65,8 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted([*globals(), *_LAZY])
+    # The lazy names are left out: listing them must not import Numba (help(), inspect).
+    return sorted(globals())
 
 
 def _manager_class():

@@ -94,7 +94,12 @@ def _oom_type():
 
 def _cuda_torch():
     """``torch``, once it has CUDA and sees a device; NoDeviceError otherwise."""
-    import torch
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise ImportError("gpupool.torch needs PyTorch with CUDA: pip install torch") from exc
 
     if not torch.backends.cuda.is_built():
         raise NoDeviceError(

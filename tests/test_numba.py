@@ -28,8 +28,10 @@ def run_python(code, **env):
 def test_importing_the_adapter_does_not_import_numba():
     result = run_python("""
         import sys
+        import pydoc
         import gpupool.numba
-        assert "GpupoolNumbaManager" in dir(gpupool.numba)
+        assert "use" in dir(gpupool.numba)
+        assert "EMM plugin" in pydoc.render_doc(gpupool.numba)
         print(sorted(name for name in sys.modules if name.split(".")[0] == "numba"))
     """)
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,81 @@
+"""Malformed objects from other libraries get a clear exception naming what is wrong, never a
+crash (CPU, simulated device)."""
+
+import pytest
+
+import gpupool
+
+
+class Stream:
+    def __init__(self, value):
+        self.value = value
+
+    def __cuda_stream__(self):
+        return self.value
+
+
+class Exporter:
+    def __init__(self, cai):
+        self.__cuda_array_interface__ = cai
+
+
+GOOD = {"data": (4096, False), "shape": (16,), "typestr": "|u1", "version": 3}
+
+
+@pytest.mark.parametrize("value", [(), (0,), (1, 2, 3), None, 5])
+def test_malformed_cuda_stream_protocol_is_a_type_error(pool, value):
+    with pytest.raises(TypeError, match="__cuda_stream__"):
+        pool.allocate(16, stream=Stream(value))
+    buf = pool.allocate(16)
+    with pytest.raises(TypeError, match="__cuda_stream__"):
+        buf.record_stream(Stream(value))
+    with pytest.raises(TypeError, match="__cuda_stream__"):
+        buf.stream = Stream(value)
+
+
+@pytest.mark.parametrize("max_version", [(), (1,), "x", (1, "0"), [1, 0]])
+def test_malformed_dlpack_max_version_is_a_type_error(pool, max_version):
+    buf = pool.allocate(16)
+    with pytest.raises(TypeError, match="max_version"):
+        buf.__dlpack__(max_version=max_version)
+
+
+@pytest.mark.parametrize("change, error, field", [
+    ({"data": ()}, TypeError, "data"),
+    ({"data": (4096,)}, TypeError, "data"),
+    ({"data": ("4096", False)}, TypeError, "data"),
+    ({"data": (-1, False)}, ValueError, "data"),
+    ({"data": (0, False)}, ValueError, "null pointer"),
+    ({"shape": (-1,)}, ValueError, "shape"),
+    ({"shape": 16}, TypeError, "shape"),
+    ({"typestr": 5}, TypeError, "typestr"),
+    ({"strides": (1, 1)}, ValueError, "strides"),
+    ({"stream": "x"}, TypeError, "stream"),
+    ({"data": None, "shape": None, "typestr": None}, TypeError, "data"),
+])
+def test_malformed_array_interfaces_name_the_field(pool, change, error, field):
+    exporter = Exporter({**GOOD, **change})
+    with pytest.raises(error, match=field):
+        gpupool.as_buffer(exporter, pool=pool)
+    region = gpupool.Region(pool=pool)
+    with region, pytest.raises(error, match=field):
+        region.keep(exporter)
+
+
+@pytest.mark.parametrize("cai, error, match", [
+    ("not a dict", TypeError, "must be a dict"),
+    ({"shape": (1,), "typestr": "|u1"}, ValueError, "no 'data'"),
+])
+def test_array_interface_that_is_no_dict_or_lacks_fields(pool, cai, error, match):
+    with pytest.raises(error, match=match):
+        gpupool.as_buffer(Exporter(cai), pool=pool)
+
+
+def test_region_cache_cap_accepts_limit_strings(pool):
+    region = gpupool.Region(pool=pool, max_cached_bytes="1MiB")
+    with region:
+        bufs = [pool.allocate(300_000) for _ in range(8)]     # 2.3 MiB of blocks
+        del bufs
+    assert region.stats().cached_bytes <= 1 << 20
+    with pytest.raises(ValueError, match="malformed memory limit"):
+        gpupool.Region(pool=pool, max_cached_bytes="lots")
