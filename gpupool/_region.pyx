@@ -49,7 +49,8 @@ _LIBRARY_DIRS = tuple(
 cdef class Region:
     """A cached scope of allocations.
 
-    ``Region(pool=None, on_exit="detach", collect="young", max_cached_bytes=None)``
+    ``Region(pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
+    skip_first=False, debug=False, trace=False, scope="thread", name=None)``
 
     Parameters
     ----------
