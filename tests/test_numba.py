@@ -244,6 +244,8 @@ def test_device_arrays_and_kernels_on_gpupool_memory(numba_cuda, numba_on_gpupoo
         if i < out.size:
             out[i] = i * 0.5
 
+    warm = numba_cuda.device_array(100, dtype=np.float32)
+    fill[1, 128](warm)      # compiles: Numba's first compilation can keep its arguments
     before = pool.stats().num_allocs
     array = numba_cuda.device_array(100_000, dtype=np.float32)
     assert pool.stats().num_allocs == before + 1
