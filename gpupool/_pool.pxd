@@ -87,6 +87,8 @@ cdef class Pool:
     cdef void region_detach(self, Block* blk) noexcept nogil
     cdef void region_escape(self, Block* blk) noexcept nogil
     cdef size_t release_cached(self) noexcept nogil
+    cdef int _rebin_as_unused(self, FreeLists* fl, size_t* moved) noexcept nogil
+    cdef int merge_streams_locked(self, size_t* moved) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
 
 cdef extern from "<pthread.h>" nogil:

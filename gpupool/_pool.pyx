@@ -959,6 +959,36 @@ cdef class Pool:
             free(slabs[i])
         return before - self.c.reserved
 
+    cdef int _rebin_as_unused(self, FreeLists* fl, size_t* moved) noexcept nogil:
+        """After a device synchronize: every block of fl becomes free for any stream."""
+        cdef vector[Block*] blocks
+        cdef size_t c, i
+        cdef Block* b
+        for c in range(fl.bins.size()):
+            for i in range(fl.bins[c].size()):
+                for item in fl.bins[c][i].heap:
+                    blocks.push_back(item.second)
+        fl.bins.clear()
+        for i in range(blocks.size()):
+            b = blocks[i]
+            if not _same(b.stream, NO_STREAM):
+                moved[0] += 1
+            self._drop_events(b)
+            b.stream = NO_STREAM
+            _push(fl, b)
+        return 0
+
+    cdef int merge_streams_locked(self, size_t* moved) noexcept nogil:
+        cdef int r = self.upstream.synchronize()
+        cdef size_t i
+        if r != 0:
+            return r
+        self._wanted.clear()
+        self._rebin_as_unused(&self._free, moved)
+        for i in range(self._regions.size()):
+            self._rebin_as_unused(&self._regions[i].free, moved)
+        return 0
+
     # Python API -------------------------------------------------------------------------
 
     def allocate(self, nbytes, stream=None):
@@ -1069,6 +1099,38 @@ cdef class Pool:
         self.c.peak_in_use = self.c.in_use
         self.c.peak_reserved = self.c.reserved
         self.unlock()
+
+    def merge_streams(self):
+        """Make every cached block, of the pool and of its regions, free for any stream.
+
+        A block freed on a stream goes to another stream only once an event recorded on its
+        stream after the free reports complete, and that event is recorded when its stream
+        next allocates: blocks of a stream that went idle stay with it. This synchronizes the
+        device once (``cuCtxSynchronize``: the host waits for all queued work), then merges
+        every stream's free lists, keeping the memory (``trim`` gives it back instead). Call
+        it at a point where the host waits anyway, such as the end of an epoch.
+
+        Returns
+        -------
+        int
+            Blocks that were bound to a stream and are now free for all.
+
+        Raises
+        ------
+        CudaError
+            The synchronize failed.
+        GpupoolError
+            The pool was inherited through ``fork()``.
+        """
+        cdef size_t moved = 0
+        cdef int r
+        if gp_forked:
+            self.raise_status(GP_FORKED, 0)
+        self.lock()
+        r = self.merge_streams_locked(&moved)
+        self.unlock()
+        self.upstream.raise_error(r, "synchronize")
+        return moved
 
     def trim(self):
         """Give every cached free block, and every wholly free slab, back to the upstream.

@@ -1,8 +1,8 @@
 """A Hypothesis state machine drives the pool on the simulated device.
 
 Random allocations and frees on several streams, simulated work and its completion,
-record_stream, regions entered and left, and trims. After every step: no two live buffers
-overlap, in-use plus cached equals reserved, and no block was handed to another stream
+record_stream, regions entered and left, trims and stream merges. After every step: no two
+live buffers overlap, in-use plus cached equals reserved, and no block was handed to another stream
 unless the work queued on its earlier streams before its free had completed or the new stream
 waits for it (an event it waits on covers that work). A second machine runs the same rules
 over a stream-ordered upstream (as the "async" one), where memory also exists for a stream
@@ -84,6 +84,10 @@ class PoolMachine(RuleBasedStateMachine):
     @rule()
     def trim(self):
         self.pool.trim()
+
+    @rule()
+    def merge_streams(self):
+        self.pool.merge_streams()
 
     @rule(sizes=st.lists(SIZES, max_size=4), keep=st.booleans())
     def region_step(self, sizes, keep):

@@ -62,3 +62,30 @@ def test_per_thread_stream_blocks_reach_other_threads_once_their_thread_allocate
     assert len(sim.calls_named("event_record")) == 1
     second = pool.allocate(LARGE, stream=PER_THREAD_STREAM)
     assert second.ptr == ptrs["a"]
+
+
+def test_merge_streams_frees_an_idle_streams_blocks_for_every_stream(pool, sim):
+    # Stream a frees a block and never allocates again: b cannot take it (no event can be
+    # recorded on a, which may be gone) until merge_streams synchronizes once.
+    import gpupool
+
+    a, b = sim.create_stream(), sim.create_stream()
+    buf = pool.allocate(LARGE, stream=a)
+    ptr = buf.ptr
+    sim.launch(a)
+    del buf
+    held = pool.allocate(LARGE, stream=b)
+    assert held.ptr != ptr                          # a's block is still a's
+    region = gpupool.Region(pool=pool)
+    with region:
+        small = pool.allocate(1000, stream=a)
+        del small                                   # cached by the region, on stream a
+    sim.calls.clear()
+    assert pool.merge_streams() == 2                # a's large block and the region's
+    assert [name for name, _ in sim.calls] == ["synchronize"]
+    assert pool.stats().reserved_bytes == 2 * LARGE + (2 << 20)     # nothing was freed
+    assert pool.allocate(LARGE, stream=b).ptr == ptr                # b gets it, no wait
+    assert sim.calls_named("stream_wait_event") == []
+    with region:
+        assert pool.allocate(1000, stream=b) is not None            # a region hit on b
+    assert region.stats().cache_hits == 1
