@@ -10,6 +10,16 @@ recorded when A next allocates. Cases:
 * ``cross.idle``:  A and B two non-blocking streams, both idle;
 * ``cross.busy``:  the same while a spin kernel keeps A busy for the whole batch: B may take
   A's block only behind a GPU-side wait, never by blocking the host.
+* ``handoff.idle``: A = the legacy default stream, B = a non-blocking stream, and B's buffer
+  is moved back to A (``buf.stream = A``) before it dies, so B never keeps a block of its own:
+  every B allocation takes the block just freed on A (event recorded on A, then queried). In
+  the cross cases above each stream soon keeps a block of its own and no hand-off happens.
+* ``handoff.busy``: the same while a spin kernel keeps the legacy stream busy: every B
+  allocation takes the block behind a GPU-side wait (``cuStreamWaitEvent``).
+
+A batch op is one pair on A and one on B; the hand-off's extra cost per B allocation is twice
+the difference between a handoff case's per-pair median and ``same.legacy``'s (the move back
+to A, a stream setter call, is included).
 
 Reported: ns per allocate + free pair (median), the fraction of B's allocations that got the
 block A had just freed (``.ptr`` compared), and the pool's counters. Run::
@@ -25,7 +35,8 @@ from _common import KiB, MiB, format_ns, format_size, format_table, measure_roun
 
 SCRIPT = "cross_stream"
 SIZES = [4 * KiB, 1 * MiB, 16 * MiB]
-CASES = ["same.legacy", "same.A", "cross.idle", "cross.busy"]
+CASES = ["same.legacy", "same.A", "cross.idle", "cross.busy", "handoff.idle", "handoff.busy"]
+BUSY = ("cross.busy", "handoff.busy")
 PLAN = {"reps": 30, "ops": 2000}          # ops = iterations of two allocate + free pairs
 QUICK_PLAN = {"reps": 3, "ops": 200}
 REUSE_ITERATIONS = 1000
@@ -58,18 +69,22 @@ class GpuStreams:
             self.spin, self.spin_error = None, f"{type(exc).__name__}: {exc}"
         self.busy_lost = 0
 
-    def make_busy(self):
-        """Enqueue the spin kernel on A."""
+    def _stream(self, handle):
+        return self.a if handle == self.a.ptr else self.cupy.cuda.Stream.null
+
+    def make_busy(self, handle):
+        """Enqueue the spin kernel on the stream with this handle (A or the legacy one)."""
         import numpy as np
 
-        with self.a:
+        with self._stream(handle):
             self.spin((1,), (1,), (np.uint64(SPIN_NS),))
 
-    def end_busy(self):
-        """Count it if A finished before the batch did, then wait for A."""
-        if self.a.done:
+    def end_busy(self, handle):
+        """Count it if the stream finished before the batch did, then wait for it."""
+        stream = self._stream(handle)
+        if stream.done:
             self.busy_lost += 1
-        self.a.synchronize()
+        stream.synchronize()
 
     def new_pool(self, gpupool):
         return gpupool.Pool(device=0)
@@ -86,31 +101,33 @@ class SimulatedStreams:
         self.spin, self.spin_error = True, None
         self.busy_lost = 0
 
-    def make_busy(self):
-        self.sim.launch(self.handles["A"])
+    def make_busy(self, handle):
+        self.sim.launch(handle)
 
-    def end_busy(self):
-        if not self.sim.pending(self.handles["A"]):
+    def end_busy(self, handle):
+        if not self.sim.pending(handle):
             self.busy_lost += 1
-        self.sim.complete(self.handles["A"])
+        self.sim.complete(handle)
 
     def new_pool(self, gpupool):
         return gpupool.Pool(upstream=self.sim)
 
 
 def case_streams(streams, case):
-    """(handle of A, handle of B, busy?) for a case."""
+    """(handle of A, handle of B, B's buffers moved back to A?) for a case."""
     h = streams.handles
     return {
         "same.legacy": (h["legacy"], h["legacy"], False),
         "same.A": (h["A"], h["A"], False),
         "cross.idle": (h["A"], h["B"], False),
-        "cross.busy": (h["A"], h["B"], True),
+        "cross.busy": (h["A"], h["B"], False),
+        "handoff.idle": (h["legacy"], h["B"], True),
+        "handoff.busy": (h["legacy"], h["B"], True),
     }[case]
 
 
-def make_batch(pool, n, a, b):
-    """``ops`` iterations of: allocate on A, free, allocate on B, free."""
+def make_batch(pool, n, a, b, back):
+    """``ops`` iterations of: allocate on A, free, allocate on B, (back: move to A,) free."""
     alloc = pool.allocate
 
     def batch(ops):
@@ -118,12 +135,14 @@ def make_batch(pool, n, a, b):
             buf = alloc(n, a)
             del buf
             buf = alloc(n, b)
+            if back:
+                buf.stream = a
             del buf
 
     return batch
 
 
-def reuse_fraction(pool, n, a, b, iterations):
+def reuse_fraction(pool, n, a, b, back, iterations):
     """Fraction of B's allocations that got the block just freed on A."""
     alloc = pool.allocate
     reused = 0
@@ -133,6 +152,8 @@ def reuse_fraction(pool, n, a, b, iterations):
         del buf
         buf = alloc(n, b)
         reused += buf.ptr == ptr
+        if back:
+            buf.stream = a
         del buf
     return reused / iterations
 
@@ -152,15 +173,20 @@ def run(gpupool, streams, plan):
     """
     cases, skipped = list(CASES), {}
     if streams.spin is None:
-        skipped["cross.busy"] = f"no spin kernel: {streams.spin_error}"
-        cases.remove("cross.busy")
+        for case in BUSY:
+            skipped[case] = f"no spin kernel: {streams.spin_error}"
+            cases.remove(case)
     cells, pools = {}, {}
     for case in cases:
-        a, b, busy = case_streams(streams, case)
-        hooks = {"before": streams.make_busy, "after": streams.end_busy} if busy else {}
+        a, b, back = case_streams(streams, case)
+        hooks = {}
+        if case in BUSY:
+            hooks = {"before": lambda a=a: streams.make_busy(a),
+                     "after": lambda a=a: streams.end_busy(a)}
         for n in SIZES:
             pool = pools[case, n] = streams.new_pool(gpupool)
-            cells[case, n] = _common.Cell(make_batch(pool, n, a, b), ops=plan["ops"], **hooks)
+            cells[case, n] = _common.Cell(make_batch(pool, n, a, b, back), ops=plan["ops"],
+                                          **hooks)
     start = time.perf_counter()
     timings, errors = measure_rounds(cells, reps=plan["reps"])
     print(f"  {len(cells)} cells, {plan['reps']} rounds: {time.perf_counter() - start:.1f} s",
@@ -168,12 +194,13 @@ def run(gpupool, streams, plan):
     lost, streams.busy_lost = streams.busy_lost, 0
     results = {case: {} for case in cases}
     for (case, n), timing in timings.items():
-        a, b, busy = case_streams(streams, case)
-        if busy:
-            streams.make_busy()
-        fraction = reuse_fraction(pools[case, n], n, a, b, min(REUSE_ITERATIONS, plan["ops"]))
-        if busy:
-            streams.end_busy()
+        a, b, back = case_streams(streams, case)
+        if case in BUSY:
+            streams.make_busy(a)
+        fraction = reuse_fraction(pools[case, n], n, a, b, back,
+                                  min(REUSE_ITERATIONS, plan["ops"]))
+        if case in BUSY:
+            streams.end_busy(a)
         results[case][str(n)] = dict(_per_pair(timing), reuse_fraction=fraction,
                                      pool_stats=pools[case, n].stats().as_dict())
         pools[case, n].trim()
@@ -205,8 +232,15 @@ def report(out):
     notes = [f"  {c}: skipped: {why}" for c, why in out["skipped"].items()]
     notes += [f"  {cell}: error: {why}" for cell, why in out["errors"].items()]
     if out["busy_batches_lost"]:
-        notes.append(f"  cross.busy: A's spin kernel ended before {out['busy_batches_lost']} "
+        notes.append(f"  busy cases: A's spin kernel ended before {out['busy_batches_lost']} "
                      "batch(es) did; those were not busy all along")
+    for case in ("handoff.idle", "handoff.busy"):
+        if case in res and "same.legacy" in res:
+            extra = [2 * (res[case][str(n)]["median"] - res["same.legacy"][str(n)]["median"])
+                     for n in SIZES]
+            notes.append(f"  {case}: extra ns per B allocation over same.legacy (target "
+                         f"<= 2,000): " + ", ".join(f"{format_size(n)} {format_ns(x)}"
+                                                     for n, x in zip(SIZES, extra, strict=True)))
     if notes:
         parts.append("\n".join(["notes:", *notes]))
     return "\n\n".join(parts)
