@@ -3,7 +3,8 @@
 Each script runs as a subprocess (``sys.executable``), so the frameworks' caches and CUDA
 state of one do not leak into the next. Everything goes to ``--out DIR``:
 ``NAME.json`` (a script's results), ``NAME.txt`` (its tables), ``NAME.log`` (its progress and
-errors), ``NAME.png`` (its plot, for the scripts that draw one) and ``results.json`` (all of
+errors), ``NAME.png`` (its plot: region_memory draws its own, ``plots.py`` the latency,
+threads and trace-replay ones) and ``results.json`` (all of
 them, with the environment). With ``--repeat 2`` the latency and throughput scripts run
 twice (the second run's files are ``NAME.2.*``) and the spread of every median between the two
 runs is printed last. Run::
@@ -21,6 +22,7 @@ import threading
 import time
 
 import _common
+import plots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # (script, timeout in seconds). Seen on an H200: alloc_latency ~25 s, cross_stream ~10 s.
@@ -182,11 +184,14 @@ def main(argv=None):
                            for n, r in records.items()},
                "spread": spreads}
     _common.write_json(args.json or os.path.join(args.out, "results.json"), summary)
+    plotted, unplotted = plots.write_all(summary, args.out)
     failed = [n for n, r in records.items() if "error" in r]
     for name, runs in repeats.items():
         print(f"\n===== {name} =====\n{runs[0]['stdout'].rstrip()}")
     for name, rows in spreads.items():
         print(f"\n===== spread: {name} =====\n{spread_table(name, rows)}")
+    for line in [f"plot: {p}" for p in plotted] + [f"no plot: {w}" for w in unplotted]:
+        print(line)
     print(f"\nrun_all: {len(records)} scripts in {summary['elapsed_s']:.0f} s; results in "
           f"{os.path.abspath(args.out)}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
