@@ -80,9 +80,15 @@ def read_cai(obj):
             and not isinstance(data[0], bool) and isinstance(data[1], bool)):
         raise TypeError(f"__cuda_array_interface__['data'] must be (pointer: int, readonly: "
                         f"bool), got {data!r}")
-    if data[0] < 0:
-        raise ValueError(f"__cuda_array_interface__['data'] has a negative pointer: {data!r}")
+    if not 0 <= data[0] < 1 << 64:
+        raise ValueError(f"__cuda_array_interface__['data'] has a pointer outside 0..2**64-1: "
+                         f"{data!r}")
+    if cai.get("mask") is not None:
+        raise ValueError("__cuda_array_interface__ has a 'mask': masked arrays are not "
+                         "supported")
     shape = _ints(cai["shape"], "shape", minimum=0)
+    if any(extent >= 1 << 63 for extent in shape):
+        raise ValueError(f"__cuda_array_interface__['shape'] has an absurd extent: {shape!r}")
     try:
         itemsize = np.dtype(cai["typestr"]).itemsize
     except TypeError as exc:
@@ -102,4 +108,8 @@ def read_cai(obj):
     if shape and 0 not in shape and data[0] == 0:
         raise ValueError("__cuda_array_interface__['data'] is a null pointer for a non-empty "
                          "array")
-    return ArrayInterface(data[0], data[1], shape, itemsize, strides, stream)
+    array = ArrayInterface(data[0], data[1], shape, itemsize, strides, stream)
+    if array.nbytes >= 1 << 63:
+        raise ValueError(f"__cuda_array_interface__['shape'] {shape!r} spans more bytes than "
+                         f"any device holds")
+    return array
