@@ -125,34 +125,25 @@ def _cupy_empty_loop(cp, allocator):
     return for_size
 
 
-def make_cupy_alloc(ctx):
-    """``cupy.cuda.alloc(n)`` on CuPy's default MemoryPool."""
-    cp = ctx.need("cupy")
-    return Made(_cupy_alloc_loop(cp, None), cp.get_default_memory_pool().free_all_blocks)
+def _cupy_maker(loop, on_gpupool):
+    """``make(ctx)`` for a CuPy column: ``loop`` on CuPy's default MemoryPool, or
+    (``on_gpupool``) under ``using_allocator(gpupool.cupy.allocator(pool))``, a fresh pool."""
+    def make(ctx):
+        cp = ctx.need("cupy")
+        if not on_gpupool:
+            return Made(loop(cp, None), cp.get_default_memory_pool().free_all_blocks)
+        import gpupool.cupy
+
+        pool = ctx.new_pool()
+        return Made(loop(cp, gpupool.cupy.allocator(pool)), pool.trim, pool)
+
+    return make
 
 
-def make_cupy_alloc_gp(ctx):
-    """``cupy.cuda.alloc(n)`` under ``using_allocator(gpupool.cupy.allocator(pool))``."""
-    cp = ctx.need("cupy")
-    import gpupool.cupy
-
-    pool = ctx.new_pool()
-    return Made(_cupy_alloc_loop(cp, gpupool.cupy.allocator(pool)), pool.trim, pool)
-
-
-def make_cupy_empty(ctx):
-    """``cupy.empty(n, dtype=cupy.uint8)`` on CuPy's default MemoryPool."""
-    cp = ctx.need("cupy")
-    return Made(_cupy_empty_loop(cp, None), cp.get_default_memory_pool().free_all_blocks)
-
-
-def make_cupy_empty_gp(ctx):
-    """``cupy.empty(n, dtype=cupy.uint8)`` under gpupool's CuPy allocator."""
-    cp = ctx.need("cupy")
-    import gpupool.cupy
-
-    pool = ctx.new_pool()
-    return Made(_cupy_empty_loop(cp, gpupool.cupy.allocator(pool)), pool.trim, pool)
+make_cupy_alloc = _cupy_maker(_cupy_alloc_loop, on_gpupool=False)
+make_cupy_alloc_gp = _cupy_maker(_cupy_alloc_loop, on_gpupool=True)
+make_cupy_empty = _cupy_maker(_cupy_empty_loop, on_gpupool=False)
+make_cupy_empty_gp = _cupy_maker(_cupy_empty_loop, on_gpupool=True)
 
 
 def make_cupy_async(ctx):

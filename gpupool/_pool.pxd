@@ -55,7 +55,7 @@ cdef class Pool:
 
     cdef void lock(self) noexcept nogil
     cdef void _wait(self) noexcept nogil
-    cdef StreamKey key(self, uintptr_t handle) noexcept nogil
+    cdef StreamKey created_stream_key(self, uintptr_t handle) noexcept nogil
     cdef RegionCache* _current_region(self) noexcept nogil
     cdef uintptr_t _event(self) noexcept nogil
     cdef void _drop_events(self, Block* b) noexcept nogil
@@ -87,7 +87,9 @@ cdef class Pool:
     cdef void region_detach(self, Block* blk) noexcept nogil
     cdef void region_escape(self, Block* blk) noexcept nogil
     cdef size_t release_cached(self) noexcept nogil
-    cdef int _rebin_as_unused(self, FreeLists* fl, size_t* moved) noexcept nogil
+    cdef void _rebin_unused(self, FreeLists* fl, vector[Block*]* blocks,
+                            size_t* moved) noexcept nogil
+    cdef void _merge_free_lists(self, FreeLists* fl, size_t* moved) noexcept nogil
     cdef int merge_streams_locked(self, size_t* moved) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
 
@@ -109,10 +111,11 @@ cdef inline StreamKey stream_key(uintptr_t handle) noexcept nogil:
 
 
 cdef inline StreamKey pool_key(Pool pool, uintptr_t handle) noexcept nogil:
-    """Pool.key without a call for the default streams (the hot path)."""
+    """The key of the stream with this handle, as the calling thread names it; no call for
+    the default streams (the hot path)."""
     if handle <= 2:
         return stream_key(handle)
-    return pool.key(handle)
+    return pool.created_stream_key(handle)
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
 cdef uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF
 cdef void set_buffer_factory(buffer_factory factory) noexcept

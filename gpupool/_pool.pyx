@@ -353,13 +353,11 @@ cdef class Pool:
 
     # Allocation -----------------------------------------------------------------------
 
-    cdef StreamKey key(self, uintptr_t handle) noexcept nogil:
-        """The key of the stream with this handle, as the calling thread names it: a
-        created stream's key carries its driver stream ID, so a handle value reused after
-        cuStreamDestroy names another stream. (pool_key() inlines the default streams.)"""
+    cdef StreamKey created_stream_key(self, uintptr_t handle) noexcept nogil:
+        """The key of a created stream (handle > 2; pool_key() handles the default streams):
+        it carries the driver's stream ID, so a handle value reused after cuStreamDestroy
+        names another stream."""
         cdef unsigned long long sid = 0
-        if handle <= STREAM_PER_THREAD:
-            return stream_key(handle)
         self.upstream.stream_id(handle, &sid)
         return StreamKey(handle, <uintptr_t>sid)
 
@@ -444,10 +442,8 @@ cdef class Pool:
         # other streams' events.
         if n and _same(bins[0][0].key, s) and not bins[0][0].heap.empty():
             b = bins[0][0].heap.front().second
-            if b.extra_events == NULL:
-                if b.event:
-                    self._events.push_back(b.event)
-                    b.event = 0
+            if b.extra_events == NULL:          # as _ready(b, s) for its own stream
+                self._drop_events(b)
                 return _pop(bins, 0)
         for i in range(n):
             if bins[0][i].heap.empty():
@@ -935,11 +931,7 @@ cdef class Pool:
             self.upstream.synchronize()
             self._wanted.clear()
         self._free.bins.clear()
-        for i in range(keep.size()):
-            b = keep[i]
-            self._drop_events(b)
-            b.stream = NO_STREAM
-            _push(&self._free, b)
+        self._rebin_unused(&self._free, &keep, NULL)
         for i in range(large.size()):
             self._drop_events(large[i])
             self._upstream_free(large[i].ptr, large[i].size)
@@ -959,24 +951,29 @@ cdef class Pool:
             free(slabs[i])
         return before - self.c.reserved
 
-    cdef int _rebin_as_unused(self, FreeLists* fl, size_t* moved) noexcept nogil:
-        """After a device synchronize: every block of fl becomes free for any stream."""
+    cdef void _rebin_unused(self, FreeLists* fl, vector[Block*]* blocks,
+                            size_t* moved) noexcept nogil:
+        """After a device synchronize: put blocks into fl as free for any stream (their
+        events recycled); counts in moved those that were bound to a stream."""
+        cdef size_t i
+        cdef Block* b
+        for i in range(blocks.size()):
+            b = blocks[0][i]
+            if moved != NULL and not _same(b.stream, NO_STREAM):
+                moved[0] += 1
+            self._drop_events(b)
+            b.stream = NO_STREAM
+            _push(fl, b)
+
+    cdef void _merge_free_lists(self, FreeLists* fl, size_t* moved) noexcept nogil:
         cdef vector[Block*] blocks
         cdef size_t c, i
-        cdef Block* b
         for c in range(fl.bins.size()):
             for i in range(fl.bins[c].size()):
                 for item in fl.bins[c][i].heap:
                     blocks.push_back(item.second)
         fl.bins.clear()
-        for i in range(blocks.size()):
-            b = blocks[i]
-            if not _same(b.stream, NO_STREAM):
-                moved[0] += 1
-            self._drop_events(b)
-            b.stream = NO_STREAM
-            _push(fl, b)
-        return 0
+        self._rebin_unused(fl, &blocks, moved)
 
     cdef int merge_streams_locked(self, size_t* moved) noexcept nogil:
         cdef int r = self.upstream.synchronize()
@@ -984,9 +981,9 @@ cdef class Pool:
         if r != 0:
             return r
         self._wanted.clear()
-        self._rebin_as_unused(&self._free, moved)
+        self._merge_free_lists(&self._free, moved)
         for i in range(self._regions.size()):
-            self._rebin_as_unused(&self._regions[i].free, moved)
+            self._merge_free_lists(&self._regions[i].free, moved)
         return 0
 
     # Python API -------------------------------------------------------------------------
