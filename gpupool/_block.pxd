@@ -19,6 +19,7 @@ cdef enum BlockState:
     LIVE = 1            # owned by a DeviceBuffer
     FREE_POOL = 2       # in the pool's free lists
     FREE_REGION = 3     # in a region's free lists
+    MERGED = 4          # absorbed by its left neighbour during a trim; about to be freed
 
 # One upstream allocation that small blocks of any size class are carved from, front to back,
 # as they are first needed. Carved blocks keep their size class for the slab's lifetime.
@@ -40,6 +41,8 @@ cdef struct Block:
     BlockState state
     Slab* slab                      # NULL: the block is its own upstream allocation
     Block* slab_next
+    Block* seg_prev                 # address neighbours carved from the same upstream
+    Block* seg_next                 # allocation by splitting (large blocks); NULL: none
     StreamKey stream                # stream of last use
     uintptr_t event                 # recorded on `stream` after its last use; 0: none yet
     vector[uintptr_t]* extra_events     # recorded at the free on streams added by record_stream

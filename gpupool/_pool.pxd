@@ -63,6 +63,12 @@ cdef class Pool:
     cdef bint _ready(self, Block* b, StreamKey s, bint wait) noexcept nogil
     cdef Block* _take(self, FreeLists* fl, int cls, StreamKey s) noexcept nogil
     cdef Block* _take_larger(self, int cls, StreamKey s) noexcept nogil
+    cdef Block* _take_split(self, int cls, size_t size, StreamKey s) noexcept nogil
+    cdef void _split(self, Block* b, int cls, size_t size, StreamKey s) noexcept nogil
+    cdef bint _joinable(self, Block* a, Block* b) noexcept nogil
+    cdef void _unbin(self, Block* b) noexcept nogil
+    cdef void _join(self, Block* a, Block* b) noexcept nogil
+    cdef void _push_pool(self, Block* b) noexcept nogil
     cdef int _upstream_alloc(self, size_t nbytes, StreamKey s, uintptr_t* ptr) noexcept nogil
     cdef int _carve(self, int cls, size_t size, StreamKey s, Block** out) noexcept nogil
     cdef int _slab_event(self, Slab* slab) noexcept nogil
@@ -87,6 +93,8 @@ cdef class Pool:
     cdef void region_detach(self, Block* blk) noexcept nogil
     cdef void region_escape(self, Block* blk) noexcept nogil
     cdef size_t release_cached(self) noexcept nogil
+    cdef void _join_pieces(self, vector[Block*]* pieces, vector[Block*]* keep,
+                           vector[Block*]* whole) noexcept nogil
     cdef void _rebin_unused(self, FreeLists* fl, vector[Block*]* blocks,
                             size_t* moved) noexcept nogil
     cdef void _merge_free_lists(self, FreeLists* fl, size_t* moved) noexcept nogil

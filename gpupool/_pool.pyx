@@ -7,6 +7,13 @@ Policy in brief (DESIGN.md has the contract):
   per power of two, so rounding wastes at most 511 B below 4 KiB and at most 1/8 above.
 * Blocks of classes up to 256 KiB are carved from shared 2 MiB slabs, so the upstream is not
   called for every small allocation; a slab goes back only when all its blocks are free.
+* A larger request that finds no cached block of its class is cut from the smallest cached
+  larger block (the rest stays cached; a block of at most 1.5 times the size that would
+  leave less than 1 MiB serves whole) before the pool grows. New blocks up to 10 MiB are cut
+  from 20 MiB segments, so that mid-sized blocks share upstream allocations and their frees
+  can join. A freed piece joins its free neighbours of the same upstream allocation (on one
+  stream), so pieces become one block again; a trim gives an upstream allocation back once
+  all of it is free.
 * Free blocks are binned by (size class, stream). A block goes back to its own stream at once,
   and a free never calls the driver. Another stream takes it once an event recorded on the
   old stream after the free reports complete (``cuEventQuery``; such blocks are preferred) or
@@ -27,10 +34,10 @@ garbage collection run by a Python upstream, say) is deferred until that thread 
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free
 from libcpp.vector cimport vector
-from libcpp.algorithm cimport push_heap, pop_heap
+from libcpp.algorithm cimport push_heap, pop_heap, make_heap
 from gpupool._block cimport (
     Block, Slab, StreamKey, StreamBin, FreeLists, RegionCache, HeapItem,
-    LIVE, FREE_POOL, FREE_REGION,
+    LIVE, FREE_POOL, FREE_REGION, MERGED,
 )
 from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
@@ -77,6 +84,9 @@ cdef size_t MAX_NBYTES = 1 << 50        # requests above 1 PiB are refused as ab
 cdef uintptr_t STREAM_LEGACY = 1        # CU_STREAM_LEGACY, folded into handle 0
 cdef uintptr_t STREAM_PER_THREAD = 2    # CU_STREAM_PER_THREAD
 cdef int FIT_CLASSES = 4               # a request may take a cached block <= 4 classes up, <= 1.5x
+cdef size_t SPLIT_MIN = 1 << 20         # a cached large block is cut if this much is left
+cdef size_t SEGMENT_FOR = 10 << 20      # a new block up to this size is cut from a segment
+cdef size_t SEGMENT_BYTES = 20 << 20    # of this size
 cdef size_t WANTED_MAX = 256           # streams asked for events before a synchronize
 cdef uintptr_t HANDLE_MAX = <uintptr_t>0xFFFFFFFFFFFFFFFF
 cdef StreamKey NO_STREAM = StreamKey(HANDLE_MAX, 0)   # never used: any stream may take it
@@ -111,6 +121,15 @@ cdef inline size_t class_size(int cls) noexcept nogil:
     octave = (cls - SMALL_CLASSES) // 8
     k = (cls - SMALL_CLASSES) % 8 + 1
     return ((<size_t>1) << (12 + octave)) + k * ((<size_t>1) << (9 + octave))
+
+
+cdef inline int floor_class(size_t size) noexcept nogil:
+    """The largest size class no larger than size (>= SMALL_STEP): the bin of a block whose
+    size is not a class's own (a piece, an exact block)."""
+    cdef int cls = class_index(size)
+    if class_size(cls) > size:
+        cls -= 1
+    return cls
 
 
 def size_class(nbytes):
@@ -483,6 +502,97 @@ cdef class Pool:
                 return b
         return NULL
 
+    cdef Block* _take_split(self, int cls, size_t size, StreamKey s) noexcept nogil:
+        """A large request's miss: the smallest cached block of a larger class, cut to size
+        (the rest stays cached) unless what is left would be under SPLIT_MIN and the block
+        is at most 1.5 times the size (then it serves whole), so cached memory serves before
+        the pool grows."""
+        cdef size_t c, n = self._free.bins.size()
+        cdef Block* b
+        for c in range(cls + 1, n):
+            b = self._take(&self._free, <int>c, s)
+            if b != NULL:
+                if b.size - size >= SPLIT_MIN or b.size > size + size // 2:
+                    self._split(b, cls, size, s)
+                return b
+        return NULL
+
+    cdef void _split(self, Block* b, int cls, size_t size, StreamKey s) noexcept nogil:
+        """Cut a block just taken for stream s (its earlier work is ordered before s's next)
+        to size; the rest becomes a cached block of the pool, free on s."""
+        cdef Block* rest = <Block*>calloc(1, sizeof(Block))
+        if rest == NULL:
+            return                          # no host memory: the block serves whole
+        rest.ptr, rest.size = b.ptr + size, b.size - size
+        rest.cls = floor_class(rest.size)
+        rest.stream = NO_STREAM if _same(b.stream, NO_STREAM) else s
+        rest.rank = self._ranks
+        self._ranks += 1
+        rest.seg_prev, rest.seg_next = b, b.seg_next
+        if b.seg_next != NULL:
+            b.seg_next.seg_prev = rest
+        b.seg_next = rest
+        b.size, b.cls = size, cls
+        b.state = LIVE                      # not joinable with rest
+        rest.state = FREE_POOL
+        self._push_pool(rest)
+
+    cdef bint _joinable(self, Block* a, Block* b) noexcept nogil:
+        """Whether free neighbour b may join free block a: b is in the pool's free lists,
+        neither waits on record_stream events, and they are free on one stream (or one was
+        never used)."""
+        return (b.state == FREE_POOL and a.extra_events == NULL and b.extra_events == NULL
+                and (_same(a.stream, b.stream) or _same(a.stream, NO_STREAM)
+                     or _same(b.stream, NO_STREAM)))
+
+    cdef void _unbin(self, Block* b) noexcept nogil:
+        """Take a block out of the pool's free lists (where a FREE_POOL block is)."""
+        cdef vector[StreamBin]* bins = &self._free.bins[b.cls]
+        cdef vector[HeapItem]* heap
+        cdef size_t i, j
+        for i in range(bins.size()):
+            if not _same(bins[0][i].key, b.stream):
+                continue
+            heap = &bins[0][i].heap
+            for j in range(heap.size()):
+                if heap[0][j].second == b:
+                    heap[0][j] = heap.back()
+                    heap.pop_back()
+                    make_heap(heap.begin(), heap.end())
+                    return
+
+    cdef void _join(self, Block* a, Block* b) noexcept nogil:
+        """a, free, takes in its free right neighbour b (out of the free lists): one block
+        on their stream. Two blocks of one stream drop their events: the one recorded when
+        the block is next wanted elsewhere covers both."""
+        if _same(a.stream, NO_STREAM):
+            a.stream = b.stream
+            a.event, b.event = b.event, a.event
+        elif not _same(b.stream, NO_STREAM):
+            self._drop_events(a)
+        self._drop_events(b)
+        a.size += b.size
+        a.seg_next = b.seg_next
+        if b.seg_next != NULL:
+            b.seg_next.seg_prev = a
+        free(b)
+
+    cdef void _push_pool(self, Block* b) noexcept nogil:
+        """Put a free block (state FREE_POOL) into the pool's free lists, joined first with
+        its free neighbours of the same upstream allocation."""
+        cdef Block* n = b.seg_prev
+        if n != NULL or b.seg_next != NULL:
+            if n != NULL and self._joinable(b, n):
+                self._unbin(n)
+                self._join(n, b)
+                b = n
+            n = b.seg_next
+            if n != NULL and self._joinable(b, n):
+                self._unbin(n)
+                self._join(b, n)
+            b.cls = floor_class(b.size)
+        _push(&self._free, b)
+
     cdef int _upstream_alloc(self, size_t nbytes, StreamKey s, uintptr_t* ptr) noexcept nogil:
         cdef int r
         if self._hard_limit and self.c.reserved + nbytes > self._hard_limit:
@@ -608,6 +718,13 @@ cdef class Pool:
             r = self._carve(cls, size, s, out)
             if r != CUDA_ERROR_OUT_OF_MEMORY:
                 return r
+        elif size <= SEGMENT_FOR:
+            r = self._new_block(floor_class(SEGMENT_BYTES), SEGMENT_BYTES, s, out)
+            if r == 0:
+                if self.upstream.stream_ordered:
+                    out[0].stream = s       # the rest exists in s's order only
+                self._split(out[0], cls, size, s)
+                return 0
         # Memory is tight (or the block is large): ask for the block alone, then climb the
         # ladder: this pool's cache, then every region's.
         r = self._new_block(cls, size, s, out)
@@ -630,7 +747,6 @@ cdef class Pool:
         room left (>= nbytes), binned in the largest class it holds. A pool capped at N bytes
         can so always allocate one N-byte block once its cache is released."""
         cdef size_t room, size
-        cdef int cls
         if self.c.reserved >= self._hard_limit:
             return CUDA_ERROR_OUT_OF_MEMORY
         room = self._hard_limit - self.c.reserved
@@ -639,10 +755,7 @@ cdef class Pool:
             size = room
         if size < nbytes or size < SMALL_STEP:
             return CUDA_ERROR_OUT_OF_MEMORY
-        cls = class_index(size)
-        if class_size(cls) > size:
-            cls -= 1
-        return self._new_block(cls, size, s, out)
+        return self._new_block(floor_class(size), size, s, out)
 
     cdef void _answer_wanted(self, StreamKey s) noexcept nogil:
         cdef size_t i, j
@@ -691,7 +804,10 @@ cdef class Pool:
         if b == NULL:
             b = self._take(&self._free, cls, s)
             if b == NULL:
-                b = self._take_larger(cls, s)
+                if size > SLAB_BLOCK_MAX:
+                    b = self._take_split(cls, size, s)
+                else:
+                    b = self._take_larger(cls, s)
             if b != NULL:
                 self.c.cache_hits += 1
                 if b.slab != NULL:
@@ -775,7 +891,7 @@ cdef class Pool:
 
     cdef void release_locked(self, Block* b, StreamKey s) noexcept nogil:
         cdef RegionCache* rc = b.region
-        cdef size_t i
+        cdef size_t i, size = b.size
         cdef uintptr_t e
         cdef bint escaped
         b.stream = s
@@ -809,10 +925,10 @@ cdef class Pool:
             b.state = FREE_POOL
             if b.slab != NULL:
                 b.slab.free_in_pool += 1
-            _push(&self._free, b)
-        self.c.in_use -= b.size
-        self.c.freed_bytes += b.size
-        self.c.cached += b.size
+            self._push_pool(b)             # may join b into a neighbour: size kept above
+        self.c.in_use -= size
+        self.c.freed_bytes += size
+        self.c.cached += size
         self.c.num_frees += 1
 
     cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
@@ -899,15 +1015,16 @@ cdef class Pool:
                     b.state = FREE_POOL
                     if b.slab != NULL:
                         b.slab.free_in_pool += 1
-                    _push(&self._free, b)
+                    self._push_pool(b)
         rc.free.bins.clear()
         rc.cached_bytes = 0
 
     # Trimming ---------------------------------------------------------------------------
 
     cdef size_t release_cached(self) noexcept nogil:
-        """Give the pool's free blocks and wholly free slabs back; returns the bytes freed."""
-        cdef vector[Block*] keep, large
+        """Give the pool's free blocks, wholly free slabs and wholly free upstream
+        allocations of pieces back; returns the bytes freed."""
+        cdef vector[Block*] keep, large, pieces
         cdef vector[Slab*] slabs
         cdef size_t c, i, before = self.c.reserved
         cdef Block* b
@@ -918,7 +1035,9 @@ cdef class Pool:
                 for item in self._free.bins[c][i].heap:
                     b = item.second
                     busy = busy or not _same(b.stream, NO_STREAM)
-                    if b.slab == NULL:
+                    if b.seg_prev != NULL or b.seg_next != NULL:
+                        pieces.push_back(b)
+                    elif b.slab == NULL:
                         large.push_back(b)
                     elif b.slab.free_in_pool == b.slab.nblocks:
                         if b == b.slab.blocks:
@@ -931,6 +1050,7 @@ cdef class Pool:
             self.upstream.synchronize()
             self._wanted.clear()
         self._free.bins.clear()
+        self._join_pieces(&pieces, &keep, &large)
         self._rebin_unused(&self._free, &keep, NULL)
         for i in range(large.size()):
             self._drop_events(large[i])
@@ -950,6 +1070,38 @@ cdef class Pool:
             self._upstream_free(slabs[i].ptr, slabs[i].nbytes)
             free(slabs[i])
         return before - self.c.reserved
+
+    cdef void _join_pieces(self, vector[Block*]* pieces, vector[Block*]* keep,
+                           vector[Block*]* whole) noexcept nogil:
+        """During a trim, after every event has completed and with the free lists emptied:
+        join each run of free neighbouring pieces into its first; a run that is a whole
+        upstream allocation goes to whole, any other to keep."""
+        cdef vector[Block*] merged
+        cdef size_t i
+        cdef Block* b
+        cdef Block* n
+        for i in range(pieces.size()):
+            b = pieces[0][i]
+            if b.state == MERGED or (b.seg_prev != NULL and b.seg_prev.state == FREE_POOL):
+                continue                    # joined, or to be, by the first of its run
+            self._drop_events(b)
+            b.stream = NO_STREAM
+            while b.seg_next != NULL and b.seg_next.state == FREE_POOL:
+                n = b.seg_next
+                n.state = MERGED
+                self._drop_events(n)
+                b.size += n.size
+                b.seg_next = n.seg_next
+                if n.seg_next != NULL:
+                    n.seg_next.seg_prev = b
+                merged.push_back(n)
+            if b.seg_prev == NULL and b.seg_next == NULL:
+                whole.push_back(b)
+            else:
+                b.cls = floor_class(b.size)
+                keep.push_back(b)
+        for i in range(merged.size()):
+            free(merged[i])
 
     cdef void _rebin_unused(self, FreeLists* fl, vector[Block*]* blocks,
                             size_t* moved) noexcept nogil:
@@ -1038,6 +1190,27 @@ cdef class Pool:
         if b.region != NULL and b.region.on_alloc != NULL:
             (<object>b.region.on_alloc)(b.ptr)
         return buf
+
+    def cached_blocks(self):
+        """The blocks in the pool's free lists (not the regions'), for inspection and tests.
+
+        Returns
+        -------
+        list of (int, int, bool)
+            ``(device pointer, bytes, piece)`` by address; ``piece``: the block shares its
+            upstream allocation with neighbours (it was cut from a larger block).
+        """
+        cdef size_t c, i
+        cdef Block* b
+        found = []
+        self.lock()
+        for c in range(self._free.bins.size()):
+            for i in range(self._free.bins[c].size()):
+                for item in self._free.bins[c][i].heap:
+                    b = item.second
+                    found.append((b.ptr, b.size, b.seg_prev != NULL or b.seg_next != NULL))
+        self.unlock()
+        return sorted(found)
 
     def stats(self):
         """Current counters as a :class:`gpupool.PoolStats` (bytes and counts)."""
@@ -1198,3 +1371,4 @@ def on_oom(callback):
 def remove_oom_callback(callback):
     """Unregister a callback added with :func:`on_oom`."""
     _oom_callbacks.remove(callback)
+

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import gpupool
 
-LARGE = 1 << 20       # above the slab limit: each block is its own upstream allocation
+MIB = 1 << 20
+LARGE = 12 << 20      # above the segment limit (10 MiB): each block is its own upstream allocation
 
 
 @given(st.integers(min_value=1, max_value=1 << 40))
@@ -125,17 +126,31 @@ def test_cross_stream_reuse_once_the_event_reports_complete(pool, sim):
     assert sim.calls_named("stream_wait_event") == []      # done: no wait needed
 
 
-def test_a_miss_takes_a_cached_block_up_to_one_and_a_half_times_larger(pool, sim):
-    mib = 1 << 20
-    buf = pool.allocate(3 * mib)
+def test_a_small_miss_takes_a_cached_block_up_to_one_and_a_half_times_larger(pool, sim):
+    kib = 1 << 10
+    buf = pool.allocate(3 * kib)
     ptr = buf.ptr
     del buf
-    smaller = pool.allocate(9 * mib // 4)          # 3 MiB is 3 classes up, 1.33x: reused
-    assert smaller.ptr == ptr and len(sim.calls_named("alloc")) == 1
-    assert pool.stats().in_use_bytes == 3 * mib    # the block's bytes count as in use
+    smaller = pool.allocate(2 * kib + 1)           # 3 KiB is 2 classes up, 1.2x: reused
+    assert smaller.ptr == ptr
+    assert pool.stats().in_use_bytes == 3 * kib    # the block's bytes count as in use
     del smaller
-    much_smaller = pool.allocate(7 * mib // 4)     # 1.71x: too wasteful, a new block
-    assert much_smaller.ptr != ptr and len(sim.calls_named("alloc")) == 2
+    much_smaller = pool.allocate(kib + 1)          # 2x: too wasteful, a new block
+    assert much_smaller.ptr != ptr
+    check_invariants(pool)
+
+
+def test_a_large_miss_takes_a_cached_block_whole_when_cutting_would_leave_under_1_mib(pool):
+    kib = 1 << 10
+    gap = pool.allocate(800 * kib)                 # pieces of one 20 MiB segment
+    wall = pool.allocate(600 * kib)                # keeps the gap from joining the rest
+    ptr = gap.ptr
+    del gap
+    buf = pool.allocate(600 * kib)                 # the gap (832 KiB, 1.3x) leaves 192 KiB
+    assert buf.ptr == ptr
+    assert pool.stats().in_use_bytes == 2 * gpupool.size_class(600 * kib) + (192 * kib)
+    assert pool.stats().upstream_allocs == 1
+    del wall
     check_invariants(pool)
 
 
@@ -475,15 +490,15 @@ with region:
 
 def test_memory_stats_in_pytorch_form(sim):
     pool = gpupool.Pool(upstream=type(sim)(capacity=4 << 20))
-    a = pool.allocate(LARGE)
+    a = pool.allocate(MIB)          # no room for a 20 MiB segment: a block of its own
     b = pool.allocate(1000)
     del b
     with pytest.raises(gpupool.OutOfMemoryError):
         pool.allocate(8 << 20)
     stats = pool.memory_stats()
-    assert stats["allocated_bytes.all.current"] == LARGE
-    assert stats["allocated_bytes.all.peak"] == LARGE + 1024
-    assert stats["allocated_bytes.all.allocated"] == LARGE + 1024
+    assert stats["allocated_bytes.all.current"] == MIB
+    assert stats["allocated_bytes.all.peak"] == MIB + 1024
+    assert stats["allocated_bytes.all.allocated"] == MIB + 1024
     assert stats["allocated_bytes.all.freed"] == 1024
     assert stats["reserved_bytes.all.current"] == pool.stats().reserved_bytes
     assert stats["allocation.all.current"] == 1 and stats["allocation.all.allocated"] == 2

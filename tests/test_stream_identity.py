@@ -6,7 +6,7 @@ import threading
 
 from gpupool.testing import PER_THREAD_STREAM
 
-LARGE = 1 << 20
+LARGE = 12 << 20      # above the segment limit (10 MiB): its own upstream allocation
 
 
 def test_reused_handle_of_a_destroyed_stream_does_not_skip_the_wait(pool, sim):
