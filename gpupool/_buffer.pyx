@@ -540,5 +540,3 @@ def as_buffer(obj, device=None, pool=None):
     buf._stream = stream_key(0 if stream in (None, 1) else stream)
     buf._owner = obj
     return buf
-
-

@@ -1371,4 +1371,3 @@ def on_oom(callback):
 def remove_oom_callback(callback):
     """Unregister a callback added with :func:`on_oom`."""
     _oom_callbacks.remove(callback)
-

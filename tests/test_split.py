@@ -5,8 +5,9 @@ the pool's cached blocks (``Pool.cached_blocks``), and that a piece cut from a b
 stream used reaches the new stream only behind that stream's work.
 """
 
-import gpupool
 from conftest import check_invariants
+
+import gpupool
 
 MIB = 1 << 20
 SEGMENT = 20 * MIB
