@@ -77,7 +77,8 @@ cdef class Pool:
     cdef void _upstream_free(self, uintptr_t ptr, size_t nbytes) noexcept nogil
     cdef void _mark_blocks(self, FreeLists* fl, StreamKey s) noexcept nogil
     cdef int _new_block(self, int cls, size_t size, StreamKey s, Block** out) noexcept nogil
-    cdef int _grow(self, size_t nbytes, int cls, size_t size, StreamKey s,
+    cdef size_t _segment_bytes(self) noexcept nogil
+    cdef int _grow(self, size_t nbytes, int cls, size_t size, StreamKey s, bint pack,
                    Block** out) noexcept nogil
     cdef int _exact_block(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil
     cdef void unlock(self) noexcept nogil

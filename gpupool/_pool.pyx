@@ -9,9 +9,10 @@ Policy in brief (DESIGN.md has the contract):
   called for every small allocation; a slab goes back only when all its blocks are free.
 * A larger request that finds no cached block of its class is cut from the smallest cached
   larger block (the rest stays cached; a block of at most 1.5 times the size that would
-  leave less than 1 MiB serves whole) before the pool grows. New blocks up to 10 MiB are cut
-  from 20 MiB segments, so that mid-sized blocks share upstream allocations and their frees
-  can join. A freed piece joins its free neighbours of the same upstream allocation (on one
+  leave less than 1 MiB serves whole) before the pool grows. Outside regions, new blocks up to
+  10 MiB are cut from segments of up to 20 MiB (an eighth of the pool's reserved bytes at
+  most), so that mid-sized blocks share upstream allocations and their frees can join; a
+  region's blocks, reused as they are every step, are allocated exactly. A freed piece joins its free neighbours of the same upstream allocation (on one
   stream), so pieces become one block again; a trim gives an upstream allocation back once
   all of it is free.
 * Free blocks are binned by (size class, stream). A block goes back to its own stream at once,
@@ -86,7 +87,8 @@ cdef uintptr_t STREAM_PER_THREAD = 2    # CU_STREAM_PER_THREAD
 cdef int FIT_CLASSES = 4               # a request may take a cached block <= 4 classes up, <= 1.5x
 cdef size_t SPLIT_MIN = 1 << 20         # a cached large block is cut if this much is left
 cdef size_t SEGMENT_FOR = 10 << 20      # a new block up to this size is cut from a segment
-cdef size_t SEGMENT_BYTES = 20 << 20    # of this size
+cdef size_t SEGMENT_BYTES = 20 << 20    # of at most this size
+cdef size_t SEGMENT_SHARE = 8           # and at most this share of the pool's reserved bytes
 cdef size_t WANTED_MAX = 256           # streams asked for events before a synchronize
 cdef uintptr_t HANDLE_MAX = <uintptr_t>0xFFFFFFFFFFFFFFFF
 cdef StreamKey NO_STREAM = StreamKey(HANDLE_MAX, 0)   # never used: any stream may take it
@@ -710,16 +712,26 @@ cdef class Pool:
         out[0] = b
         return 0
 
-    cdef int _grow(self, size_t nbytes, int cls, size_t size, StreamKey s,
+    cdef size_t _segment_bytes(self) noexcept nogil:
+        """Bytes of the segment a new mid-sized block is cut from: an eighth of what the
+        pool reserves, in 2 MiB steps, at most SEGMENT_BYTES; so the unused end of the
+        latest segment stays a small share of the pool."""
+        cdef size_t seg = (self.c.reserved // SEGMENT_SHARE) & ~((<size_t>2 << 20) - 1)
+        return seg if seg < SEGMENT_BYTES else SEGMENT_BYTES
+
+    cdef int _grow(self, size_t nbytes, int cls, size_t size, StreamKey s, bint pack,
                    Block** out) noexcept nogil:
+        """A new block: carved from a slab (small), cut from a new segment (mid-sized, when
+        pack: outside regions, whose blocks are reused as they are), or of its own."""
         cdef int r
-        cdef size_t i
+        cdef size_t i, seg
         if size <= SLAB_BLOCK_MAX:
             r = self._carve(cls, size, s, out)
             if r != CUDA_ERROR_OUT_OF_MEMORY:
                 return r
-        elif size <= SEGMENT_FOR:
-            r = self._new_block(floor_class(SEGMENT_BYTES), SEGMENT_BYTES, s, out)
+        elif pack and size <= SEGMENT_FOR and self._segment_bytes() >= size + SPLIT_MIN:
+            seg = self._segment_bytes()
+            r = self._new_block(floor_class(seg), seg, s, out)
             if r == 0:
                 if self.upstream.stream_ordered:
                     out[0].stream = s       # the rest exists in s's order only
@@ -813,7 +825,7 @@ cdef class Pool:
                 if b.slab != NULL:
                     b.slab.free_in_pool -= 1
             else:
-                r = self._grow(nbytes, cls, size, s, &b)
+                r = self._grow(nbytes, cls, size, s, rc == NULL, &b)
                 if r != 0:
                     return r
                 self.c.cache_misses += 1
@@ -1371,3 +1383,4 @@ def on_oom(callback):
 def remove_oom_callback(callback):
     """Unregister a callback added with :func:`on_oom`."""
     _oom_callbacks.remove(callback)
+

@@ -5,9 +5,11 @@ memory, the environment variable, memory info, IPC offsets and regions."""
 import gc
 import os
 import pickle
+import reprlib
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import numpy as np
 import pytest
@@ -252,9 +254,22 @@ def test_device_arrays_and_kernels_on_gpupool_memory(numba_cuda, numba_on_gpupoo
     fill[(100_000 + 255) // 256, 256](array)
     np.testing.assert_array_equal(array.copy_to_host(), np.arange(100_000) * 0.5)
     address = array.__cuda_array_interface__["data"][0]
+    alive = weakref.ref(array)
     del array
     gc.collect()            # Numba's launch machinery can leave the array in a reference cycle
+    assert alive() is None, f"the array is still referenced by {_referrers(alive())}"
     assert pool.allocate(400_000).ptr == address   # its block went back to the pool
+
+
+def _referrers(obj, depth=3):
+    """Who keeps obj alive, a few levels up (types and short reprs), for failure messages."""
+    found, level = [], [obj]
+    for _ in range(depth):
+        up = [r for o in level for r in gc.get_referrers(o)
+              if r is not level and not isinstance(r, type(sys._getframe()))]
+        found.append([f"{type(r).__name__}:{reprlib.repr(r)}" for r in up[:6]])
+        level = up[:6]
+    return found
 
 
 @pytest.mark.gpu
@@ -321,6 +336,7 @@ def test_ipc_handle_of_a_slab_block_carries_its_offset(numba_cuda, numba_on_gpup
     path.write_bytes(pickle.dumps(handle))
     child = run_python(f"""
         import pickle
+import reprlib
         with open({str(path)!r}, "rb") as f:
             handle = pickle.load(f)
         with handle as array:

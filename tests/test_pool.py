@@ -142,15 +142,16 @@ def test_a_small_miss_takes_a_cached_block_up_to_one_and_a_half_times_larger(poo
 
 def test_a_large_miss_takes_a_cached_block_whole_when_cutting_would_leave_under_1_mib(pool):
     kib = 1 << 10
+    ballast = pool.allocate(160 * MIB)             # segments of 20 MiB from here on
     gap = pool.allocate(800 * kib)                 # pieces of one 20 MiB segment
     wall = pool.allocate(600 * kib)                # keeps the gap from joining the rest
     ptr = gap.ptr
     del gap
     buf = pool.allocate(600 * kib)                 # the gap (832 KiB, 1.3x) leaves 192 KiB
     assert buf.ptr == ptr
-    assert pool.stats().in_use_bytes == 2 * gpupool.size_class(600 * kib) + (192 * kib)
-    assert pool.stats().upstream_allocs == 1
-    del wall
+    assert pool.stats().in_use_bytes == 160 * MIB + 2 * gpupool.size_class(600 * kib) + 192 * kib
+    assert pool.stats().upstream_allocs == 2       # the ballast, one segment
+    del wall, ballast
     check_invariants(pool)
 
 

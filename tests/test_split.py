@@ -1,19 +1,43 @@
-"""Large blocks are cut from larger cached blocks and 20 MiB segments, and freed pieces join.
+"""Large blocks are cut from larger cached blocks and from segments, and freed pieces join.
 
 On the simulated device: which upstream allocations are made, the addresses handed out,
 the pool's cached blocks (``Pool.cached_blocks``), and that a piece cut from a block another
-stream used reaches the new stream only behind that stream's work.
+stream used reaches the new stream only behind that stream's work. A segment is at most an
+eighth of what the pool reserves, so the tests that expect 20 MiB segments first reserve a
+160 MiB block (``packed``).
 """
 
+import pytest
 from conftest import check_invariants
 
 import gpupool
 
 MIB = 1 << 20
 SEGMENT = 20 * MIB
+BALLAST = 8 * SEGMENT
 
 
-def test_mid_sized_blocks_are_cut_from_one_segment(pool, sim):
+@pytest.fixture
+def packed(pool, sim):
+    """A pool that already reserves 160 MiB (one live block), so segments are 20 MiB."""
+    ballast = pool.allocate(BALLAST)
+    sim.calls.clear()
+    yield pool
+    del ballast
+
+
+def test_a_small_pool_gives_mid_sized_blocks_their_own_allocations(pool, sim):
+    a = pool.allocate(4 * MIB)
+    assert sim.calls_named("alloc") == [(4 * MIB,)] and pool.cached_blocks() == []
+    b = pool.allocate(60 * MIB)                     # above 10 MiB: its own
+    c = pool.allocate(4 * MIB)                      # 64 MiB reserved: an 8 MiB segment
+    assert sim.calls_named("alloc")[-1] == (8 * MIB,)
+    assert pool.cached_blocks() == [(c.ptr + 4 * MIB, 4 * MIB, True)]
+    del a, b, c
+
+
+def test_mid_sized_blocks_are_cut_from_one_segment(packed, sim):
+    pool = packed
     a = pool.allocate(4 * MIB)
     b = pool.allocate(4 * MIB)
     assert sim.calls_named("alloc") == [(SEGMENT,)]
@@ -22,7 +46,8 @@ def test_mid_sized_blocks_are_cut_from_one_segment(pool, sim):
     check_invariants(pool)
 
 
-def test_freed_pieces_join_and_a_trim_returns_the_whole_segment(pool, sim):
+def test_freed_pieces_join_and_a_trim_returns_the_whole_segment(packed, sim):
+    pool = packed
     a = pool.allocate(4 * MIB)
     b = pool.allocate(6 * MIB)
     base = a.ptr
@@ -32,16 +57,17 @@ def test_freed_pieces_join_and_a_trim_returns_the_whole_segment(pool, sim):
     assert pool.cached_blocks() == [(base, SEGMENT, False)]
     assert pool.trim() == SEGMENT
     assert sim.calls_named("free") == [(base,)]
-    assert pool.stats().reserved_bytes == 0
+    assert pool.stats().reserved_bytes == BALLAST
 
 
-def test_a_live_piece_keeps_its_segment_through_a_trim(pool):
+def test_a_live_piece_keeps_its_segment_through_a_trim(packed):
+    pool = packed
     a = pool.allocate(4 * MIB)
     b = pool.allocate(4 * MIB)
     del b
     assert pool.trim() == 0
     assert pool.cached_blocks() == [(a.ptr + 4 * MIB, 16 * MIB, True)]
-    assert pool.stats().reserved_bytes == SEGMENT
+    assert pool.stats().reserved_bytes == BALLAST + SEGMENT
     check_invariants(pool)
 
 
@@ -93,37 +119,46 @@ def test_a_piece_of_another_streams_block_waits_for_that_streams_work(pool, sim)
     check_invariants(pool)
 
 
-def test_a_regions_pieces_join_the_pool_when_it_is_released(pool):
+def test_a_regions_blocks_are_exact_and_pieces_it_cut_join_the_pool_when_released(packed, sim):
+    pool = packed
     region = gpupool.Region(pool=pool)
     with region:
-        a = pool.allocate(4 * MIB)
-        b = pool.allocate(4 * MIB)
-        base = a.ptr
-        del a, b                            # cached by the region, not joined
-    assert pool.cached_blocks() == [(base + 8 * MIB, 12 * MIB, True)]
+        a = pool.allocate(4 * MIB)          # in a region: a block of its own, no segment
+        del a
+    assert sim.calls_named("alloc") == [(4 * MIB,)]
+    x = pool.allocate(64 * MIB)
+    base = x.ptr
+    del x
+    with region:
+        pieces = [pool.allocate(4 * MIB) for _ in range(2)]     # the cached 4 MiB, then cut
+        assert pieces[1].ptr == base
+        del pieces                          # cached by the region, not joined
+    assert pool.cached_blocks() == [(base + 4 * MIB, 60 * MIB, True)]
     region.release()
-    assert pool.cached_blocks() == [(base, SEGMENT, False)]
+    assert (base, 64 * MIB, False) in pool.cached_blocks()
     check_invariants(pool)
 
 
 def test_no_room_for_a_segment_gives_a_block_of_its_own(sim):
-    pool = gpupool.Pool(upstream=type(sim)(capacity=8 * MIB))
-    a = pool.allocate(4 * MIB)
-    assert sim is not None and pool.stats().reserved_bytes == 4 * MIB
+    pool = gpupool.Pool(upstream=type(sim)(capacity=BALLAST + 8 * MIB))
+    ballast = pool.allocate(BALLAST)
+    a = pool.allocate(4 * MIB)              # a 20 MiB segment does not fit
+    assert pool.stats().reserved_bytes == BALLAST + 4 * MIB
     assert pool.cached_blocks() == []
-    del a
+    del a, ballast
 
 
 def test_a_segment_on_a_stream_ordered_upstream_reaches_another_stream_behind_its_allocation():
     sim = gpupool.testing.SimulatedDevice(stream_ordered=True)
     pool = gpupool.Pool(upstream=sim)
     a, b = sim.create_stream(), sim.create_stream()
+    ballast = pool.allocate(BALLAST, stream=a)
     x = pool.allocate(4 * MIB, stream=a)    # a 20 MiB segment, allocated in a's order
-    (base, (stream, work)), = sim.allocated_on.items()
+    base, (stream, work) = x.ptr, sim.allocated_on[x.ptr]
     assert (base, stream) == (x.ptr, a)
     held = pool.allocate(12 * MIB, stream=b)       # asks a for an event; a block of its own
     pool.allocate(10, stream=a)                    # a records it
     y = pool.allocate(4 * MIB, stream=b)           # cut from a's segment
     assert y.ptr == base + 4 * MIB
     assert sim.ordered(b, a, work)
-    del held
+    del held, ballast
