@@ -12,9 +12,9 @@ Policy in brief (DESIGN.md has the contract):
   leave less than 1 MiB serves whole) before the pool grows. Outside regions, new blocks up to
   10 MiB are cut from segments of up to 20 MiB (an eighth of the pool's reserved bytes at
   most), so that mid-sized blocks share upstream allocations and their frees can join; a
-  region's blocks, reused as they are every step, are allocated exactly. A freed piece joins its free neighbours of the same upstream allocation (on one
-  stream), so pieces become one block again; a trim gives an upstream allocation back once
-  all of it is free.
+  region's blocks, reused as they are every step, are allocated exactly. A freed piece joins
+  its free neighbours of the same upstream allocation (on one stream), so pieces become one
+  block again; a trim gives an upstream allocation back once all of it is free.
 * Free blocks are binned by (size class, stream). A block goes back to its own stream at once,
   and a free never calls the driver. Another stream takes it once an event recorded on the
   old stream after the free reports complete (``cuEventQuery``; such blocks are preferred) or
@@ -1383,4 +1383,3 @@ def on_oom(callback):
 def remove_oom_callback(callback):
     """Unregister a callback added with :func:`on_oom`."""
     _oom_callbacks.remove(callback)
-

@@ -38,7 +38,7 @@ def test_first_entry_misses_later_entries_hit_at_the_same_addresses(pool, region
             assert step(pool, sizes) == first
     stats = region.stats()
     assert stats.entries == 4 and stats.cache_hits == 12 and stats.cache_misses == 4
-    assert len(sim.calls_named("alloc")) == 4       # three large blocks (exact: a region's) and a slab
+    assert len(sim.calls_named("alloc")) == 4       # three exact large blocks and a slab
 
 
 def test_same_addresses_whatever_order_the_step_freed_in(pool, region):
