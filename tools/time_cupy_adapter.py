@@ -1,10 +1,10 @@
 """Time gpupool's CuPy adapter without a GPU: ns per ``x = alloc(n); del x`` on the simulated
-device, CuPy replaced by the fake of tests/fake_cupy.py (cheap Python memory classes), the
-median of several timeit runs. The adapter's own overhead is what differs between columns;
-the absolute numbers are not GPU numbers.
+device, CuPy replaced by the fake of tests/fake_cupy.py (cheap Python memory classes): the
+median and the minimum over interleaved timeit rounds. The adapter's own overhead is what
+differs between columns; the absolute numbers are not GPU numbers.
 
     python tools/time_cupy_adapter.py                        # this tree's adapter
-    git show HEAD~1:gpupool/cupy.py > /tmp/old_cupy.py
+    git show 9e2f086:gpupool/cupy.py > /tmp/old_cupy.py     # the last interpreted adapter
     python tools/time_cupy_adapter.py --old /tmp/old_cupy.py # and another version's, to compare
 
 Columns: ``pool.allocate`` (the pool alone), then each adapter with an explicit pool
