@@ -15,7 +15,7 @@ from pathlib import Path
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ["_driver", "_upstream", "_pool", "_buffer", "_region", "_capi"]
+MODULES = ["_driver", "_upstream", "_pool", "_buffer", "_region", "_capi", "_cupy"]
 
 
 def _header_version(include):

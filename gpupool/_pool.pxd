@@ -101,6 +101,7 @@ cdef class Pool:
     cdef void _merge_free_lists(self, FreeLists* fl, size_t* moved) noexcept nogil
     cdef int merge_streams_locked(self, size_t* moved) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
+    cdef object allocate_key(self, object nbytes, StreamKey stream)
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef unsigned long pthread_t

@@ -1182,9 +1182,15 @@ cdef class Pool:
         CudaError, GpupoolError
             A driver failure, or a pool inherited through ``fork()``.
         """
-        cdef size_t n
         cdef uintptr_t handle = 0 if stream is None else stream_handle(stream)
-        cdef StreamKey key = pool_key(self, handle)
+        return self.allocate_key(nbytes, pool_key(self, handle))
+
+    cdef object allocate_key(self, object nbytes, StreamKey key):
+        """``allocate`` once the stream is resolved to its key: checks ``nbytes``, takes the
+        block (the calling thread's current region first), runs the ``on_oom`` callbacks
+        and retries once, raises as ``allocate`` does, and wraps the block in a
+        DeviceBuffer. The C-level entry of the adapters that build their own wrappers."""
+        cdef size_t n
         cdef Block* b = NULL
         cdef int r
         if type(nbytes) is int and 0 < <object>nbytes <= MAX_NBYTES:

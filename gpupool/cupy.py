@@ -9,8 +9,12 @@
 
 Each allocation is a :class:`gpupool.DeviceBuffer` on CuPy's current stream, wrapped as
 ``cupy.cuda.UnownedMemory`` that keeps the buffer alive; regions apply to it as to any other
-allocation. CuPy is imported when an allocator is first called, not when this module is.
+allocation. The allocator is compiled (``gpupool._cupy``); CuPy is imported when an allocator
+is made, not when this module is.
 """
+
+from gpupool._cupy import CupyAllocator
+from gpupool._pool import Pool
 
 __all__ = ["allocator"]
 
@@ -22,41 +26,43 @@ def allocator(pool=None):
     ----------
     pool : gpupool.Pool, optional
         The pool to draw from; default: ``gpupool.get_pool(d)`` for CuPy's current device
-        ``d`` at each call.
+        ``d`` at each call (``gpupool.set_pool`` applies to the next call).
 
     Returns
     -------
     callable
-        ``alloc(nbytes) -> cupy.cuda.MemoryPointer``. The memory is allocated for CuPy's
-        current stream (``cupy.cuda.get_current_stream()``).
+        ``alloc(nbytes) -> cupy.cuda.MemoryPointer``, ``nbytes`` an int in bytes: the
+        ``malloc`` method of a compiled ``gpupool._cupy.CupyAllocator`` (``alloc.__self__``),
+        like CuPy's own ``MemoryPool().malloc``. Each call allocates through the same path as
+        ``Pool.allocate``, for CuPy's current stream (``cupy.cuda.get_current_stream().ptr``),
+        so the calling thread's current region caches the block; the ``DeviceBuffer`` is
+        wrapped as ``cupy.cuda.UnownedMemory(ptr, nbytes, buffer, device)`` and its block
+        returns to the pool (or region) when CuPy drops that memory. ``alloc(0)`` gives
+        ``MemoryPointer(Memory(0), 0)`` without touching the pool.
 
-    Raises (from the returned callable)
+    Raises
     ------
-    gpupool.OutOfMemoryError
-        As ``Pool.allocate``.
-    ValueError
-        ``pool`` belongs to another device than CuPy's current one.
+    TypeError
+        ``pool`` is not a ``gpupool.Pool``.
+    ImportError
+        CuPy is not installed.
+
+    The returned callable raises ``ValueError`` when the pool belongs to another device than
+    CuPy's current one (``cupy.cuda.runtime.getDevice()``), and whatever ``Pool.allocate``
+    raises: ``gpupool.OutOfMemoryError`` after the ``on_oom`` callbacks,
+    ``gpupool.CudaError``, ``gpupool.GpupoolError`` in a child after ``fork()``.
     """
+    if pool is not None and not isinstance(pool, Pool):
+        raise TypeError(f"pool must be a gpupool.Pool or None, got {type(pool).__name__}")
     import cupy
 
-    from gpupool import get_pool
-
-    memory_pointer = cupy.cuda.MemoryPointer
-    unowned = cupy.cuda.UnownedMemory
-    empty = cupy.cuda.memory.Memory
-    current_stream = cupy.cuda.get_current_stream
-    current_device = cupy.cuda.runtime.getDevice
-
-    def alloc(nbytes):
-        device = current_device()
-        source = get_pool(device) if pool is None else pool
-        if source.device != device:
-            raise ValueError(
-                f"gpupool pool of device {source.device} used while CuPy's current device is "
-                f"{device}; make one allocator per device")
-        if nbytes == 0:
-            return memory_pointer(empty(0), 0)
-        buf = source.allocate(nbytes, current_stream().ptr)
-        return memory_pointer(unowned(buf.ptr, nbytes, buf, device), 0)
-
-    return alloc
+    instance = CupyAllocator(
+        pool,
+        current_device=cupy.cuda.runtime.getDevice,
+        stream_ptr=getattr(getattr(cupy.cuda, "stream", None), "get_current_stream_ptr", None),
+        current_stream=cupy.cuda.get_current_stream,
+        unowned_memory=cupy.cuda.UnownedMemory,
+        memory_pointer=cupy.cuda.MemoryPointer,
+        memory=cupy.cuda.memory.Memory,
+    )
+    return instance.malloc
