@@ -9,6 +9,7 @@ import reprlib
 import subprocess
 import sys
 import textwrap
+import types
 import weakref
 
 import numpy as np
@@ -257,19 +258,28 @@ def test_device_arrays_and_kernels_on_gpupool_memory(numba_cuda, numba_on_gpupoo
     alive = weakref.ref(array)
     del array
     gc.collect()            # Numba's launch machinery can leave the array in a reference cycle
-    assert alive() is None, f"the array is still referenced by {_referrers(alive())}"
+    holders = _who_holds(alive)
+    assert holders is None, f"the array is still referenced by {holders}"
     assert pool.allocate(400_000).ptr == address   # its block went back to the pool
 
 
-def _referrers(obj, depth=3):
-    """Who keeps obj alive, a few levels up (types and short reprs), for failure messages."""
-    found, level = [], [obj]
+def _who_holds(ref, depth=3):
+    """None when ref's object is gone; else who keeps it alive, a few levels up (types and
+    short reprs, this function's own lists and frames left out), for a failure message."""
+    obj = ref()
+    if obj is None:
+        return None
+    lines, level = [], [obj]
+    del obj
     for _ in range(depth):
-        up = [r for o in level for r in gc.get_referrers(o)
-              if r is not level and not isinstance(r, type(sys._getframe()))]
-        found.append([f"{type(r).__name__}:{reprlib.repr(r)}" for r in up[:6]])
+        up = []
+        for held in level:
+            up.extend(r for r in gc.get_referrers(held)
+                      if r is not level and r is not up and r is not lines
+                      and not isinstance(r, types.FrameType))
+        lines.append([f"{type(r).__name__}:{reprlib.repr(r)}" for r in up[:6]])
         level = up[:6]
-    return found
+    return lines
 
 
 @pytest.mark.gpu
@@ -336,7 +346,6 @@ def test_ipc_handle_of_a_slab_block_carries_its_offset(numba_cuda, numba_on_gpup
     path.write_bytes(pickle.dumps(handle))
     child = run_python(f"""
         import pickle
-import reprlib
         with open({str(path)!r}, "rb") as f:
             handle = pickle.load(f)
         with handle as array:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build there (no network), then the steps named in STEPS
-# (default: all but traces and diag), logs to $OUT (at most 8 files come back), summary last.
+# (default: all but traces and diag), logs to $OUT (at most 8 files come back: the build log
+# only when the build fails, the plots as one tar), summary last.
 #   tests     the whole test suite
 #   memcheck  the GPU tests under compute-sanitizer memcheck (PyTorch's and JAX's left out:
 #             MEMCHECK_K selects, MEMCHECK_TESTS names files)
@@ -20,8 +21,9 @@ step() { [[ ",$STEPS," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.log"
 python3 -c "import sys, cuda.bindings, Cython; print(sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__, 'Cython', Cython.__version__)" | tee -a "$OUT/summary.log"
 
-if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
-    tail -40 "$OUT/build.log"; summary "build FAILED"; exit 1
+if ! python3 -m pip install --no-build-isolation --no-deps -e . > /tmp/gpupool-build.log 2>&1; then
+    cp /tmp/gpupool-build.log "$OUT/build.log"; tail -40 "$OUT/build.log"; summary "build FAILED"
+    exit 1
 fi
 summary "build ok"
 
@@ -55,7 +57,7 @@ if step bench; then
         ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
     summary "bench rc=$?"
     cat /tmp/gpupool-bench/*.txt > "$OUT/bench-tables.txt" 2>/dev/null
-    cp /tmp/gpupool-bench/region_memory.png "$OUT/" 2>/dev/null
+    (cd /tmp/gpupool-bench && tar cf "$OUT/plots.tar" *.png 2>/dev/null)    # one file back
 fi
 
 grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/memcheck.log 2>/dev/null | head -30
