@@ -28,16 +28,26 @@ def _pyplot():
     return plt
 
 
+MARKERS = "osD^v<>ph*Xd"
+
+
+def _style(i, key):
+    """Line style of column i: gpupool's columns solid, its peers' dashed; markers cycle, so
+    lines that share a colour (more columns than colours) still differ."""
+    ours = key.startswith("gp") or key.endswith(".gp")
+    return {"marker": MARKERS[i % len(MARKERS)], "linestyle": "-" if ours else "--"}
+
+
 def _results(summary, name):
     return summary.get("scripts", {}).get(name, {}).get("results")
 
 
 def alloc_latency(plt, res, path):
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for key, column in res.get("columns", {}).items():
+    for i, (key, column) in enumerate(res.get("columns", {}).items()):
         points = sorted((int(n), r["median"]) for n, r in column.get("results", {}).items())
         if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=key)
+            ax.plot(*zip(*points, strict=True), label=key, **_style(i, key))
     ax.set(xscale="log", yscale="log", xlabel="request size (bytes)",
            ylabel="ns per allocate + free (median)",
            title="Cached allocate + free, legacy default stream")
@@ -48,11 +58,11 @@ def alloc_latency(plt, res, path):
 
 def threads(plt, res, path):
     fig, ax = plt.subplots(figsize=(8, 5))
-    for key, column in res.get("columns", {}).items():
+    for i, (key, column) in enumerate(res.get("columns", {}).items()):
         points = sorted((int(t), r["ops_per_s"]["median"] / 1e6)
                         for t, r in column.get("results", {}).items())
         if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=key)
+            ax.plot(*zip(*points, strict=True), label=key, **_style(i, key))
     ax.set(xscale="log", xlabel="threads", ylabel="million pairs per second (all threads)",
            title="Allocate + free throughput from several threads")
     ax.set_xticks(res.get("threads", [1, 2, 4, 8]), labels=res.get("threads", [1, 2, 4, 8]))
