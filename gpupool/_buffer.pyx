@@ -319,10 +319,14 @@ cdef class DeviceBuffer:
         Raises
         ------
         TypeError, ValueError
-            As ``BufferView``: an unsupported dtype, or a view past ``nbytes``.
+            As ``BufferView``: an unsupported dtype, a shape or strides that are not ints,
+            or a view past ``nbytes``.
+        InvalidBufferError
+            The buffer was closed or invalidated.
         """
         from gpupool.view import BufferView
 
+        self._live_ptr()
         return BufferView(self, dtype, shape, strides)
 
     def _order_before(self, consumer):

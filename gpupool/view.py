@@ -5,12 +5,27 @@ Array Interface (v3) and DLPack with that dtype and shape, and keeps the buffer 
 array libraries import it directly (``cupy.asarray(view)``, ``torch.from_dlpack(view)``).
 """
 
+import operator
+
 import numpy as np
 
 __all__ = ["BufferView"]
 
 # DLPack type codes (dlpack.h) by NumPy dtype kind.
 _DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+
+
+def _extents(values, what):
+    """An int or a sequence of ints (anything with ``__index__``) as a tuple of ints."""
+    if hasattr(type(values), "__index__"):
+        return (operator.index(values),)
+    if isinstance(values, (str, bytes)):
+        values = None
+    try:
+        return tuple(operator.index(n) for n in values)
+    except TypeError:
+        raise TypeError(f"{what} must be an int or a sequence of ints, got {values!r}") \
+            from None
 
 
 class BufferView:
@@ -40,7 +55,7 @@ class BufferView:
         dtype = np.dtype(dtype)
         if dtype.kind not in _DLPACK_CODES or dtype.byteorder == ">":
             raise TypeError(f"a view needs a native boolean or numeric dtype, got {dtype}")
-        shape = (shape,) if isinstance(shape, int) else tuple(int(n) for n in shape)
+        shape = _extents(shape, "shape")
         if any(n < 0 for n in shape):
             raise ValueError(f"negative extent in shape {shape}")
         if strides is None:
@@ -50,7 +65,7 @@ class BufferView:
                 step *= max(n, 1)
             contiguous = True
         else:
-            strides = tuple(int(s) for s in strides)
+            strides = _extents(strides, "strides")
             if len(strides) != len(shape):
                 raise ValueError(f"{len(strides)} strides for {len(shape)} dimensions")
             if any(s < 0 or s % dtype.itemsize for s in strides):

@@ -135,10 +135,19 @@ def test_view_keeps_the_buffer_alive(pool):
     "dtype, shape, strides, error",
     [(np.float32, (100,), None, ValueError), (np.float32, (-1,), None, ValueError),
      (np.float32, (4,), (6,), ValueError), (np.object_, (1,), None, TypeError),
-     (">f4", (4,), None, TypeError), (np.float32, (4, 4), (4,), ValueError)])
+     (">f4", (4,), None, TypeError), (np.float32, (4, 4), (4,), ValueError),
+     (np.float32, "abc", None, TypeError), (np.float32, 2.5, None, TypeError),
+     (np.float32, (2.0,), None, TypeError), (np.float32, (4,), "4", TypeError)])
 def test_bad_views(pool, dtype, shape, strides, error):
-    with pytest.raises(error):
+    with pytest.raises(error, match="shape" if shape == "abc" else None):
         pool.allocate(64).view(dtype, shape, strides)
+
+
+def test_no_view_of_a_closed_buffer(pool):
+    buf = pool.allocate(64)
+    buf.close()
+    with pytest.raises(gpupool.InvalidBufferError):
+        buf.view(np.float32, 4)
 
 
 def test_empty_views(pool):
