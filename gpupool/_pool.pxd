@@ -1,5 +1,6 @@
 # The pool: size classes, free lists binned by (size class, stream), stream-ordered reuse,
 # slabs, limits and the first rungs of the out-of-memory ladder. C-level, under one mutex.
+cimport cython
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool._block cimport Block, Slab, StreamKey, FreeLists, RegionCache, PtrTable
@@ -34,7 +35,8 @@ cdef enum:
 
 ctypedef object (*buffer_factory)(Pool pool, Block* blk, size_t nbytes, StreamKey stream)
 
-cdef class Pool:
+@cython.final
+cdef class Pool:     # final: its cdef methods are direct calls the compiler can inline
     cdef gp_lock _mutex
     cdef uintptr_t _owner               # thread holding _mutex, 0 when free
     cdef vector[Block*] _deferred       # frees made by _owner while it held the lock
