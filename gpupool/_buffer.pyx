@@ -12,7 +12,7 @@ from libc.stdlib cimport malloc, free
 from libc.stdint cimport uintptr_t
 from gpupool._block cimport Block, StreamKey
 from gpupool._pool cimport (
-    Pool, set_buffer_factory, stream_key, pool_key, stream_handle, forked,
+    Pool, set_buffer_factory, stream_key, stream_handle, forked,
 )
 from gpupool._upstream cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
 
@@ -205,7 +205,7 @@ cdef class DeviceBuffer:
     def stream(self, stream):
         cdef uintptr_t handle = stream_handle(stream)
         self._live_ptr()
-        self._stream = stream_key(handle) if self.pool is None else pool_key(self.pool, handle)
+        self._stream = stream_key(handle) if self.pool is None else self.pool.checked_key(handle)
 
     @property
     def __cuda_array_interface__(self):
@@ -360,7 +360,7 @@ cdef class DeviceBuffer:
         cdef uintptr_t handle = stream_handle(stream)
         self._live_ptr()
         if self._blk != NULL:
-            self.pool.add_stream(self._blk, pool_key(self.pool, handle))
+            self.pool.add_stream(self._blk, self.pool.checked_key(handle))
 
     def close(self):
         """Give the memory back now (to the pool or its region). Later use raises

@@ -15,7 +15,9 @@ from libc.stdint cimport uintptr_t
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 from gpupool._block cimport Block, PtrTable, PtrSlot, StreamKey
-from gpupool._pool cimport Pool, pool_key, run_oom_callbacks, forked, GP_FORKED
+from gpupool._pool cimport (
+    Pool, pool_key, run_oom_callbacks, forked, GP_FORKED, BAD_STREAM_TAG,
+)
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 
 
@@ -122,6 +124,8 @@ cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexce
     cdef Block* b = NULL
     cdef int r
     cdef StreamKey key = pool_key(pool, stream)
+    if key.tag == BAD_STREAM_TAG:
+        return pool.stream_status(stream)           # not a stream, or a destroyed one
     pool.lock()
     r = pool.acquire_locked(nbytes, key, &b)
     if r == 0:
@@ -152,6 +156,8 @@ cdef Block* _block_of(Pool pool, void* ptr, bint remove) noexcept nogil:
 cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef Block* b
     cdef StreamKey key = pool_key(pool, stream)
+    if key.tag == BAD_STREAM_TAG:
+        key.tag = 0                                 # a free never fails: keyed by handle alone
     pool.lock()
     b = _block_of(pool, ptr, True)
     if b != NULL:
@@ -162,12 +168,15 @@ cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
 
 cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef Block* b
+    cdef StreamKey key = pool_key(pool, stream)
+    if key.tag == BAD_STREAM_TAG:
+        return pool.stream_status(stream)
     pool.lock()
     b = _block_of(pool, ptr, False)
     pool.unlock()
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
-    pool.add_stream(b, pool_key(pool, stream))
+    pool.add_stream(b, key)
     return GPUPOOL_OK
 
 

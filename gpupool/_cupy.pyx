@@ -10,7 +10,7 @@ wraps it for CuPy, without interpreted Python of gpupool's own in between.
 from cpython.dict cimport PyDict_GetItem
 from cpython.ref cimport PyObject
 from gpupool._buffer cimport DeviceBuffer
-from gpupool._pool cimport Pool, pool_key, stream_handle
+from gpupool._pool cimport Pool, stream_handle
 
 import gpupool
 
@@ -120,7 +120,7 @@ cdef class CupyAllocator:
             stream = self._stream_ptr()
         else:
             stream = self._current_stream().ptr
-        buf = <DeviceBuffer>pool.allocate_key(nbytes, pool_key(pool, stream_handle(stream)))
+        buf = <DeviceBuffer>pool.allocate_key(nbytes, pool.checked_key(stream_handle(stream)))
         return self._pointer(self._unowned(buf._ptr, nbytes, buf, device), 0)
 
     def __repr__(self):

@@ -35,6 +35,7 @@ cdef enum:
 
 ctypedef object (*buffer_factory)(Pool pool, Block* blk, size_t nbytes, StreamKey stream)
 
+
 @cython.final
 cdef class Pool:     # final: its cdef methods are direct calls the compiler can inline
     cdef gp_lock _mutex
@@ -58,6 +59,8 @@ cdef class Pool:     # final: its cdef methods are direct calls the compiler can
     cdef void lock(self) noexcept nogil
     cdef void _wait(self) noexcept nogil
     cdef StreamKey created_stream_key(self, uintptr_t handle) noexcept nogil
+    cdef int stream_status(self, uintptr_t handle) noexcept nogil
+    cdef StreamKey checked_key(self, uintptr_t handle) except *
     cdef RegionCache* _current_region(self) noexcept nogil
     cdef uintptr_t _event(self) noexcept nogil
     cdef void _drop_events(self, Block* b) noexcept nogil
@@ -120,6 +123,11 @@ cdef inline StreamKey stream_key(uintptr_t handle) noexcept nogil:
     if handle <= 1:
         return StreamKey(0, 0)
     return StreamKey(handle, _thread() if handle == 2 else 0)
+
+
+# The tag of a created stream's key when the driver refused the handle (no stream ID is this).
+cdef enum:
+    BAD_STREAM_TAG = 0xFFFFFFFFFFFFFFFF
 
 
 cdef inline StreamKey pool_key(Pool pool, uintptr_t handle) noexcept nogil:

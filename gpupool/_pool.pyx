@@ -41,7 +41,7 @@ from gpupool._block cimport (
     LIVE, FREE_POOL, FREE_REGION, MERGED,
 )
 from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream
-from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
+from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_HANDLE
 
 from gpupool.errors import GpupoolError, OutOfMemoryError
 from gpupool.stats import PoolStats, format_bytes
@@ -377,10 +377,29 @@ cdef class Pool:
     cdef StreamKey created_stream_key(self, uintptr_t handle) noexcept nogil:
         """The key of a created stream (handle > 2; pool_key() handles the default streams):
         it carries the driver's stream ID, so a handle value reused after cuStreamDestroy
-        names another stream."""
+        names another stream. A handle the driver refuses (not a stream, or destroyed) gets
+        the tag BAD_STREAM_TAG: allocations refuse it (checked_key), frees use tag 0."""
         cdef unsigned long long sid = 0
-        self.upstream.stream_id(handle, &sid)
+        if self.upstream.stream_id(handle, &sid) != 0:
+            return StreamKey(handle, BAD_STREAM_TAG)
         return StreamKey(handle, <uintptr_t>sid)
+
+    cdef int stream_status(self, uintptr_t handle) noexcept nogil:
+        """The driver's status for a stream handle whose key came out bad (asked again, for
+        the error; CUDA_ERROR_INVALID_HANDLE should it now answer)."""
+        cdef unsigned long long sid = 0
+        cdef int r = self.upstream.stream_id(handle, &sid)
+        return r if r != 0 else CUDA_ERROR_INVALID_HANDLE
+
+    cdef StreamKey checked_key(self, uintptr_t handle) except *:
+        """pool_key, raising the driver's error for a handle it refuses (not a stream, or a
+        destroyed one): for allocations and stream changes, where a bad handle is the
+        caller's mistake."""
+        cdef StreamKey key = pool_key(self, handle)
+        if key.tag == BAD_STREAM_TAG:
+            self.upstream.raise_error(self.stream_status(handle),
+                                      f"cuStreamGetId (stream handle {handle:#x})")
+        return key
 
     cdef RegionCache* _current_region(self) noexcept nogil:
         cdef int i = gp_region_depth
@@ -1180,10 +1199,12 @@ cdef class Pool:
             its cached blocks, then every region's, then runs the ``on_oom`` callbacks,
             retrying after each step.
         CudaError, GpupoolError
-            A driver failure, or a pool inherited through ``fork()``.
+            A driver failure (among them ``cuStreamGetId`` refusing a handle that names no
+            live stream, or the upstream's own error for it), or a pool inherited through
+            ``fork()``.
         """
         cdef uintptr_t handle = 0 if stream is None else stream_handle(stream)
-        return self.allocate_key(nbytes, pool_key(self, handle))
+        return self.allocate_key(nbytes, self.checked_key(handle))
 
     cdef object allocate_key(self, object nbytes, StreamKey key):
         """``allocate`` once the stream is resolved to its key: checks ``nbytes``, takes the

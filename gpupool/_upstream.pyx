@@ -448,8 +448,9 @@ cdef class PythonUpstream(Upstream):
         cdef int r = 0
         with gil:
             if hasattr(self, "_stream_id"):
+                # On failure the exception stays pending: an allocation raises it
+                # (Pool.checked_key); a free keys the stream by its handle alone.
                 r = self._call("_stream_id", (stream,), &sid, NULL)
-                self._pending = None        # the pool falls back to the handle alone
         out[0] = sid if r == 0 else 0
         return r
 

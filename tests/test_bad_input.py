@@ -83,3 +83,21 @@ def test_region_cache_cap_accepts_limit_strings(pool):
     assert region.stats().cached_bytes <= 1 << 20
     with pytest.raises(ValueError, match="malformed memory limit"):
         gpupool.Region(pool=pool, max_cached_bytes="lots")
+
+
+def test_a_stream_the_driver_refuses_is_an_error_for_allocations_not_for_frees(pool, sim):
+    stream = sim.create_stream()
+    buf = pool.allocate(100, stream=stream)
+    other = pool.allocate(100)
+    sim.destroy_stream(stream)
+    for bad in (stream, 12345):                    # destroyed, never a stream
+        with pytest.raises(ValueError, match="unknown or destroyed stream"):
+            pool.allocate(100, stream=bad)
+        with pytest.raises(ValueError, match="unknown or destroyed stream"):
+            other.stream = bad
+        with pytest.raises(ValueError, match="unknown or destroyed stream"):
+            other.record_stream(bad)
+    assert other.stream == 0
+    del buf, other                                 # freeing a buffer whose stream is gone works
+    assert pool.stats().in_use_bytes == 0
+    sim.errors.clear()                             # the refused handles were this test's doing

@@ -145,3 +145,15 @@ def test_many_c_allocations_freed_in_any_order(scratch, sim_pool):
         scratch.free(ptrs[0])                                            # freed twice
     stats = check_invariants(sim_pool)
     assert stats.in_use_bytes == 0 and stats.num_frees == 3500
+
+
+def test_a_stream_the_driver_refuses_fails_the_allocation_not_the_free(scratch, sim_pool):
+    sim = sim_pool.upstream
+    stream = sim.create_stream()
+    ptr = scratch.allocate(1000, 0, stream)
+    sim.destroy_stream(stream)
+    with pytest.raises(RuntimeError, match="gpupool error"):
+        scratch.allocate(1000, 0, stream)          # destroyed: the driver refuses the handle
+    scratch.free(ptr, 0, stream)                   # the free still gives the block back
+    assert sim_pool.stats().in_use_bytes == 0
+    sim.errors.clear()                             # the refused handle was this test's doing
