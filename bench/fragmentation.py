@@ -18,6 +18,7 @@ import time
 import _common
 import alloc_trace
 import numpy as np
+import trace_replay
 from _common import MiB, format_table
 
 SCRIPT = "fragmentation"
@@ -25,53 +26,35 @@ SEEDS, SCALES = range(6), (1, 3, 8)
 
 
 def traces():
-    """(name, events) of the recorded traces and the synthetic ones."""
-    found = [(t.name, list(t.events())) for t in map(alloc_trace.load, alloc_trace.find())]
+    """The recorded traces and the synthetic ones, as :class:`alloc_trace.Trace`."""
+    found = [alloc_trace.load(path) for path in alloc_trace.find()]
     for seed in SEEDS:
         base = alloc_trace.synthetic(steps=3, layers=10, seed=seed)
         for scale in SCALES:
-            found.append((f"synthetic s{seed} x{scale}",
-                          [(op, i, n * scale, s) for op, i, n, s in base.events()]))
+            found.append(alloc_trace.Trace(f"synthetic s{seed} x{scale}", base.op, base.ids,
+                                           base.nbytes * scale, base.stream, base.meta))
     return found
 
 
-def peak_live(events):
-    live, now, peak = {}, 0, 0
-    for op, i, n, _ in events:
-        if op:
-            now -= live.pop(i)
-        else:
-            live[i] = n
-            now += n
-            peak = max(peak, now)
-    return peak
-
-
-def peak_reserved(gpupool, events):
+def peak_reserved(gpupool, trace):
     """Replay through a fresh pool on a simulated device; its peak reserved bytes."""
     from gpupool.testing import SimulatedDevice
 
     sim = SimulatedDevice(capacity=1 << 40)
     pool = gpupool.Pool(upstream=sim)
-    streams = {0: None}
-    live = {}
-    for op, i, n, s in events:
-        if op:
-            del live[i]
-        else:
-            if s not in streams:
-                streams[s] = sim.create_stream()
-            live[i] = pool.allocate(n, streams[s])
+    streams = [None] + [sim.create_stream() for _ in range(1, trace.num_streams)]
+    live = trace_replay.replay(trace.events(streams), pool.allocate)
     live.clear()
     return pool.stats().peak_reserved_bytes
 
 
 def run(gpupool):
     rows = {}
-    for name, events in traces():
-        live = peak_live(events)
-        reserved = peak_reserved(gpupool, events)
-        rows[name] = {"peak_live": live, "peak_reserved": reserved, "ratio": reserved / live}
+    for trace in traces():
+        live = trace.peak_live_bytes()
+        reserved = peak_reserved(gpupool, trace)
+        rows[trace.name] = {"peak_live": live, "peak_reserved": reserved,
+                            "ratio": reserved / live}
     synthetic = [r["ratio"] for name, r in rows.items() if name.startswith("synthetic")]
     return {"script": SCRIPT, "simulated": True, "results": rows,
             "synthetic": {"mean": float(np.mean(synthetic)), "max": float(np.max(synthetic)),

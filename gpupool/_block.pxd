@@ -19,7 +19,6 @@ cdef enum BlockState:
     LIVE = 1            # owned by a DeviceBuffer
     FREE_POOL = 2       # in the pool's free lists
     FREE_REGION = 3     # in a region's free lists
-    MERGED = 4          # absorbed by its left neighbour during a trim; about to be freed
 
 # One upstream allocation that small blocks of any size class are carved from, front to back,
 # as they are first needed. Carved blocks keep their size class for the slab's lifetime.

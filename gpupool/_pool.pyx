@@ -38,7 +38,7 @@ from libcpp.vector cimport vector
 from libcpp.algorithm cimport push_heap, pop_heap, make_heap
 from gpupool._block cimport (
     Block, Slab, StreamKey, StreamBin, FreeLists, RegionCache, HeapItem,
-    LIVE, FREE_POOL, FREE_REGION, MERGED,
+    LIVE, FREE_POOL, FREE_REGION,
 )
 from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_HANDLE
@@ -748,10 +748,9 @@ cdef class Pool:
             r = self._carve(cls, size, s, out)
             if r != CUDA_ERROR_OUT_OF_MEMORY:
                 return r
-        elif pack and size <= SEGMENT_FOR and self._segment_bytes() >= size + SPLIT_MIN:
+        elif pack and size <= SEGMENT_FOR:
             seg = self._segment_bytes()
-            r = self._new_block(floor_class(seg), seg, s, out)
-            if r == 0:
+            if seg >= size + SPLIT_MIN and self._new_block(floor_class(seg), seg, s, out) == 0:
                 if self.upstream.stream_ordered:
                     out[0].stream = s       # the rest exists in s's order only
                 self._split(out[0], cls, size, s)
@@ -1107,32 +1106,24 @@ cdef class Pool:
         """During a trim, after every event has completed and with the free lists emptied:
         join each run of free neighbouring pieces into its first; a run that is a whole
         upstream allocation goes to whole, any other to keep."""
-        cdef vector[Block*] merged
+        cdef vector[Block*] firsts
         cdef size_t i
         cdef Block* b
-        cdef Block* n
         for i in range(pieces.size()):
             b = pieces[0][i]
-            if b.state == MERGED or (b.seg_prev != NULL and b.seg_prev.state == FREE_POOL):
-                continue                    # joined, or to be, by the first of its run
             self._drop_events(b)
             b.stream = NO_STREAM
+            if b.seg_prev == NULL or b.seg_prev.state != FREE_POOL:
+                firsts.push_back(b)         # the others are joined into these (and freed)
+        for i in range(firsts.size()):
+            b = firsts[i]
             while b.seg_next != NULL and b.seg_next.state == FREE_POOL:
-                n = b.seg_next
-                n.state = MERGED
-                self._drop_events(n)
-                b.size += n.size
-                b.seg_next = n.seg_next
-                if n.seg_next != NULL:
-                    n.seg_next.seg_prev = b
-                merged.push_back(n)
+                self._join(b, b.seg_next)
             if b.seg_prev == NULL and b.seg_next == NULL:
                 whole.push_back(b)
             else:
                 b.cls = floor_class(b.size)
                 keep.push_back(b)
-        for i in range(merged.size()):
-            free(merged[i])
 
     cdef void _rebin_unused(self, FreeLists* fl, vector[Block*]* blocks,
                             size_t* moved) noexcept nogil:
