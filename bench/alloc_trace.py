@@ -257,6 +257,23 @@ def from_snapshot(snapshot, name, device=0, meta=None):
     return builder.trace(name, dict(meta or {}, **info))
 
 
+def without_markers(trace, marker_nbytes):
+    """The trace without its marker allocations (those of exactly ``marker_nbytes``, which a
+    recording program makes at the start of each step) and their frees; the index of the
+    first event after each marker is listed in ``meta["step_starts"]``."""
+    builder, ids, starts = _Builder(), {}, []
+    for op, i, nbytes, stream in trace.events():
+        if nbytes == marker_nbytes:
+            if op == ALLOC:
+                starts.append(len(builder.rows))
+            continue
+        if op == ALLOC:
+            ids[i] = builder.alloc(nbytes, stream)
+        else:
+            builder.free(ids.pop(i))
+    return builder.trace(trace.name, dict(trace.meta, step_starts=starts))
+
+
 def synthetic(steps=4, layers=6, seed=0, name="synthetic"):
     """A made-up training-like trace, for tests and for runs before real ones are recorded.
 

@@ -9,6 +9,11 @@
 #   bench     bench/run_all.py (BENCH=a,b limits the scripts, BENCH_ARGS adds options)
 #   traces    bench/record_trace.py: allocation traces of PyTorch training steps -> $OUT
 #   diag      tools/diag_held_buffers.py under compute-sanitizer
+#   probe     tools/probe_vmm.py: the driver's virtual memory API on this machine
+#   models    bench/real_models.py (MODELS_ARGS adds options; MODELS_TRACES=1 also records
+#             the allocation traces, returned as traces.tar)
+#   headers   PyTorch's C++ allocator headers, returned as torch-headers.tar.gz
+# Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpupool-gpu-check}
@@ -18,6 +23,10 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 summary() { echo "== $*" | tee -a "$OUT/summary.log"; }
 step() { [[ ",$STEPS," == *",$1,"* ]]; }
 
+if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.log"
 python3 -c "import sys, cuda.bindings, Cython; print(sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__, 'Cython', Cython.__version__)" | tee -a "$OUT/summary.log"
 
@@ -48,6 +57,28 @@ if step traces; then
     summary "record_trace rc=$?: $(ls "$OUT"/*.npz 2>/dev/null | xargs -n1 basename | tr '\n' ' ')"
     mkdir -p bench/traces && cp "$OUT"/*.npz bench/traces/ 2>/dev/null     # for trace_replay
 fi
+if step probe; then
+    timeout 120 python3 tools/probe_vmm.py > "$OUT/probe.log" 2>&1
+    summary "probe_vmm rc=$?: $(tail -1 "$OUT/probe.log")"
+fi
+if step headers; then
+    python3 - "$OUT" <<'PY' 2>&1 | tail -2
+import os, sys, tarfile, torch
+root = os.path.join(os.path.dirname(torch.__file__), "include")
+with tarfile.open(os.path.join(sys.argv[1], "torch-headers.tar.gz"), "w:gz") as tar:
+    for sub in ("c10", "torch/csrc/cuda", "ATen/cuda"):
+        tar.add(os.path.join(root, sub), arcname=sub)
+print("headers of torch", torch.__version__, "ABI", torch._C._GLIBCXX_USE_CXX11_ABI)
+PY
+    summary "headers: $(python3 -c 'import torch; print(torch.__version__, torch.__config__.show().splitlines()[1:3])')"
+fi
+if step models; then
+    timeout ${MODELS_TIMEOUT:-480} python3 bench/real_models.py --json "$OUT/real_models.json" \
+        --plot "$OUT/real_models.png" ${MODELS_TRACES:+--trace-dir /tmp/gpupool-traces} \
+        ${MODELS_ARGS:-} > "$OUT/models.log" 2>&1
+    summary "real_models rc=$? ($(python3 -c 'import rmm; print("rmm", rmm.__version__)' 2>&1 | tail -1))"
+    [ -n "${MODELS_TRACES:-}" ] && (cd /tmp/gpupool-traces && tar cf "$OUT/traces.tar" *.npz)
+fi
 if step example; then
     timeout 300 python3 examples/train_digits.py --quiet > "$OUT/example.log" 2>&1
     summary "examples/train_digits.py rc=$?"
@@ -62,5 +93,6 @@ fi
 
 grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/memcheck.log 2>/dev/null | head -30
 [ -f "$OUT/example.log" ] && tail -12 "$OUT/example.log"
+[ -f "$OUT/models.log" ] && tail -80 "$OUT/models.log"
 [ -f "$OUT/bench-tables.txt" ] && grep -E "target|MISS|met" "$OUT/bench-tables.txt" | head -20
 cat "$OUT/summary.log"

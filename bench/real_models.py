@@ -1,0 +1,428 @@
+"""Device memory of real PyTorch training runs, each (model, allocator) in a fresh process.
+
+The ruler is the same for every allocator: device memory in use (``cuMemGetInfo``: total -
+free) above the baseline taken once CUDA is initialized (a one-element tensor made and freed),
+sampled by a thread every half millisecond and at the end of each step's forward and backward.
+Reported per (model, allocator): the peak of that ruler over the run, the allocator's own peak
+reserved bytes where it reports them, the ruler after step 3 and after the last step, median
+ms per step (steps after the third, the GPU synchronized at each step's end) and the final
+loss (equal across a model's allocators: same seed, same data). Models (``_models.py``):
+ResNet-50 batch 64 fp32, GPT-2 small batch 8 seq 512, and GPT-2 at sequence lengths drawn
+from 128..1024. Allocators (``--columns``):
+
+=================  ================================================================
+``torch``          PyTorch's caching allocator
+``torch.exp``      the same with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+``rmm.pool``       RMM's pool resource (``rmm.mr.PoolMemoryResource`` over
+                   ``CudaMemoryResource``, initial size 0) through
+                   ``rmm.allocators.torch.rmm_torch_allocator``
+``rmm.async``      RMM's ``CudaAsyncMemoryResource`` through the same allocator
+``gp``             ``gpupool.torch.use()`` (the default upstream, ``GPUPOOL_UPSTREAM``)
+``gp.region``      the same with ``with gpupool.Region(scope="process"):`` per step
+``gp.driver``...   ``gp``/``gp.region`` on one upstream: ``.driver``, ``.vmm``
+=================  ================================================================
+
+RMM columns are skipped with their reason where RMM is not installed. ``--trace-dir DIR``
+adds, per model, a run on PyTorch's allocator under its memory history that saves the
+allocation trace as ``DIR/MODEL.npz`` (``alloc_trace``), step starts in its ``meta``, for
+``trace_replay.py`` and CPU replays. Run::
+
+    python bench/real_models.py [--json PATH] [--plot PATH] [--steps 30]
+        [--models resnet50,gpt2,gpt2-varlen] [--columns torch,gp,...] [--cudnn-benchmark]
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from contextlib import nullcontext
+
+import _common
+import _models
+from _common import MiB, format_table
+
+SCRIPT = "real_models"
+STEPS = 30
+QUICK_STEPS = 5
+STEADY_FROM = 3            # ms/step medians over the steps after this many
+CHILD_TIMEOUT = 300        # seconds per (model, allocator) process
+SAMPLE_S = 0.0005          # the sampler thread's period
+MARK_BYTES = 7_777_777     # trace runs: one allocation of this size marks each step's start
+
+# key -> (description, environment, allocator, region per step)
+COLUMNS = {
+    "torch": ("PyTorch caching allocator", {}, "torch", False),
+    "torch.exp": ("PyTorch, expandable_segments:True",
+                  {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "torch", False),
+    "rmm.pool": ("RMM pool (PoolMemoryResource over CudaMemoryResource)", {}, "rmm.pool", False),
+    "rmm.async": ("RMM async (CudaAsyncMemoryResource)", {}, "rmm.async", False),
+    "gp": ("gpupool.torch.use(), default upstream", {}, "gpupool", False),
+    "gp.region": ("gpupool.torch.use() + Region(scope='process') per step", {}, "gpupool",
+                  True),
+    "gp.driver": ("gpupool.torch.use(), driver upstream", {"GPUPOOL_UPSTREAM": "driver"},
+                  "gpupool", False),
+    "gp.driver.region": ("gpupool driver upstream + region", {"GPUPOOL_UPSTREAM": "driver"},
+                         "gpupool", True),
+    "gp.vmm": ("gpupool.torch.use(), vmm upstream", {"GPUPOOL_UPSTREAM": "vmm"}, "gpupool",
+               False),
+    "gp.vmm.region": ("gpupool vmm upstream + region", {"GPUPOOL_UPSTREAM": "vmm"}, "gpupool",
+                      True),
+}
+DEFAULT_COLUMNS = ("torch", "torch.exp", "rmm.pool", "rmm.async", "gp", "gp.region")
+ANCHOR = "torch.exp"
+
+
+# The child: one (model, allocator) ---------------------------------------------------------
+
+class Sampler:
+    """Device memory in use (``cuMemGetInfo``: total - free, bytes), sampled by a thread and
+    on demand; keeps the peak since the last :meth:`take_peak`."""
+
+    def __init__(self, device=0):
+        from cuda.bindings import driver
+
+        self._driver = driver
+        _check(driver.cuInit(0), "cuInit")
+        dev = _check(driver.cuDeviceGet(device), "cuDeviceGet")
+        self._ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = None
+
+    def used(self):
+        """Bytes in use on the device now (the calling thread gets the primary context)."""
+        _check(self._driver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        free, total = _check(self._driver.cuMemGetInfo(), "cuMemGetInfo")
+        used = int(total) - int(free)
+        self.peak = max(self.peak, used)
+        return used
+
+    def sample(self, _phase=None):
+        self.used()
+
+    def take_peak(self):
+        """The peak since the last call; the next period starts at the current value."""
+        peak, self.peak = self.peak, 0
+        self.used()
+        return max(peak, self.peak)
+
+    def start(self):
+        def run():
+            while not self._stop.wait(SAMPLE_S):
+                self.used()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _check(result, what):
+    err, *values = result
+    if int(err):
+        raise RuntimeError(f"{what} failed: {err}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _install_allocator(kind):
+    """Route PyTorch's CUDA allocations before its first one; returns a ``peak_reserved()``
+    callable (bytes, or None where the allocator has no such counter)."""
+    import torch
+
+    if kind == "torch":
+        return lambda: torch.cuda.max_memory_reserved()
+    if kind.startswith("rmm."):
+        import rmm
+        from rmm.allocators.torch import rmm_torch_allocator
+
+        if kind == "rmm.pool":
+            resource = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(),
+                                                 initial_pool_size=0)
+        else:
+            resource = rmm.mr.CudaAsyncMemoryResource()
+        rmm.mr.set_current_device_resource(resource)
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+        return lambda: None
+    import gpupool
+    import gpupool.torch
+
+    gpupool.torch.use()
+    return lambda: gpupool.get_pool(0).stats().peak_reserved_bytes
+
+
+def child(model, column, steps, trace_path, cudnn_benchmark):
+    """Train ``model`` on allocator ``column``; returns the run's record."""
+    _description, _env, kind, per_step_region = COLUMNS[column]
+    peak_reserved = _install_allocator(kind)
+    import torch
+
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    sampler = Sampler()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    baseline = sampler.used()
+    sampler.take_peak()
+    if trace_path:
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                 max_entries=2_000_000, clear_history=True)
+    region = None
+    if per_step_region:
+        import gpupool
+
+        region = gpupool.Region(scope="process")
+    sampler.start()
+    work = _models.make(model, steps)
+    used_after, peak_in_step, ms, losses = [], [], [], []
+    for i in range(steps):
+        if trace_path:
+            torch.empty(MARK_BYTES, dtype=torch.uint8, device="cuda")
+        start = time.perf_counter()
+        with region if region is not None else nullcontext():
+            loss = _models.step(work, i, on_phase=sampler.sample)
+            losses.append(float(loss))          # synchronizes the loss's stream
+            del loss
+        torch.cuda.synchronize()
+        ms.append((time.perf_counter() - start) * 1e3)
+        used_after.append(sampler.used() - baseline)
+        peak_in_step.append(sampler.take_peak() - baseline)
+    sampler.stop()
+    record = {
+        "model": model, "column": column, "steps": steps, "baseline_bytes": baseline,
+        "per_step": {"used_after": used_after, "peak": peak_in_step, "ms": ms,
+                     "loss": losses},
+        "peak_bytes": max(peak_in_step), "allocator_peak_reserved": peak_reserved(),
+        "cudnn_benchmark": cudnn_benchmark,
+    }
+    if region is not None:
+        record["region"] = region.stats().as_dict()
+    if trace_path:
+        record["trace"] = _save_trace(torch, model, steps, trace_path)
+    return record
+
+
+def _save_trace(torch, model, steps, path):
+    """Stop the memory history, drop the step markers (their positions become
+    ``meta["step_starts"]``) and save the trace; returns its summary."""
+    import alloc_trace
+
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    meta = {"model": model, "steps": steps, "description": _models.DESCRIPTIONS[model],
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
+            "torch_max_memory_allocated": torch.cuda.max_memory_allocated(),
+            "torch_max_memory_reserved": torch.cuda.max_memory_reserved()}
+    trace = alloc_trace.without_markers(alloc_trace.from_snapshot(snapshot, model, 0, meta),
+                                        MARK_BYTES)
+    alloc_trace.save(trace, path)
+    return {"path": path, **trace.summary(), "step_starts": len(trace.meta["step_starts"])}
+
+
+# The parent: every (model, allocator) in its own process -----------------------------------
+
+def _rmm_missing():
+    try:
+        import importlib.util
+
+        found = importlib.util.find_spec("rmm") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else "rmm is not installed (pip install rmm-cu13)"
+
+
+def run_child(model, column, steps, trace_path, cudnn_benchmark):
+    """Run one child process; its record, or ``{"error": ...}``."""
+    env = dict(os.environ, **COLUMNS[column][1])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", model, column,
+           "--steps", str(steps)]
+    if trace_path:
+        cmd += ["--trace-path", trace_path]
+    if cudnn_benchmark:
+        cmd.append("--cudnn-benchmark")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"killed after {CHILD_TIMEOUT} s"}
+    seconds = time.perf_counter() - start
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-4:])
+        return {"error": f"rc={proc.returncode}: {tail}", "seconds": seconds}
+    record = json.loads(lines[-1])
+    record["seconds"] = seconds
+    return record
+
+
+def summarize(record):
+    """The table's numbers of one run (bytes, ms)."""
+    per = record["per_step"]
+    steady = per["ms"][STEADY_FROM:] or per["ms"]
+    return {"peak": record["peak_bytes"], "own_peak_reserved": record["allocator_peak_reserved"],
+            "after_step3": per["used_after"][min(2, len(per["used_after"]) - 1)],
+            "after_last": per["used_after"][-1], "ms": statistics.median(steady),
+            "final_loss": per["loss"][-1],
+            "growth_last_third": per["used_after"][-1]
+            - per["used_after"][len(per["used_after"]) * 2 // 3]}
+
+
+def _mib(nbytes):
+    return "-" if nbytes is None else f"{nbytes / MiB:,.0f}"
+
+
+def report(out):
+    lines = []
+    for model in out["models"]:
+        runs = out["runs"][model]
+        anchor = runs.get(ANCHOR, {}).get("summary")
+        torch_ms = runs.get("torch", {}).get("summary", {}).get("ms")
+        rows = []
+        for column, run in runs.items():
+            s = run.get("summary")
+            if s is None:
+                rows.append([column, run.get("skipped") or run.get("error", "?")[:90]] +
+                            [""] * 7)
+                continue
+            rows.append([column, _mib(s["peak"]),
+                         f"{s['peak'] / anchor['peak']:.3f}" if anchor else "-",
+                         _mib(s["own_peak_reserved"]), _mib(s["after_step3"]),
+                         _mib(s["after_last"]), f"{s['ms']:.1f}",
+                         f"{s['ms'] / torch_ms:.3f}" if torch_ms else "-",
+                         f"{s['final_loss']:.4f}"])
+        lines.append(format_table(
+            ["allocator", "peak MiB", f"/ {ANCHOR}", "own peak reserved", "after step 3",
+             "after last", "ms/step", "/ torch", "final loss"], rows,
+            f"\n{model}: {_models.DESCRIPTIONS[model]}, {out['steps']} steps (MiB above the "
+            f"post-init baseline, cuMemGetInfo)"))
+    lines += ["", *targets_text(out), "", "columns:"]
+    lines += [f"  {key:18} {COLUMNS[key][0]}" for key in out["columns"]]
+    return "\n".join(lines)
+
+
+def targets_text(out):
+    """One line per target of the memory issue that this run can judge."""
+    lines = ["targets:"]
+    for model in out["models"]:
+        s = {k: r["summary"] for k, r in out["runs"][model].items() if "summary" in r}
+        for key in (k for k in s if k.startswith("gp")):
+            if ANCHOR in s:
+                ratio = s[key]["peak"] / s[ANCHOR]["peak"]
+                lines.append(f"  {model:12} {key:16} peak / {ANCHOR} = {ratio:.3f} (target <= 1, "
+                             f"aim 0.95): {'met' if ratio <= 1 else 'MISSED'}")
+            if key.endswith(".region") and key[:-len(".region")] in s:
+                base = s[key[:-len(".region")]]["peak"]
+                lines.append(f"  {model:12} {key:16} peak / without region = "
+                             f"{s[key]['peak'] / base:.3f} (target <= 1): "
+                             f"{'met' if s[key]['peak'] <= base else 'MISSED'}")
+            if "torch" in s:
+                ratio = s[key]["ms"] / s["torch"]["ms"]
+                lines.append(f"  {model:12} {key:16} ms / torch = {ratio:.3f} (target <= 1.02): "
+                             f"{'met' if ratio <= 1.02 else 'MISSED'}")
+    return lines
+
+
+def plot(out, path):
+    """Device memory after each step, per model and allocator; (path, None) or (None, why)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return None, f"matplotlib not importable: {exc}"
+    fig, axes = plt.subplots(1, len(out["models"]), figsize=(6 * len(out["models"]), 4.5),
+                             squeeze=False)
+    for ax, model in zip(axes[0], out["models"], strict=True):
+        for column, run in out["runs"][model].items():
+            if "per_step" not in run:
+                continue
+            style = "-" if column.startswith("gp") else "--"
+            steps = range(1, len(run["per_step"]["peak"]) + 1)
+            ax.plot(steps, [b / MiB for b in run["per_step"]["peak"]], style, label=column)
+        ax.set_title(model)
+        ax.set_xlabel("step")
+        ax.set_ylabel("peak device memory in the step, MiB")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path, None
+
+
+def main(argv=None):
+    p = _common.parser(__doc__.splitlines()[0], columns=True)
+    p.add_argument("--steps", type=int, help=f"training steps (default {STEPS}; --quick: "
+                                              f"{QUICK_STEPS})")
+    p.add_argument("--models", default=",".join(_models.MODELS))
+    p.add_argument("--plot", metavar="PATH", help="PNG of memory over the steps")
+    p.add_argument("--trace-dir", metavar="DIR",
+                   help="also record each model's allocation trace on PyTorch's allocator")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="torch.backends.cudnn.benchmark = True in every run")
+    p.add_argument("--child", nargs=2, metavar=("MODEL", "COLUMN"), help=argparse_hidden())
+    p.add_argument("--trace-path", help=argparse_hidden())
+    args = p.parse_args(argv)
+    steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
+    if args.child:
+        model, column = args.child
+        print(json.dumps(child(model, column, steps, args.trace_path, args.cudnn_benchmark)))
+        return 0
+    models = args.models.split(",")
+    if set(models) - set(_models.MODELS):
+        p.error(f"models must be among {_models.MODELS}")
+    columns = _common.column_keys(p, args.columns or ",".join(DEFAULT_COLUMNS), COLUMNS)
+    if args.simulated:
+        _common.skip(SCRIPT, "--simulated: it trains PyTorch models on the GPU", args.json)
+    torch, reason = _common.optional_import("torch")
+    if torch is not None and not torch.cuda.is_available():
+        torch, reason = None, "torch.cuda.is_available() is False"
+    if torch is None:
+        _common.skip(SCRIPT, reason, args.json)
+    start = time.perf_counter()
+    out = {"script": SCRIPT, "steps": steps, "models": models, "columns": columns,
+           "unit": {"bytes": "bytes above the post-init baseline", "ms": "ms per step"},
+           "cudnn_benchmark": args.cudnn_benchmark, "env": _common.environment(), "runs": {}}
+    rmm_missing = _rmm_missing()
+    for model in models:
+        runs = out["runs"][model] = {}
+        if args.trace_dir:
+            path = os.path.join(os.path.abspath(args.trace_dir), f"{model}.npz")
+            record = run_child(model, "torch", steps, path, args.cudnn_benchmark)
+            out.setdefault("traces", {})[model] = record.get("trace") or record
+            print(f"  {model} trace: {record.get('trace') or record.get('error')}",
+                  file=sys.stderr, flush=True)
+        for column in columns:
+            if COLUMNS[column][2].startswith("rmm") and rmm_missing:
+                runs[column] = {"skipped": rmm_missing}
+                continue
+            record = run_child(model, column, steps, None, args.cudnn_benchmark)
+            if "per_step" in record:
+                record["summary"] = summarize(record)
+            runs[column] = record
+            s = record.get("summary")
+            print(f"  {model} {column}: " + (f"peak {_mib(s['peak'])} MiB, {s['ms']:.1f} ms/step,"
+                                            f" {record['seconds']:.0f} s" if s else
+                                            record.get("error", "?")),
+                  file=sys.stderr, flush=True)
+    if args.plot:
+        out["plot"], out["plot_skipped"] = plot(out, args.plot)
+    return _common.finish(out, start, report, args.json)
+
+
+def argparse_hidden():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    sys.exit(main())
