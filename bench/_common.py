@@ -235,6 +235,16 @@ def gpu_pool(device=0):
         return None, str(exc)
 
 
+def cuda_torch_or_skip(script, json_path=None):
+    """``torch`` when it is importable and sees a CUDA device; else the one-line skip (exit 0)."""
+    torch, reason = optional_import("torch")
+    if torch is not None and not torch.cuda.is_available():
+        torch, reason = None, "torch.cuda.is_available() is False"
+    if torch is None:
+        skip(script, reason, json_path)
+    return torch
+
+
 def optional_import(name):
     """``(module, None)``, or ``(None, reason)`` when it cannot be imported."""
     try:

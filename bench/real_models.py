@@ -382,11 +382,7 @@ def main(argv=None):
     columns = _common.column_keys(p, args.columns or ",".join(DEFAULT_COLUMNS), COLUMNS)
     if args.simulated:
         _common.skip(SCRIPT, "--simulated: it trains PyTorch models on the GPU", args.json)
-    torch, reason = _common.optional_import("torch")
-    if torch is not None and not torch.cuda.is_available():
-        torch, reason = None, "torch.cuda.is_available() is False"
-    if torch is None:
-        _common.skip(SCRIPT, reason, args.json)
+    _common.cuda_torch_or_skip(SCRIPT, args.json)
     start = time.perf_counter()
     out = {"script": SCRIPT, "steps": steps, "models": models, "columns": columns,
            "unit": {"bytes": "bytes above the post-init baseline", "ms": "ms per step"},

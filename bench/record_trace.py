@@ -166,11 +166,7 @@ def main(argv=None):
         p.error(f"models must be among {list(MODELS)} and --steps >= 1")
     if args.simulated:
         _common.skip(SCRIPT, "--simulated: recording needs PyTorch on a GPU", args.json)
-    torch, reason = _common.optional_import("torch")
-    if torch is not None and not torch.cuda.is_available():
-        torch, reason = None, "torch.cuda.is_available() is False"
-    if torch is None:
-        _common.skip(SCRIPT, reason, args.json)
+    torch = _common.cuda_torch_or_skip(SCRIPT, args.json)
     start, rows, results = time.perf_counter(), [], {}
     for name in names:
         trace = record(torch, name, args.steps, args.max_entries)

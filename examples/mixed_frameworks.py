@@ -97,10 +97,10 @@ def torch_mempool(torch):
     try:
         from gpupool.torch import mempool
     except ImportError:
-        from gpupool import _capi
+        from gpupool import _torch
 
         allocator = torch.cuda.memory.CUDAPluggableAllocator(
-            _capi.__file__, "gpupool_torch_malloc", "gpupool_torch_free")
+            _torch.__file__, "gpupool_torch_malloc", "gpupool_torch_free")
         return torch.cuda.MemPool(allocator.allocator())
     return mempool()
 

@@ -6,14 +6,13 @@ iterations with a peak equal to its working set.
 """
 
 import os
-import threading
 
 from gpupool import (
     _capi,  # noqa: F401  (publishes the C API capsule)
     testing,
 )
-from gpupool._buffer import DeviceBuffer, as_buffer
-from gpupool._driver import current_device as _current_device
+from gpupool._buffer import DeviceBuffer
+from gpupool._defaults import _pools, get_pool, set_pool  # noqa: F401  (_pools: the registry)
 from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class, uncached
 from gpupool._region import Region
 from gpupool._upstream import AsyncUpstream, DriverUpstream, PythonUpstream, Upstream
@@ -24,6 +23,7 @@ from gpupool.errors import (
     NoDeviceError,
     OutOfMemoryError,
 )
+from gpupool.interop import as_buffer
 from gpupool.stats import PoolStats, RegionStats, format_status
 
 __version__ = "0.1.0"
@@ -55,66 +55,6 @@ __all__ = [
     "uncached",
     "Upstream",
 ]
-
-_pools: dict[int, Pool] = {}
-_retired: list[Pool] = []    # replaced default pools: C code may still hold their memory
-_pools_lock = threading.Lock()
-
-
-def get_pool(device=None):
-    """The default pool of a device (made on first use, on the driver upstream).
-
-    Parameters
-    ----------
-    device : int, optional
-        Device ordinal; default: the device of the calling thread's current CUDA context,
-        or 0 when there is none (or no driver, once ``set_pool`` gave device 0 a pool).
-
-    Returns
-    -------
-    Pool
-
-    Raises
-    ------
-    NoDeviceError
-        No driver, or no such device.
-    """
-    if device is None:
-        try:
-            device = _current_device()
-        except NoDeviceError:
-            if 0 not in _pools:
-                raise
-            device = 0
-    pool = _pools.get(device)
-    if pool is None:
-        with _pools_lock:
-            pool = _pools.get(device)
-            if pool is None:
-                pool = _pools[device] = Pool(device=device)
-    return pool
-
-
-def set_pool(pool, device=None):
-    """Make ``pool`` the default pool of its device (or of ``device``), for ``get_pool``,
-    ``allocate``, regions made without a pool, the adapters and the C API.
-
-    Parameters
-    ----------
-    pool : Pool
-        For example ``Pool(upstream=gpupool.testing.SimulatedDevice())`` in tests.
-    device : int, optional
-        Default: ``pool.device``.
-    """
-    if not isinstance(pool, Pool):
-        raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
-    device = pool.device if device is None else device
-    with _pools_lock:
-        if device in _pools:
-            _retired.append(_pools[device])
-        _pools[device] = pool
-        _capi._forget(device)
-
 
 def get_include():
     """Folder of ``gpupool.h``, the C API header, for an extension's ``include_dirs``."""

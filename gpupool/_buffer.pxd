@@ -1,7 +1,18 @@
-# DeviceBuffer: the framework-neutral owner of one block of device memory.
+# DeviceBuffer: the framework-neutral owner of one block of device memory, and the interface
+# of what it holds memory from (BlockOwner: a Pool).
 from libc.stdint cimport uintptr_t
-from gpupool._block cimport Block, StreamKey
-from gpupool._pool cimport Pool
+from gpupool._block cimport Block
+from gpupool._streams cimport StreamKey
+from gpupool._upstream cimport Upstream
+
+cdef class BlockOwner:
+    """What a DeviceBuffer's block belongs to and goes back to (a Pool)."""
+    cdef readonly Upstream upstream     # serves the buffer's copies, memsets and events
+    cdef readonly int device
+
+    cdef void release(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef StreamKey checked_key(self, uintptr_t handle) except *
 
 cdef enum BufferState:
     OPEN = 0
@@ -10,13 +21,15 @@ cdef enum BufferState:
 
 cdef class DeviceBuffer:
     cdef Block* _blk
-    cdef readonly Pool pool
+    cdef readonly BlockOwner pool
     cdef uintptr_t _ptr
     cdef readonly size_t nbytes
     cdef StreamKey _stream
     cdef BufferState _state
-    cdef object _owner              # the exporter of wrapped memory (as_buffer); None if ours
+    cdef object _exporter           # the exporter of wrapped memory (as_buffer); None if ours
     cdef object __weakref__
 
     cdef uintptr_t _live_ptr(self) except? 0
     cdef void invalidate_locked(self) noexcept
+
+cdef DeviceBuffer new_buffer(BlockOwner owner, Block* blk, size_t nbytes, StreamKey stream)

@@ -1,62 +1,18 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """DeviceBuffer: one block of device memory, readable by any array library without a copy.
 
-It exports the CUDA Array Interface (version 3) and copies to and from host memory on a
-stream. Its block goes back to the pool, or to the region it was allocated in, when its last
-reference goes or when it is closed.
+It exports the CUDA Array Interface (version 3) and DLPack (``_dlpack.pyx``), and copies to and
+from host memory on a stream. Its block goes back to what it was allocated from (its
+``BlockOwner``: a pool, or the region in front of it) when its last reference goes or when it
+is closed.
 """
-from cpython.pycapsule cimport PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer
-from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport malloc, free
+from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
-from gpupool._block cimport Block, StreamKey
-from gpupool._pool cimport (
-    Pool, set_buffer_factory, stream_key, stream_handle, forked,
-)
+from gpupool._block cimport Block
+from gpupool._dlpack cimport make_capsule, KDL_CPU, KDL_CUDA, KDL_UINT, DLPACK_MAJOR
+from gpupool._driver cimport fork_flag
+from gpupool._streams cimport StreamKey, stream_key, stream_handle
 from gpupool._upstream cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
-
-# DLPack 1.x (dlpack.h): the structures a consumer reads from the capsule.
-cdef struct DLDevice:
-    int32_t device_type
-    int32_t device_id
-
-cdef struct DLDataType:
-    uint8_t code
-    uint8_t bits
-    uint16_t lanes
-
-cdef struct DLTensor:
-    void* data
-    DLDevice device
-    int32_t ndim
-    DLDataType dtype
-    int64_t* shape
-    int64_t* strides
-    uint64_t byte_offset
-
-cdef struct DLManagedTensor:
-    DLTensor dl_tensor
-    void* manager_ctx
-    void (*deleter)(DLManagedTensor*) noexcept nogil
-
-cdef struct DLPackVersion:
-    uint32_t major
-    uint32_t minor
-
-cdef struct DLManagedTensorVersioned:
-    DLPackVersion version
-    void* manager_ctx
-    void (*deleter)(DLManagedTensorVersioned*) noexcept nogil
-    uint64_t flags
-    DLTensor dl_tensor
-
-cdef enum:
-    DLPACK_MAJOR = 1
-    DLPACK_MINOR = 1
-    KDL_CPU = 1
-    KDL_CUDA = 2
-    KDL_UINT = 1
 
 cimport cython
 
@@ -65,70 +21,45 @@ import numpy as np
 from gpupool.errors import InvalidBufferError
 from gpupool.interface import read_cai
 
+cdef const int* FORKED = fork_flag()
 
-cdef object _new_buffer(Pool pool, Block* blk, size_t nbytes, StreamKey stream):
+
+cdef class BlockOwner:
+    """The interface of what a DeviceBuffer holds memory from; ``gpupool.Pool`` implements it.
+
+    Attributes
+    ----------
+    upstream : Upstream
+        Serves the buffer's copies, memsets and events.
+    device : int
+        Device ordinal of the memory.
+    """
+
+    cdef void release(self, Block* blk, StreamKey stream) noexcept nogil:
+        """Take back a live block, last used on stream."""
+        pass
+
+    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil:
+        """Mark a live block as used on another stream too (``record_stream``)."""
+        pass
+
+    cdef StreamKey checked_key(self, uintptr_t handle) except *:
+        """The key of a stream handle, raising for one the driver refuses."""
+        return stream_key(handle)
+
+
+cdef DeviceBuffer new_buffer(BlockOwner owner, Block* blk, size_t nbytes, StreamKey stream):
+    """A buffer holding blk (NULL: an empty buffer, pointer 0) of nbytes requested, for work
+    on stream."""
     cdef DeviceBuffer buf = DeviceBuffer.__new__(DeviceBuffer)
-    buf.pool = pool
+    buf.pool = owner
     buf._blk = blk
     buf.nbytes = nbytes
     buf._stream = stream
     if blk != NULL:
         buf._ptr = blk.ptr
-        blk.buffer = <PyObject*>buf
+        blk.holder = <PyObject*>buf
     return buf
-
-
-set_buffer_factory(_new_buffer)
-
-
-# The manager context is the DeviceBuffer (a strong reference) and the shape lives in the same
-# allocation as the tensor, so the deleter frees one block and drops one reference. A deleter
-# may run without the GIL (a consumer's C code), so it takes it.
-cdef void _delete_legacy(DLManagedTensor* tensor) noexcept nogil:
-    with gil:
-        Py_DECREF(<object>tensor.manager_ctx)
-    free(tensor)
-
-
-cdef void _delete_versioned(DLManagedTensorVersioned* tensor) noexcept nogil:
-    with gil:
-        Py_DECREF(<object>tensor.manager_ctx)
-    free(tensor)
-
-
-cdef void _capsule_legacy(object capsule) noexcept:
-    # Still named "dltensor": no consumer took it, so the producer deletes it.
-    if PyCapsule_IsValid(capsule, b"dltensor"):
-        tensor = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
-        tensor.deleter(tensor)
-
-
-cdef void _capsule_versioned(object capsule) noexcept:
-    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        tensor = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
-        tensor.deleter(tensor)
-
-
-cdef void _fill_after(DLTensor* t, void* storage, DeviceBuffer buf, int device_type, int code,
-                      int bits, tuple shape, tuple strides) noexcept:
-    """Describe the buffer's memory; shape and strides (in elements, or None) are written to
-    storage, the end of the same allocation."""
-    cdef int64_t* dims = <int64_t*>storage
-    cdef Py_ssize_t i, ndim = len(shape)
-    t.data = <void*>buf._ptr
-    t.device.device_type = device_type
-    t.device.device_id = buf.pool.device if device_type == KDL_CUDA else 0
-    t.ndim = <int32_t>ndim
-    t.dtype.code = code
-    t.dtype.bits = bits
-    t.dtype.lanes = 1
-    for i in range(ndim):
-        dims[i] = shape[i]
-        if strides is not None:
-            dims[ndim + i] = strides[i]
-    t.shape = dims
-    t.strides = dims + ndim if strides is not None else NULL
-    t.byte_offset = 0
 
 
 cdef inline object _cai_stream(uintptr_t handle):
@@ -163,7 +94,7 @@ cdef class DeviceBuffer:
 
     def __dealloc__(self):
         # Never raises; a buffer inherited through fork() is left alone.
-        if self._blk != NULL and not forked():
+        if self._blk != NULL and not FORKED[0]:
             self.pool.release(self._blk, self._stream)
             self._blk = NULL
 
@@ -227,7 +158,7 @@ cdef class DeviceBuffer:
         """``(device_type, device_id)`` per the DLPack spec: ``(2, ordinal)`` (kDLCUDA), or
         ``(1, 0)`` (kDLCPU) for an upstream whose memory is host memory (the simulated
         device)."""
-        if getattr(self.pool.upstream, "dlpack_host_memory", False):
+        if self.pool.upstream.host_accessible:
             return (KDL_CPU, 0)
         return (KDL_CUDA, self.pool.device)
 
@@ -270,9 +201,6 @@ cdef class DeviceBuffer:
         """The DLPack capsule of ``__dlpack__`` for this memory seen as ``shape`` elements of
         (DLPack type ``code``, ``bits``), strides in elements or None; ``owner`` (this
         buffer or a view of it) stays alive until the deleter runs."""
-        cdef DLManagedTensor* legacy
-        cdef DLManagedTensorVersioned* versioned
-        cdef size_t extra = 2 * len(shape) * sizeof(int64_t)
         self._live_ptr()
         device = self.__dlpack_device__()
         if copy:
@@ -287,29 +215,8 @@ cdef class DeviceBuffer:
                 and all(type(v) is int for v in max_version)):
             raise TypeError(f"max_version must be None or a (major, minor) tuple of ints, "
                             f"got {max_version!r}")
-        if max_version is None or max_version[0] < DLPACK_MAJOR:
-            legacy = <DLManagedTensor*>malloc(sizeof(DLManagedTensor) + extra)
-            if legacy == NULL:
-                raise MemoryError()
-            # The shape follows the whole managed tensor, not just the DLTensor in it.
-            _fill_after(&legacy.dl_tensor, <void*>(legacy + 1), self, device[0], code, bits,
-                        shape, strides)
-            legacy.manager_ctx = <void*>owner
-            legacy.deleter = _delete_legacy
-            Py_INCREF(owner)
-            return PyCapsule_New(legacy, b"dltensor", _capsule_legacy)
-        versioned = <DLManagedTensorVersioned*>malloc(sizeof(DLManagedTensorVersioned) + extra)
-        if versioned == NULL:
-            raise MemoryError()
-        versioned.version.major = DLPACK_MAJOR
-        versioned.version.minor = DLPACK_MINOR
-        versioned.flags = 0
-        _fill_after(&versioned.dl_tensor, <void*>(versioned + 1), self, device[0], code, bits,
-                    shape, strides)
-        versioned.manager_ctx = <void*>owner
-        versioned.deleter = _delete_versioned
-        Py_INCREF(owner)
-        return PyCapsule_New(versioned, b"dltensor_versioned", _capsule_versioned)
+        return make_capsule(owner, self._ptr, device[0], device[1], code, bits, shape, strides,
+                            max_version is not None and max_version[0] >= DLPACK_MAJOR)
 
     def view(self, dtype, shape, strides=None):
         """This memory as an array of ``dtype`` and ``shape`` (no copy): a
@@ -365,10 +272,10 @@ cdef class DeviceBuffer:
     def close(self):
         """Give the memory back now (to the pool or its region). Later use raises
         ``InvalidBufferError``; closing again does nothing."""
-        if self._blk != NULL and not forked():
+        if self._blk != NULL and not FORKED[0]:
             self.pool.release(self._blk, self._stream)
         self._blk = NULL
-        self._owner = None
+        self._exporter = None
         if self._state == OPEN:
             self._state = CLOSED
 
@@ -495,52 +402,10 @@ def _has_buffer(obj):
     return True
 
 
-def as_buffer(obj, device=None, pool=None):
-    """Wrap memory exported by another library as a non-owning DeviceBuffer (no copy).
-
-    Parameters
-    ----------
-    obj : object with ``__cuda_array_interface__``
-        A C-contiguous device array (CuPy, Numba, PyTorch, ...); kept alive by the buffer.
-    device : int, optional
-        The device of the memory; default: the current device. Its default pool serves the
-        buffer's copies; the memory itself stays the exporter's and is never freed by gpupool.
-    pool : Pool, optional
-        The pool whose upstream serves the copies instead; default: the pool of ``obj`` when
-        it is a gpupool buffer or view, else ``get_pool(device)``.
-
-    Returns
-    -------
-    DeviceBuffer
-        ``nbytes`` = the array's bytes; ``stream`` = the interface's stream (the legacy default
-        stream when it gives none).
-
-    Raises
-    ------
-    TypeError
-        ``obj`` exports no CUDA Array Interface.
-    ValueError
-        The array is not C-contiguous, or is read-only.
-    """
-    from gpupool import get_pool
-
-    cdef DeviceBuffer buf
-    cai = read_cai(obj)
-    if cai is None:
-        raise TypeError(f"as_buffer needs an object with __cuda_array_interface__, got "
-                        f"{type(obj).__name__}")
-    if not cai.c_contiguous:
-        raise ValueError("as_buffer needs a C-contiguous array")
-    if cai.readonly:
-        raise ValueError("as_buffer needs writable memory (the interface marks it read-only)")
-    stream = cai.stream
-    if pool is None:
-        source = getattr(obj, "buffer", obj)          # a BufferView's buffer
-        pool = source.pool if isinstance(source, DeviceBuffer) else get_pool(device)
-    buf = DeviceBuffer.__new__(DeviceBuffer)
-    buf.pool = pool
-    buf._ptr = cai.ptr
-    buf.nbytes = cai.nbytes
-    buf._stream = stream_key(0 if stream in (None, 1) else stream)
-    buf._owner = obj
+def _wrap(BlockOwner owner, uintptr_t ptr, size_t nbytes, uintptr_t stream, exporter):
+    """A non-owning DeviceBuffer over ``nbytes`` of another library's memory at ``ptr`` used on
+    stream handle ``stream``; ``exporter`` is kept alive by it. For ``gpupool.as_buffer``."""
+    cdef DeviceBuffer buf = new_buffer(owner, NULL, nbytes, stream_key(stream))
+    buf._ptr = ptr
+    buf._exporter = exporter
     return buf

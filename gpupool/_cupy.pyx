@@ -7,10 +7,11 @@ is made. Each call resolves the device, the pool and the stream, takes the block
 the pool's own allocation path (``Pool.allocate_key``, the body of ``Pool.allocate``) and
 wraps it for CuPy, without interpreted Python of gpupool's own in between.
 """
-from cpython.dict cimport PyDict_GetItem
 from cpython.ref cimport PyObject
 from gpupool._buffer cimport DeviceBuffer
-from gpupool._pool cimport Pool, stream_handle
+from gpupool._defaults cimport registered_pool
+from gpupool._pool cimport Pool
+from gpupool._streams cimport stream_handle
 
 import gpupool
 
@@ -40,7 +41,6 @@ cdef class CupyAllocator:
     """
 
     cdef readonly Pool pool
-    cdef dict _pools                  # gpupool's default pools by device
     cdef object _get_pool
     cdef object _current_device
     cdef object _stream_ptr
@@ -61,7 +61,6 @@ cdef class CupyAllocator:
             raise TypeError(f"stream_ptr must be callable or None, got "
                             f"{type(stream_ptr).__name__}")
         self.pool = pool
-        self._pools = gpupool._pools
         self._get_pool = gpupool.get_pool
         self._current_device = current_device
         self._stream_ptr = stream_ptr
@@ -108,7 +107,7 @@ cdef class CupyAllocator:
         cdef PyObject* found
         cdef DeviceBuffer buf
         if pool is None:
-            found = PyDict_GetItem(self._pools, device)
+            found = registered_pool(ordinal)
             pool = <Pool>(<object>found) if found != NULL else self._get_pool(device)
         if pool.device != ordinal:
             raise ValueError(

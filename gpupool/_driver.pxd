@@ -9,8 +9,7 @@ from cuda.bindings.cydriver cimport (
     CUresult, CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice, CUmemoryPool,
 )
 
-cdef enum:
-    GP_NO_DRIVER = 100000     # libcuda or a driver symbol could not be loaded
+from gpupool._status cimport GP_NO_DRIVER
 
 cdef CUresult init() noexcept nogil
 cdef CUresult device_count(int* count) noexcept nogil
@@ -45,3 +44,9 @@ cdef CUresult mem_alloc_from_pool(CUdeviceptr* ptr, size_t nbytes, CUmemoryPool 
 cdef CUresult mem_free_async(CUdeviceptr ptr, CUstream s) noexcept nogil
 
 cdef int check(CUresult result, str what) except -1
+
+# Whether this process is a child of a fork() made after gpupool was imported: CUDA state does
+# not cross fork(), so nothing inherited may touch the driver. fork_flag() is the flag itself
+# (nonzero once forked), for modules that read it on their hot path (FORKED = fork_flag()).
+cdef bint forked() noexcept nogil
+cdef const int* fork_flag() noexcept nogil

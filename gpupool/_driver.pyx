@@ -13,6 +13,28 @@ from cuda.bindings.cydriver cimport CUDA_SUCCESS, CUDA_ERROR_NOT_FOUND
 
 from gpupool.errors import CudaError, NoDeviceError
 
+cdef extern from "<pthread.h>" nogil:
+    int pthread_atfork(void (*prepare)() noexcept, void (*parent)() noexcept,
+                       void (*child)() noexcept)
+
+cdef extern from *:
+    """
+    static int gp_forked = 0;
+    static void gp_on_fork_child(void) { gp_forked = 1; }
+    """
+    int gp_forked
+    void gp_on_fork_child() noexcept nogil
+
+pthread_atfork(NULL, NULL, gp_on_fork_child)
+
+
+cdef bint forked() noexcept nogil:
+    return gp_forked != 0
+
+
+cdef const int* fork_flag() noexcept nogil:
+    return &gp_forked
+
 ctypedef CUresult (*fn_u)(unsigned int) noexcept nogil
 ctypedef CUresult (*fn_pi)(int*) noexcept nogil
 ctypedef CUresult (*fn_dev_get)(CUdevice*, int) noexcept nogil

@@ -9,13 +9,17 @@ buffers are still alive, a young-generation garbage collection runs (temporaries
 reference cycles die there), and the survivors are detached (they return to the pool when
 they die) or invalidated, by the ``on_exit`` policy.
 """
-from libc.stdint cimport uintptr_t
-from gpupool._block cimport Block, RegionCache
 from cpython.ref cimport PyObject
-from cpython.pycapsule cimport PyCapsule_GetPointer
+from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
-from gpupool._pool cimport Pool, region_push, region_pop, uncached_marker, stream_key
+from gpupool._block cimport Block
 from gpupool._buffer cimport DeviceBuffer
+from gpupool._dlpack cimport capsule_data
+from gpupool._pool cimport Pool, region_push, region_pop, uncached_marker
+from gpupool._regioncache cimport (
+    RegionCache, rc_detach, rc_escape, rc_live_blocks, rc_find_live,
+)
+from gpupool._streams cimport stream_key
 
 cimport cython
 
@@ -129,7 +133,7 @@ cdef class Region:
         if scope not in _SCOPES:
             raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
         if pool is None:
-            from gpupool import get_pool
+            from gpupool._defaults import get_pool
             pool = get_pool()
         if not isinstance(pool, Pool):
             raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
@@ -203,27 +207,26 @@ cdef class Region:
 
     cdef int _settle(self) except -1:
         """Apply on_exit to the region's buffers still alive."""
+        cdef vector[Block*] live, poisoned
         cdef Block* b
-        cdef Block* nxt
         cdef DeviceBuffer buf
-        cdef size_t escaped = 0
-        cdef vector[Block*] poisoned
+        cdef size_t i, escaped = 0
         cdef int status = 0
         escaping = []
         self.pool.lock()
-        b = self.rc.live_head
-        while b != NULL:
-            nxt = b.live_next
-            if b.escaped:
+        rc_live_blocks(self.rc, &live)
+        for i in range(live.size()):
+            b = live[i]
+            if b.region.escaped:
                 escaping.append(b.ptr)                  # escaped an earlier exit
             elif <uintptr_t>b in self._kept:
-                self.pool.region_detach(b)
-            elif self.on_exit == "detach" or b.buffer == NULL:
+                rc_detach(b)
+            elif self.on_exit == "detach" or b.holder == NULL:
                 escaping.append(b.ptr)
-                self.pool.region_escape(b)
+                rc_escape(b)
             else:
                 escaped += b.size
-                buf = <DeviceBuffer>b.buffer
+                buf = <DeviceBuffer>b.holder
                 buf.invalidate_locked()
                 if self.debug:
                     # Filled on the legacy stream once the device is idle (below), so the
@@ -232,7 +235,6 @@ cdef class Region:
                     poisoned.push_back(b)
                 else:
                     self.pool.release_locked(b, buf._stream)
-            b = nxt
         escaped += self.rc.escaped_bytes
         if not poisoned.empty():
             status = self._poison_locked(poisoned)
@@ -316,9 +318,7 @@ cdef class Region:
         else:
             ptr = _data_pointer(obj)
         self.pool.lock()
-        b = self.rc.live_head
-        while b != NULL and not (b.ptr <= ptr < b.ptr + b.size):
-            b = b.live_next
+        b = rc_find_live(self.rc, ptr)
         self.pool.unlock()
         if b == NULL:
             raise ValueError(f"{obj!r} is not memory of a live buffer of this region")
@@ -354,34 +354,13 @@ cdef class Region:
                 f"entries={self.entries} cached={self.rc.cached_bytes}>")
 
 
-# DLPack's DLTensor (dlpack.h), which an unversioned "dltensor" capsule points to (its
-# DLManagedTensor begins with it); only the data pointer and byte offset are read.
-cdef extern from *:
-    """
-    #include <stdint.h>
-    typedef struct { int32_t device_type; int32_t device_id; } gp_DLDevice;
-    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } gp_DLDataType;
-    typedef struct {
-        void* data; gp_DLDevice device; int32_t ndim; gp_DLDataType dtype;
-        int64_t* shape; int64_t* strides; uint64_t byte_offset;
-    } gp_DLTensor;
-    """
-    ctypedef struct gp_DLTensor:
-        void* data
-        unsigned long long byte_offset
-
-
 def _data_pointer(obj):
     """Device pointer of the data of an object exporting the CUDA Array Interface or DLPack."""
-    cdef gp_DLTensor* tensor
     cai = read_cai(obj)
     if cai is not None:
         return cai.ptr
     if hasattr(obj, "__dlpack__"):
-        capsule = obj.__dlpack__()
-        # Not consumed: the capsule's destructor releases the producer's tensor.
-        tensor = <gp_DLTensor*>PyCapsule_GetPointer(capsule, "dltensor")
-        return <uintptr_t>tensor.data + tensor.byte_offset
+        return capsule_data(obj.__dlpack__())   # not consumed: its destructor frees it
     raise TypeError(
         f"keep() needs a DeviceBuffer or an object with __cuda_array_interface__ or "
         f"__dlpack__, got {type(obj).__name__}")

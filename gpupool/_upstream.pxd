@@ -4,8 +4,7 @@
 # its lock; error() turns a code into the Python exception.
 from libc.stdint cimport uintptr_t
 
-cdef enum:
-    GP_PY_ERROR = 100001      # a Python upstream raised; the exception is kept on the upstream
+from gpupool._status cimport GP_PY_ERROR
 
 cdef enum CopyKind:
     HOST_TO_DEVICE = 1
@@ -15,6 +14,7 @@ cdef enum CopyKind:
 cdef class Upstream:
     cdef readonly int device
     cdef readonly bint stream_ordered   # alloc is ordered on its stream (not usable before)
+    cdef readonly bint host_accessible  # its memory is host memory (DLPack exports kDLCPU)
     cdef object _pending          # exception raised by a Python upstream, for error()
 
     cdef int alloc(self, size_t nbytes, uintptr_t stream, uintptr_t* ptr) noexcept nogil

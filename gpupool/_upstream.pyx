@@ -31,7 +31,18 @@ cdef extern from *:
 
 
 cdef class Upstream:
-    """Base of the C-level upstream interface; not used directly."""
+    """Base of the C-level upstream interface; not used directly.
+
+    Attributes
+    ----------
+    device : int
+        Device ordinal of its memory.
+    stream_ordered : bool
+        An allocation exists in its stream's order only: other streams must be ordered
+        after it (``AsyncUpstream``).
+    host_accessible : bool
+        Its memory is host memory (the simulated device): DLPack exports it as kDLCPU.
+    """
 
     cdef int alloc(self, size_t nbytes, uintptr_t stream, uintptr_t* ptr) noexcept nogil:
         return GP_PY_ERROR
@@ -463,3 +474,8 @@ cdef class PythonUpstream(Upstream):
     def _set_stream_ordered(self, bint ordered):
         """Declare that ``_alloc(nbytes, stream)`` is ordered on ``stream`` (for subclasses)."""
         self.stream_ordered = ordered
+
+    def _set_host_accessible(self, bint accessible):
+        """Declare that the memory ``_alloc`` returns is host memory (for subclasses): buffers
+        then export DLPack as kDLCPU, so NumPy can read them."""
+        self.host_accessible = accessible

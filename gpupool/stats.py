@@ -2,7 +2,7 @@
 
 from dataclasses import asdict, dataclass
 
-__all__ = ["PoolStats", "RegionStats", "format_bytes", "format_status"]
+__all__ = ["PoolStats", "RegionStats", "format_bytes", "format_status", "torch_memory_stats"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,41 @@ class PoolStats:
     def as_dict(self):
         """The counters as a plain ``dict``."""
         return asdict(self)
+
+    @classmethod
+    def from_counters(cls, c):
+        """The view of a pool's counters record (``_counters.pxd``, as a dict)."""
+        return cls(
+            in_use_bytes=c["in_use"], peak_in_use_bytes=c["peak_in_use"],
+            reserved_bytes=c["reserved"], peak_reserved_bytes=c["peak_reserved"],
+            cached_bytes=c["cached"], num_allocs=c["num_allocs"], num_frees=c["num_frees"],
+            cache_hits=c["cache_hits"], cache_misses=c["cache_misses"],
+            upstream_allocs=c["upstream_allocs"], upstream_frees=c["upstream_frees"],
+            oom_retries=c["oom_retries"])
+
+
+def torch_memory_stats(c):
+    """A pool's counters record (a dict) under the keys of ``torch.cuda.memory_stats()``."""
+    return {
+        "allocated_bytes.all.current": c["in_use"],
+        "allocated_bytes.all.peak": c["peak_in_use"],
+        "allocated_bytes.all.allocated": c["allocated_bytes"],
+        "allocated_bytes.all.freed": c["freed_bytes"],
+        "active_bytes.all.current": c["in_use"],
+        "active_bytes.all.peak": c["peak_in_use"],
+        "reserved_bytes.all.current": c["reserved"],
+        "reserved_bytes.all.peak": c["peak_reserved"],
+        "allocation.all.current": c["num_allocs"] - c["num_frees"],
+        "allocation.all.allocated": c["num_allocs"],
+        "allocation.all.freed": c["num_frees"],
+        "segment.all.current": c["upstream_allocs"] - c["upstream_frees"],
+        "segment.all.allocated": c["upstream_allocs"],
+        "segment.all.freed": c["upstream_frees"],
+        "num_alloc_retries": c["oom_retries"],
+        "num_ooms": c["num_ooms"],
+        "num_device_alloc": c["upstream_allocs"],
+        "num_device_free": c["upstream_frees"],
+    }
 
 
 @dataclass(frozen=True)

@@ -57,14 +57,12 @@ class SimulatedDevice(PythonUpstream):
         should check that this list is empty.
     """
 
-    #: Its memory is host memory: buffers export DLPack as kDLCPU, so NumPy can read them.
-    dlpack_host_memory = True
-
     def __init__(self, capacity=1 << 30, device=0, stream_ordered=False):
         if capacity <= 0:
             raise ValueError("capacity must be positive")
         self._set_device(device)
         self._set_stream_ordered(stream_ordered)
+        self._set_host_accessible(True)     # buffers export DLPack as kDLCPU: NumPy reads them
         self.capacity = int(capacity)
         self.used = 0
         self.calls = []

@@ -49,13 +49,13 @@ gives gpupool's message).
 import functools
 
 import gpupool
-from gpupool import _capi
+from gpupool import _torch
 from gpupool.errors import GpupoolError, NoDeviceError
 
 # OutOfMemoryError subclasses torch's: module __getattr__ makes it on first access.
 __all__ = ["OutOfMemoryError", "last_error", "memory_stats", "mempool", "use"]  # noqa: F822
 
-_MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (see _capi.pyx)
+_MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (see _torch.pyx)
 _MALLOC_MEMPOOL = "gpupool_torch_malloc"           # NULL on failure
 _FREE = "gpupool_torch_free"
 
@@ -88,7 +88,7 @@ def _oom_type():
 
     OutOfMemoryError.__module__ = __name__
     OutOfMemoryError.__qualname__ = "OutOfMemoryError"
-    _capi._set_torch_oom_type(OutOfMemoryError)
+    _torch._set_torch_oom_type(OutOfMemoryError)
     return OutOfMemoryError
 
 
@@ -127,7 +127,7 @@ def _allocator(malloc):
         import torch
 
         allocator = _allocators[malloc] = torch.cuda.memory.CUDAPluggableAllocator(
-            _capi.__file__, malloc, _FREE)
+            _torch.__file__, malloc, _FREE)
     return allocator
 
 
@@ -237,7 +237,7 @@ def _observe_oom(torch):
 def _on_torch_oom(device, alloc_size, device_total, device_free):
     """PyTorch's caching allocator is about to raise out of memory; if gpupool refused it the
     segment (this thread's last MemPool allocation failed), raise gpupool's error instead."""
-    failure = _capi._take_torch_failure(device)
+    failure = _torch._take_torch_failure(device)
     if failure is not None:
         kind, message = failure
         raise kind(message)
@@ -281,4 +281,4 @@ def _device_index(device):
 
 def last_error():
     """gpupool's message for the last allocation it refused PyTorch (any thread), or None."""
-    return _capi._torch_last_failure()
+    return _torch._torch_last_failure()

@@ -9,10 +9,9 @@ import operator
 
 import numpy as np
 
-__all__ = ["BufferView"]
+from gpupool._dlpack import TYPE_CODES as _DLPACK_CODES
 
-# DLPack type codes (dlpack.h) by NumPy dtype kind.
-_DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+__all__ = ["BufferView"]
 
 
 def _extents(values, what):

@@ -79,7 +79,7 @@ def restore_default_pool():
         gpupool.set_pool(previous)
     else:
         gpupool._pools.pop(0, None)
-        gpupool._capi._forget(0)
+        gpupool._defaults._forget(0)
 
 
 @pytest.fixture

@@ -66,6 +66,17 @@ def test_c_allocations_come_from_the_shared_pool(scratch, sim_pool):
     assert scratch.allocate(1000) == ptr            # the same cached block
 
 
+def test_the_c_api_stats_are_the_pools_counters(scratch, sim_pool):
+    kept = [scratch.allocate(n) for n in (1000, 300_000, 5 << 20)]
+    scratch.free(kept.pop())
+    buf = sim_pool.allocate(64 << 10)
+    del buf
+    sim_pool.trim()
+    assert scratch.stats() == sim_pool.stats().as_dict()
+    for ptr in kept:
+        scratch.free(ptr)
+
+
 def test_scratch_per_call(scratch, sim_pool):
     seen = []
     assert scratch.with_scratch(300_000, lambda p, n: seen.append((p, n)) or "done") == "done"

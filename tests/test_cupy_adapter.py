@@ -40,7 +40,7 @@ def default_pools():
             gpupool._pools.pop(device, None)
             if device in saved:
                 gpupool._pools[device] = saved[device]
-            gpupool._capi._forget(device)
+            gpupool._defaults._forget(device)
 
 
 def not_called():

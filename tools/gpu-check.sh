@@ -9,7 +9,6 @@
 #   bench     bench/run_all.py (BENCH=a,b limits the scripts, BENCH_ARGS adds options)
 #   traces    bench/record_trace.py: allocation traces of PyTorch training steps -> $OUT
 #   diag      tools/diag_held_buffers.py under compute-sanitizer
-#   probe     tools/probe_vmm.py: the driver's virtual memory API on this machine
 #   models    bench/real_models.py (MODELS_ARGS adds options; MODELS_TRACES=1 also records
 #             the allocation traces, returned as traces.tar)
 #   headers   PyTorch's C++ allocator headers, returned as torch-headers.tar.gz
@@ -56,10 +55,6 @@ if step traces; then
     timeout 300 python3 bench/record_trace.py --out "$OUT" > "$OUT/traces.log" 2>&1
     summary "record_trace rc=$?: $(ls "$OUT"/*.npz 2>/dev/null | xargs -n1 basename | tr '\n' ' ')"
     mkdir -p bench/traces && cp "$OUT"/*.npz bench/traces/ 2>/dev/null     # for trace_replay
-fi
-if step probe; then
-    timeout 120 python3 tools/probe_vmm.py > "$OUT/probe.log" 2>&1
-    summary "probe_vmm rc=$?: $(tail -1 "$OUT/probe.log")"
 fi
 if step headers; then
     python3 - "$OUT" <<'PY' 2>&1 | tail -2

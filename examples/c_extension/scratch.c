@@ -71,9 +71,18 @@ static PyObject* c_stats(PyObject* self, PyObject* args) {
     code = api->get_stats(device, &s);
     if (code != GPUPOOL_OK)
         return raise_code(code);
-    return Py_BuildValue("{s:n,s:n,s:n,s:n}", "in_use_bytes", (Py_ssize_t)s.in_use_bytes,
-                         "reserved_bytes", (Py_ssize_t)s.reserved_bytes, "num_allocs",
-                         (Py_ssize_t)s.num_allocs, "num_frees", (Py_ssize_t)s.num_frees);
+    return Py_BuildValue(
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}",
+        "in_use_bytes", (Py_ssize_t)s.in_use_bytes,
+        "peak_in_use_bytes", (Py_ssize_t)s.peak_in_use_bytes,
+        "reserved_bytes", (Py_ssize_t)s.reserved_bytes,
+        "peak_reserved_bytes", (Py_ssize_t)s.peak_reserved_bytes,
+        "cached_bytes", (Py_ssize_t)s.cached_bytes, "num_allocs", (Py_ssize_t)s.num_allocs,
+        "num_frees", (Py_ssize_t)s.num_frees, "cache_hits", (Py_ssize_t)s.cache_hits,
+        "cache_misses", (Py_ssize_t)s.cache_misses,
+        "upstream_allocs", (Py_ssize_t)s.upstream_allocs,
+        "upstream_frees", (Py_ssize_t)s.upstream_frees,
+        "oom_retries", (Py_ssize_t)s.oom_retries);
 }
 
 /* bench(nbytes, n, device=0, stream=0) -> median-free mean ns per cached allocate + free,

@@ -24,14 +24,7 @@
 #endif
 #define GPUPOOL_CAPSULE "gpupool._capi._C_API"
 
-enum {
-    GPUPOOL_OK = 0,
-    GPUPOOL_ERROR_INVALID_VALUE = 1,     /* bad size, or a pointer this API did not allocate */
-    GPUPOOL_ERROR_OUT_OF_MEMORY = 2,     /* after the pool's out-of-memory ladder */
-    GPUPOOL_ERROR_NO_DEVICE = 100,       /* no driver, or no such device */
-    GPUPOOL_ERROR_FORKED = 100003,       /* the pool was inherited through fork() */
-    GPUPOOL_ERROR_INTERNAL = 100004      /* anything else; other values are CUresult codes */
-};
+#include "gpupool_status.h"      /* GPUPOOL_OK and the error codes */
 
 typedef struct gpupool_stats {
     size_t in_use_bytes, peak_in_use_bytes, reserved_bytes, peak_reserved_bytes, cached_bytes;

@@ -1,0 +1,1 @@
+TYPE_CODES: dict[str, int]

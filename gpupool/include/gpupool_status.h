@@ -1,0 +1,29 @@
+/* gpupool's status codes: the one place they are defined.
+ *
+ * The public codes are what the C API (gpupool.h) returns; any other value it returns is a
+ * CUresult from the driver. The internal codes travel between the core's layers (driver
+ * wrappers, upstreams, pool) and are turned into Python exceptions or public codes before
+ * they leave gpupool. Values above 100000 are clear of every CUresult.
+ */
+#ifndef GPUPOOL_STATUS_H
+#define GPUPOOL_STATUS_H
+
+enum {
+    GPUPOOL_OK = 0,
+    GPUPOOL_ERROR_INVALID_VALUE = 1,     /* bad size, or a pointer this API did not allocate */
+    GPUPOOL_ERROR_OUT_OF_MEMORY = 2,     /* after the pool's out-of-memory ladder
+                                            (the value of CUDA_ERROR_OUT_OF_MEMORY) */
+    GPUPOOL_ERROR_NO_DEVICE = 100,       /* no driver, or no such device */
+    GPUPOOL_ERROR_FORKED = 100003,       /* the pool was inherited through fork() */
+    GPUPOOL_ERROR_INTERNAL = 100004      /* anything else */
+};
+
+/* Internal: never returned by the C API (GP_FORKED is GPUPOOL_ERROR_FORKED). */
+enum {
+    GP_NO_DRIVER = 100000,               /* libcuda or a driver symbol could not be loaded */
+    GP_PY_ERROR = 100001,                /* a Python upstream raised; the exception is kept */
+    GP_REENTRANT = 100002,               /* the pool was entered again by its lock's holder */
+    GP_FORKED = GPUPOOL_ERROR_FORKED
+};
+
+#endif /* GPUPOOL_STATUS_H */
