@@ -91,7 +91,9 @@ def _version(distribution):
 def _kernel_module_version():
     try:
         with open(_NVIDIA_VERSION_FILE) as f:
-            match = re.search(r"Kernel Module\s+(\S+)", f.read())
+            # "... x86_64 Kernel Module  580.65.06  ..." or "... Open Kernel Module for x86_64
+            # 580.159.04  Release Build ...": the first dotted number after "Kernel Module".
+            match = re.search(r"Kernel Module\b.*?\s(\d+(?:\.\d+)+)\s", f.read())
     except OSError:
         return None
     return match.group(1) if match else None

@@ -130,6 +130,20 @@ def test_no_driver_is_one_line_and_the_rest_still_shows():
     assert "GPUPOOL_SOFT_LIMIT: '1GiB' = 1073741824 B (1.000 GiB)" in lines
 
 
+@pytest.mark.parametrize("first_line, version", [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:45 UTC 2025",
+     "580.65.06"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
+     "(dvs-builder@U22-I3-AF03-09-1)  Thu Oct 30 01:00:01 UTC 2025", "580.159.04"),
+])
+def test_the_kernel_modules_version(monkeypatch, tmp_path, first_line, version):
+    version_file = tmp_path / "version"
+    version_file.write_text(f"{first_line}\nGCC version:  gcc version 12.2.0\n")
+    monkeypatch.setattr(diagnose, "_NVIDIA_VERSION_FILE", str(version_file))
+    assert f"CUDA driver {version}, CUDA 13.0 (cuDriverGetVersion: 13000)" in _lines(
+        driver=FakeDriver([("A", GIB, GIB)]))
+
+
 def test_devices_driver_and_cuda_versions(monkeypatch, tmp_path):
     version_file = tmp_path / "version"
     version_file.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul"
