@@ -72,13 +72,16 @@ def cuda_include():
 
 
 include = cuda_include()
+# No debug info in the shared objects (it tripled the wheel); GPUPOOL_DEBUG_INFO=1 keeps it,
+# for line-level profiles and debuggers.
+debug_info = [] if os.environ.get("GPUPOOL_DEBUG_INFO") == "1" else ["-g0"]
 extensions = [
     Extension(
         f"gpupool.{name}",
         [f"gpupool/{name}.pyx"],
         include_dirs=[include, "gpupool/include", "gpupool/src"],
         language="c++",
-        extra_compile_args=["-O3", "-std=c++17"],
+        extra_compile_args=["-O3", "-std=c++17", *debug_info],
         # C entry points keep plain C names (PyTorch's pluggable allocator looks them up).
         define_macros=[("CYTHON_EXTERN_C", 'extern "C"')],
     )

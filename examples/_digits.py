@@ -14,7 +14,8 @@ N_CLASSES = 10
 
 
 class SetupError(Exception):
-    """A prerequisite (GPU, array library, scikit-learn, gpupool) is missing: exit status 2."""
+    """A prerequisite (GPU, array library, scikit-learn, gpupool, matplotlib for a plot) is
+    missing: exit status 2."""
 
 
 class RunFailed(Exception):

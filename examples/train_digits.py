@@ -1,4 +1,5 @@
-"""Train a small MLP on scikit-learn's digits with CuPy, every allocation served by gpupool.
+"""Train a small MLP on scikit-learn's digits with CuPy (or NumPy without a GPU), every
+allocation served by gpupool.
 
 What it shows
 -------------
@@ -24,17 +25,33 @@ scikit-learn (nothing is downloaded), with gradients from the small reverse-mode
 
 Each epoch prints the mean loss, the test accuracy and the pool's report; the end prints a table of
 test accuracy, peak bytes in use, bytes reserved after the first and the last epoch, and the median
-time of a step.
+time of a step. ``--plot PATH`` draws the bytes reserved and in use after every step, per mode.
+
+Without a GPU
+-------------
+Without a CUDA driver, a device or CuPy, the same MLP trains with NumPy, on the same data with
+the same autograd, and every array's memory (parameters, data, each step's temporaries) is a
+``DeviceBuffer`` of a gpupool ``Pool`` on ``gpupool.testing.SimulatedDevice``: host memory,
+served to NumPy through its memory handler (``examples/_numpy_pool.py``). The first line says
+so; the ``region`` and ``no-region`` modes run, with the same per-epoch lines, table and checks.
 
 Running it
 ----------
-It needs an NVIDIA GPU, CuPy and scikit-learn (``pip install 'gpupool[examples]'``)::
+On a GPU it needs CuPy and scikit-learn (``pip install 'gpupool[examples]'``); elsewhere
+scikit-learn::
 
-    python examples/train_digits.py                        # the three modes, 30 epochs each
+    python examples/train_digits.py                        # every mode, 30 epochs each
     python examples/train_digits.py --mode region --quiet  # one mode, only the summary
+    python examples/train_digits.py --device simulated     # NumPy on the simulated device
+    python examples/train_digits.py --plot memory.png      # bytes reserved and in use per step
+
+``--device auto`` (the default) takes the GPU when there is one, else the simulated device;
+``--device gpu`` insists on the GPU.
 
 Exit status: 0 when every check passed; 1 when a mode's test accuracy is below 0.95 or the region
-mode's reserved memory was not flat; 2 when the GPU, CuPy, scikit-learn or gpupool is missing.
+mode's reserved memory was not flat; 2 when something the run needs is missing: a GPU or CuPy
+with ``--device gpu`` (or for the ``cupy`` mode), scikit-learn, gpupool, matplotlib for
+``--plot``.
 """
 
 import gc
@@ -46,6 +63,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import _digits
+import _numpy_pool
+import _plot
 import numpy as np
 from _digits import SetupError, load_data, mib, one_line
 from autograd import MLP, Tensor, mean, sgd_update, softmax_cross_entropy
@@ -67,30 +86,113 @@ MODE_TITLES = {
     "no-region": "gpupool, no region (default garbage collection)",
     "cupy": "CuPy MemoryPool (default garbage collection)",
 }
+DEVICES = ("auto", "gpu", "simulated")
+SIMULATED_CAPACITY = 1 << 30  # bytes of host memory the simulated device holds
 PROG = "train_digits"
+
+
+# --- where the arrays live -----------------------------------------------------------------------
+
+
+class Gpu:
+    """CuPy arrays on the current CUDA device; SetupError when CuPy or a GPU is missing."""
+
+    name = "GPU"
+    modes = MODES
+
+    def __init__(self):
+        self.device = require_gpu()
+        self.xp = cp
+
+    def new_pool(self, gpupool):
+        try:
+            return gpupool.Pool(device=self.device)
+        except gpupool.NoDeviceError as exc:
+            raise SetupError(one_line(exc)) from None
+
+    def serving(self, gpupool, pool):
+        """A context in which CuPy allocates from ``pool``."""
+        return cp.cuda.using_allocator(gpupool.cupy.allocator(pool))
+
+    def asarray(self, host_array):
+        return cp.asarray(host_array)
+
+    def synchronize(self):
+        cp.cuda.get_current_stream().synchronize()
+
+
+class Simulated:
+    """NumPy arrays in host memory from a pool on ``gpupool.testing.SimulatedDevice``."""
+
+    name = "simulated device"
+    modes = ("region", "no-region")
+    xp = np
+
+    def new_pool(self, gpupool):
+        return gpupool.Pool(upstream=gpupool.testing.SimulatedDevice(SIMULATED_CAPACITY))
+
+    def serving(self, gpupool, pool):
+        """A context in which NumPy allocates from ``pool``."""
+        return _numpy_pool.using_pool(pool)
+
+    def asarray(self, host_array):
+        return np.array(host_array)  # a copy, made in the pool's memory
+
+    def synchronize(self):
+        pass  # NumPy has finished when it returns
+
+
+def choose_device(device):
+    """The Gpu or Simulated back end for ``--device``; says so in one line when it is simulated.
+
+    ``auto`` takes the GPU when CuPy and a GPU are there; ``gpu`` raises SetupError otherwise.
+    """
+    reason = "as asked (--device simulated)"
+    if device != "simulated":
+        try:
+            return Gpu()
+        except SetupError as exc:
+            if device == "gpu":
+                raise
+            reason = f"because {exc}"
+    print(f"{PROG}: training with NumPy on gpupool's simulated device (host memory), {reason}",
+          flush=True)
+    return Simulated()
 
 
 # --- memory back ends ----------------------------------------------------------------------------
 
 
-class GpupoolMemory:
-    """A fresh gpupool Pool serving CuPy; with use_region, one Region entered around every step."""
+class Memory:
+    """What every back end records: bytes in use and reserved after every step."""
 
     peak_sampled = False
 
-    def __init__(self, gpupool, device, use_region):
+    def __init__(self):
+        self.trace = []  # (in use, reserved) bytes after each step
+
+    def after_step(self):
+        self.trace.append((self.in_use_bytes(), self.reserved_bytes()))
+
+
+class GpupoolMemory(Memory):
+    """A fresh gpupool Pool serving the array library; with use_region, one Region entered around
+    every step."""
+
+    def __init__(self, gpupool, backend, use_region):
+        super().__init__()
         self.name = "region" if use_region else "no-region"
         self._gpupool = gpupool
-        try:
-            self.pool = gpupool.Pool(device=device)
-        except gpupool.NoDeviceError as exc:
-            raise SetupError(one_line(exc)) from None
-        self.allocator = gpupool.cupy.allocator(self.pool)
+        self._backend = backend
+        self.pool = backend.new_pool(gpupool)
         self.region = gpupool.Region(pool=self.pool) if use_region else None
         self.step_scope = self.region if use_region else nullcontext()
 
-    def after_step(self):
-        pass
+    def allocating(self):
+        return self._backend.serving(self._gpupool, self.pool)
+
+    def in_use_bytes(self):
+        return self.pool.stats().in_use_bytes
 
     def reserved_bytes(self):
         return self.pool.stats().reserved_bytes
@@ -120,26 +222,28 @@ class GpupoolMemory:
         self.pool.trim()
 
 
-class CupyMemory:
+class CupyMemory(Memory):
     """CuPy's own MemoryPool; its peak in use is sampled after every step (a lower bound)."""
 
     name = "cupy"
     peak_sampled = True
 
     def __init__(self):
+        super().__init__()
         self.pool = cp.cuda.MemoryPool()
-        self.allocator = self.pool.malloc
         self.step_scope = nullcontext()
-        self._peak_used = 0
 
-    def after_step(self):
-        self._peak_used = max(self._peak_used, self.pool.used_bytes())
+    def allocating(self):
+        return cp.cuda.using_allocator(self.pool.malloc)
+
+    def in_use_bytes(self):
+        return self.pool.used_bytes()
 
     def reserved_bytes(self):
         return self.pool.total_bytes()
 
     def peak_in_use_bytes(self):
-        return self._peak_used
+        return max((in_use for in_use, _ in self.trace), default=0)
 
     def print_status(self):
         used, total = self.pool.used_bytes(), self.pool.total_bytes()
@@ -183,14 +287,14 @@ def _driver_problem():
     return None
 
 
-def make_memory(mode, device):
+def make_memory(mode, backend):
     if mode == "cupy":
         return CupyMemory()
     try:
         import gpupool.cupy  # the CuPy adapter is a submodule; this binds `gpupool` too
     except ImportError as exc:
         raise SetupError(f"gpupool cannot be imported: {one_line(exc)}") from None
-    return GpupoolMemory(gpupool, device, use_region=mode == "region")
+    return GpupoolMemory(gpupool, backend, use_region=mode == "region")
 
 
 # --- training ------------------------------------------------------------------------------------
@@ -200,14 +304,15 @@ def make_memory(mode, device):
 class RunResult(_digits.Run):
     peak_in_use_bytes: int
     peak_sampled: bool
+    trace: list  # (in use, reserved) bytes after each step
 
 
-def train_step(model, x, y, batch, lr):
+def train_step(model, x, y, batch, lr, backend):
     """Forward, backward and update on the rows ``batch`` (host indices); the loss as a float.
 
     On return nothing of the step is referenced from outside: its graph is cyclic garbage.
     """
-    rows = cp.asarray(batch)
+    rows = backend.asarray(batch)
     loss = mean(softmax_cross_entropy(model(Tensor(x[rows])), y[rows]))
     # Every gradient of the step stays in its graph, waiting in the cycles with the activations.
     loss.backward(keep_grads=True)
@@ -215,16 +320,16 @@ def train_step(model, x, y, batch, lr):
     return float(loss.data)
 
 
-def train_epoch(model, x, y, args, rng, memory):
+def train_epoch(model, x, y, args, rng, memory, backend):
     """One shuffled pass over (x, y); the loss and the wall time (seconds) of every step."""
     order = rng.permutation(x.shape[0])
-    stream = cp.cuda.get_current_stream()
     losses, times = [], []
     for start in range(0, len(order), args.batch_size):
         began = time.perf_counter()
         with memory.step_scope:
-            losses.append(train_step(model, x, y, order[start : start + args.batch_size], args.lr))
-        stream.synchronize()
+            batch = order[start : start + args.batch_size]
+            losses.append(train_step(model, x, y, batch, args.lr, backend))
+        backend.synchronize()
         times.append(time.perf_counter() - began)
         memory.after_step()
     return losses, times
@@ -234,16 +339,16 @@ def evaluate(model, x, y):
     return float((model.predict(x) == y).mean())
 
 
-def train(memory, data, args):
+def train(memory, data, args, backend):
     """Train a fresh model with memory serving every allocation; the run's measurements."""
     rng = np.random.RandomState(args.seed)
     step_times, reserved = [], []
-    with cp.cuda.using_allocator(memory.allocator):
-        model = MLP((data.x_train.shape[1], args.hidden, _digits.N_CLASSES), rng, cp)
-        x_train, y_train = cp.asarray(data.x_train), cp.asarray(data.y_train)
-        x_test, y_test = cp.asarray(data.x_test), cp.asarray(data.y_test)
+    with memory.allocating():
+        model = MLP((data.x_train.shape[1], args.hidden, _digits.N_CLASSES), rng, backend.xp)
+        x_train, y_train = backend.asarray(data.x_train), backend.asarray(data.y_train)
+        x_test, y_test = backend.asarray(data.x_test), backend.asarray(data.y_test)
         for epoch in range(1, args.epochs + 1):
-            losses, times = train_epoch(model, x_train, y_train, args, rng, memory)
+            losses, times = train_epoch(model, x_train, y_train, args, rng, memory, backend)
             accuracy = evaluate(model, x_test, y_test)
             reserved.append(memory.reserved_bytes())
             step_times.append(times)
@@ -259,13 +364,14 @@ def train(memory, data, args):
         reserved_last_epoch=reserved[-1],
         ms_per_step=1e3 * statistics.median(t for epoch in timed for t in epoch),
         peak_sampled=memory.peak_sampled,
+        trace=memory.trace,
     )
 
 
-def run_mode(mode, device, data, args):
-    memory = make_memory(mode, device)
+def run_mode(mode, backend, data, args):
+    memory = make_memory(mode, backend)
     print(f"== {mode}: {MODE_TITLES[mode]} ==")
-    result = train(memory, data, args)
+    result = train(memory, data, args, backend)
     memory.print_summary()
     memory.close()
     return result
@@ -288,19 +394,34 @@ def print_table(results, epochs):
 
 
 def parse_args(argv):
-    return _digits.parser(
-        "Train an MLP on scikit-learn's digits with CuPy on gpupool (see the module docstring).",
+    p = _digits.parser(
+        "Train an MLP on scikit-learn's digits with CuPy on gpupool, or with NumPy on gpupool's"
+        " simulated device without a GPU (see the module docstring).",
         MODES,
-    ).parse_args(argv)
+    )
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="gpu: CuPy on the GPU; simulated: NumPy on gpupool's simulated device;"
+                        " auto (default): the GPU when there is one")
+    p.add_argument("--plot", metavar="PATH",
+                   help="write a plot of the bytes reserved and in use after every step")
+    return p.parse_args(argv)
 
 
 def run(args):
     """Train every mode asked for, print the summary; the failed checks."""
-    modes = MODES if args.mode == "all" else (args.mode,)
-    device = require_gpu()
+    pyplot = _plot.pyplot() if args.plot else None  # missing matplotlib: stop before training
+    backend = choose_device(args.device)
+    modes = backend.modes if args.mode == "all" else (args.mode,)
+    if modes[0] not in backend.modes:
+        raise SetupError(f"the {modes[0]} mode needs a GPU and CuPy; on the {backend.name}"
+                         f" --mode is one of {', '.join(backend.modes)} or all")
     data = load_data()
-    results = [run_mode(mode, device, data, args) for mode in modes]
+    results = [run_mode(mode, backend, data, args) for mode in modes]
     print_table(results, args.epochs)
+    if pyplot is not None:
+        _plot.save_memory_plot(pyplot, results, args.plot,
+                               f"{PROG} on the {backend.name}, {args.epochs} epochs")
+        print(f"Plot of the bytes reserved and in use after every step: {args.plot}")
     return [f for r in results for f in _digits.run_failures(r, f"after epoch {args.epochs}")]
 
 

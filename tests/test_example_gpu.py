@@ -25,8 +25,8 @@ def _summary_header(lines):
 def test_train_digits_region_mode(run_script):
     _require_gpu()
     pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
-    proc, output = run_script("examples/train_digits.py", "--epochs", "30", "--mode", "region",
-                              "--quiet")
+    proc, output = run_script("examples/train_digits.py", "--device", "gpu", "--epochs", "30",
+                              "--mode", "region", "--quiet")
     # Exit status 0 means: test accuracy >= 0.95 and reserved bytes equal after epochs 1 and 30.
     assert proc.returncode == 0, output
     assert "Summary (30 epochs" in proc.stdout, output

@@ -75,7 +75,7 @@ if step models; then
     [ -n "${MODELS_TRACES:-}" ] && (cd /tmp/gpupool-traces && tar cf "$OUT/traces.tar" *.npz)
 fi
 if step example; then
-    timeout 300 python3 examples/train_digits.py --quiet > "$OUT/example.log" 2>&1
+    timeout 300 python3 examples/train_digits.py --device gpu --quiet > "$OUT/example.log" 2>&1
     summary "examples/train_digits.py rc=$?"
 fi
 if step bench; then
