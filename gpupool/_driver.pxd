@@ -7,6 +7,7 @@
 from libc.stdint cimport uintptr_t
 from cuda.bindings.cydriver cimport (
     CUresult, CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice, CUmemoryPool,
+    CUmemGenericAllocationHandle,
 )
 
 from gpupool._status cimport GP_NO_DRIVER
@@ -42,6 +43,19 @@ cdef CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) noexcept nogil
 cdef CUresult mem_alloc_from_pool(CUdeviceptr* ptr, size_t nbytes, CUmemoryPool pool,
                                   CUstream s) noexcept nogil
 cdef CUresult mem_free_async(CUdeviceptr ptr, CUstream s) noexcept nogil
+cdef CUresult device_total_mem(size_t* nbytes, CUdevice dev) noexcept nogil
+# The virtual memory API, for device memory whose handles can be exported as POSIX file
+# descriptors (cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested).
+cdef CUresult vmm_granularity(size_t* nbytes, int device) noexcept nogil
+cdef CUresult vmm_reserve(CUdeviceptr* va, size_t nbytes) noexcept nogil
+cdef CUresult vmm_free_range(CUdeviceptr va, size_t nbytes) noexcept nogil
+cdef CUresult vmm_create(CUmemGenericAllocationHandle* handle, size_t nbytes,
+                         int device) noexcept nogil
+cdef CUresult vmm_release(CUmemGenericAllocationHandle handle) noexcept nogil
+cdef CUresult vmm_map(CUdeviceptr va, size_t nbytes,
+                      CUmemGenericAllocationHandle handle) noexcept nogil
+cdef CUresult vmm_unmap(CUdeviceptr va, size_t nbytes) noexcept nogil
+cdef CUresult vmm_set_access(CUdeviceptr va, size_t nbytes, int device) noexcept nogil
 
 cdef int check(CUresult result, str what) except -1
 

@@ -65,6 +65,19 @@ ctypedef CUresult (*fn_pool_set)(CUmemoryPool, cydriver.CUmemPool_attribute, voi
 ctypedef CUresult (*fn_pool_trim)(CUmemoryPool, size_t) noexcept nogil
 ctypedef CUresult (*fn_pool_alloc)(CUdeviceptr*, size_t, CUmemoryPool, CUstream) noexcept nogil
 ctypedef CUresult (*fn_free_async)(CUdeviceptr, CUstream) noexcept nogil
+ctypedef CUresult (*fn_total_mem)(size_t*, CUdevice) noexcept nogil
+ctypedef CUresult (*fn_granularity)(size_t*, const cydriver.CUmemAllocationProp*,
+                                    cydriver.CUmemAllocationGranularity_flags) noexcept nogil
+ctypedef CUresult (*fn_reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                                unsigned long long) noexcept nogil
+ctypedef CUresult (*fn_range)(CUdeviceptr, size_t) noexcept nogil
+ctypedef CUresult (*fn_create)(CUmemGenericAllocationHandle*, size_t,
+                               const cydriver.CUmemAllocationProp*, unsigned long long) noexcept nogil
+ctypedef CUresult (*fn_release)(CUmemGenericAllocationHandle) noexcept nogil
+ctypedef CUresult (*fn_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                            unsigned long long) noexcept nogil
+ctypedef CUresult (*fn_access)(CUdeviceptr, size_t, const cydriver.CUmemAccessDesc*,
+                               size_t) noexcept nogil
 
 
 cdef inline CUresult _result(CUresult r) noexcept nogil:
@@ -180,6 +193,55 @@ cdef CUresult mem_alloc_from_pool(CUdeviceptr* ptr, size_t nbytes, CUmemoryPool 
 
 cdef CUresult mem_free_async(CUdeviceptr ptr, CUstream s) noexcept nogil:
     return _result((<fn_free_async>cydriver.cuMemFreeAsync)(ptr, s))
+
+
+cdef CUresult device_total_mem(size_t* nbytes, CUdevice dev) noexcept nogil:
+    return _result((<fn_total_mem>cydriver.cuDeviceTotalMem)(nbytes, dev))
+
+
+cdef void _vmm_prop(cydriver.CUmemAllocationProp* prop, int device) noexcept nogil:
+    # Pinned device memory of `device`, exportable as a POSIX file descriptor (for IPC).
+    memset(prop, 0, sizeof(prop[0]))
+    prop.type = cydriver.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.requestedHandleTypes = cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    prop.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = device
+
+
+cdef CUresult vmm_granularity(size_t* nbytes, int device) noexcept nogil:
+    cdef cydriver.CUmemAllocationProp prop
+    _vmm_prop(&prop, device)
+    return _result((<fn_granularity>cydriver.cuMemGetAllocationGranularity)(
+        nbytes, &prop, cydriver.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
+
+cdef CUresult vmm_reserve(CUdeviceptr* va, size_t nbytes) noexcept nogil:
+    return _result((<fn_reserve>cydriver.cuMemAddressReserve)(va, nbytes, 0, 0, 0))
+
+cdef CUresult vmm_free_range(CUdeviceptr va, size_t nbytes) noexcept nogil:
+    return _result((<fn_range>cydriver.cuMemAddressFree)(va, nbytes))
+
+cdef CUresult vmm_create(CUmemGenericAllocationHandle* handle, size_t nbytes,
+                         int device) noexcept nogil:
+    cdef cydriver.CUmemAllocationProp prop
+    _vmm_prop(&prop, device)
+    return _result((<fn_create>cydriver.cuMemCreate)(handle, nbytes, &prop, 0))
+
+cdef CUresult vmm_release(CUmemGenericAllocationHandle handle) noexcept nogil:
+    return _result((<fn_release>cydriver.cuMemRelease)(handle))
+
+cdef CUresult vmm_map(CUdeviceptr va, size_t nbytes,
+                      CUmemGenericAllocationHandle handle) noexcept nogil:
+    return _result((<fn_map>cydriver.cuMemMap)(va, nbytes, 0, handle, 0))
+
+cdef CUresult vmm_unmap(CUdeviceptr va, size_t nbytes) noexcept nogil:
+    return _result((<fn_range>cydriver.cuMemUnmap)(va, nbytes))
+
+cdef CUresult vmm_set_access(CUdeviceptr va, size_t nbytes, int device) noexcept nogil:
+    cdef cydriver.CUmemAccessDesc desc
+    desc.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = device
+    desc.flags = cydriver.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return _result((<fn_access>cydriver.cuMemSetAccess)(va, nbytes, &desc, 1))
 
 
 cdef str _name(CUresult result):

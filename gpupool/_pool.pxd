@@ -1,7 +1,7 @@
 # The pool: one device's caching allocator. It keeps the lock, acquire and release of blocks,
 # the out-of-memory ladder, the limits and the Python API; the layers it is made of are in
-# _freelist.pxd (free lists), _streamorder.pxd (stream-ordered reuse), _segments.pxd (slabs,
-# segments, cutting and joining) and _regioncache.pxd (the cache of the region in front).
+# _freelist.pxd (free lists), _streamorder.pxd (stream-ordered reuse), _segments.pxd
+# (segments: growth, cutting, joining, trimming) and _regioncache.pxd (regions' blocks).
 cimport cython
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
@@ -42,17 +42,15 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void unlock(self) noexcept nogil
     cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
     cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
-    cdef Block* _take_larger(self, int cls, StreamKey s) noexcept nogil
-    cdef Block* _take_split(self, int cls, size_t size, StreamKey s) noexcept nogil
-    cdef int _grow(self, size_t nbytes, int cls, size_t size, StreamKey s, bint pack,
-                   Block** out) noexcept nogil
-    cdef int _new_block(self, int cls, size_t size, StreamKey s, Block** out) noexcept nogil
+    cdef int _grow(self, size_t size, StreamKey s, void* owner) noexcept nogil
+    cdef int _grow_once(self, size_t size, StreamKey s, void* owner) noexcept nogil
     cdef void _answer_wanted(self, StreamKey s) noexcept nogil
     cdef void release_locked(self, Block* blk, StreamKey stream) noexcept nogil
-    cdef inline void _put_free(self, Block* b) noexcept nogil
     cdef void region_register(self, RegionCache* rc) noexcept nogil
     cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil
     cdef void region_unregister(self, RegionCache* rc) noexcept nogil
+    cdef void region_enter(self, RegionCache* rc, bint entry) noexcept nogil
+    cdef void region_leave(self, RegionCache* rc) noexcept nogil
     cdef void region_drain(self, RegionCache* rc) noexcept nogil
     cdef size_t trim_locked(self) noexcept nogil
     cdef int merge_streams_locked(self, size_t* moved) noexcept nogil

@@ -1,13 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The pool: one device's caching allocator (docs/design.md has the contract).
 
-A request is rounded to a size class (``_sizes.pxd``) and served, in this order, from the
-cache of the region in front of it (``_regioncache.pxd``), from the pool's free lists
-(``_freelist.pxd``, chosen in stream order by ``_streamorder.pxd``), from a cached block of a
-larger class (whole, or cut: ``_segments.pxd``), and else from new memory: a slab, a segment or
-an upstream allocation of its own (``_segments.pxd``). When the upstream fails, the ladder:
-release this pool's cached blocks, retry; drain every region's cache, retry; then the caller
-runs the ``on_oom`` callbacks and retries once more before raising ``OutOfMemoryError``.
+A request is rounded to 512 bytes and served by best fit from the pool's free lists
+(``_freelist.pxd``), in stream order (``_streamorder.pxd``): blocks cached by the region in
+front of it (``_regioncache.pxd``) and the pool's own, then, before the pool grows, those of
+idle regions. A larger block is cut and the rest stays free; a freed block joins its free
+neighbours (``_segments.pxd``). Else the pool grows: a new segment of a plain upstream, or
+more pages of the stream's expandable segment (``_segments.pxd``). When the upstream is out of
+memory, the ladder: give this pool's cached memory back, retry; untag every region's cache
+and give it back, retry; then the caller runs the ``on_oom`` callbacks and retries once more
+before raising ``OutOfMemoryError``.
 
 Everything runs under the pool's lock, taken without blocking other Python threads (the GIL
 is released while waiting). A free made by the thread that holds the lock (a garbage
@@ -16,28 +18,29 @@ collection run by a Python upstream, say) is deferred until that thread unlocks.
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
-from gpupool._block cimport Block, LIVE, FREE_POOL
+from gpupool._block cimport Block, LIVE, FREE
 from gpupool._buffer cimport BlockOwner, new_buffer
 from gpupool._counters cimport count_acquired, count_released
 from gpupool._driver cimport fork_flag
 from gpupool._freelist cimport fl_each
 from gpupool._regioncache cimport (
-    RegionCache, rc_take, rc_link, rc_detach, rc_put, rc_drain,
+    RegionCache, rc_link, rc_detach, rc_own, rc_disown, rc_freed_into, rc_drain,
+    rc_return_unused,
 )
 from gpupool._segments cimport (
-    SLAB_BLOCK_MAX, SPLIT_MIN, SEGMENT_FOR, sg_carve, sg_new_block, sg_segment_bytes,
-    sg_exact_block, sg_put, sg_split, sg_trim,
+    round_request, sg_put, sg_split, sg_grow_plain, sg_extend, sg_trim, sg_merge_streams,
+    sg_release_all,
 )
-from gpupool._sizes cimport MAX_NBYTES, class_index, class_size, floor_class, check_nbytes
+from gpupool._sizes cimport MAX_NBYTES, check_nbytes
 from gpupool._status cimport GP_REENTRANT, GP_FORKED
-from gpupool._streamorder cimport (
-    WANTED_MAX, so_event, so_take, so_mark_blocks, so_is_wanted, so_merge,
-)
+from gpupool._streamorder cimport WANTED_MAX, so_event, so_take, so_mark_blocks, so_is_wanted
 from gpupool._streams cimport (
     StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, same_stream, stream_key,
     created_stream_key, refused_stream_status, stream_handle,
 )
-from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream
+from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream, VmmUpstream
+
+import os
 
 from gpupool.errors import GpupoolError, OutOfMemoryError
 from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
@@ -48,7 +51,7 @@ cdef extern from "Python.h" nogil:
     PyThreadState* PyEval_SaveThread()
     void PyEval_RestoreThread(PyThreadState*)
 
-cdef int FIT_CLASSES = 4               # a request may take a cached block <= 4 classes up, <= 1.5x
+_UPSTREAMS = {"driver": DriverUpstream, "async": AsyncUpstream, "vmm": VmmUpstream}
 
 _oom_callbacks = []
 cdef const int* FORKED = fork_flag()
@@ -57,33 +60,36 @@ include "_regionstack.pxi"
 
 
 def size_class(nbytes):
-    """Bytes reserved for a request of ``nbytes`` (its size class); 0 for 0.
+    """Bytes a request of ``nbytes`` takes from the pool: ``nbytes`` rounded up to a multiple
+    of 512 (at most 511 B more); 0 for 0.
 
     Parameters
     ----------
     nbytes : int
         Request in bytes, 0 <= nbytes <= 2**50.
     """
-    cdef size_t n = check_nbytes(nbytes)
-    return class_size(class_index(n)) if n else 0
+    return round_request(check_nbytes(nbytes))
 
 
 cdef class Pool(BlockOwner):
     """A caching pool of device memory on one device.
 
-    ``Pool(device=0, upstream="driver", hard_limit=None, soft_limit=None)``
+    ``Pool(device=0, upstream=None, hard_limit=None, soft_limit=None)``
 
     Parameters
     ----------
     device : int
         Device ordinal (ignored when ``upstream`` is an ``Upstream`` object, whose device
         is used).
-    upstream : {"driver", "async"} or gpupool.Upstream
+    upstream : {"driver", "async", "vmm"}, gpupool.Upstream or None
         Where memory comes from: ``"driver"`` (``cuMemAlloc`` / ``cuMemFree`` on the
         device's primary context), ``"async"`` (a driver memory pool of the pool's own,
         ``cuMemAllocFromPoolAsync`` on the requesting stream / ``cuMemFreeAsync``, whose
-        release threshold is the soft limit: see ``gpupool.AsyncUpstream``) or an
-        ``Upstream`` object such as ``gpupool.testing.SimulatedDevice``.
+        release threshold is the soft limit: see ``gpupool.AsyncUpstream``), ``"vmm"``
+        (expandable segments: per stream, a reserved range of address space whose pages are
+        mapped as it grows: see ``gpupool.VmmUpstream``) or an ``Upstream`` object such as
+        ``gpupool.testing.SimulatedDevice``. Default: ``GPUPOOL_UPSTREAM`` from the
+        environment, else ``"driver"``.
     hard_limit, soft_limit : int or str, optional
         Bytes the pool may reserve (hard: never exceeded; soft: cached blocks are released
         when exceeded), as an int or a string such as ``"512MiB"``, ``"8GB"``, ``"50%"``.
@@ -92,25 +98,28 @@ cdef class Pool(BlockOwner):
     Raises
     ------
     NoDeviceError
-        No driver or no such device (driver upstream).
+        No driver or no such device (driver upstreams).
     ValueError, TypeError
-        A malformed limit or upstream.
+        A malformed limit or upstream (``GPUPOOL_UPSTREAM`` included).
     """
 
-    def __cinit__(self, int device=0, upstream="driver", hard_limit=None, soft_limit=None):
+    def __cinit__(self, int device=0, upstream=None, hard_limit=None, soft_limit=None):
         from gpupool.limits import resolve_limits
+        if upstream is None:
+            upstream = os.environ.get("GPUPOOL_UPSTREAM") or "driver"
+            if upstream not in _UPSTREAMS:
+                raise ValueError(f"GPUPOOL_UPSTREAM={upstream!r}: must be one of "
+                                 f"{', '.join(_UPSTREAMS)}")
         if isinstance(upstream, Upstream):
             self.upstream = upstream
-        elif upstream == "driver":
-            self.upstream = DriverUpstream(device)
-        elif upstream == "async":
-            self.upstream = AsyncUpstream(device)
+        elif isinstance(upstream, str) and upstream in _UPSTREAMS:
+            self.upstream = _UPSTREAMS[upstream](device)
         elif isinstance(upstream, str):
-            raise ValueError(f"upstream must be 'driver', 'async' or an Upstream object, "
-                             f"got {upstream!r}")
+            raise ValueError(f"upstream must be 'driver', 'async', 'vmm' or an Upstream "
+                             f"object, got {upstream!r}")
         else:
-            raise TypeError(f"upstream must be 'driver', 'async' or an Upstream object, "
-                            f"got {type(upstream).__name__}")
+            raise TypeError(f"upstream must be 'driver', 'async', 'vmm' or an Upstream "
+                            f"object, got {type(upstream).__name__}")
         self.device = self.upstream.device
         self._segments.hard_limit, self._soft_limit = resolve_limits(
             hard_limit, soft_limit, lambda: self.mem_info()[1])
@@ -124,7 +133,7 @@ cdef class Pool(BlockOwner):
         if FORKED[0] or self.upstream is None:
             return
         self._mutex.lock()
-        self.trim_locked()
+        sg_release_all(&self._segments, self.upstream, &self._order)
         for i in range(self._order.events.size()):
             self.upstream.event_destroy(self._order.events[i])
         self._mutex.unlock()
@@ -184,11 +193,14 @@ cdef class Pool(BlockOwner):
         return r
 
     cdef int acquire_locked(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
-        cdef int cls = class_index(nbytes)
-        cdef size_t size = class_size(cls)
+        cdef size_t size = round_request(nbytes)
         cdef RegionCache* rc
-        cdef Block* b = NULL
-        cdef int r = 0
+        cdef RegionCache* owner
+        cdef Block* b
+        cdef bint grew = False
+        cdef int r
+        if self._segments.hard_limit and size > self._segments.hard_limit:
+            size = nbytes               # only the exact request fits under the limit
         if not self._order.wanted.empty():
             if self._order.wanted.size() > WANTED_MAX:
                 # Many streams hold blocks that others want and never allocate again (most
@@ -197,119 +209,69 @@ cdef class Pool(BlockOwner):
             else:
                 self._answer_wanted(s)
         rc = current_cache(<void*>self, self._process_region)
-        if rc != NULL:
-            b = rc_take(rc, &self._order, self.upstream, cls, s)
-            if b != NULL:
-                self.counters.cache_hits += 1
+        b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
         if b == NULL:
-            b = so_take(&self._order, self.upstream, &self._free, cls, s)
+            # Idle regions' cached blocks serve before the pool grows: a region never costs
+            # memory that the pool alone would not.
+            b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
+        if b == NULL:
+            r = self._grow(size, s, <void*>rc)
+            if r != 0:
+                return r
+            grew = True
+            b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
             if b == NULL:
-                if size > SLAB_BLOCK_MAX:
-                    b = self._take_split(cls, size, s)
-                else:
-                    b = self._take_larger(cls, s)
-            if b != NULL:
-                self.counters.cache_hits += 1
-                if b.slab != NULL:
-                    b.slab.free_in_pool -= 1
-            else:
-                r = self._grow(nbytes, cls, size, s, rc == NULL, &b)
-                if r != 0:
-                    return r
-                self.counters.cache_misses += 1
+                return CUDA_ERROR_OUT_OF_MEMORY
+        owner = rc_disown(b)
+        sg_split(&self._segments, &self._order, &self._free, b, size, s, owner)
         b.state = LIVE
         b.stream = s
-        b.region.cache = NULL
+        if grew:
+            self.counters.cache_misses += 1
+        else:
+            self.counters.cache_hits += 1
         if rc != NULL:
             rc_link(rc, b)
-        count_acquired(&self.counters, b.size)     # the class's size, or more (exact block)
+            if grew:
+                rc.misses += 1
+            else:
+                rc.hits += 1
+        count_acquired(&self.counters, b.size)
         if self._soft_limit and self.counters.reserved > self._soft_limit:
             self.trim_locked()
         out[0] = b
         return 0
 
-    cdef Block* _take_larger(self, int cls, StreamKey s) noexcept nogil:
-        """A free block of one of the FIT_CLASSES next larger classes (at most 1.5 times
-        the size), smallest first: cached memory serves a request before the pool grows, so
-        a program whose sizes drift reserves less. (On the recorded conv and transformer
-        traces, 4 classes gave the lowest peak reserved of 0, 2, 4, 8, 16 and 32.)"""
-        cdef int c, last = cls + FIT_CLASSES
-        cdef size_t limit = class_size(cls) + class_size(cls) // 2
-        cdef Block* b
-        if <size_t>last >= self._free.bins.size():
-            last = <int>self._free.bins.size() - 1
-        for c in range(cls + 1, last + 1):
-            if class_size(c) > limit:
-                break
-            b = so_take(&self._order, self.upstream, &self._free, c, s)
-            if b != NULL:
-                return b
-        return NULL
-
-    cdef Block* _take_split(self, int cls, size_t size, StreamKey s) noexcept nogil:
-        """A large request's miss: the smallest cached block of a larger class, cut to size
-        (the rest stays cached) unless what is left would be under SPLIT_MIN and the block
-        is at most 1.5 times the size (then it serves whole), so cached memory serves before
-        the pool grows."""
-        cdef size_t c, n = self._free.bins.size()
-        cdef Block* b
-        for c in range(cls + 1, n):
-            b = so_take(&self._order, self.upstream, &self._free, <int>c, s)
-            if b != NULL:
-                if b.size - size >= SPLIT_MIN or b.size > size + size // 2:
-                    sg_split(&self._segments, &self._order, &self._free, b, cls, size, s)
-                return b
-        return NULL
-
-    cdef int _grow(self, size_t nbytes, int cls, size_t size, StreamKey s, bint pack,
-                   Block** out) noexcept nogil:
-        """A new block: carved from a slab (small), cut from a new segment (mid-sized, when
-        pack: outside regions, whose blocks are reused as they are), or of its own; then the
-        ladder when the upstream is out of memory."""
-        cdef int r
-        cdef size_t i, seg
-        if size <= SLAB_BLOCK_MAX:
-            r = sg_carve(&self._segments, self.upstream, &self.counters, &self._order, cls,
-                         size, s, out)
-            if r != CUDA_ERROR_OUT_OF_MEMORY:
-                return r
-        elif pack and size <= SEGMENT_FOR:
-            seg = sg_segment_bytes(&self.counters)
-            if seg >= size + SPLIT_MIN and sg_new_block(&self._segments, self.upstream,
-                                                        &self.counters, floor_class(seg), seg,
-                                                        s, out) == 0:
-                if self.upstream.stream_ordered:
-                    out[0].stream = s       # the rest exists in s's order only
-                sg_split(&self._segments, &self._order, &self._free, out[0], cls, size, s)
-                return 0
-        # Memory is tight (or the block is large): ask for the block alone, then climb the
-        # ladder: this pool's cache, then every region's.
-        r = self._new_block(cls, size, s, out)
+    cdef int _grow(self, size_t size, StreamKey s, void* owner) noexcept nogil:
+        """Add memory for a request of size bytes on s (made through cache owner) to the free
+        lists; then the ladder when the upstream is out of memory: this pool's cache, then
+        every region's."""
+        cdef int r = self._grow_once(size, s, owner)
+        cdef size_t i
         if r == CUDA_ERROR_OUT_OF_MEMORY and self.counters.cached:
             self.counters.oom_retries += 1
             self.trim_locked()
-            r = self._new_block(cls, size, s, out)
+            r = self._grow_once(size, s, owner)
         if r == CUDA_ERROR_OUT_OF_MEMORY and self.counters.cached:
             self.counters.oom_retries += 1
             for i in range(self._regions.size()):
-                self.region_drain(self._regions[i])
+                rc_drain(self._regions[i])
             self.trim_locked()
-            r = self._new_block(cls, size, s, out)
-        if r == CUDA_ERROR_OUT_OF_MEMORY and self._segments.hard_limit:
-            r = sg_exact_block(&self._segments, self.upstream, &self.counters, nbytes, s, out)
+            r = self._grow_once(size, s, owner)
         return r
 
-    cdef int _new_block(self, int cls, size_t size, StreamKey s, Block** out) noexcept nogil:
-        return sg_new_block(&self._segments, self.upstream, &self.counters, cls, size, s, out)
+    cdef int _grow_once(self, size_t size, StreamKey s, void* owner) noexcept nogil:
+        if self.upstream.expandable:
+            return sg_extend(&self._segments, self.upstream, &self.counters, &self._order,
+                             &self._free, size, s, owner)
+        return sg_grow_plain(&self._segments, self.upstream, &self.counters, &self._order,
+                             &self._free, size, s)
 
     cdef void _answer_wanted(self, StreamKey s) noexcept nogil:
         """Stream s is allocating, so it is alive: if another stream waits for its free
         blocks, record their events now."""
-        cdef size_t i
         if so_is_wanted(&self._order, s):
             so_mark_blocks(&self._order, self.upstream, &self._free, s)
-            for i in range(self._regions.size()):
-                so_mark_blocks(&self._order, self.upstream, &self._regions[i].free, s)
 
     cdef object raise_status(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
@@ -378,17 +340,10 @@ cdef class Pool(BlockOwner):
                     self._order.events.push_back(e)
             del b.extra_streams
             b.extra_streams = NULL
-        if b.region.cache == NULL or not rc_put(b):
-            self._put_free(b)               # may join b into a neighbour: size kept above
+        b.state = FREE
+        rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
+        sg_put(&self._segments, &self._order, &self._free, b)   # may join b: size kept above
         count_released(&self.counters, size)
-
-    cdef inline void _put_free(self, Block* b) noexcept nogil:
-        """A free block goes into the pool's free lists (joined with its free neighbours)."""
-        b.region.cache = NULL
-        b.state = FREE_POOL
-        if b.slab != NULL:
-            b.slab.free_in_pool += 1
-        sg_put(&self._order, &self._free, b)
 
     cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
         self.lock()
@@ -427,38 +382,48 @@ cdef class Pool(BlockOwner):
             self._process_region = NULL
         while rc.live_head != NULL:
             rc_detach(rc.live_head)
-        self.region_drain(rc)
+        rc_drain(rc)
         for i in range(self._regions.size()):
             if self._regions[i] == rc:
                 self._regions.erase(self._regions.begin() + i)
                 break
         self.unlock()
 
+    cdef void region_enter(self, RegionCache* rc, bint entry) noexcept nogil:
+        """rc is entered on one more thread; entry: a new entry (its blocks used from now on
+        are stamped with it)."""
+        self.lock()
+        rc.entered += 1
+        if entry:
+            rc.entries += 1
+        self.unlock()
+
+    cdef void region_leave(self, RegionCache* rc) noexcept nogil:
+        """rc is entered on one thread fewer; once on none, its cached blocks that the entry
+        did not use go back to the pool."""
+        self.lock()
+        rc.entered -= 1
+        if rc.entered == 0:
+            rc_return_unused(rc)
+        self.unlock()
+
     cdef void region_drain(self, RegionCache* rc) noexcept nogil:
-        """Move every cached block of a region into the pool's free lists."""
-        cdef vector[Block*] blocks
-        cdef size_t i
-        rc_drain(rc, &blocks)
-        for i in range(blocks.size()):
-            self._put_free(blocks[i])
+        """Every cached block of a region goes back to the pool."""
+        rc_drain(rc)
 
     # Trimming ---------------------------------------------------------------------------
 
     cdef size_t trim_locked(self) noexcept nogil:
-        """Give the pool's free blocks, wholly free slabs and wholly free upstream
-        allocations of pieces back; returns the bytes given back."""
+        """Give the pool's cached memory back (sg_trim); returns the bytes given back."""
         return sg_trim(&self._segments, self.upstream, &self.counters, &self._order,
                        &self._free)
 
     cdef int merge_streams_locked(self, size_t* moved) noexcept nogil:
         cdef int r = self.upstream.synchronize()
-        cdef size_t i
         if r != 0:
             return r
         self._order.wanted.clear()
-        so_merge(&self._order, &self._free, moved)
-        for i in range(self._regions.size()):
-            so_merge(&self._order, &self._regions[i].free, moved)
+        sg_merge_streams(&self._segments, &self._order, &self._free, moved)
         return 0
 
     # Python API -------------------------------------------------------------------------
@@ -525,7 +490,7 @@ cdef class Pool(BlockOwner):
         return buf
 
     def cached_blocks(self):
-        """The blocks in the pool's free lists (not the regions'), for inspection and tests.
+        """The pool's free blocks (not those cached by regions), for inspection and tests.
 
         Returns
         -------
@@ -539,7 +504,7 @@ cdef class Pool(BlockOwner):
         fl_each(&self._free, &blocks)
         found = [(blocks[i].ptr, blocks[i].size,
                   blocks[i].seg_prev != NULL or blocks[i].seg_next != NULL)
-                 for i in range(blocks.size())]
+                 for i in range(blocks.size()) if blocks[i].region.cache == NULL]
         self.unlock()
         return sorted(found)
 
@@ -609,10 +574,11 @@ cdef class Pool(BlockOwner):
         return moved
 
     def trim(self):
-        """Give every cached free block, and every wholly free slab, back to the upstream.
+        """Give the pool's cached memory back to the upstream: every wholly free segment.
 
         Blocks cached by regions stay with their regions (``Region.release()`` returns them).
         Synchronizes the device first when a cached block may still be in use by queued work.
+        On an expandable upstream every whole free page is unmapped.
 
         Returns
         -------

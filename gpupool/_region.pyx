@@ -177,6 +177,8 @@ cdef class Region:
                 region_pop(self.rc)
                 raise GpupoolError(
                     "another Region with scope='process' is entered on this pool")
+        if not self._skipping:
+            self.pool.region_enter(self.rc, True)
         self._active_thread = threading.get_ident()
         self.entries += 1
         self._kept.clear()
@@ -202,6 +204,8 @@ cdef class Region:
                 self.collections += 1
             self._settle()
         finally:
+            if not self._skipping:
+                self.pool.region_leave(self.rc)
             self._active_thread = None
         return False
 
@@ -288,9 +292,11 @@ cdef class Region:
         ``with region:``; use this only while the region is entered there.
         """
         region_push(self.rc)
+        self.pool.region_enter(self.rc, False)
         try:
             yield self
         finally:
+            self.pool.region_leave(self.rc)
             region_pop(self.rc)
 
     def keep(self, obj):
@@ -326,7 +332,10 @@ cdef class Region:
         return obj
 
     def release(self):
-        """Give the region's cached blocks back to the pool (buffers alive are untouched)."""
+        """Give the region's cached blocks back to the pool (buffers alive are untouched).
+
+        They stay where they are, free: other allocations may take them, and a trim gives
+        them back to the upstream."""
         self.pool.lock()
         self.pool.region_drain(self.rc)
         self.pool.unlock()

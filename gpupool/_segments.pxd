@@ -1,70 +1,185 @@
-# Segments: how the pool's memory is laid out in upstream allocations.
+# Segments: how the pool's memory is laid out, grown, cut, joined and given back.
 #
-# * Blocks of classes up to SLAB_BLOCK_MAX are carved from shared slabs of SLAB_BYTES, so the
-#   upstream is not called for every small allocation; a slab goes back only when all its
-#   blocks are free (at a trim).
-# * Outside regions, new blocks up to SEGMENT_FOR are cut from segments of up to SEGMENT_BYTES
-#   (an eighth of the pool's reserved bytes at most), so that mid-sized blocks share upstream
-#   allocations and their frees can join; larger blocks are upstream allocations of their own.
-# * A cached block is cut to serve a smaller request (split); a freed piece joins its free
-#   neighbours of the same upstream allocation on one stream (join), so pieces become one
-#   block again; a trim gives an upstream allocation back once all of it is free.
-# * Under a hard limit that a size class's rounding would cross, a block of the room left
-#   serves (exact_block).
+# * A request is rounded to 512 bytes and served by best fit from the free lists; a free
+#   block larger than the request is cut (sg_split) and the rest stays free. A freed block
+#   joins its free neighbours in its segment (sg_put), so pieces become one block again.
+# * Growth on a plain upstream ("driver", "async"): a new segment of the request rounded up to
+#   the 2 MiB page (the driver maps whole pages anyway), or, for requests up to SEGMENT_FOR,
+#   of up to SEGMENT_BYTES (an eighth of the pool's reserved bytes at most), so that small and
+#   mid-sized blocks share segments and their frees can join. Under a hard limit that the
+#   rounding would cross, the exact rounded request.
+# * Growth on an expandable upstream ("vmm"): each stream has a segment, a range of address
+#   space reserved once, whose pages are mapped as it grows, so free space at its end joins
+#   the next request instead of fragmenting (sg_extend). A hole that a trim unmapped is mapped
+#   again first when it and its free neighbours fit the request.
+# * A trim (sg_trim), after the device's work is done: plain segments wholly free go back to
+#   the upstream; in expandable segments every whole free page is unmapped.
 # Everything here runs under the pool's lock; the counters of reserved and cached bytes are
-# kept here (Counters), the free lists the pieces go to are the pool's.
+# kept here (Counters); region tags of free blocks are kept with _regioncache.pxd's functions.
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free
+from libc.string cimport memset
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
-from gpupool._block cimport Block, Slab, LIVE, FREE_POOL
+from gpupool._block cimport Block, Segment, LIVE, FREE, UNMAPPED
 from gpupool._counters cimport Counters, count_reserved, count_returned
-from gpupool._freelist cimport FreeLists, fl_put, fl_unbin, fl_take_all
-from gpupool._sizes cimport SMALL_STEP, floor_class
-from gpupool._streamorder cimport StreamOrder, so_drop_events, so_slab_event, so_rebin_unused
+from gpupool._freelist cimport FreeLists, fl_put, fl_unbin, fl_each
+from gpupool._regioncache cimport RegionCache, rc_own, rc_disown
+from gpupool._streamorder cimport StreamOrder, so_drop_events, so_unbind_all
 from gpupool._streams cimport StreamKey, same_stream, is_no_stream, no_stream
 from gpupool._upstream cimport Upstream
 
 cdef extern from *:
     """
-    #define GP_SLAB_BYTES ((size_t)2 << 20)
-    #define GP_SLAB_BLOCK_MAX ((size_t)256 << 10)
-    #define GP_SPLIT_MIN ((size_t)1 << 20)
+    #define GP_PAGE_BYTES ((size_t)2 << 20)
     #define GP_SEGMENT_FOR ((size_t)10 << 20)
     #define GP_SEGMENT_BYTES ((size_t)20 << 20)
-    #define GP_SEGMENT_STEP ((size_t)2 << 20)
     """
-    size_t SLAB_BYTES "GP_SLAB_BYTES"           # bytes of a slab
-    size_t SLAB_BLOCK_MAX "GP_SLAB_BLOCK_MAX"   # larger blocks are not carved from slabs
-    size_t SPLIT_MIN "GP_SPLIT_MIN"             # a cached large block is cut if this is left
-    size_t SEGMENT_FOR "GP_SEGMENT_FOR"         # a new block up to this size is cut from a
-    size_t SEGMENT_BYTES "GP_SEGMENT_BYTES"     # segment of at most this size,
-    size_t SEGMENT_STEP "GP_SEGMENT_STEP"       # in steps of this size
+    size_t PAGE_BYTES "GP_PAGE_BYTES"           # the driver's page: growth is rounded to it
+    size_t SEGMENT_FOR "GP_SEGMENT_FOR"         # a request up to this size grows a segment
+    size_t SEGMENT_BYTES "GP_SEGMENT_BYTES"     # of at most this size
 
 cdef enum:
-    SEGMENT_SHARE = 8           # a segment is at most this share of the pool's reserved bytes
+    BLOCK_ALIGN = 512           # requests are rounded to this; no block is smaller
+    SEGMENT_SHARE = 8           # a shared segment is at most this share of reserved bytes
 
 cdef cppclass Segments:
-    Slab* slab                  # the slab small blocks are carved from now
-    uintptr_t ranks             # blocks created so far (a block's rank is its creation order)
+    Segment* head               # every segment of the pool
+    vector[Block*] spare        # block records to reuse (cutting and joining allocate none)
     size_t hard_limit           # bytes the pool may reserve; 0: no limit
 
 
-cdef inline Block* sg_new_record(Segments* sg, uintptr_t ptr, size_t size, int cls) noexcept nogil:
-    """A zeroed block record of the next rank, never used on any stream; NULL when the host
-    has no memory."""
-    cdef Block* b = <Block*>calloc(1, sizeof(Block))
-    if b == NULL:
-        return NULL
-    b.ptr, b.size, b.cls, b.stream = ptr, size, cls, no_stream()
-    b.rank = sg.ranks
-    sg.ranks += 1
+cdef inline size_t round_up(size_t n, size_t step) noexcept nogil:
+    return (n + step - 1) // step * step
+
+
+cdef inline size_t round_request(size_t nbytes) noexcept nogil:
+    """The bytes a request of nbytes takes: rounded up to 512 (at most 511 more)."""
+    return round_up(nbytes, BLOCK_ALIGN)
+
+
+cdef inline Block* sg_record(Segments* sg, uintptr_t ptr, size_t size, Segment* seg) noexcept nogil:
+    """A cleared block record, never used on any stream; NULL when the host has no memory."""
+    cdef Block* b
+    if not sg.spare.empty():
+        b = sg.spare.back()
+        sg.spare.pop_back()
+        memset(b, 0, sizeof(Block))
+    else:
+        b = <Block*>calloc(1, sizeof(Block))
+        if b == NULL:
+            return NULL
+    b.ptr, b.size, b.segment, b.stream = ptr, size, seg, no_stream()
     return b
 
 
+cdef inline void sg_retire(Segments* sg, StreamOrder* so, Block* b) noexcept nogil:
+    """A block record no longer in use (its memory joined another block, or went back)."""
+    so_drop_events(so, b)
+    sg.spare.push_back(b)
+
+
+cdef inline void sg_insert_after(Block* a, Block* b) noexcept nogil:
+    """b becomes a's right neighbour in a's segment."""
+    b.segment = a.segment
+    b.seg_prev, b.seg_next = a, a.seg_next
+    if a.seg_next != NULL:
+        a.seg_next.seg_prev = b
+    else:
+        a.segment.last = b
+    a.seg_next = b
+
+
+cdef inline void sg_remove(Block* b) noexcept nogil:
+    """Take b out of its segment's tiling."""
+    if b.seg_prev != NULL:
+        b.seg_prev.seg_next = b.seg_next
+    else:
+        b.segment.first = b.seg_next
+    if b.seg_next != NULL:
+        b.seg_next.seg_prev = b.seg_prev
+    else:
+        b.segment.last = b.seg_prev
+
+
+# Cutting and joining ---------------------------------------------------------------------
+
+cdef inline bint sg_joinable(Block* a, Block* b) noexcept nogil:
+    """Whether free blocks a and b (neighbours) may become one: both free in the free lists,
+    neither waits on record_stream events, free on one stream (or one was never used), and
+    cached by one region or one of them by the pool."""
+    return (b.state == FREE and a.extra_events == NULL and b.extra_events == NULL
+            and (same_stream(a.stream, b.stream) or is_no_stream(a.stream)
+                 or is_no_stream(b.stream))
+            and (a.region.cache == b.region.cache or a.region.cache == NULL
+                 or b.region.cache == NULL))
+
+
+cdef inline void sg_join(Segments* sg, StreamOrder* so, Block* a, Block* b) noexcept nogil:
+    """a takes in its right neighbour b (neither in the free lists): one block, on their
+    stream, cached by the region that cached either (else by the pool). Two blocks of one
+    stream drop their events: the one recorded when the block is next wanted elsewhere
+    covers both."""
+    cdef RegionCache* owner = rc_disown(a)
+    cdef RegionCache* other = rc_disown(b)
+    if owner == NULL:
+        owner = other
+    if is_no_stream(a.stream):
+        a.stream = b.stream
+        a.event, b.event = b.event, a.event
+    elif not is_no_stream(b.stream):
+        so_drop_events(so, a)
+    a.size += b.size
+    sg_remove(b)
+    sg_retire(sg, so, b)
+    if owner != NULL and owner.max_cached_bytes and \
+            owner.cached_bytes + a.size > owner.max_cached_bytes:
+        owner = NULL                    # the region's cache is full: the pool's
+    rc_own(owner, a)
+
+
+cdef inline Block* sg_put(Segments* sg, StreamOrder* so, FreeLists* fl, Block* b) noexcept nogil:
+    """Put free block b (state FREE, tagged with its region or the pool) into the free lists,
+    joined first with its free neighbours; returns the block it became."""
+    cdef Block* n = b.seg_prev
+    if n != NULL and sg_joinable(b, n):
+        fl_unbin(fl, n)
+        sg_join(sg, so, n, b)
+        b = n
+    n = b.seg_next
+    if n != NULL and sg_joinable(b, n):
+        fl_unbin(fl, n)
+        sg_join(sg, so, b, n)
+    fl_put(fl, b)
+    return b
+
+
+cdef inline void sg_split(Segments* sg, StreamOrder* so, FreeLists* fl, Block* b, size_t size,
+                          StreamKey s, RegionCache* owner) noexcept nogil:
+    """Cut a block just taken for stream s (out of the free lists; its earlier work is ordered
+    before s's next) to size; the rest becomes a free block cached by owner (NULL: the
+    pool), free on s (or for any stream, if the block was never used)."""
+    cdef Block* rest
+    if b.size - size < BLOCK_ALIGN or size % BLOCK_ALIGN:
+        return                          # (an exact request under a hard limit serves whole)
+    rest = sg_record(sg, b.ptr + size, b.size - size, b.segment)
+    if rest == NULL:
+        return                          # no host memory: the block serves whole
+    if not is_no_stream(b.stream):
+        rest.stream = s
+    rest.state = FREE
+    b.state = LIVE                      # not joinable with rest
+    b.size = size
+    sg_insert_after(b, rest)
+    rc_own(owner, rest)
+    sg_put(sg, so, fl, rest)
+
+
+# Growth -----------------------------------------------------------------------------------
+
 cdef inline int sg_upstream_alloc(Segments* sg, Upstream up, Counters* c, size_t nbytes,
                                   StreamKey s, uintptr_t* ptr) noexcept nogil:
-    """nbytes from the upstream for work on s, within the hard limit; counted as cached."""
+    """nbytes from a plain upstream for work on s, within the hard limit; counted."""
     cdef int r
     if sg.hard_limit and c.reserved + nbytes > sg.hard_limit:
         return CUDA_ERROR_OUT_OF_MEMORY
@@ -74,229 +189,362 @@ cdef inline int sg_upstream_alloc(Segments* sg, Upstream up, Counters* c, size_t
     return r
 
 
-cdef inline void sg_upstream_free(Upstream up, Counters* c, uintptr_t ptr,
-                                  size_t nbytes) noexcept nogil:
-    up.free(ptr)
-    count_returned(c, nbytes)
+cdef inline Segment* sg_new_segment(Segments* sg, uintptr_t base, size_t nbytes,
+                                    size_t va_bytes, StreamKey s) noexcept nogil:
+    cdef Segment* seg = <Segment*>calloc(1, sizeof(Segment))
+    if seg == NULL:
+        return NULL
+    seg.base, seg.nbytes, seg.va_bytes, seg.stream = base, nbytes, va_bytes, s
+    seg.next = sg.head
+    sg.head = seg
+    return seg
 
 
-cdef inline int sg_carve(Segments* sg, Upstream up, Counters* c, StreamOrder* so, int cls,
-                         size_t size, StreamKey s, Block** out) noexcept nogil:
-    """Carve a block from the current slab, starting a new slab when it is full."""
-    cdef Slab* slab = sg.slab
-    cdef uintptr_t ptr = 0
-    cdef Block* b
-    cdef int r
-    if slab == NULL or slab.nbytes - slab.carved < size:
-        r = sg_upstream_alloc(sg, up, c, SLAB_BYTES, s, &ptr)
-        if r != 0:
-            return r
-        slab = <Slab*>calloc(1, sizeof(Slab))
-        if slab == NULL:
-            sg_upstream_free(up, c, ptr, SLAB_BYTES)
-            return CUDA_ERROR_OUT_OF_MEMORY
-        slab.ptr, slab.nbytes, slab.stream = ptr, SLAB_BYTES, s
-        sg.slab = slab
-        if up.stream_ordered:
-            # The memory exists in s's order only: other streams wait for this event.
-            r = so_slab_event(so, up, slab)
-            if r != 0:
-                return r
-    elif slab.event and not same_stream(slab.stream, s):
-        if up.event_query(slab.event) == 0:
-            so.events.push_back(slab.event)
-            slab.event = 0
-        else:
-            r = up.stream_wait(s.handle, slab.event)
-            if r != 0:
-                return r
-    b = sg_new_record(sg, slab.ptr + slab.carved, size, cls)
-    if b == NULL:
-        return CUDA_ERROR_OUT_OF_MEMORY
-    b.slab = slab
-    b.slab_next = slab.blocks
-    slab.blocks = b
-    slab.carved += size
-    slab.nblocks += 1
-    out[0] = b
-    return 0
+cdef inline void sg_drop_segment(Segments* sg, Segment* seg) noexcept nogil:
+    cdef Segment** p = &sg.head
+    while p[0] != NULL and p[0] != seg:
+        p = &p[0].next
+    if p[0] == seg:
+        p[0] = seg.next
+    free(seg)
 
 
-cdef inline int sg_new_block(Segments* sg, Upstream up, Counters* c, int cls, size_t size,
-                             StreamKey s, Block** out) noexcept nogil:
-    """A block that is an upstream allocation of its own."""
-    cdef uintptr_t ptr = 0
-    cdef int r = sg_upstream_alloc(sg, up, c, size, s, &ptr)
-    cdef Block* b
-    if r != 0:
-        return r
-    b = sg_new_record(sg, ptr, size, cls)
-    if b == NULL:
-        sg_upstream_free(up, c, ptr, size)
-        return CUDA_ERROR_OUT_OF_MEMORY
-    out[0] = b
-    return 0
+cdef inline Block* sg_first_block(Segments* sg, Segment* seg, uintptr_t ptr,
+                                  size_t size) noexcept nogil:
+    """The one block of a segment that has none yet."""
+    cdef Block* b = sg_record(sg, ptr, size, seg)
+    if b != NULL:
+        seg.first = seg.last = b
+    return b
 
 
-cdef inline size_t sg_segment_bytes(Counters* c) noexcept nogil:
-    """Bytes of the segment a new mid-sized block is cut from: an eighth of what the pool
-    reserves, in SEGMENT_STEP steps, at most SEGMENT_BYTES; so the unused end of the latest
-    segment stays a small share of the pool."""
-    cdef size_t seg = (c.reserved // SEGMENT_SHARE) & ~(SEGMENT_STEP - 1)
+cdef inline size_t sg_shared_bytes(Counters* c) noexcept nogil:
+    """Bytes of a segment that small and mid-sized requests share: an eighth of what the
+    pool reserves, in pages, at most SEGMENT_BYTES; so the unused end of the latest segment
+    stays a small share of the pool."""
+    cdef size_t seg = (c.reserved // SEGMENT_SHARE) // PAGE_BYTES * PAGE_BYTES
     return seg if seg < SEGMENT_BYTES else SEGMENT_BYTES
 
 
-cdef inline int sg_exact_block(Segments* sg, Upstream up, Counters* c, size_t nbytes,
-                               StreamKey s, Block** out) noexcept nogil:
-    """Under a hard limit that the size class's rounding would cross: a block of the room
-    left (>= nbytes), binned in the largest class it holds. A pool capped at N bytes can so
-    always allocate one N-byte block once its cache is released."""
-    cdef size_t room, size
-    if c.reserved >= sg.hard_limit:
+cdef inline int sg_allocate(Segments* sg, Upstream up, Counters* c, StreamOrder* so,
+                            FreeLists* fl, size_t nbytes, StreamKey s) noexcept nogil:
+    """Grow a plain upstream by a segment of nbytes for work on s; its block goes into the
+    free lists (on s when the upstream is stream-ordered: the memory exists in s's order
+    only, so other streams wait for it, else free for any stream)."""
+    cdef uintptr_t ptr = 0
+    cdef Segment* seg
+    cdef Block* b
+    cdef int r = sg_upstream_alloc(sg, up, c, nbytes, s, &ptr)
+    if r != 0:
+        return r
+    seg = sg_new_segment(sg, ptr, nbytes, 0, s)
+    b = sg_first_block(sg, seg, ptr, nbytes) if seg != NULL else NULL
+    if b == NULL:
+        if seg != NULL:
+            sg_drop_segment(sg, seg)
+        up.free(ptr)
+        count_returned(c, nbytes)
         return CUDA_ERROR_OUT_OF_MEMORY
-    room = sg.hard_limit - c.reserved
-    size = room - room % SMALL_STEP
-    if size < nbytes:
-        size = room
-    if size < nbytes or size < SMALL_STEP:
+    if up.stream_ordered:
+        b.stream = s
+    b.state = FREE
+    rc_own(NULL, b)
+    sg_put(sg, so, fl, b)
+    return 0
+
+
+cdef inline int sg_grow_plain(Segments* sg, Upstream up, Counters* c, StreamOrder* so,
+                              FreeLists* fl, size_t size, StreamKey s) noexcept nogil:
+    """Grow a plain upstream for a request of size bytes: a shared segment (small and
+    mid-sized requests), else the request's pages, else, under a hard limit, the exact
+    request."""
+    cdef size_t pages = round_up(size, PAGE_BYTES), shared
+    cdef int r
+    if size <= SEGMENT_FOR:
+        shared = sg_shared_bytes(c)
+        if shared > pages:
+            r = sg_allocate(sg, up, c, so, fl, shared, s)
+            if r != CUDA_ERROR_OUT_OF_MEMORY:
+                return r
+    r = sg_allocate(sg, up, c, so, fl, pages, s)
+    if r == CUDA_ERROR_OUT_OF_MEMORY and pages != size and sg.hard_limit:
+        r = sg_allocate(sg, up, c, so, fl, size, s)
+    return r
+
+
+cdef inline int sg_map(Segments* sg, Upstream up, Counters* c, uintptr_t va,
+                       size_t nbytes) noexcept nogil:
+    """Map nbytes (whole pages) of reserved address space at va; counted as reserved."""
+    cdef int r
+    if sg.hard_limit and c.reserved + nbytes > sg.hard_limit:
         return CUDA_ERROR_OUT_OF_MEMORY
-    return sg_new_block(sg, up, c, floor_class(size), size, s, out)
+    r = up.map(va, nbytes)
+    if r == 0:
+        count_reserved(c, nbytes)
+    return r
 
 
-cdef inline bint sg_joinable(Block* a, Block* b) noexcept nogil:
-    """Whether free neighbour b may join free block a: b is in the pool's free lists, neither
-    waits on record_stream events, and they are free on one stream (or one was never used)."""
-    return (b.state == FREE_POOL and a.extra_events == NULL and b.extra_events == NULL
-            and (same_stream(a.stream, b.stream) or is_no_stream(a.stream)
-                 or is_no_stream(b.stream)))
+cdef inline Segment* sg_stream_segment(Segments* sg, StreamKey s) noexcept nogil:
+    """The expandable segment a request on s grows (the newest of s's)."""
+    cdef Segment* seg = sg.head
+    while seg != NULL:
+        if seg.va_bytes and same_stream(seg.stream, s):
+            return seg
+        seg = seg.next
+    return NULL
 
 
-cdef inline void sg_join(StreamOrder* so, Block* a, Block* b) noexcept nogil:
-    """a, free, takes in its free right neighbour b (out of the free lists): one block on
-    their stream. Two blocks of one stream drop their events: the one recorded when the block
-    is next wanted elsewhere covers both."""
-    if is_no_stream(a.stream):
-        a.stream = b.stream
-        a.event, b.event = b.event, a.event
-    elif not is_no_stream(b.stream):
-        so_drop_events(so, a)
-    so_drop_events(so, b)
-    a.size += b.size
-    a.seg_next = b.seg_next
-    if b.seg_next != NULL:
-        b.seg_next.seg_prev = a
-    free(b)
+cdef inline bint sg_fits_hole(Block* hole, size_t size, size_t* avail) noexcept nogil:
+    """Whether an unmapped hole and its free, pool-cached neighbours hold size bytes."""
+    avail[0] = hole.size
+    if hole.seg_prev != NULL and hole.seg_prev.state == FREE and \
+            hole.seg_prev.region.cache == NULL and hole.seg_prev.extra_events == NULL:
+        avail[0] += hole.seg_prev.size
+    if hole.seg_next != NULL and hole.seg_next.state == FREE and \
+            hole.seg_next.region.cache == NULL and hole.seg_next.extra_events == NULL:
+        avail[0] += hole.seg_next.size
+    return avail[0] >= size
 
 
-cdef inline void sg_put(StreamOrder* so, FreeLists* fl, Block* b) noexcept nogil:
-    """Put a free block (state FREE_POOL) into the pool's free lists fl, joined first with
-    its free neighbours of the same upstream allocation."""
-    cdef Block* n = b.seg_prev
-    if n != NULL or b.seg_next != NULL:
-        if n != NULL and sg_joinable(b, n):
-            fl_unbin(fl, n)
-            sg_join(so, n, b)
-            b = n
-        n = b.seg_next
-        if n != NULL and sg_joinable(b, n):
-            fl_unbin(fl, n)
-            sg_join(so, b, n)
-        b.cls = floor_class(b.size)
-    fl_put(fl, b)
+cdef inline int sg_fill_hole(Segments* sg, Upstream up, Counters* c, StreamOrder* so,
+                             FreeLists* fl, size_t size, StreamKey s) noexcept nogil:
+    """Map the smallest unmapped hole of s's segments that, with its free neighbours, holds
+    size bytes; 1 when there is none (nothing done), else a status code."""
+    cdef Segment* seg = sg.head
+    cdef Block* b
+    cdef Block* best = NULL
+    cdef size_t avail, best_avail = 0
+    cdef int r
+    while seg != NULL:
+        if seg.va_bytes and same_stream(seg.stream, s):
+            b = seg.first
+            while b != NULL:
+                if b.state == UNMAPPED and sg_fits_hole(b, size, &avail) and \
+                        (best == NULL or avail < best_avail):
+                    best, best_avail = b, avail
+                b = b.seg_next
+        seg = seg.next
+    if best == NULL:
+        return 1
+    r = sg_map(sg, up, c, best.ptr, best.size)
+    if r != 0:
+        return r
+    best.state = FREE
+    best.stream = no_stream()
+    rc_own(NULL, best)
+    sg_put(sg, so, fl, best)
+    return 0
 
 
-cdef inline void sg_split(Segments* sg, StreamOrder* so, FreeLists* fl, Block* b, int cls,
-                          size_t size, StreamKey s) noexcept nogil:
-    """Cut a block just taken for stream s (its earlier work is ordered before s's next) to
-    size; the rest becomes a cached block of the pool (in fl), free on s."""
-    cdef Block* rest = sg_new_record(sg, b.ptr + size, b.size - size, 0)
-    if rest == NULL:
-        return                          # no host memory: the block serves whole
-    rest.cls = floor_class(rest.size)
-    if not is_no_stream(b.stream):
-        rest.stream = s
-    rest.seg_prev, rest.seg_next = b, b.seg_next
-    if b.seg_next != NULL:
-        b.seg_next.seg_prev = rest
-    b.seg_next = rest
-    b.size, b.cls = size, cls
-    b.state = LIVE                      # not joinable with rest
-    rest.state = FREE_POOL
-    sg_put(so, fl, rest)
+cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* so,
+                          FreeLists* fl, size_t size, StreamKey s, void* owner) noexcept nogil:
+    """Grow an expandable upstream for a request of size bytes on s made through cache owner
+    (NULL: the pool): map a hole again, or map pages at the end of s's segment (reserving
+    its address range first), joined with the free block at the end if the request may
+    take it."""
+    cdef Segment* seg
+    cdef Block* tail
+    cdef Block* b
+    cdef uintptr_t va = 0
+    cdef size_t need, have = 0
+    cdef int r = sg_fill_hole(sg, up, c, so, fl, size, s)
+    if r != 1:
+        return r
+    seg = sg_stream_segment(sg, s)
+    tail = seg.last if seg != NULL else NULL
+    if tail != NULL and tail.state == FREE and tail.extra_events == NULL and \
+            (tail.region.cache == NULL or tail.region.cache == owner):
+        have = tail.size
+    need = round_up(size - have, up.granularity)
+    if seg == NULL or seg.nbytes + need > seg.va_bytes:
+        # A new range: the device's memory at most is mapped into one (a full range, or a
+        # first one, gets a successor).
+        r = up.reserve(&va)
+        if r != 0:
+            return r
+        seg = sg_new_segment(sg, va, 0, up.va_bytes, s)
+        if seg == NULL:
+            up.unreserve(va)
+            return CUDA_ERROR_OUT_OF_MEMORY
+        tail = NULL
+        have = 0
+        need = round_up(size, up.granularity)
+        if need > seg.va_bytes:
+            return CUDA_ERROR_OUT_OF_MEMORY
+    r = sg_map(sg, up, c, seg.base + seg.nbytes, need)
+    if r != 0:
+        return r
+    if have:
+        fl_unbin(fl, tail)
+        tail.size += need
+        b = tail
+    else:
+        b = sg_record(sg, seg.base + seg.nbytes, need, seg)
+        if b == NULL:
+            up.unmap(seg.base + seg.nbytes, need)
+            count_returned(c, need)
+            return CUDA_ERROR_OUT_OF_MEMORY
+        if seg.last != NULL:
+            sg_insert_after(seg.last, b)
+        else:
+            seg.first = seg.last = b
+        b.state = FREE
+        rc_own(NULL, b)
+    seg.nbytes += need
+    sg_put(sg, so, fl, b)
+    return 0
 
 
-cdef inline void sg_join_pieces(StreamOrder* so, vector[Block*]* pieces, vector[Block*]* keep,
-                                vector[Block*]* whole) noexcept nogil:
-    """During a trim, after every event has completed and with the free lists emptied: join
-    each run of free neighbouring pieces into its first; a run that is a whole upstream
-    allocation goes to whole, any other to keep."""
-    cdef vector[Block*] firsts
+# Trimming ---------------------------------------------------------------------------------
+
+cdef inline size_t sg_unmap_free(Segments* sg, Upstream up, Counters* c, StreamOrder* so,
+                                 FreeLists* fl, Block* b) noexcept nogil:
+    """Unmap the whole pages of free block b of an expandable segment (its work is done):
+    pages at the segment's end shrink it, others become an unmapped hole; the partial pages
+    around them stay free. Returns the bytes unmapped."""
+    cdef Segment* seg = b.segment
+    cdef size_t g = up.granularity
+    cdef uintptr_t lo = round_up(b.ptr, g), hi = (b.ptr + b.size) // g * g
+    cdef Block* hole
+    cdef Block* rest
+    if hi <= lo or up.unmap(lo, hi - lo) != 0:
+        fl_put(fl, b)
+        return 0
+    count_returned(c, hi - lo)
+    if hi < b.ptr + b.size:             # the partial page after the pages stays free
+        rest = sg_record(sg, hi, b.ptr + b.size - hi, seg)
+        if rest != NULL:
+            rest.state = FREE
+            sg_insert_after(b, rest)
+            fl_put(fl, rest)
+    if lo > b.ptr:                      # and the one before them
+        hole = sg_record(sg, lo, hi - lo, seg)
+        b.size = lo - b.ptr
+        fl_put(fl, b)
+        if hole == NULL:
+            return hi - lo              # unmapped all the same; the tiling keeps a gap
+        sg_insert_after(b, hole)
+    else:
+        hole = b
+        hole.size = hi - lo
+    hole.state = UNMAPPED
+    if hole.seg_prev != NULL and hole.seg_prev.state == UNMAPPED:     # one hole, not two
+        b = hole.seg_prev
+        b.size += hole.size
+        sg_remove(hole)
+        sg_retire(sg, so, hole)
+        hole = b
+    if hole.seg_next != NULL and hole.seg_next.state == UNMAPPED:
+        b = hole.seg_next
+        hole.size += b.size
+        sg_remove(b)
+        sg_retire(sg, so, b)
+    if hole.seg_next == NULL:           # the segment's end: it shrinks
+        seg.nbytes = hole.ptr - seg.base
+        sg_remove(hole)
+        sg_retire(sg, so, hole)
+        if seg.first == NULL:
+            up.unreserve(seg.base)
+            sg_drop_segment(sg, seg)
+    return hi - lo
+
+
+cdef inline void sg_rejoin(Segments* sg, StreamOrder* so, vector[Block*]* blocks,
+                           vector[Block*]* runs) noexcept nogil:
+    """After every event has completed, with blocks (all free, out of the free lists, free for
+    any stream): join each run of joinable neighbours into its first; the runs go to runs."""
     cdef size_t i
     cdef Block* b
-    for i in range(pieces.size()):
-        b = pieces[0][i]
-        so_drop_events(so, b)
-        b.stream = no_stream()
-        if b.seg_prev == NULL or b.seg_prev.state != FREE_POOL:
-            firsts.push_back(b)         # the others are joined into these (and freed)
-    for i in range(firsts.size()):
-        b = firsts[i]
-        while b.seg_next != NULL and b.seg_next.state == FREE_POOL:
-            sg_join(so, b, b.seg_next)
-        if b.seg_prev == NULL and b.seg_next == NULL:
-            whole.push_back(b)
-        else:
-            b.cls = floor_class(b.size)
-            keep.push_back(b)
+    for i in range(blocks.size()):
+        b = blocks[0][i]
+        if b.seg_prev == NULL or not sg_joinable(b, b.seg_prev):
+            runs.push_back(b)           # the others are joined into these (and retired)
+    for i in range(runs.size()):
+        b = runs[0][i]
+        while b.seg_next != NULL and sg_joinable(b, b.seg_next):
+            sg_join(sg, so, b, b.seg_next)
 
 
 cdef inline size_t sg_trim(Segments* sg, Upstream up, Counters* c, StreamOrder* so,
                            FreeLists* fl) noexcept nogil:
-    """Give the free blocks of fl (the pool's), wholly free slabs and wholly free upstream
-    allocations of pieces back to the upstream; returns the bytes given back. Synchronizes
-    the device first when a free block may still be in use by queued work; what stays cached
-    is then free for any stream."""
-    cdef vector[Block*] blocks, keep, large, pieces
-    cdef vector[Slab*] slabs
+    """Give the pool's free memory back: wholly free plain segments to the upstream, whole
+    free pages of expandable segments unmapped; blocks cached by regions stay. Synchronizes
+    the device first when a cached block may still be read by queued work; what stays cached
+    is then free for any stream. Returns the bytes given back."""
+    cdef vector[Block*] blocks, runs
     cdef size_t i, before = c.reserved
     cdef Block* b
-    cdef Block* nxt
+    cdef Segment* seg
     cdef bint busy = False
-    fl_take_all(fl, &blocks)
+    fl_each(fl, &blocks)
     for i in range(blocks.size()):
-        b = blocks[i]
-        busy = busy or not is_no_stream(b.stream)
-        if b.seg_prev != NULL or b.seg_next != NULL:
-            pieces.push_back(b)
-        elif b.slab == NULL:
-            large.push_back(b)
-        elif b.slab.free_in_pool == b.slab.nblocks:
-            if b == b.slab.blocks:
-                slabs.push_back(b.slab)
-        else:
-            keep.push_back(b)
+        busy = busy or not is_no_stream(blocks[i].stream)
+    blocks.clear()
     if busy:
-        # Cached blocks may still be read by work queued before their free. After this every
-        # event has completed, so every kept block is free for any stream.
-        up.synchronize()
+        # Cached blocks may still be read by work queued before their free; never-used ones
+        # have no work. After this every event has completed.
+        if up.synchronize() != 0:
+            return 0                    # the work may not be done: nothing is safe to free
         so.wanted.clear()
-    sg_join_pieces(so, &pieces, &keep, &large)
-    so_rebin_unused(so, fl, &keep, NULL)
-    for i in range(large.size()):
-        so_drop_events(so, large[i])
-        sg_upstream_free(up, c, large[i].ptr, large[i].size)
-        free(large[i])
-    for i in range(slabs.size()):
-        if slabs[i] == sg.slab:
-            sg.slab = NULL
-        if slabs[i].event:
-            so.events.push_back(slabs[i].event)
-        b = slabs[i].blocks
-        while b != NULL:
-            nxt = b.slab_next
+    so_unbind_all(so, fl, &blocks, NULL)
+    sg_rejoin(sg, so, &blocks, &runs)
+    for i in range(runs.size()):
+        b = runs[i]
+        seg = b.segment
+        if b.region.cache != NULL:
+            fl_put(fl, b)
+        elif seg.va_bytes:
+            sg_unmap_free(sg, up, c, so, fl, b)
+        elif b.seg_prev == NULL and b.seg_next == NULL:
+            up.free(seg.base)
+            count_returned(c, seg.nbytes)
+            sg_drop_segment(sg, seg)
+            sg_retire(sg, so, b)
+        else:
+            fl_put(fl, b)
+    return before - c.reserved
+
+
+cdef inline void sg_merge_streams(Segments* sg, StreamOrder* so, FreeLists* fl,
+                                  size_t* moved) noexcept nogil:
+    """After a device synchronize: every free block becomes free for any stream (neighbours
+    freed on different streams join)."""
+    cdef vector[Block*] blocks, runs
+    cdef size_t i
+    so_unbind_all(so, fl, &blocks, moved)
+    sg_rejoin(sg, so, &blocks, &runs)
+    for i in range(runs.size()):
+        fl_put(fl, runs[i])
+
+
+cdef inline void sg_release_all(Segments* sg, Upstream up, StreamOrder* so) noexcept nogil:
+    """At the pool's end (no block live): give every segment back, drop every record."""
+    cdef Segment* seg
+    cdef Block* b
+    cdef Block* nxt
+    cdef uintptr_t start = 0
+    cdef size_t i
+    while sg.head != NULL:
+        seg = sg.head
+        b = seg.first
+        start = seg.base
+        while b != NULL:                # expandable: unmap each run of mapped pages
+            nxt = b.seg_next
+            if seg.va_bytes and b.state == UNMAPPED:
+                if b.ptr > start:
+                    up.unmap(start, b.ptr - start)
+                start = b.ptr + b.size
             so_drop_events(so, b)
             free(b)
             b = nxt
-        sg_upstream_free(up, c, slabs[i].ptr, slabs[i].nbytes)
-        free(slabs[i])
-    return before - c.reserved
+        if seg.va_bytes:
+            if seg.base + seg.nbytes > start:
+                up.unmap(start, seg.base + seg.nbytes - start)
+            up.unreserve(seg.base)
+        else:
+            up.free(seg.base)
+        sg.head = seg.next
+        free(seg)
+    for i in range(sg.spare.size()):
+        free(sg.spare[i])
+    sg.spare.clear()

@@ -11,10 +11,12 @@
 # Blocks of streams that never come back are freed for all by a trim or merge_streams().
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
-from gpupool._block cimport Block, Slab
+from gpupool._block cimport Block
 from gpupool._freelist cimport (
-    FreeLists, StreamBin, fl_class, fl_front, fl_pop, fl_each_of, fl_take_all, fl_put,
+    FreeLists, StreamBin, fl_lower, fl_erase, fl_next_class, fl_each_of, fl_take_all,
 )
+from gpupool._regioncache cimport RegionCache, rc_lends
+from gpupool._sizes cimport floor_class
 from gpupool._streams cimport (
     StreamKey, STREAM_PER_THREAD, same_stream, is_no_stream, no_stream, current_thread,
 )
@@ -99,41 +101,68 @@ cdef inline bint so_ready(StreamOrder* so, Upstream up, Block* b, StreamKey s,
     return True
 
 
-cdef inline Block* so_take(StreamOrder* so, Upstream up, FreeLists* fl, int cls,
-                           StreamKey s) noexcept nogil:
-    """A free block of class cls in fl that stream s may use now, taken out of fl; NULL if
-    none. This stream's blocks first (same addresses, no wait), then never-used ones, then
-    other streams' blocks whose work has completed, then (GPU-side wait) the others."""
-    cdef vector[StreamBin]* bins = fl_class(fl, cls)
-    cdef size_t i, n, same, fresh
-    cdef int wait
+cdef enum:
+    MAY_USE = 0         # this stream's blocks and never-used ones
+    READY = 1           # another stream's, whose work has completed
+    WAITED = 2          # another stream's, after making this stream wait for it on the GPU
+
+
+cdef inline bint so_allowed(Block* b, void* owner, bint borrow) noexcept nogil:
+    """Whether a request served through cache owner (NULL: the pool) may take free block b:
+    the pool's blocks and owner's own; with borrow, an idle region's too."""
+    cdef RegionCache* rc = <RegionCache*>b.region.cache
+    return rc == NULL or <void*>rc == owner or (borrow and rc_lends(rc))
+
+
+cdef inline Block* so_fit(StreamOrder* so, Upstream up, StreamBin* bin, size_t n, StreamKey s,
+                          void* owner, bint borrow, int mode, size_t* index) noexcept nogil:
+    """The smallest block of at least n bytes in bin that the request may take and stream s
+    may use now (mode: MAY_USE, READY or WAITED); NULL if none. Its index goes to index."""
+    cdef size_t i
     cdef Block* b
-    if bins == NULL:
-        return NULL
-    n = same = fresh = bins.size()
-    # Fast path, the steady state of one stream: its bin first, its oldest block free of
-    # other streams' events.
-    if n and same_stream(bins[0][0].key, s) and not bins[0][0].heap.empty():
-        b = fl_front(bins, 0)
-        if b.extra_events == NULL:          # as so_ready(b, s) for its own stream
-            so_drop_events(so, b)
-            return fl_pop(bins, 0)
-    for i in range(n):
-        if bins[0][i].heap.empty():
+    for i in range(fl_lower(&bin.blocks, n), bin.blocks.size()):
+        b = bin.blocks[i]
+        if not so_allowed(b, owner, borrow):
             continue
-        if same_stream(bins[0][i].key, s):
-            same = i
-        elif is_no_stream(bins[0][i].key):
-            fresh = i
-    if same < n and so_ready(so, up, fl_front(bins, same), s, True):
-        return fl_pop(bins, same)
-    if fresh < n:
-        return fl_pop(bins, fresh)
-    for wait in range(2):
-        for i in range(n):
-            if i != same and not bins[0][i].heap.empty() and \
-                    so_ready(so, up, fl_front(bins, i), s, wait):
-                return fl_pop(bins, i)
+        if (b.extra_events == NULL and mode == MAY_USE) or so_ready(so, up, b, s, mode == WAITED
+                                                                     or mode == MAY_USE):
+            index[0] = i
+            return b
+        if mode != WAITED:
+            return NULL                 # not ready: a later block of the bin is no readier
+    return NULL
+
+
+cdef inline Block* so_take(StreamOrder* so, Upstream up, FreeLists* fl, size_t n, StreamKey s,
+                           void* owner, bint borrow) noexcept nogil:
+    """The best fit for n bytes in fl that stream s may use now, taken out of fl; NULL if
+    none. Smallest block first (class by class); within a class this stream's blocks and
+    never-used ones first (same addresses, no wait), then other streams' blocks whose work
+    has completed, then (GPU-side wait) the others. Only blocks the request may take
+    (so_allowed: owner's, the pool's, and with borrow idle regions')."""
+    cdef int c = fl_next_class(fl, floor_class(n))
+    cdef size_t i, j, found
+    cdef StreamBin* bin
+    cdef StreamBin* where
+    cdef Block* b
+    cdef Block* best
+    cdef int mode
+    while c >= 0:
+        for mode in range(3):
+            best = NULL
+            for i in range(fl.bins[c].size()):
+                bin = &fl.bins[c][i]
+                if bin.blocks.empty() or \
+                        (mode == MAY_USE) != (same_stream(bin.key, s) or is_no_stream(bin.key)):
+                    continue
+                b = so_fit(so, up, bin, n, s, owner, borrow, mode, &j)
+                if b != NULL and (best == NULL or b.size < best.size):
+                    best, where, found = b, bin, j
+            if best != NULL:
+                so_drop_events(so, best)        # its earlier work is ordered before s's next
+                fl_erase(fl, c, where, found)
+                return best
+        c = fl_next_class(fl, c + 1)
     return NULL
 
 
@@ -164,38 +193,17 @@ cdef inline bint so_is_wanted(StreamOrder* so, StreamKey s) noexcept nogil:
     return False
 
 
-cdef inline int so_slab_event(StreamOrder* so, Upstream up, Slab* slab) noexcept nogil:
-    """Record an event on the stream a slab was allocated on (stream-ordered upstreams: the
-    memory exists in that stream's order only); synchronize when no event can be had."""
-    cdef uintptr_t e = so_event(so, up)
-    cdef int r
-    if e == 0:
-        return up.synchronize()
-    r = up.event_record(e, slab.stream.handle)
-    if r != 0:
-        so.events.push_back(e)
-        return r
-    slab.event = e
-    return 0
-
-
-cdef inline void so_rebin_unused(StreamOrder* so, FreeLists* fl, vector[Block*]* blocks,
-                                 size_t* moved) noexcept nogil:
-    """After a device synchronize: put blocks into fl as free for any stream (their events
-    recycled); counts in moved those that were bound to a stream."""
+cdef inline void so_unbind_all(StreamOrder* so, FreeLists* fl, vector[Block*]* out,
+                               size_t* moved) noexcept nogil:
+    """After a device synchronize (every event has completed): take every block out of fl
+    into out, free for any stream now (events recycled); counts in moved (unless NULL) those
+    that were bound to a stream."""
     cdef size_t i
     cdef Block* b
-    for i in range(blocks.size()):
-        b = blocks[0][i]
+    fl_take_all(fl, out)
+    for i in range(out.size()):
+        b = out[0][i]
         if moved != NULL and not is_no_stream(b.stream):
             moved[0] += 1
         so_drop_events(so, b)
         b.stream = no_stream()
-        fl_put(fl, b)
-
-
-cdef inline void so_merge(StreamOrder* so, FreeLists* fl, size_t* moved) noexcept nogil:
-    """After a device synchronize: every block of fl becomes free for any stream."""
-    cdef vector[Block*] blocks
-    fl_take_all(fl, &blocks)
-    so_rebin_unused(so, fl, &blocks, moved)

@@ -3,6 +3,7 @@
 # status code (0, a CUresult, or GP_PY_ERROR) and never raises, so the pool can call it under
 # its lock; error() turns a code into the Python exception.
 from libc.stdint cimport uintptr_t
+from libcpp.unordered_map cimport unordered_map
 
 from gpupool._status cimport GP_PY_ERROR
 
@@ -15,6 +16,9 @@ cdef class Upstream:
     cdef readonly int device
     cdef readonly bint stream_ordered   # alloc is ordered on its stream (not usable before)
     cdef readonly bint host_accessible  # its memory is host memory (DLPack exports kDLCPU)
+    cdef readonly bint expandable       # memory is pages mapped into reserved address ranges
+    cdef readonly size_t granularity    # expandable: bytes of a page
+    cdef readonly size_t va_bytes       # expandable: bytes of address space a range reserves
     cdef object _pending          # exception raised by a Python upstream, for error()
 
     cdef int alloc(self, size_t nbytes, uintptr_t stream, uintptr_t* ptr) noexcept nogil
@@ -33,6 +37,10 @@ cdef class Upstream:
     cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil
     cdef int set_release_threshold(self, size_t nbytes) noexcept nogil
     cdef int trim(self) noexcept nogil
+    cdef int reserve(self, uintptr_t* va) noexcept nogil
+    cdef int unreserve(self, uintptr_t va) noexcept nogil
+    cdef int map(self, uintptr_t va, size_t nbytes) noexcept nogil
+    cdef int unmap(self, uintptr_t va, size_t nbytes) noexcept nogil
     cdef int raise_error(self, int code, str what) except -1
 
 cdef class DriverUpstream(Upstream):
@@ -45,6 +53,11 @@ cdef class DriverUpstream(Upstream):
 cdef class AsyncUpstream(DriverUpstream):
     cdef void* mempool            # CUmemoryPool of its own, created on the device
     cdef size_t threshold         # its release threshold in bytes
+
+cdef class VmmUpstream(DriverUpstream):
+    cdef unordered_map[uintptr_t, unsigned long long] pages     # mapped page -> its handle
+
+    cdef void _release_pages(self, uintptr_t va, size_t nbytes) noexcept nogil
 
 cdef class PythonUpstream(Upstream):
     cdef int _call(self, str name, tuple args, uintptr_t* out, size_t* out2) noexcept

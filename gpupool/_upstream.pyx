@@ -10,7 +10,7 @@ own. ``PythonUpstream`` forwards to Python methods; ``gpupool.testing.SimulatedD
 from libc.stdint cimport uintptr_t
 from cuda.bindings.cydriver cimport (
     CUresult, CUcontext, CUdevice, CUdeviceptr, CUstream, CUevent, CUmemoryPool,
-    CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_READY,
+    CUmemGenericAllocationHandle, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_READY,
 )
 from gpupool cimport _driver as drv
 
@@ -91,6 +91,25 @@ cdef class Upstream:
     cdef int trim(self) noexcept nogil:
         """Give memory the upstream keeps after frees back to the device."""
         return 0
+
+    # Expandable upstreams (expandable is true): address ranges whose pages are mapped.
+
+    cdef int reserve(self, uintptr_t* va) noexcept nogil:
+        """Reserve va_bytes of address space; its start goes to va."""
+        return GP_PY_ERROR
+
+    cdef int unreserve(self, uintptr_t va) noexcept nogil:
+        """Give back a range from reserve (all its pages unmapped)."""
+        return GP_PY_ERROR
+
+    cdef int map(self, uintptr_t va, size_t nbytes) noexcept nogil:
+        """Map new memory at va (whole pages of a reserved range), readable and writable by
+        the device."""
+        return GP_PY_ERROR
+
+    cdef int unmap(self, uintptr_t va, size_t nbytes) noexcept nogil:
+        """Unmap whole pages and give their memory back (no queued work may use them)."""
+        return GP_PY_ERROR
 
     cdef int raise_error(self, int code, str what) except -1:
         """Raise the exception for a status code returned by one of the methods above."""
@@ -362,6 +381,113 @@ cdef class AsyncUpstream(DriverUpstream):
         return f"AsyncUpstream(device={self.device}, release_threshold={self.threshold})"
 
 
+cdef class VmmUpstream(DriverUpstream):
+    """Device memory from the driver's virtual memory API, for expandable segments.
+
+    ``VmmUpstream(device=0)``
+
+    The pool reserves one range of address space per stream (``cuMemAddressReserve``, the
+    device's memory in size) and maps pages into it as the stream's segment grows: each page
+    is a physical allocation of its own (``cuMemCreate`` with the POSIX file descriptor
+    handle type requested, so it can be exported for IPC; the granularity from
+    ``cuMemGetAllocationGranularity``), mapped with ``cuMemMap`` and made readable and
+    writable by the device with ``cuMemSetAccess``. A trim unmaps whole free pages
+    (``cuMemUnmap``, ``cuMemRelease``) once the device's work on them is done.
+
+    Parameters
+    ----------
+    device : int
+        Device ordinal.
+
+    Raises
+    ------
+    NoDeviceError
+        No driver, no device, or ``device`` out of range.
+    CudaError
+        The device has no virtual memory management, or the granularity query failed.
+    """
+
+    def __cinit__(self, int device=0, *args, **kwargs):
+        cdef size_t granularity = 0, total = 0
+        cdef void* prev = NULL
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = drv.vmm_granularity(&granularity, device)
+            if r == 0:
+                r = drv.device_total_mem(&total, <CUdevice>device)
+            r = self._leave(prev, r)
+        drv.check(<CUresult>r, "cuMemGetAllocationGranularity")
+        self.expandable = True
+        self.granularity = granularity
+        self.va_bytes = (total + granularity - 1) // granularity * granularity
+
+    cdef int reserve(self, uintptr_t* va) noexcept nogil:
+        cdef void* prev = NULL
+        cdef CUdeviceptr p = 0
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = self._leave(prev, drv.vmm_reserve(&p, self.va_bytes))
+        va[0] = <uintptr_t>p
+        return r
+
+    cdef int unreserve(self, uintptr_t va) noexcept nogil:
+        cdef void* prev = NULL
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = self._leave(prev, drv.vmm_free_range(<CUdeviceptr>va, self.va_bytes))
+        return r
+
+    cdef void _release_pages(self, uintptr_t va, size_t nbytes) noexcept nogil:
+        cdef uintptr_t page = va
+        while page < va + nbytes:
+            if self.pages.count(page):
+                drv.vmm_release(<CUmemGenericAllocationHandle>self.pages[page])
+                self.pages.erase(page)
+            page += self.granularity
+
+    cdef int map(self, uintptr_t va, size_t nbytes) noexcept nogil:
+        cdef void* prev = NULL
+        cdef CUmemGenericAllocationHandle handle = 0
+        cdef size_t done = 0, g = self.granularity
+        cdef int r = self._enter(&prev)
+        if r != 0:
+            return r
+        while done < nbytes and r == 0:
+            r = drv.vmm_create(&handle, g, self.device)
+            if r == 0:
+                r = drv.vmm_map(<CUdeviceptr>(va + done), g, handle)
+                if r != 0:
+                    drv.vmm_release(handle)
+                else:
+                    self.pages[va + done] = handle
+                    done += g
+        if r == 0:
+            r = drv.vmm_set_access(<CUdeviceptr>va, nbytes, self.device)
+        if r != 0 and done:
+            # Undo: nothing of a failed mapping stays mapped or allocated.
+            drv.vmm_unmap(<CUdeviceptr>va, done)
+            self._release_pages(va, done)
+        return self._leave(prev, r)
+
+    cdef int unmap(self, uintptr_t va, size_t nbytes) noexcept nogil:
+        cdef void* prev = NULL
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = drv.vmm_unmap(<CUdeviceptr>va, nbytes)
+            if r == 0:
+                self._release_pages(va, nbytes)
+            r = self._leave(prev, r)
+        return r
+
+    @property
+    def mapped_bytes(self):
+        """Bytes of device memory mapped now."""
+        return self.pages.size() * self.granularity
+
+    def __repr__(self):
+        return f"VmmUpstream(device={self.device}, granularity={self.granularity})"
+
+
 cdef class PythonUpstream(Upstream):
     """An upstream whose operations are Python methods; subclass it to simulate a device.
 
@@ -372,9 +498,11 @@ cdef class PythonUpstream(Upstream):
     ``_stream_wait_event(stream, event)``, ``_synchronize()``,
     ``_copy(kind, dst, src, nbytes, stream)`` (kind: 1 host to device, 2 device to host,
     3 device to device), ``_memset(dst, value, nbytes, stream)`` and
-    ``_mem_info() -> (free, total)``, ``_stream_id(stream) -> int`` and ``_trim()``.
-    Exceptions other than ``MemoryError`` reach the caller
-    of the pool operation that made the call.
+    ``_mem_info() -> (free, total)``, ``_stream_id(stream) -> int`` and ``_trim()``; an
+    expandable one (``_set_expandable``) also ``_reserve() -> int``, ``_unreserve(va)``,
+    ``_map(va, nbytes)`` (raise ``MemoryError`` when out of memory) and ``_unmap(va,
+    nbytes)``. Exceptions other than ``MemoryError`` reach the caller of the pool operation
+    that made the call.
     """
 
     def _set_device(self, int device):
@@ -474,6 +602,32 @@ cdef class PythonUpstream(Upstream):
     def _set_stream_ordered(self, bint ordered):
         """Declare that ``_alloc(nbytes, stream)`` is ordered on ``stream`` (for subclasses)."""
         self.stream_ordered = ordered
+
+    def _set_expandable(self, size_t granularity, size_t va_bytes):
+        """Declare that memory comes as pages of ``granularity`` bytes mapped into ranges of
+        ``va_bytes`` (``_reserve``, ``_map``, ``_unmap``, ``_unreserve``), for subclasses."""
+        if granularity == 0 or granularity % 512 or va_bytes < granularity:
+            raise ValueError("granularity must be a positive multiple of 512 B, no larger "
+                             "than va_bytes")
+        self.expandable = True
+        self.granularity = granularity
+        self.va_bytes = va_bytes
+
+    cdef int reserve(self, uintptr_t* va) noexcept nogil:
+        with gil:
+            return self._call("_reserve", (), va, NULL)
+
+    cdef int unreserve(self, uintptr_t va) noexcept nogil:
+        with gil:
+            return self._call("_unreserve", (va,), NULL, NULL)
+
+    cdef int map(self, uintptr_t va, size_t nbytes) noexcept nogil:
+        with gil:
+            return self._call("_map", (va, nbytes), NULL, NULL)
+
+    cdef int unmap(self, uintptr_t va, size_t nbytes) noexcept nogil:
+        with gil:
+            return self._call("_unmap", (va, nbytes), NULL, NULL)
 
     def _set_host_accessible(self, bint accessible):
         """Declare that the memory ``_alloc`` returns is host memory (for subclasses): buffers

@@ -16,6 +16,7 @@ Every simulated driver call is appended to ``sim.calls`` as ``(name, args)``.
 
 import ctypes
 import itertools
+import mmap
 
 import numpy as np
 
@@ -26,6 +27,15 @@ __all__ = ["SimulatedDevice"]
 ALIGNMENT = 256
 LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
+PAGE_BYTES = 2 << 20                    # the driver's page (cuMemAlloc rounds to it)
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+_MADV_DONTNEED = 4
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
 class SimulatedDevice(PythonUpstream):
@@ -41,30 +51,52 @@ class SimulatedDevice(PythonUpstream):
         Simulate a stream-ordered upstream (as ``gpupool.AsyncUpstream``): each allocation
         is work queued on the requesting stream, and memory exists for other streams only
         once that work is done or ordered before theirs.
+    virtual_memory : bool
+        Simulate the driver's virtual memory API (as ``gpupool.VmmUpstream``): the pool
+        reserves ranges of address space (``capacity`` bytes each, host address space that
+        costs nothing until used) and maps pages of ``page`` bytes into them as it grows.
+        Unmapping a page while any stream has work pending is a misuse (the pool must order
+        an unmap after the work that may use the page).
+    page : int
+        Bytes of a page: the mapping granularity with ``virtual_memory``; without it, the
+        rounding of allocations that ``device_bytes`` counts (cuMemAlloc maps whole 2 MiB
+        pages).
 
     Attributes
     ----------
     calls : list of (str, tuple)
         Every simulated driver call, in order: ``alloc``, ``free``, ``event_create``,
         ``event_destroy``, ``event_record``, ``event_query``, ``stream_wait_event``,
-        ``synchronize``, ``copy``, ``memset``, ``mem_info``, ``trim``. With
+        ``synchronize``, ``copy``, ``memset``, ``mem_info``, ``trim``; with
+        ``virtual_memory``, ``reserve``, ``unreserve``, ``map``, ``unmap``. With
         ``stream_ordered``, ``alloc``'s arguments are ``(nbytes, stream)``.
     used : int
-        Bytes currently allocated.
+        Bytes currently allocated (or mapped).
+    device_bytes, peak_device_bytes : int
+        The device memory that would be in use, now and at the most: allocations rounded
+        up to ``page`` (mapped pages with ``virtual_memory``); what ``cuMemGetInfo`` would
+        count.
     errors : list of str
         Misuses seen (a call on an unknown or destroyed stream, a free of an unknown pointer):
         each also raises, but a pool freeing from ``__dealloc__`` cannot report it, so tests
         should check that this list is empty.
     """
 
-    def __init__(self, capacity=1 << 30, device=0, stream_ordered=False):
+    def __init__(self, capacity=1 << 30, device=0, stream_ordered=False, virtual_memory=False,
+                 page=PAGE_BYTES):
         if capacity <= 0:
             raise ValueError("capacity must be positive")
+        if page <= 0 or page % 512:
+            raise ValueError("page must be a positive multiple of 512 B")
         self._set_device(device)
         self._set_stream_ordered(stream_ordered)
         self._set_host_accessible(True)     # buffers export DLPack as kDLCPU: NumPy reads them
         self.capacity = int(capacity)
-        self.used = 0
+        self.page = int(page)
+        if virtual_memory:
+            self._set_expandable(self.page, -(-self.capacity // self.page) * self.page)
+        self._ranges = {}               # reserved start -> (bytes, set of mapped page starts)
+        self.used = self.device_bytes = self.peak_device_bytes = 0
         self.calls = []
         self.errors = []
         self._arrays = {}               # pointer -> (numpy array holding it, nbytes)
@@ -140,6 +172,11 @@ class SimulatedDevice(PythonUpstream):
 
     # The upstream side (called by the pool) --------------------------------------------
 
+    def _count(self, nbytes, rounded):
+        self.used += nbytes
+        self.device_bytes += rounded
+        self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
+
     def _alloc(self, nbytes, stream=None):
         self.calls.append(("alloc", (nbytes,) if stream is None else (nbytes, stream)))
         if stream is not None:
@@ -149,7 +186,7 @@ class SimulatedDevice(PythonUpstream):
         array = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
         ptr = -array.ctypes.data % ALIGNMENT + array.ctypes.data
         self._arrays[ptr] = (array, nbytes)
-        self.used += nbytes
+        self._count(nbytes, -(-nbytes // self.page) * self.page)
         if stream is not None:
             self._queued[stream] += 1       # the allocation is work in the stream's order
             self.allocated_on[ptr] = (stream, self._queued[stream])
@@ -159,8 +196,72 @@ class SimulatedDevice(PythonUpstream):
         self.calls.append(("free", (ptr,)))
         if ptr not in self._arrays:
             self._misuse(f"free of unknown pointer {ptr:#x}")
-        self.used -= self._arrays.pop(ptr)[1]
+        nbytes = self._arrays.pop(ptr)[1]
+        self._count(-nbytes, -(-nbytes // self.page) * -self.page)
         self.allocated_on.pop(ptr, None)
+
+    # Virtual memory (virtual_memory=True) ------------------------------------------------
+
+    def _reserve(self):
+        size = self.va_bytes
+        self.calls.append(("reserve", (size,)))
+        va = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        if va in (None, ctypes.c_void_p(-1).value):
+            raise MemoryError("simulated device: no host address space for a reservation")
+        self._ranges[va] = (size, set())
+        return va
+
+    def _unreserve(self, va):
+        self.calls.append(("unreserve", (va,)))
+        if va not in self._ranges:
+            self._misuse(f"unreserve of unknown range {va:#x}")
+        size, mapped = self._ranges[va]
+        if mapped:
+            self._misuse(f"unreserve of range {va:#x} with {len(mapped)} pages still mapped")
+        _libc.munmap(va, size)
+        del self._ranges[va]
+
+    def _pages(self, va, nbytes, what):
+        """The reserved range holding [va, va + nbytes) and the page starts in it."""
+        for start, (size, mapped) in self._ranges.items():
+            if start <= va and va + nbytes <= start + size:
+                if (va - start) % self.page or nbytes % self.page or nbytes == 0:
+                    self._misuse(f"{what} of {nbytes} B at {va:#x}: not whole pages")
+                return mapped, range(va, va + nbytes, self.page)
+        self._misuse(f"{what} of {nbytes} B at {va:#x}: outside every reserved range")
+
+    def _map(self, va, nbytes):
+        self.calls.append(("map", (va, nbytes)))
+        mapped, pages = self._pages(va, nbytes, "map")
+        if any(p in mapped for p in pages):
+            self._misuse(f"map of {nbytes} B at {va:#x}: a page is mapped already")
+        if self.used + nbytes > self.capacity:
+            raise MemoryError(f"simulated device out of memory: {nbytes} B to map")
+        mapped.update(pages)
+        self._count(nbytes, nbytes)
+
+    def _unmap(self, va, nbytes):
+        self.calls.append(("unmap", (va, nbytes)))
+        mapped, pages = self._pages(va, nbytes, "unmap")
+        if not all(p in mapped for p in pages):
+            self._misuse(f"unmap of {nbytes} B at {va:#x}: a page is not mapped")
+        busy = [s for s in self._queued if self._done[s] < self._queued[s]]
+        if busy:
+            self._misuse(f"unmap of {nbytes} B at {va:#x} while streams {busy} have work "
+                         f"pending that may use it")
+        mapped.difference_update(pages)
+        _libc.madvise(va, nbytes, _MADV_DONTNEED)      # the host memory goes back too
+        self._count(-nbytes, -nbytes)
+
+    def mapped(self, va, nbytes=1):
+        """Whether [va, va + nbytes) lies in mapped pages (virtual_memory=True)."""
+        first = va - va % self.page
+        for start, (size, pages) in self._ranges.items():
+            if start <= va < start + size:
+                return all(p in pages for p in range(first - (first - start) % self.page,
+                                                      va + nbytes, self.page))
+        return False
 
     def _event_create(self):
         event = next(self._handles)
@@ -195,14 +296,23 @@ class SimulatedDevice(PythonUpstream):
         self.calls.append(("synchronize", ()))
         self.complete()
 
+    def _check_mapped(self, ptr, nbytes, what):
+        if self._ranges and any(start <= ptr < start + size
+                                for start, (size, _) in self._ranges.items()) \
+                and not self.mapped(ptr, nbytes):
+            self._misuse(f"{what} of {nbytes} B at {ptr:#x}: memory not mapped")
+
     def _copy(self, kind, dst, src, nbytes, stream):
         self.calls.append(("copy", (kind, dst, src, nbytes, stream)))
         self._check_stream(stream)
+        self._check_mapped(dst, nbytes, "copy")
+        self._check_mapped(src, nbytes, "copy")
         ctypes.memmove(dst, src, nbytes)
 
     def _memset(self, dst, value, nbytes, stream):
         self.calls.append(("memset", (dst, value, nbytes, stream)))
         self._check_stream(stream)
+        self._check_mapped(dst, nbytes, "memset")
         ctypes.memset(dst, value, nbytes)
 
     def _stream_id(self, stream):
@@ -217,4 +327,5 @@ class SimulatedDevice(PythonUpstream):
         return self.capacity - self.used, self.capacity
 
     def __repr__(self):
-        return f"SimulatedDevice(capacity={self.capacity}, used={self.used})"
+        kind = ", virtual_memory=True" if self.expandable else ""
+        return f"SimulatedDevice(capacity={self.capacity}{kind}, used={self.used})"
