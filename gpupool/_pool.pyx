@@ -266,21 +266,25 @@ cdef class Pool(BlockOwner):
     # give: a block of the exact size, freed last.
 
     cdef Block* _unpark(self, size_t size, StreamKey s, RegionCache* rc) noexcept nogil:
-        """A parked block of exactly size bytes, last used on s, that the request may take
-        (the pool's or rc's, no record_stream events); NULL if none. Newest first."""
-        cdef int i = self._nparked, j
+        """The parked block of exactly size bytes, last used on s, that the request may take
+        (the pool's or rc's, no record_stream events), at the lowest address as best fit
+        would choose; NULL if none."""
+        cdef int i, j, found = -1
         cdef Block* b
-        while i:
-            i -= 1
+        for i in range(self._nparked):
             b = self._parked[i]
             if b.size == size and same_stream(b.stream, s) and b.extra_events == NULL and \
-                    (b.region.cache == NULL or b.region.cache == <void*>rc):
-                for j in range(i, self._nparked - 1):
-                    self._parked[j] = self._parked[j + 1]
-                self._nparked -= 1
-                rc_disown(b)
-                return b
-        return NULL
+                    (b.region.cache == NULL or b.region.cache == <void*>rc) and \
+                    (found < 0 or b.ptr < self._parked[found].ptr):
+                found = i
+        if found < 0:
+            return NULL
+        b = self._parked[found]
+        for j in range(found, self._nparked - 1):
+            self._parked[j] = self._parked[j + 1]
+        self._nparked -= 1
+        rc_disown(b)
+        return b
 
     cdef void _park(self, Block* b) noexcept nogil:
         """Hold freed block b aside (the oldest parked one goes to the free lists if full)."""
