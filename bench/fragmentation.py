@@ -21,7 +21,6 @@ import time
 import _common
 import alloc_trace
 import numpy as np
-import trace_replay
 from _common import MiB, format_table
 
 SCRIPT = "fragmentation"

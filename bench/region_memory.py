@@ -45,7 +45,7 @@ SCRIPT = "region_memory"
 DEPTH, WIDTH, BATCH = 8, 1024, 256
 LR, WEIGHT_DECAY, SEED = 0.01, 1e-4, 0
 STEPS, QUICK_STEPS = 500, 60
-# A full collection with PyTorch loaded takes ~100 ms (DESIGN.md): 500 of them would be most
+# A full collection with PyTorch loaded takes ~100 ms (docs/design.md): 500 of them would be most
 # of the run, and 150 steps already show whether reserved memory stays flat.
 GC_STEPS = 150
 STEADY_FROM = 3          # steps 1-2 fill the caches: medians and the working set from step 3

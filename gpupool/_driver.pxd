@@ -3,7 +3,7 @@
 # Each wrapper returns the CUresult and never raises, so it can run without the GIL on the
 # pool's hot path; cydriver raises a Python exception when libcuda or a symbol is missing, and
 # the wrappers turn that into GP_NO_DRIVER instead of letting a noexcept caller swallow it
-# as CUDA_SUCCESS (the trap in DESIGN.md's build notes). check() raises from a result.
+# as CUDA_SUCCESS (the trap in docs/design.md's build notes). check() raises from a result.
 from libc.stdint cimport uintptr_t
 from cuda.bindings.cydriver cimport (
     CUresult, CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice, CUmemoryPool,

@@ -72,7 +72,8 @@ ctypedef CUresult (*fn_reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
                                 unsigned long long) noexcept nogil
 ctypedef CUresult (*fn_range)(CUdeviceptr, size_t) noexcept nogil
 ctypedef CUresult (*fn_create)(CUmemGenericAllocationHandle*, size_t,
-                               const cydriver.CUmemAllocationProp*, unsigned long long) noexcept nogil
+                               const cydriver.CUmemAllocationProp*,
+                               unsigned long long) noexcept nogil
 ctypedef CUresult (*fn_release)(CUmemGenericAllocationHandle) noexcept nogil
 ctypedef CUresult (*fn_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
                             unsigned long long) noexcept nogil

@@ -260,10 +260,10 @@ cdef class Pool(BlockOwner):
     # A free of a block whose size is requested again at once (a scratch buffer, a step's
     # temporaries of one shape) would be cut from a joined block and joined back every time:
     # the last PARK_SLOTS freed blocks of up to PARK_MAX bytes are held aside, unjoined, for a
-    # request of their exact size on their stream; any other request, and everything that walks the free lists
-    # (trims, stream merges, region exits, the ladder), puts them back first (joined), so
-    # best fit always sees the whole free memory. Addresses are those the free lists would
-    # give: a block of the exact size, freed last.
+    # request of their exact size on their stream. Any other request, and everything that
+    # walks the free lists (trims, stream merges, region exits, the ladder), puts them back
+    # first (joined), so best fit always sees the whole free memory. Addresses are those the
+    # free lists would give: a block of the exact size, the lowest address first.
 
     cdef Block* _unpark(self, size_t size, StreamKey s, RegionCache* rc) noexcept nogil:
         """The parked block of exactly size bytes, last used on s, that the request may take

@@ -1,4 +1,4 @@
-# Size classes: how requests are rounded and binned (see docs/design.md, "Size classes").
+# Size classes: how requests are rounded and binned (docs/design.md, "Sizes and fit").
 #
 # Multiples of 512 B up to 4 KiB (8 classes), then eight classes per power of two, so rounding
 # wastes at most 511 B below 4 KiB and at most an eighth above. A block whose size is not a

@@ -124,8 +124,8 @@ cdef inline Block* so_fit(StreamOrder* so, Upstream up, StreamBin* bin, size_t n
         b = bin.blocks[i]
         if not so_allowed(b, owner, borrow):
             continue
-        if (b.extra_events == NULL and mode == MAY_USE) or so_ready(so, up, b, s, mode == WAITED
-                                                                     or mode == MAY_USE):
+        if (b.extra_events == NULL and mode == MAY_USE) or \
+                so_ready(so, up, b, s, mode != READY):
             index[0] = i
             return b
         if mode != WAITED:

@@ -18,10 +18,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import alloc_trace  # noqa: E402
 import fragmentation  # noqa: E402
-from _common import MiB  # noqa: E402
 import run_all  # noqa: E402
 import threads  # noqa: E402
 import trace_replay  # noqa: E402
+from _common import MiB  # noqa: E402
 from _peers import Context  # noqa: E402
 
 A, F = alloc_trace.ALLOC, alloc_trace.FREE
