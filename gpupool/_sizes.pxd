@@ -1,8 +1,9 @@
-# Size classes: how requests are rounded and binned (docs/design.md, "Sizes and fit").
+# Size classes: how free blocks are binned (docs/design.md, "Sizes and fit"); requests are
+# rounded to 512 B (_segments.round_request), not to a class.
 #
-# Multiples of 512 B up to 4 KiB (8 classes), then eight classes per power of two, so rounding
-# wastes at most 511 B below 4 KiB and at most an eighth above. A block whose size is not a
-# class's own (a piece, an exact block) is binned in the largest class it holds (floor_class).
+# Multiples of 512 B up to 4 KiB (8 classes), then eight classes per power of two. A free block
+# is binned in the largest class it holds (floor_class), so every block of a higher class is
+# larger than every block of a lower one: best fit searches class by class.
 
 cdef extern from *:
     """
