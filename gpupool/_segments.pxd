@@ -299,22 +299,31 @@ cdef inline Segment* sg_stream_segment(Segments* sg, StreamKey s) noexcept nogil
     return NULL
 
 
-cdef inline bint sg_fits_hole(Block* hole, size_t size, size_t* avail) noexcept nogil:
-    """Whether an unmapped hole and its free, pool-cached neighbours hold size bytes."""
+cdef inline bint sg_extends(Block* b, StreamKey s, void* owner) noexcept nogil:
+    """Whether new memory next to b may join it for a request on s through cache owner: b is
+    free, on s or never used, with no record_stream events, the pool's or owner's."""
+    return (b != NULL and b.state == FREE and b.extra_events == NULL
+            and (same_stream(b.stream, s) or is_no_stream(b.stream))
+            and (b.region.cache == NULL or b.region.cache == owner))
+
+
+cdef inline bint sg_fits_hole(Block* hole, size_t size, StreamKey s, void* owner,
+                              size_t* avail) noexcept nogil:
+    """Whether an unmapped hole and the free neighbours the request may join hold size
+    bytes."""
     avail[0] = hole.size
-    if hole.seg_prev != NULL and hole.seg_prev.state == FREE and \
-            hole.seg_prev.region.cache == NULL and hole.seg_prev.extra_events == NULL:
+    if sg_extends(hole.seg_prev, s, owner):
         avail[0] += hole.seg_prev.size
-    if hole.seg_next != NULL and hole.seg_next.state == FREE and \
-            hole.seg_next.region.cache == NULL and hole.seg_next.extra_events == NULL:
+    if sg_extends(hole.seg_next, s, owner):
         avail[0] += hole.seg_next.size
     return avail[0] >= size
 
 
 cdef inline int sg_fill_hole(Segments* sg, Upstream up, Counters* c, StreamOrder* so,
-                             FreeLists* fl, size_t size, StreamKey s) noexcept nogil:
-    """Map the smallest unmapped hole of s's segments that, with its free neighbours, holds
-    size bytes; 1 when there is none (nothing done), else a status code."""
+                             FreeLists* fl, size_t size, StreamKey s, void* owner) noexcept nogil:
+    """Map the smallest unmapped hole of s's segments that, with the free neighbours the
+    request may join, holds size bytes; 1 when there is none (nothing done), else a status
+    code. The new pages are bound to s (they have no work: s may use them at once)."""
     cdef Segment* seg = sg.head
     cdef Block* b
     cdef Block* best = NULL
@@ -324,7 +333,7 @@ cdef inline int sg_fill_hole(Segments* sg, Upstream up, Counters* c, StreamOrder
         if seg.va_bytes and same_stream(seg.stream, s):
             b = seg.first
             while b != NULL:
-                if b.state == UNMAPPED and sg_fits_hole(b, size, &avail) and \
+                if b.state == UNMAPPED and sg_fits_hole(b, size, s, owner, &avail) and \
                         (best == NULL or avail < best_avail):
                     best, best_avail = b, avail
                 b = b.seg_next
@@ -335,7 +344,7 @@ cdef inline int sg_fill_hole(Segments* sg, Upstream up, Counters* c, StreamOrder
     if r != 0:
         return r
     best.state = FREE
-    best.stream = no_stream()
+    best.stream = s                     # joins only neighbours the request may take
     rc_own(NULL, best)
     sg_put(sg, so, fl, best)
     return 0
@@ -352,18 +361,19 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
     cdef Block* b
     cdef uintptr_t va = 0
     cdef size_t need, have = 0
-    cdef int r = sg_fill_hole(sg, up, c, so, fl, size, s)
+    cdef int r = sg_fill_hole(sg, up, c, so, fl, size, s, owner)
+    cdef bint fresh = False
     if r != 1:
         return r
+    if round_up(size, up.granularity) > up.va_bytes:
+        return CUDA_ERROR_OUT_OF_MEMORY         # larger than the device
     seg = sg_stream_segment(sg, s)
     tail = seg.last if seg != NULL else NULL
-    if tail != NULL and tail.state == FREE and tail.extra_events == NULL and \
-            (tail.region.cache == NULL or tail.region.cache == owner):
+    if sg_extends(tail, s, owner) and tail.size < size:
         have = tail.size
     need = round_up(size - have, up.granularity)
     if seg == NULL or seg.nbytes + need > seg.va_bytes:
-        # A new range: the device's memory at most is mapped into one (a full range, or a
-        # first one, gets a successor).
+        # A new range (a full one gets a successor), the device's memory in size.
         r = up.reserve(&va)
         if r != 0:
             return r
@@ -371,13 +381,15 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
         if seg == NULL:
             up.unreserve(va)
             return CUDA_ERROR_OUT_OF_MEMORY
+        fresh = True
         tail = NULL
         have = 0
         need = round_up(size, up.granularity)
-        if need > seg.va_bytes:
-            return CUDA_ERROR_OUT_OF_MEMORY
     r = sg_map(sg, up, c, seg.base + seg.nbytes, need)
     if r != 0:
+        if fresh:                       # an empty range is given back at once
+            up.unreserve(seg.base)
+            sg_drop_segment(sg, seg)
         return r
     if have:
         fl_unbin(fl, tail)
@@ -409,7 +421,9 @@ cdef inline size_t sg_unmap_free(Segments* sg, Upstream up, Counters* c, StreamO
     around them stay free. Returns the bytes unmapped."""
     cdef Segment* seg = b.segment
     cdef size_t g = up.granularity
-    cdef uintptr_t lo = round_up(b.ptr, g), hi = (b.ptr + b.size) // g * g
+    # Pages are counted from the segment's start (a range is aligned to the page there).
+    cdef uintptr_t lo = seg.base + round_up(b.ptr - seg.base, g)
+    cdef uintptr_t hi = seg.base + (b.ptr + b.size - seg.base) // g * g
     cdef Block* hole
     cdef Block* rest
     if hi <= lo or up.unmap(lo, hi - lo) != 0:
@@ -485,9 +499,10 @@ cdef inline size_t sg_trim(Segments* sg, Upstream up, Counters* c, StreamOrder* 
     for i in range(blocks.size()):
         busy = busy or not is_no_stream(blocks[i].stream)
     blocks.clear()
-    if busy:
+    if busy or (up.expandable and fl.nblocks):
         # Cached blocks may still be read by work queued before their free; never-used ones
-        # have no work. After this every event has completed.
+        # have no work, but pages are unmapped only with the device idle (a mapping change
+        # under running work is not worth the risk). After this every event has completed.
         if up.synchronize() != 0:
             return 0                    # the work may not be done: nothing is safe to free
         so.wanted.clear()
