@@ -355,7 +355,7 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
     """Grow an expandable upstream for a request of size bytes on s made through cache owner
     (NULL: the pool): map a hole again, or map pages at the end of s's segment (reserving
     its address range first), joined with the free block at the end if the request may
-    take it."""
+    take it. New pages are bound to s (they have no work: s may use them at once)."""
     cdef Segment* seg
     cdef Block* tail
     cdef Block* b
@@ -406,6 +406,7 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
         else:
             seg.first = seg.last = b
         b.state = FREE
+        b.stream = s                    # joins only a free end the request may take
         rc_own(NULL, b)
     seg.nbytes += need
     sg_put(sg, so, fl, b)
