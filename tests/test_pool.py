@@ -1,4 +1,4 @@
-"""Pool policy on the simulated device: sizes, alignment, reuse, streams, slabs, trim, stats."""
+"""Pool policy on the simulated device: sizes, alignment, reuse, streams, segments, trim, stats."""
 
 import contextlib
 import os
@@ -24,14 +24,10 @@ def small_segment_on(pool, stream):
 
 
 @given(st.integers(min_value=1, max_value=1 << 40))
-def test_size_class_bounds_rounding_waste(nbytes):
+def test_size_class_is_the_request_rounded_up_to_512_bytes(nbytes):
     size = gpupool.size_class(nbytes)
-    assert size >= nbytes
-    assert size % 256 == 0
-    if nbytes <= 4096:
-        assert size - nbytes <= 511
-    else:
-        assert size - nbytes <= nbytes / 8
+    assert size % 512 == 0
+    assert nbytes <= size <= nbytes + 511
 
 
 def test_size_classes_are_monotonic():
@@ -260,7 +256,7 @@ def test_bad_streams_raise(pool, stream, error):
         pool.allocate(10, stream=stream)
 
 
-def test_small_blocks_share_a_slab(pool, sim):
+def test_small_blocks_share_a_segment(pool, sim):
     bufs = [pool.allocate(1000) for _ in range(100)]
     assert len(sim.calls_named("alloc")) == 1
     assert len({b.ptr for b in bufs}) == 100
@@ -268,7 +264,7 @@ def test_small_blocks_share_a_slab(pool, sim):
     assert stats.in_use_bytes == 100 * 1024
 
 
-def test_slab_goes_back_only_when_all_its_blocks_are_free(pool, sim):
+def test_a_segment_goes_back_only_when_all_its_blocks_are_free(pool, sim):
     bufs = [pool.allocate(1000) for _ in range(3)]
     del bufs[0]
     assert pool.trim() == 0
@@ -514,7 +510,7 @@ with region:
 
 def test_memory_stats_in_pytorch_form(sim):
     pool = gpupool.Pool(upstream=type(sim)(capacity=4 << 20))
-    a = pool.allocate(MIB)          # no room for a 20 MiB segment: a block of its own
+    a = pool.allocate(MIB)          # a 2 MiB segment; the 1000 B below are cut from it
     b = pool.allocate(1000)
     del b
     with pytest.raises(gpupool.OutOfMemoryError):
