@@ -71,7 +71,8 @@ COLUMNS = {
     "gp.vmm.region": ("gpupool vmm upstream + region", {"GPUPOOL_UPSTREAM": "vmm"}, "gpupool",
                       True),
 }
-DEFAULT_COLUMNS = ("torch", "torch.exp", "rmm.pool", "rmm.async", "gp", "gp.region")
+DEFAULT_COLUMNS = ("torch", "torch.exp", "rmm.pool", "rmm.async", "gp.vmm", "gp.vmm.region",
+                   "gp.driver")
 ANCHOR = "torch.exp"
 
 

@@ -15,7 +15,13 @@ from gpupool._buffer import DeviceBuffer
 from gpupool._defaults import _pools, get_pool, set_pool  # noqa: F401  (_pools: the registry)
 from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class, uncached
 from gpupool._region import Region
-from gpupool._upstream import AsyncUpstream, DriverUpstream, PythonUpstream, Upstream
+from gpupool._upstream import (
+    AsyncUpstream,
+    DriverUpstream,
+    PythonUpstream,
+    Upstream,
+    VmmUpstream,
+)
 from gpupool.errors import (
     CudaError,
     GpupoolError,
@@ -54,6 +60,7 @@ __all__ = [
     "testing",
     "uncached",
     "Upstream",
+    "VmmUpstream",
 ]
 
 def get_include():

@@ -11,6 +11,7 @@ cdef enum BlockState:
     LIVE = 1            # handed out (to a DeviceBuffer, the C API or an adapter)
     FREE = 2            # in the pool's free lists
     UNMAPPED = 3        # an expandable segment's pages given back: no memory behind it
+    PARKED = 4          # freed last, held aside unjoined for a request of its exact size
 
 cdef struct Segment:
     uintptr_t base

@@ -12,6 +12,7 @@ from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo,
 from numba.cuda.cudadrv.driver import binding
 
 import gpupool
+from gpupool.errors import GpupoolError
 
 EMM_INTERFACE_VERSION = 1
 
@@ -151,7 +152,15 @@ class GpupoolNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         ------
         ValueError
             ``memory`` is empty (address 0): it has no allocation to share.
+        GpupoolError
+            The pool's memory comes from expandable segments (upstream ``"vmm"``), which
+            ``cuIpcGetMemHandle`` cannot share.
         """
         if not memory.device_pointer_value:
             raise ValueError("an empty Numba allocation (size 0) has no IPC handle")
+        if self.pool().upstream.expandable:
+            raise GpupoolError(
+                "CUDA IPC handles (cuIpcGetMemHandle) cannot share memory of expandable "
+                "segments (upstream 'vmm'): allocate what you share from "
+                "gpupool.Pool(upstream='driver'), or set GPUPOOL_UPSTREAM=driver")
         return super().get_ipc_handle(memory)

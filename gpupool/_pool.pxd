@@ -15,6 +15,9 @@ from gpupool._segments cimport Segments
 from gpupool._streamorder cimport StreamOrder
 from gpupool._streams cimport StreamKey
 
+cdef enum:
+    PARK_SLOTS = 4              # freed blocks held aside for a request of their exact size
+
 cdef extern from "gp_lock.h" nogil:
     cppclass gp_lock:           # an atomic word: one compare-and-swap when free, then a futex
         void lock()
@@ -30,6 +33,8 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef FreeLists _free
     cdef StreamOrder _order
     cdef Segments _segments
+    cdef Block* _parked[PARK_SLOTS]     # the blocks freed last, oldest first (PARKED)
+    cdef int _nparked
     cdef vector[RegionCache*] _regions  # caches of this pool's regions, for the ladder
     cdef RegionCache* _process_region   # entered with scope="process": covers every thread
     cdef PtrTable capi_blocks           # blocks handed out by the C API, by pointer
@@ -45,6 +50,10 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef int _grow(self, size_t size, StreamKey s, void* owner) noexcept nogil
     cdef int _grow_once(self, size_t size, StreamKey s, void* owner) noexcept nogil
     cdef void _answer_wanted(self, StreamKey s) noexcept nogil
+    cdef Block* _unpark(self, size_t size, StreamKey s, RegionCache* rc) noexcept nogil
+    cdef void _park(self, Block* b) noexcept nogil
+    cdef void _put(self, Block* b) noexcept nogil
+    cdef void flush_parked(self) noexcept nogil
     cdef void release_locked(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void region_register(self, RegionCache* rc) noexcept nogil
     cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil

@@ -18,7 +18,7 @@ collection run by a Python upstream, say) is deferred until that thread unlocks.
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
-from gpupool._block cimport Block, LIVE, FREE
+from gpupool._block cimport Block, LIVE, FREE, PARKED
 from gpupool._buffer cimport BlockOwner, new_buffer
 from gpupool._counters cimport count_acquired, count_released
 from gpupool._driver cimport fork_flag
@@ -55,6 +55,10 @@ _UPSTREAMS = {"driver": DriverUpstream, "async": AsyncUpstream, "vmm": VmmUpstre
 
 _oom_callbacks = []
 cdef const int* FORKED = fork_flag()
+# Blocks up to this size are parked (larger ones are joined at once: parking them changed the
+# layout of the recorded GPT-2 traces for the worse, 8,292 -> 8,884 MiB at 64 MiB; up to
+# 4 MiB every recorded trace kept its peak).
+cdef size_t PARK_MAX = 4 << 20
 
 include "_regionstack.pxi"
 
@@ -209,6 +213,17 @@ cdef class Pool(BlockOwner):
             else:
                 self._answer_wanted(s)
         rc = current_cache(<void*>self, self._process_region)
+        b = self._unpark(size, s, rc) if self._nparked else NULL
+        if b != NULL:
+            b.state = LIVE
+            self.counters.cache_hits += 1
+            if rc != NULL:
+                rc_link(rc, b)
+                rc.hits += 1
+            count_acquired(&self.counters, b.size)
+            out[0] = b
+            return 0
+        self.flush_parked()
         b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
         if b == NULL:
             # Idle regions' cached blocks serve before the pool grows: a region never costs
@@ -241,6 +256,62 @@ cdef class Pool(BlockOwner):
             self.trim_locked()
         out[0] = b
         return 0
+
+    # A free of a block whose size is requested again at once (a scratch buffer, a step's
+    # temporaries of one shape) would be cut from a joined block and joined back every time:
+    # the last PARK_SLOTS freed blocks of up to PARK_MAX bytes are held aside, unjoined, for a
+    # request of their exact size on their stream; any other request, and everything that walks the free lists
+    # (trims, stream merges, region exits, the ladder), puts them back first (joined), so
+    # best fit always sees the whole free memory. Addresses are those the free lists would
+    # give: a block of the exact size, freed last.
+
+    cdef Block* _unpark(self, size_t size, StreamKey s, RegionCache* rc) noexcept nogil:
+        """The parked block of exactly size bytes, last used on s, that the request may take
+        (the pool's or rc's, no record_stream events), at the lowest address as best fit
+        would choose; NULL if none."""
+        cdef int i, j, found = -1
+        cdef Block* b
+        for i in range(self._nparked):
+            b = self._parked[i]
+            if b.size == size and same_stream(b.stream, s) and b.extra_events == NULL and \
+                    (b.region.cache == NULL or b.region.cache == <void*>rc) and \
+                    (found < 0 or b.ptr < self._parked[found].ptr):
+                found = i
+        if found < 0:
+            return NULL
+        b = self._parked[found]
+        for j in range(found, self._nparked - 1):
+            self._parked[j] = self._parked[j + 1]
+        self._nparked -= 1
+        rc_disown(b)
+        return b
+
+    cdef void _park(self, Block* b) noexcept nogil:
+        """Hold freed block b aside (the oldest parked one goes to the free lists if full)."""
+        cdef int j
+        if b.size > PARK_MAX:
+            self._put(b)
+            return
+        if self._nparked == PARK_SLOTS:
+            self._put(self._parked[0])
+            for j in range(PARK_SLOTS - 1):
+                self._parked[j] = self._parked[j + 1]
+            self._nparked -= 1
+        b.state = PARKED
+        self._parked[self._nparked] = b
+        self._nparked += 1
+
+    cdef void _put(self, Block* b) noexcept nogil:
+        """A free (or parked) block goes into the free lists, joined with its neighbours."""
+        b.state = FREE
+        sg_put(&self._segments, &self._order, &self._free, b)
+
+    cdef void flush_parked(self) noexcept nogil:
+        """Put every parked block into the free lists."""
+        cdef int i
+        for i in range(self._nparked):
+            self._put(self._parked[i])
+        self._nparked = 0
 
     cdef int _grow(self, size_t size, StreamKey s, void* owner) noexcept nogil:
         """Add memory for a request of size bytes on s (made through cache owner) to the free
@@ -340,9 +411,8 @@ cdef class Pool(BlockOwner):
                     self._order.events.push_back(e)
             del b.extra_streams
             b.extra_streams = NULL
-        b.state = FREE
         rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
-        sg_put(&self._segments, &self._order, &self._free, b)   # may join b: size kept above
+        self._park(b)                       # may put a parked block: size was kept above
         count_released(&self.counters, size)
 
     cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
@@ -404,6 +474,7 @@ cdef class Pool(BlockOwner):
         self.lock()
         rc.entered -= 1
         if rc.entered == 0:
+            self.flush_parked()
             rc_return_unused(rc)
         self.unlock()
 
@@ -415,6 +486,7 @@ cdef class Pool(BlockOwner):
 
     cdef size_t trim_locked(self) noexcept nogil:
         """Give the pool's cached memory back (sg_trim); returns the bytes given back."""
+        self.flush_parked()
         return sg_trim(&self._segments, self.upstream, &self.counters, &self._order,
                        &self._free)
 
@@ -423,6 +495,7 @@ cdef class Pool(BlockOwner):
         if r != 0:
             return r
         self._order.wanted.clear()
+        self.flush_parked()
         sg_merge_streams(&self._segments, &self._order, &self._free, moved)
         return 0
 
@@ -501,6 +574,7 @@ cdef class Pool(BlockOwner):
         cdef vector[Block*] blocks
         cdef size_t i
         self.lock()
+        self.flush_parked()
         fl_each(&self._free, &blocks)
         found = [(blocks[i].ptr, blocks[i].size,
                   blocks[i].seg_prev != NULL or blocks[i].seg_next != NULL)

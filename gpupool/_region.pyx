@@ -11,6 +11,7 @@ they die) or invalidated, by the ``on_exit`` policy.
 """
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
+from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 from gpupool._block cimport Block
 from gpupool._buffer cimport DeviceBuffer
@@ -211,7 +212,8 @@ cdef class Region:
 
     cdef int _settle(self) except -1:
         """Apply on_exit to the region's buffers still alive."""
-        cdef vector[Block*] live, poisoned
+        cdef vector[Block*] live
+        cdef vector[pair[uintptr_t, size_t]] poisoned
         cdef Block* b
         cdef DeviceBuffer buf
         cdef size_t i, escaped = 0
@@ -234,9 +236,10 @@ cdef class Region:
                 buf.invalidate_locked()
                 if self.debug:
                     # Filled on the legacy stream once the device is idle (below), so the
-                    # block now belongs to that stream.
+                    # block now belongs to that stream (its bytes read first: a freed block
+                    # may join a neighbour).
+                    poisoned.push_back(pair[uintptr_t, size_t](b.ptr, b.size))
                     self.pool.release_locked(b, stream_key(0))
-                    poisoned.push_back(b)
                 else:
                     self.pool.release_locked(b, buf._stream)
         escaped += self.rc.escaped_bytes
@@ -249,13 +252,14 @@ cdef class Region:
         self._check_leaks(escaping)
         return 0
 
-    cdef int _poison_locked(self, vector[Block*]& blocks) noexcept:
-        """Fill the blocks on the legacy stream once all their work is done."""
+    cdef int _poison_locked(self, vector[pair[uintptr_t, size_t]]& blocks) noexcept:
+        """Fill the (pointer, bytes) of the blocks on the legacy stream once all their work
+        is done."""
         cdef size_t i
         cdef int r = self.pool.upstream.synchronize()
         for i in range(blocks.size()):
             if r == 0:
-                r = self.pool.upstream.memset(blocks[i].ptr, POISON, blocks[i].size, 0)
+                r = self.pool.upstream.memset(blocks[i].first, POISON, blocks[i].second, 0)
         return r
 
     cdef int _check_leaks(self, list escaping) except -1:

@@ -105,14 +105,22 @@ cdef inline void sg_remove(Block* b) noexcept nogil:
 # Cutting and joining ---------------------------------------------------------------------
 
 cdef inline bint sg_joinable(Block* a, Block* b) noexcept nogil:
-    """Whether free blocks a and b (neighbours) may become one: both free in the free lists,
-    neither waits on record_stream events, free on one stream (or one was never used), and
-    cached by one region or one of them by the pool."""
-    return (b.state == FREE and a.extra_events == NULL and b.extra_events == NULL
+    """Whether free block b, a neighbour of free block a, may join it: both free, neither
+    waits on record_stream events, free on one stream (or one was never used), and cached by
+    one region, or one by the pool and the other by a region whose cap leaves room."""
+    cdef RegionCache* rc
+    if not (b.state == FREE and a.extra_events == NULL and b.extra_events == NULL
             and (same_stream(a.stream, b.stream) or is_no_stream(a.stream)
-                 or is_no_stream(b.stream))
-            and (a.region.cache == b.region.cache or a.region.cache == NULL
-                 or b.region.cache == NULL))
+                 or is_no_stream(b.stream))):
+        return False
+    if a.region.cache == b.region.cache:
+        return True
+    if a.region.cache != NULL and b.region.cache != NULL:
+        return False                    # two regions' blocks stay apart
+    # A region's block takes in the pool's, within the region's cap.
+    rc = <RegionCache*>(a.region.cache if a.region.cache != NULL else b.region.cache)
+    return not rc.max_cached_bytes or \
+        rc.cached_bytes + (b.size if a.region.cache != NULL else a.size) <= rc.max_cached_bytes
 
 
 cdef inline void sg_join(Segments* sg, StreamOrder* so, Block* a, Block* b) noexcept nogil:
@@ -132,9 +140,6 @@ cdef inline void sg_join(Segments* sg, StreamOrder* so, Block* a, Block* b) noex
     a.size += b.size
     sg_remove(b)
     sg_retire(sg, so, b)
-    if owner != NULL and owner.max_cached_bytes and \
-            owner.cached_bytes + a.size > owner.max_cached_bytes:
-        owner = NULL                    # the region's cache is full: the pool's
     rc_own(owner, a)
 
 

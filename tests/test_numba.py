@@ -218,8 +218,10 @@ def test_refusals(manager_class, manager, pool):
 # On a GPU ------------------------------------------------------------------------------------
 
 @pytest.fixture
-def gpu_pool():
-    return gpupool.Pool(device=0)
+def gpu_pool(request):
+    """A pool of device 0 (on the upstream named by the test's ``upstream`` mark, if any)."""
+    mark = request.node.get_closest_marker("upstream")
+    return gpupool.Pool(device=0, upstream=mark.args[0] if mark else None)
 
 
 @pytest.fixture
@@ -331,6 +333,7 @@ def _ipc_handle_or_skip(array):
 
 
 @pytest.mark.gpu
+@pytest.mark.upstream("driver")         # cuIpcGetMemHandle shares cuMemAlloc memory only
 def test_ipc_handle_of_a_slab_block_carries_its_offset(numba_cuda, numba_on_gpupool, tmp_path):
     from cuda.bindings import driver
 

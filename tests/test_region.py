@@ -28,17 +28,18 @@ def step(pool, sizes):
     return [b.ptr for b in bufs]
 
 
-def test_first_entry_misses_later_entries_hit_at_the_same_addresses(pool, region, sim):
+def test_later_entries_get_the_first_entrys_addresses_without_growing(pool, region, sim):
     sizes = [300 * KIB, 700 * KIB, 5 * KIB, 300 * KIB]
     with region:
         first = step(pool, sizes)
-    assert region.stats().cache_misses == 4
+    # The first request grows the pool by a 2 MiB page; the others are cut from its rest.
+    assert region.stats().cache_misses == 1 and region.stats().cache_hits == 3
     for _ in range(3):
         with region:
             assert step(pool, sizes) == first
     stats = region.stats()
-    assert stats.entries == 4 and stats.cache_hits == 12 and stats.cache_misses == 4
-    assert len(sim.calls_named("alloc")) == 4       # three exact large blocks and a slab
+    assert stats.entries == 4 and stats.cache_hits == 15 and stats.cache_misses == 1
+    assert sim.calls_named("alloc") == [(2 << 20,)]
 
 
 def test_same_addresses_whatever_order_the_step_freed_in(pool, region):
@@ -56,22 +57,26 @@ def test_same_addresses_whatever_order_the_step_freed_in(pool, region):
         assert step(pool, [300 * KIB] * 3) == first
 
 
-def test_another_dtype_or_shape_of_the_same_size_class_hits(pool, region):
+def test_another_dtype_or_shape_of_about_the_same_size_gets_the_same_block(pool, region):
     with region:
-        pool.allocate(1000)
+        first = pool.allocate(1000).ptr
     with region:
-        pool.allocate(1020)          # same 1 KiB class
+        assert pool.allocate(1020).ptr == first       # both take 1 KiB (512-byte steps)
     assert region.stats().cache_hits == 1
 
 
-def test_new_sizes_add_entries(pool, region):
+def test_new_sizes_are_cut_from_the_regions_free_blocks(pool, region, sim):
     with region:
         step(pool, [300 * KIB])
     with region:
-        step(pool, [300 * KIB, 900 * KIB])
+        step(pool, [300 * KIB, 900 * KIB])          # both fit in the first entry's page
     stats = region.stats()
-    assert stats.cache_hits == 1 and stats.cache_misses == 2
-    assert stats.cached_bytes == gpupool.size_class(300 * KIB) + gpupool.size_class(900 * KIB)
+    assert stats.cache_hits == 2 and stats.cache_misses == 1
+    assert stats.cached_bytes == pool.stats().reserved_bytes == 2 << 20   # joined again
+    assert len(sim.calls_named("alloc")) == 1
+    with region:
+        step(pool, [3 << 20])                       # larger than all it holds: growth
+    assert region.stats().cache_misses == 2
 
 
 def test_early_free_is_reused_in_the_same_step_and_peak_is_the_working_set(pool, region):
@@ -83,8 +88,8 @@ def test_early_free_is_reused_in_the_same_step_and_peak_is_the_working_set(pool,
             del a, b
     stats = region.stats()
     assert stats.peak_in_use_bytes == 2 * size
-    assert stats.cache_hits == 18
-    assert pool.stats().reserved_bytes == 2 * size      # a region's blocks: no segments
+    assert stats.cache_hits == 19 and stats.cache_misses == 1
+    assert pool.stats().reserved_bytes == 2 << 20       # one page holds the working set
 
 
 def test_cyclic_garbage_dies_at_exit_and_memory_stays_flat(pool, region):
@@ -181,15 +186,18 @@ def test_nested_regions_recycle_their_own_allocations(pool):
     outer, inner = gpupool.Region(pool=pool), gpupool.Region(pool=pool)
     with outer:
         a = pool.allocate(300 * KIB)
+        a_ptr = a.ptr
         with inner:
             b = pool.allocate(300 * KIB)
             del a                                  # outer's block goes back to outer
             c = pool.allocate(300 * KIB)           # so inner does not get it
-            assert inner.stats().cache_hits == 0
+            assert c.ptr != a_ptr
             del b, c
         assert outer.stats().cached_bytes == gpupool.size_class(300 * KIB)
-        assert inner.stats().cached_bytes == 2 * gpupool.size_class(300 * KIB)
-        d = pool.allocate(300 * KIB)               # outer is current again
+        # Inner's frees joined the rest of the page (the pool's) into one block of inner's.
+        assert inner.stats().cached_bytes == pool.stats().reserved_bytes - 300 * KIB
+        d = pool.allocate(300 * KIB)               # outer is current again: its block
+        assert d.ptr == a_ptr
         assert outer.stats().cache_hits == 1
         del d
 
@@ -258,13 +266,25 @@ def test_release_empties_the_cache_and_leaves_detached_buffers(pool, region):
     check_invariants(pool)
 
 
-def test_out_of_memory_ladder_drains_region_caches(sim):
+def test_an_idle_regions_cache_serves_the_pool_before_it_grows(sim):
     pool = gpupool.Pool(upstream=type(sim)(capacity=4 << 20))
     region = gpupool.Region(pool=pool)
     with region:
         step(pool, [3 << 20])
-    assert region.stats().cached_bytes == 3 << 20
-    buf = pool.allocate(2 << 20)                   # fits only once the region's cache is gone
+    assert region.stats().cached_bytes == 4 << 20   # the page-rounded segment, joined
+    buf = pool.allocate(2 << 20)                   # the region is idle: its blocks serve
+    assert buf.nbytes == 2 << 20
+    assert pool.stats().reserved_bytes == 4 << 20 and pool.stats().oom_retries == 0
+
+
+def test_out_of_memory_ladder_drains_an_entered_regions_cache(sim):
+    pool = gpupool.Pool(upstream=type(sim)(capacity=4 << 20))
+    region = gpupool.Region(pool=pool)
+    with region:
+        step(pool, [3 << 20])
+        assert region.stats().cached_bytes >= 3 << 20
+        with gpupool.uncached():                   # the pool's, while the region is entered
+            buf = pool.allocate(2 << 20)           # fits only once the region's cache goes
     assert buf.nbytes == 2 << 20
     assert region.stats().cached_bytes == 0
     assert pool.stats().oom_retries >= 1
@@ -285,7 +305,8 @@ def test_uncached_allocations_bypass_the_region(pool):
             logged = pool.allocate(100)
         temp = pool.allocate(100)
     assert not logged.closed and temp.closed
-    assert region.stats().cache_misses == 1
+    stats = region.stats()
+    assert stats.cache_hits + stats.cache_misses == 1      # temp alone was the region's
 
 
 def test_bad_arguments(pool):
@@ -318,8 +339,10 @@ def test_skip_first_leaves_the_first_entry_out_of_the_cache(pool):
         with region:
             step(pool, [300 * KIB])
     stats = region.stats()
-    assert stats.entries == 3 and stats.cache_misses == 1 and stats.cache_hits == 1
-    assert stats.cached_bytes == gpupool.size_class(300 * KIB)
+    # The workspace's page holds the step too: both entries are served from it.
+    assert stats.entries == 3 and stats.cache_misses == 0 and stats.cache_hits == 2
+    assert stats.peak_in_use_bytes == gpupool.size_class(300 * KIB)
+    assert stats.cached_bytes == pool.stats().cached_bytes   # the page's free part
     del workspace
 
 
@@ -390,8 +413,10 @@ def test_process_scope_covers_every_thread(pool):
             t.start()
             t.join()
     assert ptrs[0] == ptrs[1]
-    outside = pool.allocate(300 * KIB)                    # not entered: the pool serves
-    assert region.stats().cache_hits == 1 and outside.ptr != ptrs[0]
+    grown = pool.stats().upstream_allocs
+    outside = pool.allocate(300 * KIB)          # not entered: the pool serves, not the region
+    assert region.stats().cache_hits == 1 and region.stats().entries == 2
+    assert outside.ptr == ptrs[0] and pool.stats().upstream_allocs == grown   # lent, no growth
     other = gpupool.Region(pool=pool, scope="process")
     with region, pytest.raises(gpupool.GpupoolError, match="scope='process'"):
         other.__enter__()

@@ -101,8 +101,17 @@ def test_pieces_freed_on_two_busy_streams_join_at_a_trim(pool, sim):
     assert sim.calls_named("free") == [(base,)]
 
 
+def warm(pool, *streams):
+    """A small block cached on each stream (its own 2 MiB page), so that the 10-byte
+    requests that make a stream allocate again are served there, not cut from the blocks
+    under test (best fit: the page is the smallest free block that fits)."""
+    for stream in streams:
+        pool.allocate(10, stream=stream)
+
+
 def test_a_piece_of_another_streams_block_waits_for_that_streams_work(pool, sim):
     a, b, c = sim.create_stream(), sim.create_stream(), sim.create_stream()
+    warm(pool, a, b)
     x = pool.allocate(64 * MIB, stream=a)
     base = x.ptr
     sim.launch(a)                           # a kernel still writing x
@@ -119,23 +128,22 @@ def test_a_piece_of_another_streams_block_waits_for_that_streams_work(pool, sim)
     check_invariants(pool)
 
 
-def test_a_regions_blocks_are_exact_and_pieces_it_cut_join_the_pool_when_released(packed, sim):
+def test_a_regions_freed_pieces_join_the_pools_and_release_hands_them_over(packed, sim):
     pool = packed
     region = gpupool.Region(pool=pool)
     with region:
-        a = pool.allocate(4 * MIB)          # in a region: a block of its own, no segment
-        del a
-    assert sim.calls_named("alloc") == [(4 * MIB,)]
-    x = pool.allocate(64 * MIB)
-    base = x.ptr
-    del x
+        a = pool.allocate(4 * MIB)          # cut from a new shared segment, as outside
+        base = a.ptr
+        del a                               # joins the segment's rest: the region's now
+    assert sim.calls_named("alloc") == [(SEGMENT,)]
+    assert pool.cached_blocks() == [] and region.stats().cached_bytes == SEGMENT
     with region:
-        pieces = [pool.allocate(4 * MIB) for _ in range(2)]     # the cached 4 MiB, then cut
-        assert pieces[1].ptr == base
-        del pieces                          # cached by the region, not joined
-    assert pool.cached_blocks() == [(base + 4 * MIB, 60 * MIB, True)]
+        pieces = [pool.allocate(4 * MIB) for _ in range(2)]     # the same addresses
+        assert [p.ptr for p in pieces] == [base, base + 4 * MIB]
+        del pieces
     region.release()
-    assert (base, 64 * MIB, False) in pool.cached_blocks()
+    assert pool.cached_blocks() == [(base, SEGMENT, False)]
+    assert region.stats().cached_bytes == 0
     check_invariants(pool)
 
 
@@ -152,6 +160,7 @@ def test_a_segment_on_a_stream_ordered_upstream_reaches_another_stream_behind_it
     sim = gpupool.testing.SimulatedDevice(stream_ordered=True)
     pool = gpupool.Pool(upstream=sim)
     a, b = sim.create_stream(), sim.create_stream()
+    warm(pool, a)
     ballast = pool.allocate(BALLAST, stream=a)
     x = pool.allocate(4 * MIB, stream=a)    # a 20 MiB segment, allocated in a's order
     base, (stream, work) = x.ptr, sim.allocated_on[x.ptr]
