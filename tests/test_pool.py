@@ -203,7 +203,7 @@ def test_other_streams_get_the_block_after_its_stream_allocates_again(pool, sim)
     assert held.ptr != ptr
     assert sim.calls_named("event_record") == []
     pool.allocate(10, stream=a)              # a is alive: events now mark its work so far
-    # One for each of a's free blocks: the large one and the small segment the 10 B come from.
+    # One for each of a's free blocks: the large one and the free rest of the small segment.
     assert [args[1] for args in sim.calls_named("event_record")] == [a, a]
     assert pool.allocate(LARGE, stream=b).ptr == ptr      # b waits for it on the GPU
     assert sim.ordered(b, a, sim._queued[a])

@@ -62,8 +62,8 @@ def test_per_thread_stream_blocks_reach_other_threads_once_their_thread_allocate
     assert sim.calls_named("event_record") == []
     go_on.set()
     t.join(10)
-    # A's stream, alive again: an event for each of its free blocks (the large one, the small
-    # segment) on the per-thread stream, recorded by thread A.
+    # A's stream, alive again: an event for each of its free blocks (the large one, the free
+    # rest of the small segment) on the per-thread stream, recorded by thread A.
     assert [args[1] for args in sim.calls_named("event_record")] == [PER_THREAD_STREAM] * 2
     second = pool.allocate(LARGE, stream=PER_THREAD_STREAM)
     assert second.ptr == ptrs["a"]

@@ -13,6 +13,8 @@ multiples of the page (a driver's reservation is aligned to its granularity); wi
 page a trim's unmaps miss the simulated pages (see the xfail test at the end).
 """
 
+import mmap
+
 import numpy as np
 import pytest
 from conftest import check_invariants
@@ -326,6 +328,7 @@ TestVmmPoolOnThreeStreams = pytest.mark.xfail(
                    "to the host page only")
 def test_trim_unmaps_a_free_page_of_a_reservation_aligned_to_the_host_page_only():
     big = 64 * KIB
+    held, spacers = [], []
     for _ in range(64):
         sim = SimulatedDevice(capacity=4 * big, virtual_memory=True, page=big)
         pool = gpupool.Pool(upstream=sim)
@@ -334,6 +337,8 @@ def test_trim_unmaps_a_free_page_of_a_reservation_aligned_to_the_host_page_only(
         del buf
         if base % big:
             break
+        held.append(pool)           # keeps its range, and a host page next to it shifts the
+        spacers.append(mmap.mmap(-1, mmap.PAGESIZE))        # next reservation off alignment
     else:
         pytest.skip("every reservation happened to be aligned to 64 KiB")
     assert pool.trim() == big                       # 0: no whole page found in the block
