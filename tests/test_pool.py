@@ -1,4 +1,4 @@
-"""Pool policy on the simulated device: sizes, alignment, reuse, streams, slabs, trim, stats."""
+"""Pool policy on the simulated device: sizes, alignment, reuse, streams, segments, trim, stats."""
 
 import contextlib
 import os
@@ -16,15 +16,18 @@ MIB = 1 << 20
 LARGE = 12 << 20      # above the segment limit (10 MiB): each block is its own upstream allocation
 
 
+def small_segment_on(pool, stream):
+    """Leave a free 2 MiB segment on ``stream``: a later small request on it (made to have the
+    stream allocate again, which records its events) is cut from this segment, the best fit,
+    rather than from a large free block of the stream, which would then lose its event."""
+    pool.allocate(10, stream=stream)
+
+
 @given(st.integers(min_value=1, max_value=1 << 40))
-def test_size_class_bounds_rounding_waste(nbytes):
+def test_size_class_is_the_request_rounded_up_to_512_bytes(nbytes):
     size = gpupool.size_class(nbytes)
-    assert size >= nbytes
-    assert size % 256 == 0
-    if nbytes <= 4096:
-        assert size - nbytes <= 511
-    else:
-        assert size - nbytes <= nbytes / 8
+    assert size % 512 == 0
+    assert nbytes <= size <= nbytes + 511
 
 
 def test_size_classes_are_monotonic():
@@ -95,6 +98,8 @@ def test_busy_block_goes_to_another_stream_behind_a_gpu_wait(pool, sim):
 
 def test_blocks_whose_streams_are_done_are_preferred(pool, sim):
     a, b, c = sim.create_stream(), sim.create_stream(), sim.create_stream()
+    small_segment_on(pool, a)         # small requests on a and c cut these, not the large blocks
+    small_segment_on(pool, c)
     first, second = pool.allocate(LARGE, stream=a), pool.allocate(LARGE, stream=c)
     busy, idle = first.ptr, second.ptr
     sim.launch(a)
@@ -114,6 +119,7 @@ def test_blocks_whose_streams_are_done_are_preferred(pool, sim):
 
 def test_cross_stream_reuse_once_the_event_reports_complete(pool, sim):
     a, b = sim.create_stream(), sim.create_stream()
+    small_segment_on(pool, a)
     buf = pool.allocate(LARGE, stream=a)
     ptr = buf.ptr
     sim.launch(a)
@@ -126,32 +132,41 @@ def test_cross_stream_reuse_once_the_event_reports_complete(pool, sim):
     assert sim.calls_named("stream_wait_event") == []      # done: no wait needed
 
 
-def test_a_small_miss_takes_a_cached_block_up_to_one_and_a_half_times_larger(pool, sim):
-    kib = 1 << 10
-    buf = pool.allocate(3 * kib)
+def test_a_smaller_request_cuts_a_cached_block_and_the_freed_piece_joins_back(pool, sim):
+    buf = pool.allocate(LARGE)
     ptr = buf.ptr
     del buf
-    smaller = pool.allocate(2 * kib + 1)           # 3 KiB is 2 classes up, 1.2x: reused
-    assert smaller.ptr == ptr
-    assert pool.stats().in_use_bytes == 3 * kib    # the block's bytes count as in use
-    del smaller
-    much_smaller = pool.allocate(kib + 1)          # 2x: too wasteful, a new block
-    assert much_smaller.ptr != ptr
+    assert pool.cached_blocks() == [(ptr, LARGE, False)]
+    piece = pool.allocate(MIB + 1)                 # rounded to 512 B: 1 MiB + 512
+    assert piece.ptr == ptr                        # the cached block, cut at its start
+    assert gpupool.size_class(MIB + 1) == MIB + 512
+    assert pool.stats().in_use_bytes == MIB + 512  # the piece, not the whole block, in use
+    assert pool.cached_blocks() == [(ptr + MIB + 512, LARGE - MIB - 512, True)]
+    assert len(sim.calls_named("alloc")) == 1 and pool.stats().cache_hits == 1
+    del piece                                      # joins the rest: one block again
+    assert pool.cached_blocks() == [(ptr, LARGE, False)]
+    assert pool.allocate(LARGE).ptr == ptr         # whole again: serves the full size
+    assert len(sim.calls_named("alloc")) == 1
     check_invariants(pool)
 
 
-def test_a_large_miss_takes_a_cached_block_whole_when_cutting_would_leave_under_1_mib(pool):
-    kib = 1 << 10
-    ballast = pool.allocate(160 * MIB)             # segments of 20 MiB from here on
-    gap = pool.allocate(800 * kib)                 # pieces of one 20 MiB segment
-    wall = pool.allocate(600 * kib)                # keeps the gap from joining the rest
-    ptr = gap.ptr
-    del gap
-    buf = pool.allocate(600 * kib)                 # the gap (832 KiB, 1.3x) leaves 192 KiB
-    assert buf.ptr == ptr
-    assert pool.stats().in_use_bytes == 160 * MIB + 2 * gpupool.size_class(600 * kib) + 192 * kib
-    assert pool.stats().upstream_allocs == 2       # the ballast, one segment
-    del wall, ballast
+def test_best_fit_takes_the_smallest_cached_block_that_fits_lowest_address_first(pool, sim):
+    sizes = (16 * MIB, 12 * MIB, 14 * MIB, 14 * MIB)     # each a segment of its own
+    bufs = [pool.allocate(n) for n in sizes]
+    ptrs = {n: sorted(b.ptr for b in bufs if b.nbytes == n) for n in sizes}
+    del bufs
+    assert len(pool.cached_blocks()) == 4
+    first = pool.allocate(13 * MIB)                # 12 MiB is too small, 14 MiB the best fit
+    assert first.ptr == ptrs[14 * MIB][0]          # of two equal blocks, the lower address
+    second = pool.allocate(13 * MIB)
+    assert second.ptr == ptrs[14 * MIB][1]
+    rests = [(p + 13 * MIB, MIB, True) for p in ptrs[14 * MIB]]
+    assert pool.cached_blocks() == sorted(rests + [(ptrs[12 * MIB][0], 12 * MIB, False),
+                                                   (ptrs[16 * MIB][0], 16 * MIB, False)])
+    third = pool.allocate(MIB - 1000)              # the smallest block that fits: a 1 MiB rest
+    assert third.ptr == min(rests)[0]
+    assert pool.stats().upstream_allocs == 4       # no growth: every request was cut
+    del first, second, third
     check_invariants(pool)
 
 
@@ -179,6 +194,7 @@ def test_buffer_may_outlive_its_stream(pool, sim):
 
 def test_other_streams_get_the_block_after_its_stream_allocates_again(pool, sim):
     a, b = sim.create_stream(), sim.create_stream()
+    small_segment_on(pool, a)
     buf = pool.allocate(LARGE, stream=a)
     ptr = buf.ptr
     sim.launch(a)
@@ -186,8 +202,9 @@ def test_other_streams_get_the_block_after_its_stream_allocates_again(pool, sim)
     held = pool.allocate(LARGE, stream=b)    # a's block has no event yet: b gets a new block
     assert held.ptr != ptr
     assert sim.calls_named("event_record") == []
-    pool.allocate(10, stream=a)              # a is alive: an event now marks its work so far
-    assert [args[1] for args in sim.calls_named("event_record")] == [a]
+    pool.allocate(10, stream=a)              # a is alive: events now mark its work so far
+    # One for each of a's free blocks: the large one and the free rest of the small segment.
+    assert [args[1] for args in sim.calls_named("event_record")] == [a, a]
     assert pool.allocate(LARGE, stream=b).ptr == ptr      # b waits for it on the GPU
     assert sim.ordered(b, a, sim._queued[a])
 
@@ -239,7 +256,7 @@ def test_bad_streams_raise(pool, stream, error):
         pool.allocate(10, stream=stream)
 
 
-def test_small_blocks_share_a_slab(pool, sim):
+def test_small_blocks_share_a_segment(pool, sim):
     bufs = [pool.allocate(1000) for _ in range(100)]
     assert len(sim.calls_named("alloc")) == 1
     assert len({b.ptr for b in bufs}) == 100
@@ -247,7 +264,7 @@ def test_small_blocks_share_a_slab(pool, sim):
     assert stats.in_use_bytes == 100 * 1024
 
 
-def test_slab_goes_back_only_when_all_its_blocks_are_free(pool, sim):
+def test_a_segment_goes_back_only_when_all_its_blocks_are_free(pool, sim):
     bufs = [pool.allocate(1000) for _ in range(3)]
     del bufs[0]
     assert pool.trim() == 0
@@ -308,12 +325,14 @@ def test_hard_limit_trims_then_raises_with_the_numbers(sim):
 @pytest.mark.parametrize("cap", [1_000_000, 3 * (1 << 20) + 12_345, 100 << 20])
 def test_pool_capped_at_n_bytes_can_allocate_one_n_byte_block(sim, cap):
     pool = gpupool.Pool(upstream=sim, hard_limit=cap)
-    assert gpupool.size_class(cap) > cap         # the size class's rounding would cross it
-    small = [pool.allocate(1000) for _ in range(3)]              # leaves a slab cached
+    small = [pool.allocate(1000) for _ in range(3)]              # leaves memory cached
     del small
-    buf = pool.allocate(cap)                 # the cache is released, then an exact block
+    buf = pool.allocate(cap)                 # the cache is released, then an exact block:
     assert buf.nbytes == cap
-    assert pool.stats().reserved_bytes <= cap
+    # for caps that are not whole 2 MiB pages, rounding the growth to the page (or the
+    # request to 512 B) would cross the cap, so the pool asks the upstream for exactly cap
+    assert sim.calls_named("alloc")[-1] == (cap,)
+    assert pool.stats().reserved_bytes == cap
     del buf
     assert pool.allocate(cap).nbytes == cap  # and again, from the cache or anew
     with pytest.raises(gpupool.OutOfMemoryError):
@@ -491,7 +510,7 @@ with region:
 
 def test_memory_stats_in_pytorch_form(sim):
     pool = gpupool.Pool(upstream=type(sim)(capacity=4 << 20))
-    a = pool.allocate(MIB)          # no room for a 20 MiB segment: a block of its own
+    a = pool.allocate(MIB)          # a 2 MiB segment; the 1000 B below are cut from it
     b = pool.allocate(1000)
     del b
     with pytest.raises(gpupool.OutOfMemoryError):

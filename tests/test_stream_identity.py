@@ -44,6 +44,9 @@ def test_per_thread_stream_blocks_reach_other_threads_once_their_thread_allocate
     ptrs = {}
 
     def thread_a():
+        # A free 2 MiB segment on A's stream: A's small request below is cut from it (the
+        # best fit), not from A's large block, which keeps the event recorded for it.
+        pool.allocate(10, stream=PER_THREAD_STREAM)
         buf = pool.allocate(LARGE, stream=PER_THREAD_STREAM)
         ptrs["a"] = buf.ptr
         del buf
@@ -59,9 +62,12 @@ def test_per_thread_stream_blocks_reach_other_threads_once_their_thread_allocate
     assert sim.calls_named("event_record") == []
     go_on.set()
     t.join(10)
-    assert len(sim.calls_named("event_record")) == 1
+    # A's stream, alive again: an event for each of its free blocks (the large one, the free
+    # rest of the small segment) on the per-thread stream, recorded by thread A.
+    assert [args[1] for args in sim.calls_named("event_record")] == [PER_THREAD_STREAM] * 2
     second = pool.allocate(LARGE, stream=PER_THREAD_STREAM)
     assert second.ptr == ptrs["a"]
+    assert ptrs["a_small"] != ptrs["a"]
 
 
 def test_merge_streams_frees_an_idle_streams_blocks_for_every_stream(pool, sim):
@@ -70,7 +76,8 @@ def test_merge_streams_frees_an_idle_streams_blocks_for_every_stream(pool, sim):
     import gpupool
 
     a, b = sim.create_stream(), sim.create_stream()
-    buf = pool.allocate(LARGE, stream=a)
+    pool.allocate(10, stream=a)         # a 2 MiB segment free on a: the region's small block
+    buf = pool.allocate(LARGE, stream=a)    # below is cut from it, not from the large block
     ptr = buf.ptr
     sim.launch(a)
     del buf
@@ -79,13 +86,17 @@ def test_merge_streams_frees_an_idle_streams_blocks_for_every_stream(pool, sim):
     region = gpupool.Region(pool=pool)
     with region:
         small = pool.allocate(1000, stream=a)
+        small_ptr = small.ptr
         del small                                   # cached by the region, on stream a
+    assert pool.cached_blocks() == [(ptr, LARGE, False)]    # the pool's: a's large block
     sim.calls.clear()
     assert pool.merge_streams() == 2                # a's large block and the region's
     assert [name for name, _ in sim.calls] == ["synchronize"]
     assert pool.stats().reserved_bytes == 2 * LARGE + (2 << 20)     # nothing was freed
     assert pool.allocate(LARGE, stream=b).ptr == ptr                # b gets it, no wait
     assert sim.calls_named("stream_wait_event") == []
+    hits = region.stats().cache_hits
     with region:
-        assert pool.allocate(1000, stream=b) is not None            # a region hit on b
-    assert region.stats().cache_hits == 1
+        assert pool.allocate(1000, stream=b).ptr == small_ptr       # a region hit on b
+    assert region.stats().cache_hits == hits + 1
+    assert sim.calls_named("stream_wait_event") == []
