@@ -7,10 +7,9 @@ own: a range of address space whose pages are mapped as it grows, so free space 
 joins the next request; a trim unmaps whole free pages (the end of a segment shrinks it,
 pages in the middle become a hole, mapped again when a request fits it).
 
-PAGE is 4 KiB, the host's page, not a larger one: the simulated device's reservations are
-host mmaps, aligned to the host page only, while the pool takes page boundaries as absolute
-multiples of the page (a driver's reservation is aligned to its granularity); with a larger
-page a trim's unmaps miss the simulated pages (see the xfail test at the end).
+PAGE is 4 KiB to keep the tests small. The simulated device's reservations are host mmaps,
+aligned to the host page only; the pool counts pages from a segment's start, so larger pages
+work too (a regression test at the end uses 64 KiB pages on a misaligned reservation).
 """
 
 import mmap
@@ -315,17 +314,11 @@ VmmPoolMachine.TestCase.settings = settings(max_examples=100, stateful_step_coun
                                             deadline=None)
 VmmStreamsPoolMachine.TestCase.settings = VmmPoolMachine.TestCase.settings
 TestVmmPoolOnOneStream = VmmPoolMachine.TestCase
-TestVmmPoolOnThreeStreams = pytest.mark.xfail(
-    strict=True, reason="core bugs below: a tail free on another stream joins a request "
-                        "(OOM or a 0-byte map), an unmap while a stream is busy")(
-    VmmStreamsPoolMachine.TestCase)
+TestVmmPoolOnThreeStreams = VmmStreamsPoolMachine.TestCase
 
 
-# Suspected core bugs (xfail until fixed; each a minimal reproduction) ------------------------
+# Regressions: core bugs found by these tests, each a minimal reproduction -------------------
 
-@pytest.mark.xfail(strict=True, reason="core bug: the pool rounds page boundaries in absolute "
-                   "addresses, the simulated device's reservations (host mmaps) are aligned "
-                   "to the host page only")
 def test_trim_unmaps_a_free_page_of_a_reservation_aligned_to_the_host_page_only():
     big = 64 * KIB
     held, spacers = [], []
@@ -345,9 +338,6 @@ def test_trim_unmaps_a_free_page_of_a_reservation_aligned_to_the_host_page_only(
     assert sim.calls_named("unmap") == [(base, big)] and sim.errors == []
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: sg_extend joins the new pages with the "
-                   "segment's free end though it is free on another stream, which the "
-                   "request cannot take")
 def test_growth_behind_a_free_end_bound_to_another_stream_succeeds():
     vsim, vpool = vmm()
     a, b = vsim.create_stream(), vsim.create_stream()
@@ -360,8 +350,6 @@ def test_growth_behind_a_free_end_bound_to_another_stream_succeeds():
     del x
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: sg_extend maps 0 bytes when the segment's "
-                   "free end, free on another stream, already holds the request")
 def test_the_legacy_stream_allocates_after_another_stream_took_its_free_end():
     vsim, vpool = vmm()
     s = vsim.create_stream()
@@ -372,8 +360,6 @@ def test_the_legacy_stream_allocates_after_another_stream_took_its_free_end():
     del x
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: a hole mapped again joins a free neighbour "
-                   "bound to another stream, which the request cannot take")
 def test_a_hole_next_to_a_block_free_on_another_stream_is_mapped_for_the_request():
     vsim, vpool = vmm()
     a, b = vsim.create_stream(), vsim.create_stream()
@@ -389,9 +375,6 @@ def test_a_hole_next_to_a_block_free_on_another_stream_is_mapped_for_the_request
     del x
 
 
-@pytest.mark.xfail(strict=True, reason="core bug or simulator contract: a trim skips the "
-                   "synchronize when every cached block is unbound, then unmaps while a "
-                   "stream has work pending, which the simulated device calls a misuse")
 def test_a_trim_after_merge_streams_does_not_unmap_while_a_stream_is_busy():
     vsim, vpool = vmm()
     keep = vpool.allocate(PAGE)
@@ -403,8 +386,6 @@ def test_a_trim_after_merge_streams_does_not_unmap_while_a_stream_is_busy():
     del keep
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: a request larger than a range reserves one "
-                   "that is never given back (an empty segment no trim sees)")
 def test_requests_larger_than_the_device_leave_no_reservations_behind():
     sim = SimulatedDevice(capacity=16 * PAGE, virtual_memory=True, page=PAGE)
     pool = gpupool.Pool(upstream=sim)
