@@ -53,6 +53,16 @@ cdef extern from "Python.h" nogil:
 
 _UPSTREAMS = {"driver": DriverUpstream, "async": AsyncUpstream, "vmm": VmmUpstream}
 
+
+def _default_upstream(int device):
+    """Expandable segments, where the device has virtual memory management (on the recorded
+    ResNet-50 and GPT-2 runs they reserve the least: docs/design.md); else the driver's."""
+    from gpupool.errors import CudaError
+    try:
+        return VmmUpstream(device)
+    except CudaError:
+        return DriverUpstream(device)
+
 _oom_callbacks = []
 cdef const int* FORKED = fork_flag()
 # Blocks up to this size are parked (larger ones are joined at once: parking them changed the
@@ -93,7 +103,8 @@ cdef class Pool(BlockOwner):
         (expandable segments: per stream, a reserved range of address space whose pages are
         mapped as it grows: see ``gpupool.VmmUpstream``) or an ``Upstream`` object such as
         ``gpupool.testing.SimulatedDevice``. Default: ``GPUPOOL_UPSTREAM`` from the
-        environment, else ``"driver"``.
+        environment, else ``"vmm"`` (``"driver"`` on a device without virtual memory
+        management).
     hard_limit, soft_limit : int or str, optional
         Bytes the pool may reserve (hard: never exceeded; soft: cached blocks are released
         when exceeded), as an int or a string such as ``"512MiB"``, ``"8GB"``, ``"50%"``.
@@ -110,8 +121,10 @@ cdef class Pool(BlockOwner):
     def __cinit__(self, int device=0, upstream=None, hard_limit=None, soft_limit=None):
         from gpupool.limits import resolve_limits
         if upstream is None:
-            upstream = os.environ.get("GPUPOOL_UPSTREAM") or "driver"
-            if upstream not in _UPSTREAMS:
+            upstream = os.environ.get("GPUPOOL_UPSTREAM")
+            if upstream is None:
+                upstream = _default_upstream(device)
+            elif upstream not in _UPSTREAMS:
                 raise ValueError(f"GPUPOOL_UPSTREAM={upstream!r}: must be one of "
                                  f"{', '.join(_UPSTREAMS)}")
         if isinstance(upstream, Upstream):

@@ -25,7 +25,7 @@ __all__ = ["Device", "Facts", "describe_limit", "format_report", "gather", "main
 
 LIMIT_VARIABLES = ("GPUPOOL_HARD_LIMIT", "GPUPOOL_SOFT_LIMIT")
 UPSTREAM_VARIABLE = "GPUPOOL_UPSTREAM"
-DEFAULT_UPSTREAM = "driver"
+DEFAULT_UPSTREAM = "vmm"             # "driver" on a device without virtual memory management
 # Installed distributions worth naming in a report, when present (never imported).
 FRAMEWORKS = ("cupy-cuda13x", "cupy-cuda12x", "numba-cuda", "torch", "jax", "scikit-learn")
 _NVIDIA_VERSION_FILE = "/proc/driver/nvidia/version"

@@ -91,6 +91,7 @@ def test_block_goes_to_another_stream_only_behind_the_kernel_still_writing_it(po
     a = cupy.cuda.Stream(non_blocking=True)
     b = cupy.cuda.Stream(non_blocking=True)
     n = 8 * MIB
+    small = pool.allocate(256, stream=a.ptr)      # the block a allocates again below
     buf = pool.allocate(n, stream=a.ptr)
     first = buf.ptr
     with a:
@@ -98,7 +99,10 @@ def test_block_goes_to_another_stream_only_behind_the_kernel_still_writing_it(po
     del buf                                       # the kernel is still running on a
     other = pool.allocate(n, stream=b.ptr)        # a's block has no event yet: a new block
     assert other.ptr != first
-    pool.allocate(256, stream=a.ptr)              # a is alive: an event marks its work
+    del small
+    # a is alive: an event marks its work (kept alive: its free would join a's free block,
+    # which drops the event, to be recorded again when next wanted).
+    small = pool.allocate(256, stream=a.ptr)
     third = pool.allocate(n, stream=b.ptr)        # a's block, behind a GPU-side wait
     assert third.ptr == first
     third.memset(7, stream=b.ptr)                 # ordered after the slow kernel's 42s

@@ -64,7 +64,7 @@ def test_hard_limit_on_the_device():
 
 def test_region_on_the_device(pool):
     region = gpupool.Region(pool=pool)
-    addresses = []
+    addresses, misses = [], []
     for _ in range(3):
         with region:
             bufs = [pool.allocate(n) for n in (1000, 300_000, 5 * MIB)]
@@ -72,8 +72,9 @@ def test_region_on_the_device(pool):
                 buf.memset(1)
             addresses.append([b.ptr for b in bufs])
             del bufs, buf
+        misses.append(region.stats().cache_misses)
     assert addresses[0] == addresses[1] == addresses[2]
-    assert region.stats().cache_hits == 6
+    assert misses[0] >= 1 and misses[2] == misses[0]     # later entries never grow
 
 
 def test_several_devices_each_get_their_own_pool():

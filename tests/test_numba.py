@@ -174,14 +174,15 @@ def test_defer_cleanup_holds_frees_until_the_outermost_exit(manager, pool):
 
 def test_a_region_hands_numba_the_same_addresses_every_step(manager, pool):
     region = gpupool.Region(pool=pool)
-    steps = []
+    steps, misses = [], []
     for _ in range(3):
         with region:
             a, b = manager.memalloc(1000), manager.memalloc(300 * KIB)
             steps.append((a.device_pointer_value, b.device_pointer_value))
             del a, b
+        misses.append(region.stats().cache_misses)
     assert steps[0] == steps[1] == steps[2]
-    assert region.stats().cache_hits == 4
+    assert misses[0] >= 1 and misses[2] == misses[0]     # later steps never grow
 
 
 def test_reset_trims_and_memory_info_comes_from_the_driver(manager, pool, sim):

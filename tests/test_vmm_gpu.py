@@ -97,7 +97,7 @@ def test_a_block_freed_on_a_busy_stream_reaches_another_only_behind_its_work(poo
     first = pool.allocate(n, stream=b.ptr)          # a's block has no event yet: another
     assert first.ptr != ptr
     del small
-    pool.allocate(256, stream=a.ptr)                # a allocates: an event marks its work
+    small = pool.allocate(256, stream=a.ptr)        # a allocates: an event marks its work
     second = pool.allocate(n, stream=b.ptr)         # a's block, behind a GPU-side wait
     assert second.ptr == ptr
     second.memset(7, stream=b.ptr)                  # ordered after the kernel's 42s
