@@ -102,11 +102,12 @@ def test_block_goes_to_another_stream_only_behind_the_kernel_still_writing_it(po
     del small
     # a is alive: an event marks its work (kept alive: its free would join a's free block,
     # which drops the event, to be recorded again when next wanted).
-    small = pool.allocate(256, stream=a.ptr)
+    kept = pool.allocate(256, stream=a.ptr)
     third = pool.allocate(n, stream=b.ptr)        # a's block, behind a GPU-side wait
     assert third.ptr == first
     third.memset(7, stream=b.ptr)                 # ordered after the slow kernel's 42s
     assert (third.copy_to_host(stream=b.ptr) == 7).all()
+    del kept
 
 
 def test_step_captured_as_a_cuda_graph_inside_a_region_replays_like_eager_runs(pool):

@@ -170,8 +170,8 @@ def test_driver_without_devices(monkeypatch, tmp_path):
 
 
 def test_upstream_from_the_environment():
-    assert "Upstream: 'driver' (the default; GPUPOOL_UPSTREAM is not set)" in _lines()
-    assert "Upstream: 'driver' (the default; GPUPOOL_UPSTREAM is not set)" in _lines(
+    assert "Upstream: 'vmm' (the default; GPUPOOL_UPSTREAM is not set)" in _lines()
+    assert "Upstream: 'vmm' (the default; GPUPOOL_UPSTREAM is not set)" in _lines(
         environ={"GPUPOOL_UPSTREAM": ""})               # empty: unset, as for the pool
     assert "Upstream: 'async' (GPUPOOL_UPSTREAM)" in _lines(environ={"GPUPOOL_UPSTREAM": "async"})
 

@@ -97,12 +97,13 @@ def test_a_block_freed_on_a_busy_stream_reaches_another_only_behind_its_work(poo
     first = pool.allocate(n, stream=b.ptr)          # a's block has no event yet: another
     assert first.ptr != ptr
     del small
-    small = pool.allocate(256, stream=a.ptr)        # a allocates: an event marks its work
+    kept = pool.allocate(256, stream=a.ptr)         # a allocates: an event marks its work
     second = pool.allocate(n, stream=b.ptr)         # a's block, behind a GPU-side wait
     assert second.ptr == ptr
     second.memset(7, stream=b.ptr)                  # ordered after the kernel's 42s
     assert (second.copy_to_host(stream=b.ptr) == 7).all()
     a.synchronize()
+    del kept
 
 
 def test_cupy_and_torch_read_vmm_memory(pool):
