@@ -2,7 +2,7 @@
 # One call on the GPU machine: build there (no network), then the steps named in STEPS
 # (default: all but traces and diag), logs to $OUT (at most 8 files come back: the build log
 # only when the build fails, the plots as one tar), summary last.
-#   tests     the whole test suite
+#   tests     the whole test suite (TESTS names files instead)
 #   memcheck  the GPU tests under compute-sanitizer memcheck (PyTorch's and JAX's left out:
 #             MEMCHECK_K selects, MEMCHECK_TESTS names files)
 #   example   the main job (examples/train_digits.py)
@@ -36,7 +36,7 @@ fi
 summary "build ok"
 
 if step tests; then
-    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -rs tests > "$OUT/tests.log" 2>&1
+    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -rs ${TESTS:-tests} > "$OUT/tests.log" 2>&1
     summary "test suite (all tests, rc=$?): $(tail -1 "$OUT/tests.log")"
 fi
 if step memcheck; then
