@@ -18,7 +18,7 @@ collection run by a Python upstream, say) is deferred until that thread unlocks.
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
-from gpupool._block cimport Block, LIVE, FREE, PARKED
+from gpupool._block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED
 from gpupool._buffer cimport BlockOwner, new_buffer
 from gpupool._counters cimport count_acquired, count_released
 from gpupool._driver cimport fork_flag
@@ -594,6 +594,69 @@ cdef class Pool(BlockOwner):
                  for i in range(blocks.size()) if blocks[i].region.cache == NULL]
         self.unlock()
         return sorted(found)
+
+    def _verify(self):
+        """Check the pool's bookkeeping: segments tiled by their blocks, the free lists and
+        the parked blocks, region tags and their byte counts, and the counters. Returns the
+        problems found (an empty list when all is consistent). For tests: it walks every
+        block under the lock."""
+        cdef Segment* seg = self._segments.head
+        cdef Block* b
+        cdef Block* prev
+        cdef uintptr_t pos
+        cdef size_t live = 0, idle = 0, mapped = 0, nfree = 0, nparked = 0, holes
+        cdef size_t i
+        cdef RegionCache* rc
+        problems, tagged, counted = [], {}, {}
+        self.lock()
+        while seg != NULL:
+            pos, b, holes = seg.base, seg.first, 0
+            prev = NULL
+            while b != NULL:
+                if b.ptr != pos or b.seg_prev != prev or b.segment != seg:
+                    problems.append(f"segment {seg.base:#x}: block {b.ptr:#x} out of place")
+                    break
+                if b.state == LIVE:
+                    live += b.size
+                elif b.state == FREE or b.state == PARKED:
+                    idle += b.size
+                    nfree += b.state == FREE
+                    nparked += b.state == PARKED
+                    if b.region.cache != NULL:
+                        key = <uintptr_t>b.region.cache
+                        tagged[key] = tagged.get(key, 0) + b.size
+                elif b.state == UNMAPPED:
+                    holes += b.size
+                pos += b.size
+                prev = b
+                b = b.seg_next
+            if seg.last != prev or pos != seg.base + seg.nbytes:
+                problems.append(f"segment {seg.base:#x}: its blocks end at {pos:#x}, "
+                                f"it at {seg.base + seg.nbytes:#x}")
+            mapped += seg.nbytes - holes
+            seg = seg.next
+        c = self.counters
+        if (c.reserved, c.cached, c.in_use) != (mapped, idle, live):
+            problems.append(f"counters reserved/cached/in use {c.reserved}/{c.cached}/"
+                            f"{c.in_use}, blocks {mapped}/{idle}/{live}")
+        if nfree != self._free.nblocks or nparked != <size_t>self._nparked:
+            problems.append(f"{nfree} free and {nparked} parked blocks, lists hold "
+                            f"{self._free.nblocks} and {self._nparked}")
+        for i in range(self._regions.size()):
+            rc = self._regions[i]
+            b = rc.cached_head
+            n = 0
+            while b != NULL:
+                n += b.size
+                b = b.region.next
+            counted[<uintptr_t>rc] = n
+            if n != rc.cached_bytes or n != tagged.get(<uintptr_t>rc, 0):
+                problems.append(f"region {<uintptr_t>rc:#x}: cached_bytes {rc.cached_bytes},"
+                                f" its list {n}, tagged blocks {tagged.get(<uintptr_t>rc, 0)}")
+        if set(tagged) - set(counted):
+            problems.append("free blocks tagged with a region the pool does not know")
+        self.unlock()
+        return problems
 
     def _counters(self):
         """The counters record as a dict (bytes and counts), read under the lock."""

@@ -361,6 +361,7 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
     cdef Block* b
     cdef uintptr_t va = 0
     cdef size_t need, have = 0
+    cdef RegionCache* rc
     cdef int r = sg_fill_hole(sg, up, c, so, fl, size, s, owner)
     cdef bint fresh = False
     if r != 1:
@@ -393,7 +394,9 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
         return r
     if have:
         fl_unbin(fl, tail)
+        rc = rc_disown(tail)            # its region's bytes grow with it
         tail.size += need
+        rc_own(rc, tail)
         b = tail
     else:
         b = sg_record(sg, seg.base + seg.nbytes, need, seg)

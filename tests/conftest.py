@@ -62,7 +62,9 @@ def pool(sim):
 
 
 def check_invariants(pool):
-    """Bytes in use plus bytes cached (pool and regions) equal bytes reserved."""
+    """Bytes in use plus bytes cached (pool and regions) equal bytes reserved, and the pool's
+    bookkeeping is consistent (Pool._verify: segments, free lists, region tags, counters)."""
+    assert pool._verify() == []
     stats = pool.stats()
     assert stats.in_use_bytes + stats.cached_bytes == stats.reserved_bytes
     assert stats.peak_in_use_bytes >= stats.in_use_bytes

@@ -133,6 +133,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     @invariant()
     def bytes_add_up(self):
+        assert self.pool._verify() == []         # segments, free lists, region tags, counters
         stats = self.pool.stats()
         assert stats.in_use_bytes + stats.cached_bytes == stats.reserved_bytes
         # A block is its request's size class (a piece cut to it), or a cached block of at

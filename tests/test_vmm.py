@@ -394,3 +394,18 @@ def test_requests_larger_than_the_device_leave_no_reservations_behind():
             pool.allocate(17 * PAGE)
     pool.trim()
     assert len(sim.calls_named("reserve")) == len(sim.calls_named("unreserve"))
+
+
+def test_a_regions_free_end_grows_with_its_bytes_counted():
+    sim, pool = vmm()
+    region = gpupool.Region(pool=pool)
+    with region:
+        a = pool.allocate(6 * PAGE)
+        del a                               # the region's free end of the segment
+        b = pool.allocate(10 * PAGE)        # maps 4 pages more, joined with it
+        assert region.stats().cached_bytes == 0
+        del b
+    assert region.stats().cached_bytes == pool.stats().cached_bytes == 10 * PAGE
+    region.release()
+    assert region.stats().cached_bytes == 0
+    check_invariants(pool)
