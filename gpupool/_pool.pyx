@@ -42,7 +42,7 @@ from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream, VmmUpstr
 
 import os
 
-from gpupool.errors import GpupoolError, OutOfMemoryError
+from gpupool.errors import CudaError, GpupoolError, OutOfMemoryError
 from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
 
 cdef extern from "Python.h" nogil:
@@ -57,11 +57,11 @@ _UPSTREAMS = {"driver": DriverUpstream, "async": AsyncUpstream, "vmm": VmmUpstre
 def _default_upstream(int device):
     """Expandable segments, where the device has virtual memory management (on the recorded
     ResNet-50 and GPT-2 runs they reserve the least: docs/design.md); else the driver's."""
-    from gpupool.errors import CudaError
     try:
         return VmmUpstream(device)
     except CudaError:
         return DriverUpstream(device)
+
 
 _oom_callbacks = []
 cdef const int* FORKED = fork_flag()
