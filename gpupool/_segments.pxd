@@ -430,7 +430,11 @@ cdef inline size_t sg_unmap_free(Segments* sg, Upstream up, Counters* c, StreamO
     cdef uintptr_t hi = seg.base + (b.ptr + b.size - seg.base) // g * g
     cdef Block* hole
     cdef Block* rest
-    if hi <= lo or up.unmap(lo, hi - lo) != 0:
+    if hi <= lo:
+        fl_put(fl, b)
+        return 0
+    if up.unmap(lo, hi - lo) != 0:
+        up.clear_error()                # the pages stay mapped and cached
         fl_put(fl, b)
         return 0
     count_returned(c, hi - lo)
@@ -508,6 +512,7 @@ cdef inline size_t sg_trim(Segments* sg, Upstream up, Counters* c, StreamOrder* 
         # have no work, but pages are unmapped only with the device idle (a mapping change
         # under running work is not worth the risk). After this every event has completed.
         if up.synchronize() != 0:
+            up.clear_error()
             return 0                    # the work may not be done: nothing is safe to free
         so.wanted.clear()
     so_unbind_all(so, fl, &blocks, NULL)
@@ -572,3 +577,4 @@ cdef inline void sg_release_all(Segments* sg, Upstream up, StreamOrder* so) noex
     for i in range(sg.spare.size()):
         free(sg.spare[i])
     sg.spare.clear()
+    up.clear_error()                    # at the end nothing reports a failure

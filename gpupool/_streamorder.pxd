@@ -37,6 +37,7 @@ cdef inline uintptr_t so_event(StreamOrder* so, Upstream up) noexcept nogil:
         e = so.events.back()
         so.events.pop_back()
     elif up.event_create(&e) != 0:
+        up.clear_error()                # no event: the callers fall back
         return 0
     return e
 
@@ -59,7 +60,10 @@ cdef inline bint so_after(Upstream up, uintptr_t event, StreamKey s, bint wait) 
     it on the GPU (cuStreamWaitEvent), which never blocks the host."""
     if up.event_query(event) == 0:
         return True
-    return wait and up.stream_wait(s.handle, event) == 0
+    if wait and up.stream_wait(s.handle, event) == 0:
+        return True
+    up.clear_error()                    # not ordered (yet): the block is not taken
+    return False
 
 
 cdef inline void so_mark_stream(StreamOrder* so, StreamKey s) noexcept nogil:
@@ -90,6 +94,7 @@ cdef inline bint so_ready(StreamOrder* so, Upstream up, Block* b, StreamKey s,
             if up.event_record(b.event, b.stream.handle) != 0:
                 so.events.push_back(b.event)
                 b.event = 0
+                up.clear_error()
                 return False
         if not so_after(up, b.event, s, wait):
             return False
@@ -179,6 +184,7 @@ cdef inline void so_mark_blocks(StreamOrder* so, Upstream up, FreeLists* fl,
             if e == 0 or up.event_record(e, s.handle) != 0:
                 if e:
                     so.events.push_back(e)
+                    up.clear_error()
                 return
             blocks[i].event = e
 

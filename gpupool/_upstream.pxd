@@ -42,6 +42,7 @@ cdef class Upstream:
     cdef int map(self, uintptr_t va, size_t nbytes) noexcept nogil
     cdef int unmap(self, uintptr_t va, size_t nbytes) noexcept nogil
     cdef int raise_error(self, int code, str what) except -1
+    cdef void clear_error(self) noexcept nogil
 
 cdef class DriverUpstream(Upstream):
     cdef void* ctx                # the device's primary context (CUcontext), retained
@@ -61,3 +62,4 @@ cdef class VmmUpstream(DriverUpstream):
 
 cdef class PythonUpstream(Upstream):
     cdef int _call(self, str name, tuple args, uintptr_t* out, size_t* out2) noexcept
+    cdef void clear_error(self) noexcept nogil

@@ -111,6 +111,12 @@ cdef class Upstream:
         """Unmap whole pages and give their memory back (no queued work may use them)."""
         return GP_PY_ERROR
 
+    cdef void clear_error(self) noexcept nogil:
+        """Forget the exception of a failed call whose status the caller handles itself (a
+        fallback): kept, its traceback would keep the caller's frames, and their buffers,
+        alive."""
+        pass
+
     cdef int raise_error(self, int code, str what) except -1:
         """Raise the exception for a status code returned by one of the methods above."""
         if code == 0:
@@ -504,6 +510,10 @@ cdef class PythonUpstream(Upstream):
     nbytes)``. Exceptions other than ``MemoryError`` reach the caller of the pool operation
     that made the call.
     """
+
+    cdef void clear_error(self) noexcept nogil:
+        with gil:
+            self._pending = None
 
     def _set_device(self, int device):
         """Set the device ordinal this upstream reports (for subclasses' ``__init__``)."""

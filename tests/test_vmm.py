@@ -12,6 +12,7 @@ aligned to the host page only; the pool counts pages from a segment's start, so 
 work too (a regression test at the end uses 64 KiB pages on a misaligned reservation).
 """
 
+import gc
 import mmap
 
 import numpy as np
@@ -409,3 +410,26 @@ def test_a_regions_free_end_grows_with_its_bytes_counted():
     region.release()
     assert region.stats().cached_bytes == 0
     check_invariants(pool)
+
+
+def test_an_ignored_upstream_error_does_not_keep_the_callers_buffers_alive():
+    vsim, vpool = vmm()
+    a = vsim.create_stream()
+    x = vpool.allocate(PAGE, stream=a)
+    del x                                   # free on a, no event yet
+    vpool.allocate(PAGE)                    # the legacy stream wants it: a is asked for one
+
+    def failing_record(event, stream):
+        raise RuntimeError("simulated cuEventRecord failure")
+
+    vsim._event_record = failing_record
+
+    def step():
+        buf = vpool.allocate(PAGE, stream=a)    # a allocates: its event cannot be recorded
+        return buf.nbytes
+
+    assert step() == PAGE                   # the pool falls back (no event: no hand-off)
+    del vsim._event_record
+    gc.collect()
+    # Kept, the exception's traceback would hold step's frame, and its buffer, alive.
+    assert vpool.stats().in_use_bytes == 0
