@@ -21,9 +21,13 @@ imported first, as in real jobs (its objects are what make a full collection slo
 Reported per way: median ms per step, peak bytes in use and reserved, reserved after step 2
 and after the last step, whether reserved stayed flat after step 2, and peak reserved over the
 working set of the step; the targets for the two region ways; a plot of reserved memory over
-the steps. Run::
+the steps. With ``--batches 64,128,256`` each step's batch is drawn from the set instead (one
+fixed seed, the same sizes for every way; varying shapes, as a CuPy user's data can have): the
+flatness counts from the step after every size has been seen, and the region ways' peak
+reserved must not exceed CuPy's pool's. Run::
 
     python bench/region_memory.py [--json PATH] [--plot PATH] [--quick] [--steps N]
+        [--batches 64,128,256]
 """
 
 import gc
@@ -338,8 +342,27 @@ def make_way(name, cp):
 
 # Running -----------------------------------------------------------------------------------
 
-def train(cp, way, steps):
-    """``steps`` training steps of a fresh model, every allocation served by ``way``.
+def batch_sizes(steps, batches=None, seed=SEED):
+    """The batch of each step: ``BATCH`` for every step, or drawn from ``batches`` (fixed
+    seed, the same for every way)."""
+    if not batches:
+        return [BATCH] * steps
+    return [int(b) for b in np.random.default_rng(seed).choice(batches, size=steps)]
+
+
+def all_seen_step(sizes):
+    """The 1-based step after which every batch size has been seen once."""
+    seen = set()
+    for step, size in enumerate(sizes, 1):
+        seen.add(size)
+        if len(seen) == len(set(sizes)):
+            return step
+    return len(sizes)
+
+
+def train(cp, way, steps, batches=None):
+    """``steps`` training steps of a fresh model, every allocation served by ``way``; with
+    ``batches``, step ``k`` trains on the first ``batch_sizes(steps, batches)[k]`` rows.
 
     Returns ``(per_step, losses)``: lists per column of :data:`COLUMNS`, and the loss at the
     first and the last step. A step's time runs from before its forward to after
@@ -347,15 +370,17 @@ def train(cp, way, steps):
     """
     per_step = {column: [] for column in COLUMNS}
     losses = {}
+    sizes = batch_sizes(steps, batches)
     stream = cp.cuda.get_current_stream()
     with cp.cuda.using_allocator(way.allocator):
-        model, x, labels = make_problem(cp)
+        model, x, labels = make_problem(cp, batch=max(sizes))
         stream.synchronize()
         for step in range(1, steps + 1):
             way.before_step()
             start = time.perf_counter()
+            b = sizes[step - 1]
             with way.scope:
-                loss = train_step(model, x, labels, want_loss=step in (1, steps))
+                loss = train_step(model, x[:b], labels[:b], want_loss=step in (1, steps))
             way.after_step()
             stream.synchronize()
             per_step["ms"].append(1e3 * (time.perf_counter() - start))
@@ -367,7 +392,7 @@ def train(cp, way, steps):
     return per_step, losses
 
 
-def run_way(name, cp, steps):
+def run_way(name, cp, steps, batches=None):
     """One way from a fresh state: its record for the JSON (or an error)."""
     gc.collect()
     start = time.perf_counter()
@@ -380,7 +405,7 @@ def run_way(name, cp, steps):
         return record
     record["peak_measured"] = way.peak_measured
     try:
-        record["per_step"], record["losses"] = train(cp, way, steps)
+        record["per_step"], record["losses"] = train(cp, way, steps, batches)
     except Exception as exc:  # a failed way is reported, the others go on
         record["error"] = f"{type(exc).__name__}: {exc}"
     record["counters"] = way.counters()
@@ -406,25 +431,28 @@ def _steady(values):
     return values[STEADY_FROM - 1:] or values
 
 
-def working_set(ways):
+def working_set(ways, varying=False):
     """The working set of the step, from the first region way that ran (None if none did).
 
     The pool's peak bytes in use within a steady step: what was alive at the step's start
     (parameters, data) plus the step's own peak (``region.stats().peak_in_use_bytes``).
-    Medians over the steps from :data:`STEADY_FROM`.
+    Medians over the steps from :data:`STEADY_FROM`; with varying batches (``varying``), the
+    largest step's.
     """
+    pick = max if varying else statistics.median_low
     for name in REGION_WAYS:
         per_step = ways.get(name, {}).get("per_step")
         if per_step:
-            return {"bytes": statistics.median_low(_steady(per_step["peak_in_use"])),
-                    "at_start_bytes": statistics.median_low(_steady(per_step["in_use_at_start"])),
-                    "step_peak_bytes": statistics.median_low(_steady(per_step["region_peak"])),
+            return {"bytes": pick(_steady(per_step["peak_in_use"])),
+                    "at_start_bytes": pick(_steady(per_step["in_use_at_start"])),
+                    "step_peak_bytes": pick(_steady(per_step["region_peak"])),
                     "from": name}
     return None
 
 
-def summarize(record, ws_bytes):
-    """Per-way figures of the table from its per-step record."""
+def summarize(record, ws_bytes, flat_from=2):
+    """Per-way figures of the table from its per-step record; flatness counts from step
+    ``flat_from`` (the step after which every batch size was seen)."""
     p = record["per_step"]
     reserved = p["reserved"]
     peaks = p["peak_in_use"] if record["peak_measured"] else p["in_use"]
@@ -443,9 +471,10 @@ def summarize(record, ws_bytes):
         "growth_after_step2": None,
         "peak_reserved_over_working_set": peak_reserved / ws_bytes if ws_bytes else None,
     }
-    if len(reserved) >= 2:
-        summary["flat_after_step2"] = all(r == reserved[1] for r in reserved[1:])
-        summary["growth_after_step2"] = max(reserved[1:]) - reserved[1]
+    if len(reserved) >= flat_from:
+        k = flat_from - 1
+        summary["flat_after_step2"] = all(r == reserved[k] for r in reserved[k:])
+        summary["growth_after_step2"] = max(reserved[k:]) - reserved[k]
     return summary
 
 
@@ -470,6 +499,9 @@ def targets(summaries, ws_bytes):
             ratio = s["ms_median"] / base["ms_median"]
             checks.append({"way": name, "target": "ms/step <= cupy-default's",
                            "value": ratio, "limit": TIME_TARGET, "ok": ratio <= TIME_TARGET})
+            ratio = s["peak_reserved"] / base["peak_reserved"]
+            checks.append({"way": name, "target": "peak reserved <= cupy-default's",
+                           "value": ratio, "limit": 1.0, "ok": ratio <= 1.0})
     return checks
 
 
@@ -635,11 +667,19 @@ def main(argv=None):
                    help=f"training steps per way (default {STEPS}; --quick: {QUICK_STEPS})")
     p.add_argument("--gc-steps", type=int, default=GC_STEPS,
                    help=f"at most this many steps for cupy-gc (default {GC_STEPS})")
+    p.add_argument("--batches", metavar="N,N,...",
+                   help="draw each step's batch from these sizes (varying shapes)")
     p.add_argument("--plot", metavar="PATH",
                    help=f"PNG of reserved memory over the steps (default: {SCRIPT}.png beside "
                         "--json, else in the current folder)")
     args = p.parse_args(argv)
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
+    try:
+        batches = [int(b) for b in args.batches.split(",")] if args.batches else None
+    except ValueError:
+        p.error(f"--batches must be comma-separated ints, got {args.batches!r}")
+    if batches and min(batches) < 1:
+        p.error("--batches must be positive")
     if steps < STEADY_FROM or args.gc_steps < STEADY_FROM:
         p.error(f"--steps and --gc-steps must be at least {STEADY_FROM}")
     if args.simulated:
@@ -658,6 +698,7 @@ def main(argv=None):
            "model": {"depth": DEPTH, "width": WIDTH, "batch": BATCH, "dtype": "float32",
                      "lr": LR, "weight_decay": WEIGHT_DECAY, "seed": SEED},
            "steps": steps, "gc_steps": min(steps, args.gc_steps), "steady_from": STEADY_FROM,
+           "batches": batches,
            "quick": args.quick, "torch": torch, "gc_tracked_objects": len(gc.get_objects()),
            "gc_thresholds": gc.get_threshold(), "env": _common.environment()}
     print(f"  warm-up ({WARMUP_STEPS} steps, throwaway CuPy pool): {warm_up(cp):.1f} s",
@@ -665,14 +706,16 @@ def main(argv=None):
     out["ways"] = {}
     for name in WAYS:
         n = out["gc_steps"] if name == "cupy-gc" else steps
-        record = out["ways"][name] = run_way(name, cp, n)
+        record = out["ways"][name] = run_way(name, cp, n, batches)
         last = record["per_step"]["reserved"][-1] if "per_step" in record else None
         print(f"  {name}: {n} steps, {record['seconds']:.1f} s, reserved at the end "
               f"{_mib(last)} MiB" + (f"; error: {record['error']}" if "error" in record else ""),
               file=sys.stderr, flush=True)
-    out["working_set"] = working_set(out["ways"])
+    out["working_set"] = working_set(out["ways"], varying=bool(batches))
     ws_bytes = None if out["working_set"] is None else out["working_set"]["bytes"]
-    out["summaries"] = {name: summarize(r, ws_bytes) for name, r in out["ways"].items()
+    flat_from = max(2, all_seen_step(batch_sizes(steps, batches)) + 1) if batches else 2
+    out["summaries"] = {name: summarize(r, ws_bytes, flat_from)
+                        for name, r in out["ways"].items()
                         if "per_step" in r}
     out["targets"] = targets(out["summaries"], ws_bytes)
     out["plot"], out["plot_skipped"] = plot(out, args.plot or default_plot_path(args.json))

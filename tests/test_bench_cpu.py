@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import alloc_trace  # noqa: E402
 import fragmentation  # noqa: E402
+import region_memory  # noqa: E402
 import run_all  # noqa: E402
 import threads  # noqa: E402
 import trace_replay  # noqa: E402
@@ -297,3 +298,18 @@ def test_expandable_segments_reserve_less_than_pytorchs_on_the_real_training_run
         assert row["vmm"] <= anchor_mib * MiB, (name, row["vmm"] / MiB)
         assert row["vmm_region"] <= row["vmm"]       # a region never costs memory
         assert row["vmm"] < 1.02 * row["peak_live"]
+
+
+def test_region_memory_varying_batches_are_the_same_for_every_way_and_flatness_waits_for_them():
+    sizes = region_memory.batch_sizes(40, [64, 128, 256])
+    assert sizes == region_memory.batch_sizes(40, [64, 128, 256]) and set(sizes) == {64, 128, 256}
+    assert region_memory.batch_sizes(3) == [region_memory.BATCH] * 3
+    seen = region_memory.all_seen_step(sizes)
+    assert set(sizes[:seen]) == {64, 128, 256} and len(set(sizes[:seen - 1])) == 2
+    # Reserved grows until every size was seen, then stays: flat from the step after.
+    reserved = [10, 20, 20, 30] + [30] * 6
+    record = {"peak_measured": True, "per_step": {
+        "ms": [1.0] * 10, "peak_in_use": [5] * 10, "in_use": [5] * 10, "reserved": reserved,
+        "peak_reserved": reserved}}
+    assert not region_memory.summarize(record, None)["flat_after_step2"]
+    assert region_memory.summarize(record, None, flat_from=4)["flat_after_step2"]
