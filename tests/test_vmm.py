@@ -433,3 +433,27 @@ def test_an_ignored_upstream_error_does_not_keep_the_callers_buffers_alive():
     gc.collect()
     # Kept, the exception's traceback would hold step's frame, and its buffer, alive.
     assert vpool.stats().in_use_bytes == 0
+
+
+class FailingUnmap(SimulatedDevice):
+    """A device whose unmaps fail (a driver error): a trim keeps the pages and goes on."""
+
+    def _unmap(self, va, nbytes):
+        raise RuntimeError("simulated driver failure")
+
+
+def test_a_refused_unmap_in_a_trim_does_not_keep_the_callers_buffers_alive():
+    sim = FailingUnmap(capacity=64 * MIB, virtual_memory=True, page=PAGE)
+    pool = gpupool.Pool(upstream=sim)
+    pool.allocate(4 * PAGE).close()
+
+    def step():
+        buf = pool.allocate(2 * PAGE)   # cut from the free pages: 2 of them stay free
+        assert pool.trim() == 0         # the unmap failed: nothing given back, no error
+        return buf.nbytes
+
+    assert step() == 2 * PAGE           # buf is dead once step returns
+    gc.collect()
+    # Kept, the failed unmap's traceback would hold step's frame, and its buffer, alive.
+    assert pool.stats().in_use_bytes == 0
+    check_invariants(pool)
