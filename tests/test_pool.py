@@ -380,10 +380,10 @@ def test_soft_limit_releases_cached_blocks(sim):
 
 def test_limits_from_the_environment(sim, monkeypatch):
     monkeypatch.setenv("GPUPOOL_HARD_LIMIT", "50%")
-    monkeypatch.setenv("GPUPOOL_SOFT_LIMIT", "1GB")
+    monkeypatch.setenv("GPUPOOL_SOFT_LIMIT", "256MB")
     pool = gpupool.Pool(upstream=sim)
     assert pool.hard_limit == sim.capacity // 2
-    assert pool.soft_limit == 10**9
+    assert pool.soft_limit == 256 * 10**6
 
 
 def test_upstream_errors_reach_the_caller(sim):
