@@ -57,9 +57,18 @@ def test_no_such_device():
 
 def test_hard_limit_on_the_device():
     pool = gpupool.Pool(device=0, hard_limit="64MiB")
+    keep = pool.allocate(MIB)
     with pytest.raises(gpupool.OutOfMemoryError, match="hard limit 64.000 MiB") as info:
         pool.allocate(100 * MIB)
-    assert "free of" in str(info.value)
+    error = info.value
+    assert error.requested_bytes == 100 * MIB and error.limit_bytes == 64 * MIB
+    assert error.in_use_bytes == MIB
+    assert error.reserved_bytes == pool.stats().reserved_bytes
+    assert error.in_use_bytes + error.cached_bytes == error.reserved_bytes
+    # Built without a driver call: the device's numbers are left to pool.mem_info().
+    assert error.device_free_bytes is None and error.device_total_bytes is None
+    assert "gpupool.pool_status()" in str(error)
+    del keep
 
 
 def test_region_on_the_device(pool):

@@ -1,7 +1,9 @@
 """Pool policy on the simulated device: sizes, alignment, reuse, streams, segments, trim, stats."""
 
 import contextlib
+import logging
 import os
+import pickle
 import subprocess
 import sys
 
@@ -340,14 +342,37 @@ def test_pool_capped_at_n_bytes_can_allocate_one_n_byte_block(sim, cap):
     check_invariants(pool)
 
 
-def test_out_of_memory_from_the_device(sim):
+def test_out_of_memory_from_the_device_carries_the_numbers_and_asks_the_upstream_nothing(sim):
     small = type(sim)(capacity=4 << 20)
     pool = gpupool.Pool(upstream=small)
     keep = pool.allocate(3 << 20)
-    with pytest.raises(gpupool.OutOfMemoryError, match="free of 4.000 MiB"):
+    small.calls.clear()
+    with pytest.raises(gpupool.OutOfMemoryError) as info:
         pool.allocate(2 << 20)
+    error = info.value
+    assert (error.requested_bytes, error.in_use_bytes, error.reserved_bytes, error.cached_bytes,
+            error.limit_bytes) == (2 << 20, 3 << 20, 4 << 20, 1 << 20, None)
+    assert error.device_free_bytes is None and error.device_total_bytes is None
+    assert "mem_info" not in [name for name, _ in small.calls]      # no call made to build it
+    message = str(error)
+    for part in ("allocating 2.000 MiB (2097152 B)", "3.000 MiB in use", "4.000 MiB reserved",
+                 "1.000 MiB cached", "gpupool.on_oom", "gpupool.pool_status()"):
+        assert part in message
+    assert "hard limit" not in message
     assert keep.nbytes == 3 << 20
     check_invariants(pool)
+
+
+def test_out_of_memory_numbers_under_a_hard_limit_and_through_pickle(sim):
+    pool = gpupool.Pool(upstream=sim, hard_limit="3MiB")
+    with pytest.raises(gpupool.OutOfMemoryError) as info:
+        pool.allocate(4 << 20)
+    assert info.value.limit_bytes == 3 << 20 and info.value.requested_bytes == 4 << 20
+    again = pickle.loads(pickle.dumps(info.value))
+    assert str(again) == str(info.value) and again.limit_bytes == 3 << 20
+    plain = gpupool.OutOfMemoryError("a message only")     # as gpupool.torch builds its own
+    assert str(plain) == "a message only" and plain.requested_bytes is None
+    assert isinstance(plain, MemoryError)
 
 
 def test_on_oom_callback_runs_and_the_allocation_is_retried(sim):
@@ -367,6 +392,57 @@ def test_on_oom_callback_runs_and_the_allocation_is_retried(sim):
         gpupool.remove_oom_callback(free_held)
     assert seen == [2 << 20]
     assert buf.nbytes == 2 << 20
+
+
+def test_a_raising_callback_is_logged_and_the_others_still_free_memory(sim, caplog):
+    small = type(sim)(capacity=4 << 20)
+    pool = gpupool.Pool(upstream=small)
+    held = [pool.allocate(3 << 20)]
+
+    def broken(nbytes):
+        raise RuntimeError("a broken callback")
+
+    def free_held(nbytes):
+        held.clear()
+
+    gpupool.on_oom(broken)
+    gpupool.on_oom(free_held)
+    try:
+        with caplog.at_level(logging.ERROR, logger="gpupool"):
+            buf = pool.allocate(2 << 20)            # the second callback frees the memory
+    finally:
+        gpupool.remove_oom_callback(broken)
+        gpupool.remove_oom_callback(free_held)
+    assert buf.nbytes == 2 << 20
+    [record] = caplog.records
+    assert record.name == "gpupool" and "on_oom callback" in record.getMessage()
+    assert record.exc_info[0] is RuntimeError
+
+
+def test_a_raising_callback_does_not_replace_the_out_of_memory_error(sim, caplog):
+    small = type(sim)(capacity=4 << 20)
+    pool = gpupool.Pool(upstream=small)
+    keep = pool.allocate(3 << 20)
+
+    def broken(nbytes):
+        raise RuntimeError("a broken callback")
+
+    gpupool.on_oom(broken)
+    try:
+        with caplog.at_level(logging.ERROR, logger="gpupool"), \
+                pytest.raises(gpupool.OutOfMemoryError, match="allocating 2.000 MiB"):
+            pool.allocate(2 << 20)
+    finally:
+        gpupool.remove_oom_callback(broken)
+    assert "a broken callback" in caplog.text
+    del keep
+
+
+def test_removing_an_unknown_callback_is_a_clear_error():
+    with pytest.raises(ValueError, match="is not an on_oom callback.*gpupool.on_oom"):
+        gpupool.remove_oom_callback(print)
+    with pytest.raises(TypeError, match="callable"):
+        gpupool.on_oom(42)
 
 
 def test_soft_limit_releases_cached_blocks(sim):
