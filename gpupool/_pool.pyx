@@ -64,6 +64,7 @@ def _default_upstream(int device):
     except CudaError:
         return DriverUpstream(device)
 
+
 _oom_callbacks = []
 cdef const int* FORKED = fork_flag()
 # Blocks up to this size are parked (larger ones are joined at once: parking them changed the
