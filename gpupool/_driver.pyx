@@ -266,6 +266,13 @@ def error_name(int code):
     return _name(<CUresult>code)
 
 
+_SIMULATED = (
+    "Without a GPU, use gpupool.testing.SimulatedDevice as the upstream: "
+    "pool = gpupool.Pool(upstream=gpupool.testing.SimulatedDevice()), and "
+    "gpupool.set_pool(pool) to make it the default pool (of gpupool.get_pool, "
+    "gpupool.allocate, regions made without a pool, the adapters and the C API)")
+
+
 cdef int check(CUresult result, str what) except -1:
     """Raise the exception for a driver result: nothing for CUDA_SUCCESS.
 
@@ -281,9 +288,10 @@ cdef int check(CUresult result, str what) except -1:
     if result == GP_NO_DRIVER:
         raise NoDeviceError(
             f"no CUDA driver: libcuda could not be loaded ({what}); gpupool needs an NVIDIA "
-            "driver, or gpupool.testing.SimulatedDevice as the upstream"
-        )
-    if result in (cydriver.CUDA_ERROR_NO_DEVICE, cydriver.CUDA_ERROR_INVALID_DEVICE):
+            f"driver. {_SIMULATED}")
+    if result == cydriver.CUDA_ERROR_NO_DEVICE:
+        raise NoDeviceError(f"{_name(result)}: {_description(result)} ({what}). {_SIMULATED}")
+    if result == cydriver.CUDA_ERROR_INVALID_DEVICE:
         raise NoDeviceError(f"{_name(result)}: {_description(result)} ({what})")
     raise CudaError(<int>result, _name(result), f"{_description(result)} (in {what})")
 

@@ -95,8 +95,8 @@ cdef class Pool(BlockOwner):
     Parameters
     ----------
     device : int
-        Device ordinal (ignored when ``upstream`` is an ``Upstream`` object, whose device
-        is used).
+        Device ordinal, >= 0 (ignored when ``upstream`` is an ``Upstream`` object, whose
+        device is used; checked all the same).
     upstream : {"driver", "async", "vmm"}, gpupool.Upstream or None
         Where memory comes from: ``"driver"`` (``cuMemAlloc`` / ``cuMemFree`` on the
         device's primary context), ``"async"`` (a driver memory pool of the pool's own,
@@ -117,11 +117,15 @@ cdef class Pool(BlockOwner):
     NoDeviceError
         No driver or no such device (driver upstreams).
     ValueError, TypeError
-        A malformed limit or upstream (``GPUPOOL_UPSTREAM`` included).
+        An impossible ``device`` (negative, not an int: before any driver call), a malformed
+        limit (the message names the argument or variable), a soft limit above the hard
+        one, or a malformed upstream (``GPUPOOL_UPSTREAM`` included).
     """
 
-    def __cinit__(self, int device=0, upstream=None, hard_limit=None, soft_limit=None):
+    def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None):
+        from gpupool._ordinals import check_ordinal
         from gpupool.limits import resolve_limits
+        device = check_ordinal(device)
         if upstream is None:
             upstream = os.environ.get("GPUPOOL_UPSTREAM")
             if upstream is None:

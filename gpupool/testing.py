@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 
+from gpupool._ordinals import check_ordinal
 from gpupool._upstream import PythonUpstream
 from gpupool.limits import parse_limit
 
@@ -70,7 +71,7 @@ class SimulatedDevice(PythonUpstream):
     ------
     ValueError, TypeError
         A capacity or page that is not a positive size (``gpupool.limits.parse_limit``), a
-        page that is not a multiple of 512 B, or a negative device.
+        page that is not a multiple of 512 B, or an impossible device (negative, not an int).
 
     Notes
     -----
@@ -106,6 +107,7 @@ class SimulatedDevice(PythonUpstream):
 
     def __init__(self, capacity=1 << 30, device=0, stream_ordered=False, virtual_memory=False,
                  page=PAGE_BYTES):
+        device = check_ordinal(device)
         capacity = parse_limit(capacity, _no_total, "capacity")
         page = parse_limit(page, _no_total, "page")
         if page % 512:

@@ -26,6 +26,16 @@ def test_default_pool_paths_raise_no_device_error(call):
         call()
 
 
+@pytest.mark.parametrize("call", [lambda: gpupool.get_pool(), lambda: gpupool.allocate(10)])
+def test_without_a_driver_the_default_pool_functions_name_set_pool(call):
+    with pytest.raises(gpupool.NoDeviceError) as info:
+        call()
+    message = str(info.value)
+    assert "gpupool.set_pool(pool)" in message
+    assert "gpupool.Pool(upstream=gpupool.testing.SimulatedDevice())" in message
+    assert "\n" not in message
+
+
 def test_import_prints_nothing():
     result = subprocess.run([sys.executable, "-c", "import gpupool, gpupool.cupy"],
                             capture_output=True, text=True)

@@ -7,12 +7,14 @@ import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import check_invariants
 from hypothesis import given
 from hypothesis import strategies as st
 
 import gpupool
+from gpupool.testing import SimulatedDevice
 
 MIB = 1 << 20
 LARGE = 12 << 20      # above the segment limit (10 MiB): each block is its own upstream allocation
@@ -471,6 +473,27 @@ def test_upstream_errors_reach_the_caller(sim):
     with pytest.raises(RuntimeError, match="simulated driver failure"):
         pool.allocate(10)
     check_invariants(pool)
+
+
+@pytest.mark.parametrize("device, error", [
+    (-1, ValueError), (1 << 31, ValueError), (True, TypeError), (1.5, TypeError),
+    ("0", TypeError), (None, TypeError)])
+@pytest.mark.parametrize("upstream", ["simulated", None, "driver"])
+def test_impossible_devices_are_refused_before_any_driver_call(sim, device, error, upstream):
+    # Without a driver, a driver call would raise NoDeviceError instead.
+    with pytest.raises(error, match="device"):
+        gpupool.Pool(device=device, upstream=sim if upstream == "simulated" else upstream)
+
+
+def test_impossible_devices_of_the_simulated_device_and_the_default_pools():
+    for device, error in ((-1, ValueError), (True, TypeError), (0.0, TypeError)):
+        with pytest.raises(error, match="device"):
+            SimulatedDevice(device=device)
+    with pytest.raises(ValueError, match="non-negative device ordinal, got -1"):
+        gpupool.get_pool(-1)
+    with pytest.raises(ValueError, match="non-negative device ordinal, got -1"):
+        gpupool.allocate(10, device=-1)
+    assert gpupool.Pool(device=np.int64(3), upstream=SimulatedDevice(device=3)).device == 3
 
 
 def test_bad_upstream_arguments():
