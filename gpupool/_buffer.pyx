@@ -10,7 +10,7 @@ from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
 from gpupool._block cimport Block
 from gpupool._dlpack cimport make_capsule, KDL_CPU, KDL_CUDA, KDL_UINT, DLPACK_MAJOR
-from gpupool._driver cimport fork_flag
+from gpupool._driver cimport fork_flag, mark_used
 from gpupool._streams cimport StreamKey, stream_key, stream_handle
 from gpupool._upstream cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
 
@@ -18,7 +18,7 @@ cimport cython
 
 import numpy as np
 
-from gpupool.errors import InvalidBufferError
+from gpupool.errors import FORK_MESSAGE, GpupoolError, InvalidBufferError
 from gpupool.interface import read_cai
 
 cdef const int* FORKED = fork_flag()
@@ -33,7 +33,19 @@ cdef class BlockOwner:
         Serves the buffer's copies, memsets and events.
     device : int
         Device ordinal of the memory.
+
+    Raises
+    ------
+    GpupoolError
+        Made in a fork() child of a process that used gpupool (no pool can be made there).
     """
+
+    def __cinit__(self, *args, **kwargs):
+        # Every pool is made here first: the process now holds memory that a fork() child
+        # must leave alone (fork detection, _driver.pxd).
+        if FORKED[0]:
+            raise GpupoolError(FORK_MESSAGE)
+        mark_used()
 
     cdef void release(self, Block* blk, StreamKey stream) noexcept nogil:
         """Take back a live block, last used on stream."""

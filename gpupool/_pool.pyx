@@ -43,7 +43,7 @@ from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream, VmmUpstr
 import logging
 import os
 
-from gpupool.errors import GpupoolError, OutOfMemoryError
+from gpupool.errors import FORK_MESSAGE, GpupoolError, OutOfMemoryError
 from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
 
 cdef extern from "Python.h" nogil:
@@ -368,9 +368,7 @@ cdef class Pool(BlockOwner):
             self.counters.num_ooms += 1
             raise self._oom_error(nbytes)
         if status == GP_FORKED:
-            raise GpupoolError(
-                "this gpupool pool was inherited through fork(); CUDA state cannot cross "
-                "fork(): use the 'spawn' start method, or create pools in the child")
+            raise GpupoolError(FORK_MESSAGE)
         if status == GP_REENTRANT:
             raise GpupoolError("the pool was used from inside its own upstream call")
         self.upstream.raise_error(status, "allocate")

@@ -5,12 +5,24 @@ Every error gpupool raises derives from :class:`GpupoolError`. Driver failures c
 """
 
 __all__ = [
+    "FORK_MESSAGE",
     "CudaError",
     "GpupoolError",
     "InvalidBufferError",
     "NoDeviceError",
     "OutOfMemoryError",
 ]
+
+#: The message of the GpupoolError that every call raises in a child of fork() whose parent
+#: had used gpupool or CUDA.
+FORK_MESSAGE = (
+    "gpupool cannot be used in a process made by fork() after its parent used gpupool or "
+    "CUDA: CUDA state (the driver's context, pools, their memory) does not cross fork(), so "
+    "the pools, buffers and regions inherited here refuse every call and no new pool can be "
+    "made. Start worker processes with the 'spawn' or 'forkserver' start method "
+    "(multiprocessing.get_context('spawn').Pool(), multiprocessing.set_start_method("
+    "'forkserver'), ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))), or "
+    "fork before the parent's first use of gpupool")
 
 
 class GpupoolError(Exception):

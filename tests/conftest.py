@@ -5,6 +5,7 @@ import functools
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import gpupool
 from gpupool.testing import SimulatedDevice
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 
 # numba-cuda 0.30 registers an overload for np.row_stack, which NumPy 2.5 removed, when it
 # first compiles a kernel: alias it so Numba's kernels compile on such machines.
@@ -80,6 +82,14 @@ def restore_default_pool():
     else:
         gpupool._pools.pop(0, None)
         gpupool._defaults._forget(0)
+
+
+def fresh_python(code, *flags, timeout=120):
+    """Run ``code`` (dedented) in a fresh interpreter started in the tests folder (so that
+    ``fake_cupy`` imports), with interpreter ``flags`` (``"-W", "error"``); returns the
+    CompletedProcess, stdout and stderr as text."""
+    return subprocess.run([sys.executable, *flags, "-c", textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=timeout, cwd=TESTS)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 import contextlib
 import logging
-import os
 import pickle
 import subprocess
 import sys
@@ -565,31 +564,6 @@ def test_regions_nest_64_deep_on_a_thread_then_a_clear_error(pool):
         buf = pool.allocate(1000)
     assert region.stats().cache_misses == 1 and region.stats().entries == 1
     del buf
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
-def test_fork_child_gets_a_clear_error():
-    code = """
-import os, sys, gpupool
-from gpupool.testing import SimulatedDevice
-pool = gpupool.Pool(upstream=SimulatedDevice())
-buf = pool.allocate(100)
-pid = os.fork()
-if pid == 0:
-    try:
-        pool.allocate(100)
-    except gpupool.GpupoolError as exc:
-        ok = "fork" in str(exc)
-    else:
-        ok = False
-    del buf                     # freeing an inherited buffer must not touch the pool
-    os._exit(0 if ok else 1)
-_, status = os.waitpid(pid, 0)
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
 
 
 def test_shutdown_with_live_buffers_is_silent():
