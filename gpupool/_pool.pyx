@@ -43,7 +43,7 @@ from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream, VmmUpstr
 import logging
 import os
 
-from gpupool.errors import FORK_MESSAGE, GpupoolError, OutOfMemoryError
+from gpupool.errors import FORK_MESSAGE, GpupoolError, OutOfMemoryError, not_picklable
 from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
 
 cdef extern from "Python.h" nogil:
@@ -707,6 +707,11 @@ cdef class Pool(BlockOwner):
     def soft_limit(self):
         """Reserved bytes above which cached blocks are released; None when unlimited."""
         return self._soft_limit or None
+
+    def __reduce__(self):
+        raise not_picklable(
+            "a gpupool.Pool", "make the pool where it is used (gpupool.get_pool(), or "
+            "gpupool.Pool(...) in the other process) and pickle buffers: they carry their bytes")
 
     def __repr__(self):
         return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "

@@ -33,10 +33,11 @@ import threading
 import time
 import warnings
 
-from gpupool.errors import FORK_MESSAGE, GpupoolError
+from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
 from gpupool.interface import read_cai
 from gpupool.limits import parse_limit
 from gpupool.stats import RegionStats, format_bytes
+from gpupool.view import BufferView
 
 # "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
 # collector is incremental with a young and an old generation, the young generation plus one
@@ -348,9 +349,11 @@ cdef class Region:
 
         Parameters
         ----------
-        obj : DeviceBuffer or object with ``__cuda_array_interface__`` / ``__dlpack__``
-            A buffer allocated in this region, or an array whose data pointer lies inside
-            one of the region's live blocks.
+        obj : DeviceBuffer, BufferView or object with ``__cuda_array_interface__`` /
+                ``__dlpack__``
+            A buffer allocated in this region (or a view of one), or an array whose data
+            pointer lies inside one of the region's live blocks. An empty buffer, or an array
+            of no elements (whose pointer is not read), has no memory to keep: nothing is done.
 
         Returns
         -------
@@ -363,10 +366,13 @@ cdef class Region:
         """
         cdef Block* b
         cdef uintptr_t ptr
-        if isinstance(obj, DeviceBuffer):
-            ptr = (<DeviceBuffer>obj)._live_ptr()
+        target = obj.buffer if isinstance(obj, BufferView) else obj
+        if isinstance(target, DeviceBuffer):
+            ptr = (<DeviceBuffer>target)._live_ptr()
         else:
             ptr = _data_pointer(obj)
+        if ptr == 0:
+            return obj
         self.pool.lock()
         b = rc_find_live(self.rc, ptr)
         self.pool.unlock()
@@ -401,6 +407,10 @@ cdef class Region:
         self.rc.peak_in_use_bytes = self.rc.live_bytes
         self.pool.unlock()
 
+    def __reduce__(self):
+        raise not_picklable("a gpupool.Region", "make the Region in the process that runs the "
+                            "step (gpupool.Region(pool=...) there)")
+
     def __repr__(self):
         name = f" {self._name!r}" if self._name else ""
         return (f"<gpupool.Region{name} on_exit={self.on_exit!r} scope={self.scope!r} "
@@ -408,7 +418,8 @@ cdef class Region:
 
 
 def _data_pointer(obj):
-    """Device pointer of the data of an object exporting the CUDA Array Interface or DLPack."""
+    """Device pointer of the data of an object exporting the CUDA Array Interface or DLPack;
+    0 for an array of no elements (its pointer is not read)."""
     cai = read_cai(obj)
     if cai is not None:
         return cai.ptr

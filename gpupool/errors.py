@@ -25,6 +25,13 @@ FORK_MESSAGE = (
     "fork before the parent's first use of gpupool")
 
 
+def not_picklable(what, instead):
+    """The TypeError raised when pickling or copying ``what`` (a pool, a region), which holds
+    this process's device memory; ``instead`` says what to do."""
+    return TypeError(f"{what} cannot be pickled or copied: it holds device memory of this "
+                     f"process, which no other process or copy can own; {instead}")
+
+
 class GpupoolError(Exception):
     """Base class of every gpupool error."""
 

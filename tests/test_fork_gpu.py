@@ -6,24 +6,11 @@ import subprocess
 import sys
 
 import pytest
+from test_fork import REFUSED
 
 pytestmark = pytest.mark.gpu
 
-SCRIPT = """
-import gc, multiprocessing, os, sys
-import gpupool
-
-
-def refused(call):
-    try:
-        call()
-    except gpupool.NoDeviceError:
-        return False
-    except gpupool.GpupoolError as exc:
-        message = str(exc)
-        return all(part in message for part in ("fork()", "'spawn'", "'forkserver'"))
-    return False
-
+SCRIPT = REFUSED + """
 
 def work(nbytes):
     buf = gpupool.allocate(nbytes, device=0)
