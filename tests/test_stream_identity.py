@@ -4,6 +4,8 @@ after the old one was destroyed, and the per-thread default stream of another th
 
 import threading
 
+import pytest
+
 import gpupool
 from gpupool.testing import PER_THREAD_STREAM
 
@@ -156,3 +158,26 @@ def test_a_consumers_per_thread_stream_is_a_use_whichever_thread_frees_the_block
     back.set()
     t.join(10)
     assert seen["same"] and seen["ordered"], seen
+
+
+def test_the_simulated_per_thread_stream_is_one_per_thread_and_blocking(sim):
+    # What the tests above rely on: handle 2 names the calling thread's stream; the legacy
+    # stream and the per-thread ones synchronize with each other, created streams do not.
+    sim.launch(PER_THREAD_STREAM)
+    mine, queued = sim.per_thread_stream(), sim.queued(PER_THREAD_STREAM)
+    seen = {}
+    t = threading.Thread(target=lambda: seen.update(
+        key=sim.per_thread_stream(), pending=sim.pending(PER_THREAD_STREAM)))
+    t.start()
+    t.join(10)
+    assert seen["key"] != mine and not seen["pending"] and sim.pending(mine)
+    c = sim.create_stream()
+    assert not sim.ordered(c, mine, queued) and sim.ordered(0, mine, queued)
+    event = sim._event_create()
+    sim._event_record(event, 0)                   # on the legacy stream: covers mine too
+    sim._stream_wait_event(c, event)
+    assert sim.ordered(c, mine, queued)
+    assert not sim.ordered(c, seen["key"], 1)     # the other thread's had no work then
+    with pytest.raises(ValueError, match="cannot be destroyed"):
+        sim.destroy_stream(PER_THREAD_STREAM)
+    sim.errors.clear()
