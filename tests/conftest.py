@@ -32,6 +32,20 @@ flat_memory_unmeasurable = pytest.mark.skipif(
            "(tools/diag_held_buffers.py)")
 
 
+# A CUDA kernel for GPU tests of stream order: slow_write(out, n, spin) spins for `spin` clock
+# cycles, then writes 42 into the n bytes at out (a kernel still running when the test asks).
+SLOW_WRITE = r"""
+extern "C" __global__ void slow_write(unsigned char* out, long long n, long long spin) {
+    long long start = clock64();
+    while (clock64() - start < spin) { }
+    for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = 42;
+    }
+}
+"""
+
+
 @functools.cache
 def gpu_available():
     """Whether a CUDA driver and at least one device are present."""

@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import SLOW_WRITE
 
 import gpupool
 
@@ -17,16 +18,6 @@ cupy = pytest.importorskip("cupy")
 MIB = 1 << 20
 N = 8 * MIB
 SPIN = 400_000_000          # clock cycles, about 0.2 s on an H200: far longer than the calls
-SLOW_WRITE = r"""
-extern "C" __global__ void slow_write(unsigned char* out, long long n, long long spin) {
-    long long start = clock64();
-    while (clock64() - start < spin) { }
-    for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = 42;
-    }
-}
-"""
 
 
 @pytest.fixture
