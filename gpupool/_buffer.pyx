@@ -110,9 +110,11 @@ cdef class DeviceBuffer:
     -----
     A consumer's stream counts as a use of the memory, as if ``record_stream`` had been called
     with it: the stream of a DLPack export (``__dlpack__(stream=s)``, of the buffer or of a
-    view), of a device-to-device copy reading the buffer (``copy_from_host``, ``copy``), of an
-    ``as_buffer`` wrapper of the buffer (or of a view) and the wrapper's own exports. Its
-    block is then reused only after the consumer's work submitted before the free.
+    view), of a device-to-device copy reading the buffer (``copy_from_host``, ``copy``), and
+    every stream an ``as_buffer`` wrapper of the buffer (or of a view) is used on (its stream,
+    its exports, copies and memsets). Its block is then reused only after the consumer's work
+    submitted before the free. The buffer's own copies and memsets on another stream are the
+    caller's to order (``record_stream``), as in PyTorch.
 
     Pickling copies the bytes to host memory and back into a new buffer of
     ``gpupool.get_pool()`` (see ``__reduce_ex__``); ``copy.copy`` and ``copy.deepcopy`` give
@@ -428,7 +430,10 @@ cdef class DeviceBuffer:
             far on its own stream (a gpupool buffer's, or its CUDA Array Interface
             ``stream``): the copy counts as a use of a gpupool source (``record_stream``).
             Host sources can be reused when this returns (``cuMemcpyHtoDAsync`` with pageable
-            memory, ``cuMemcpyDtoDAsync``).
+            memory, ``cuMemcpyDtoDAsync``). For a wrapper (``as_buffer``) of a gpupool buffer,
+            the stream is a use of that buffer, whose owner cannot see it; a buffer's own
+            copies on another stream are the caller's to order (``record_stream``), as in
+            PyTorch.
 
         Raises
         ------
@@ -455,6 +460,8 @@ cdef class DeviceBuffer:
         if n > self._nbytes:
             raise ValueError(f"source has {n} bytes, the buffer {self._nbytes}")
         if n:
+            if self._blk == NULL:
+                self._used_on(s)
             if cai is not None:
                 hand_over(self.pool, src, cai.stream, s)
             self.pool.upstream.raise_error(
@@ -495,12 +502,15 @@ cdef class DeviceBuffer:
 
     def memset(self, int value, stream=None):
         """Set every byte to ``value`` (0-255) on ``stream`` (default: the buffer's), ordered
-        after earlier work on that stream (``cuMemsetD8Async``); does not wait for it."""
+        after earlier work on that stream (``cuMemsetD8Async``); does not wait for it. A
+        wrapper's stream is a use of the gpupool buffer it wraps (as in ``copy_from_host``)."""
         cdef uintptr_t dst = self._live_ptr()
         cdef uintptr_t s = self._stream.handle if stream is None else stream_handle(stream)
         if not 0 <= value <= 255:
             raise ValueError(f"value must be a byte (0-255), got {value}")
         if self._nbytes:
+            if self._blk == NULL:
+                self._used_on(s)
             self.pool.upstream.raise_error(
                 self.pool.upstream.memset(dst, <unsigned char>value, self._nbytes, s), "memset")
 

@@ -56,7 +56,8 @@ def as_buffer(obj, device=None, pool=None, stream=None):
     is needed, and none is made. For a gpupool buffer or view, the consumer is ordered after
     the buffer's own stream (another thread's per-thread stream included), and its stream,
     like every later stream of the wrapper (``wrapper.stream = s``, ``record_stream``,
-    exports), counts as a use of the buffer: its block is reused only after that work.
+    exports, copies, memsets), counts as a use of the buffer: its block is reused only after
+    that work.
     """
     cai = read_cai(obj)
     if cai is None:

@@ -89,7 +89,8 @@ def test_a_wrapper_on_another_stream_is_a_use_of_the_gpupool_buffer(pool, sim, t
     assert again.ptr == ptr and sim.ordered(a, c, consumed)
 
 
-@pytest.mark.parametrize("use", ["stream", "record_stream", "dlpack", "copy"])
+@pytest.mark.parametrize("use", ["stream", "record_stream", "dlpack", "copy", "copy_from_host",
+                                 "memset"])
 def test_a_wrappers_later_streams_are_uses_of_the_gpupool_buffer(pool, sim, use):
     a, d = sim.create_stream(), sim.create_stream()
     buf = pool.allocate(SIZE, stream=a)
@@ -101,8 +102,12 @@ def test_a_wrappers_later_streams_are_uses_of_the_gpupool_buffer(pool, sim, use)
         wrapped.record_stream(d)
     elif use == "dlpack":
         wrapped.__dlpack__(stream=d)
-    else:
+    elif use == "copy":
         pool.allocate(SIZE, stream=d).copy_from_host(wrapped)   # read on d
+    elif use == "copy_from_host":
+        wrapped.copy_from_host(np.zeros(SIZE, np.uint8), stream=d)
+    else:
+        wrapped.memset(0, stream=d)
     sim.launch(d)
     queued = sim.queued(d)
     del wrapped, buf
