@@ -1,5 +1,6 @@
 """Behaviour without a GPU: import works, driver calls raise NoDeviceError with one line."""
 
+import pickle
 import subprocess
 import sys
 
@@ -7,6 +8,7 @@ import pytest
 from conftest import gpu_available
 
 import gpupool
+from gpupool.testing import SimulatedDevice
 
 pytestmark = pytest.mark.skipif(gpu_available(), reason="checks the no-driver path")
 
@@ -26,7 +28,12 @@ def test_default_pool_paths_raise_no_device_error(call):
         call()
 
 
-@pytest.mark.parametrize("call", [lambda: gpupool.get_pool(), lambda: gpupool.allocate(10)])
+# A pickled buffer: loading it allocates from the default pool, which there is none of here.
+PICKLED = pickle.dumps(gpupool.Pool(upstream=SimulatedDevice()).allocate(10))
+
+
+@pytest.mark.parametrize("call", [lambda: gpupool.get_pool(), lambda: gpupool.allocate(10),
+                                  lambda: pickle.loads(PICKLED)])
 def test_without_a_driver_the_default_pool_functions_name_set_pool(call):
     with pytest.raises(gpupool.NoDeviceError) as info:
         call()

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import fresh_python
 from test_fork import REFUSED
 
 pytestmark = pytest.mark.gpu
@@ -46,6 +47,21 @@ if __name__ == "__main__":
     parent = bool((buf.copy_to_host() == 1).all()) and work(10) == 70
     print("parent", child, fork_worker, spawn_worker, parent)
 """
+
+
+def test_a_child_of_a_process_that_used_cuda_but_not_gpupool_gets_the_fork_error():
+    # The parent initialized CUDA through cuda.bindings alone: gpupool in the child sees cuInit
+    # fail (CUDA_ERROR_NOT_INITIALIZED) and says why.
+    result = fresh_python(REFUSED + """
+from cuda.bindings import driver
+assert driver.cuInit(0)[0] == driver.CUresult.CUDA_SUCCESS
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if refused(lambda: gpupool.Pool(device=0)) else 1)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+""", "-W", "ignore::DeprecationWarning")
+    assert result.stdout == "child 0\n", result.stdout + result.stderr
 
 
 def test_a_child_of_a_gpu_process_is_refused_and_exits_cleanly(tmp_path):
