@@ -34,6 +34,7 @@ cdef class DeviceBuffer:
     cdef uintptr_t _live_ptr(self) except? 0
     cdef void invalidate_locked(self) noexcept
     cdef int _order_before(self, uintptr_t consumer) except -1
+    cdef uintptr_t _work_stream(self, object stream) except? 0xFFFFFFFFFFFFFFFF
     cdef int _used_on(self, uintptr_t handle) except -1
 
 cdef DeviceBuffer new_buffer(BlockOwner owner, Block* blk, size_t nbytes, StreamKey stream)

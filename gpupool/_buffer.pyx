@@ -12,7 +12,9 @@ from gpupool._block cimport Block
 from gpupool._dlpack cimport make_capsule, KDL_CPU, KDL_CUDA, KDL_UINT, DLPACK_MAJOR
 from gpupool._driver cimport fork_flag, mark_used
 from gpupool._handoff cimport one_stream, order_after, use_key
-from gpupool._streams cimport StreamKey, same_stream, stream_key, stream_handle
+from gpupool._streams cimport (
+    StreamKey, STREAM_PER_THREAD, current_thread, same_stream, stream_key, stream_handle,
+)
 from gpupool._upstream cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
 
 cimport cython
@@ -188,15 +190,18 @@ cdef class DeviceBuffer:
         """CUDA Array Interface v3: a 1-D ``|u1`` array of ``nbytes`` over the memory.
 
         ``stream`` is the buffer's stream (1 for the legacy default stream, 2 for the
-        per-thread one), so consumers order their work after the producer's.
+        per-thread one), so consumers order their work after the producer's. Read on another
+        thread than the one whose per-thread stream the buffer is on, 2 names the reader's
+        own: that stream is first made to follow the buffer's (a GPU-side wait).
         """
+        cdef uintptr_t ptr = self._live_ptr()
         return {
             "shape": (self._nbytes,),
             "typestr": "|u1",
-            "data": (self._live_ptr(), False),
+            "data": (ptr, False),
             "version": 3,
             "strides": None,
-            "stream": _cai_stream(self._stream.handle),
+            "stream": _cai_stream(self._work_stream(None)),
         }
 
     def __dlpack_device__(self):
@@ -295,6 +300,16 @@ cdef class DeviceBuffer:
             order_after(self.pool.upstream, self._stream, consumer)
         return 0
 
+    cdef uintptr_t _work_stream(self, object stream) except? 0xFFFFFFFFFFFFFFFF:
+        """The handle of stream for work on the memory from the calling thread; None: the
+        buffer's stream. Handle 2 for another thread's per-thread stream names this thread's
+        here, so that one is first ordered after it."""
+        if stream is not None:
+            return stream_handle(stream)
+        if self._stream.handle == STREAM_PER_THREAD and self._stream.tag != current_thread():
+            self._order_before(STREAM_PER_THREAD)
+        return self._stream.handle
+
     cdef int _used_on(self, uintptr_t handle) except -1:
         """Count work submitted to stream handle as a use of the memory (``record_stream``),
         once per stream; a wrapper passes it to the gpupool buffer it wraps, and foreign
@@ -364,7 +379,7 @@ cdef class DeviceBuffer:
         OutOfMemoryError
             As ``Pool.allocate``.
         """
-        cdef uintptr_t handle = self._stream.handle if stream is None else stream_handle(stream)
+        cdef uintptr_t handle = self._work_stream(stream)
         self._live_ptr()
         out = self.pool.allocate(self._nbytes, stream=handle)
         out.copy_from_host(self)
@@ -445,7 +460,7 @@ cdef class DeviceBuffer:
             The buffer (or a gpupool source) was closed or invalidated.
         """
         cdef uintptr_t dst = self._live_ptr()
-        cdef uintptr_t s = self._stream.handle if stream is None else stream_handle(stream)
+        cdef uintptr_t s = self._work_stream(stream)
         cdef size_t n
         cai = read_cai(src)
         if cai is not None:
@@ -486,7 +501,7 @@ cdef class DeviceBuffer:
             ``out``, filled.
         """
         cdef uintptr_t src = self._live_ptr()
-        cdef uintptr_t s = self._stream.handle if stream is None else stream_handle(stream)
+        cdef uintptr_t s = self._work_stream(stream)
         if out is None:
             out = np.empty(self._nbytes, dtype=np.uint8)
         elif not isinstance(out, np.ndarray) or not out.flags.c_contiguous \
@@ -505,7 +520,7 @@ cdef class DeviceBuffer:
         after earlier work on that stream (``cuMemsetD8Async``); does not wait for it. A
         wrapper's stream is a use of the gpupool buffer it wraps (as in ``copy_from_host``)."""
         cdef uintptr_t dst = self._live_ptr()
-        cdef uintptr_t s = self._stream.handle if stream is None else stream_handle(stream)
+        cdef uintptr_t s = self._work_stream(stream)
         if not 0 <= value <= 255:
             raise ValueError(f"value must be a byte (0-255), got {value}")
         if self._nbytes:

@@ -131,7 +131,35 @@ def test_another_threads_per_thread_stream_is_reached_through_an_event_that_foll
     assert sim.pending(a_stream)                            # the host never waited
     # Handle 2 here would name this thread's stream: the events follow A's work through the
     # legacy default stream, which synchronizes with every per-thread stream.
-    assert [args[1] for args in sim.calls_named("event_record")] == [0, 0, 0]
+    assert {args[1] for args in sim.calls_named("event_record")} == {0}
+
+
+@pytest.mark.parametrize("read", ["cuda array interface", "copy_to_host", "memset", "copy"])
+def test_the_buffers_own_stream_from_another_thread_follows_the_producers_work(pool, sim,
+                                                                             read):
+    # Work "on the buffer's stream" (handle 2) from another thread runs on that thread's
+    # per-thread stream, and a CAI consumer there reads 2 as its own: it is made to follow A's.
+    made = {}
+
+    def producer():
+        made["buf"] = pool.allocate(4096, stream=PER_THREAD_STREAM)
+        sim.launch(PER_THREAD_STREAM)
+        made.update(stream=sim.per_thread_stream(), queued=sim.queued(PER_THREAD_STREAM))
+
+    t = threading.Thread(target=producer)
+    t.start()
+    t.join(10)
+    buf = made.pop("buf")
+    if read == "cuda array interface":
+        assert buf.__cuda_array_interface__["stream"] == PER_THREAD_STREAM
+    elif read == "copy_to_host":
+        buf.copy_to_host()
+    elif read == "memset":
+        buf.memset(1)
+    else:
+        assert buf.copy().stream == PER_THREAD_STREAM
+    assert sim.ordered(sim.per_thread_stream(), made["stream"], made["queued"])
+    assert sim.calls_named("synchronize") == []
 
 
 def test_a_consumers_per_thread_stream_is_a_use_whichever_thread_frees_the_block(pool, sim):
