@@ -73,11 +73,12 @@ def test_a_buffer_written_on_one_threads_per_thread_stream_is_read_after_it(pool
             t.join(0.01)
         buf = made.pop("buf")
         # Here handle 2 names this thread's per-thread stream, not the producer's.
-        stream = 2 if consumer == "per-thread" else cupy.cuda.Stream(non_blocking=True).ptr
+        side = cupy.cuda.Stream(non_blocking=True)      # alive until the buffer is freed
+        stream = 2 if consumer == "per-thread" else side.ptr
         capsule = buf.__dlpack__(stream=stream)
         host = buf.copy_to_host(stream=stream)  # on the consumer's stream, then synchronized
         assert (host == 42).all()
-        del capsule
+        del capsule, buf                        # a use of `stream`: recorded at this free
     finally:
         done.set()
         t.join()
