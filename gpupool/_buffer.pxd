@@ -23,13 +23,18 @@ cdef class DeviceBuffer:
     cdef Block* _blk
     cdef readonly BlockOwner pool
     cdef uintptr_t _ptr
-    cdef readonly size_t nbytes
+    cdef size_t _nbytes
     cdef StreamKey _stream
     cdef BufferState _state
     cdef object _exporter           # the exporter of wrapped memory (as_buffer); None if ours
+    cdef DeviceBuffer _base         # a wrapper's: the gpupool buffer holding the memory
+    cdef set _uses                  # (handle, tag) of the streams recorded as uses (_used_on)
     cdef object __weakref__
 
     cdef uintptr_t _live_ptr(self) except? 0
     cdef void invalidate_locked(self) noexcept
+    cdef int _order_before(self, uintptr_t consumer) except -1
+    cdef uintptr_t _work_stream(self, object stream) except? 0xFFFFFFFFFFFFFFFF
+    cdef int _used_on(self, uintptr_t handle) except -1
 
 cdef DeviceBuffer new_buffer(BlockOwner owner, Block* blk, size_t nbytes, StreamKey stream)

@@ -101,9 +101,11 @@ cdef object make_capsule(object owner, uintptr_t ptr, int device_type, int devic
 
 
 cdef uintptr_t capsule_data(object capsule) except? 0:
-    """The data pointer (plus byte offset) of an unconsumed capsule of either name; the
+    """The data pointer (plus byte offset) of an unconsumed capsule of either name, or 0 for
+    a tensor of no elements, whose pointer is not read (DLPack lets it be anything); the
     capsule is left to its own destructor."""
     cdef DLTensor* t
+    cdef int32_t i
     if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
         t = &(<DLManagedTensorVersioned*>PyCapsule_GetPointer(
             capsule, b"dltensor_versioned")).dl_tensor
@@ -111,4 +113,7 @@ cdef uintptr_t capsule_data(object capsule) except? 0:
         t = &(<DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
     else:
         raise TypeError("__dlpack__() did not return a DLPack capsule")
+    for i in range(t.ndim):
+        if t.shape[i] == 0:
+            return 0
     return <uintptr_t>t.data + t.byte_offset

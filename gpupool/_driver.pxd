@@ -10,7 +10,7 @@ from cuda.bindings.cydriver cimport (
     CUmemGenericAllocationHandle,
 )
 
-from gpupool._status cimport GP_NO_DRIVER
+from gpupool._status cimport GP_NO_DRIVER, GP_FORKED
 
 cdef CUresult init() noexcept nogil
 cdef CUresult device_count(int* count) noexcept nogil
@@ -59,8 +59,11 @@ cdef CUresult vmm_set_access(CUdeviceptr va, size_t nbytes, int device) noexcept
 
 cdef int check(CUresult result, str what) except -1
 
-# Whether this process is a child of a fork() made after gpupool was imported: CUDA state does
-# not cross fork(), so nothing inherited may touch the driver. fork_flag() is the flag itself
-# (nonzero once forked), for modules that read it on their hot path (FORKED = fork_flag()).
+# Whether this process is a child of a fork() made after its parent used gpupool (made a pool
+# or initialized the driver: mark_used()): CUDA state does not cross fork(), so nothing
+# inherited may touch the driver and no pool may be made; init() returns GP_FORKED and check()
+# raises GpupoolError with the fork message. fork_flag() is the flag itself (nonzero once
+# forked), for modules that read it on their hot path (FORKED = fork_flag()).
 cdef bint forked() noexcept nogil
 cdef const int* fork_flag() noexcept nogil
+cdef void mark_used() noexcept nogil

@@ -11,18 +11,29 @@ from libc.string cimport memset
 from cuda.bindings cimport cydriver
 from cuda.bindings.cydriver cimport CUDA_SUCCESS, CUDA_ERROR_NOT_FOUND
 
-from gpupool.errors import CudaError, NoDeviceError
+from gpupool.errors import FORK_MESSAGE, CudaError, GpupoolError, NoDeviceError
 
 cdef extern from "<pthread.h>" nogil:
     int pthread_atfork(void (*prepare)() noexcept, void (*parent)() noexcept,
                        void (*child)() noexcept)
 
+# Fork detection. A process that made a pool or initialized the driver is "used"; a fork()
+# child of a used process is "forked": CUDA state does not cross fork(), so nothing it
+# inherited may touch the driver, and no pool may be made there. A child of a process that
+# only imported gpupool is neither, and uses gpupool as any process does.
 cdef extern from *:
     """
+    static int gp_used = 0;
     static int gp_forked = 0;
-    static void gp_on_fork_child(void) { gp_forked = 1; }
+    static int gp_fork_child = 0;
+    static void gp_on_fork_child(void) {
+        gp_fork_child = 1;
+        if (gp_used) gp_forked = 1;
+    }
     """
+    int gp_used
     int gp_forked
+    int gp_fork_child
     void gp_on_fork_child() noexcept nogil
 
 pthread_atfork(NULL, NULL, gp_on_fork_child)
@@ -34,6 +45,11 @@ cdef bint forked() noexcept nogil:
 
 cdef const int* fork_flag() noexcept nogil:
     return &gp_forked
+
+
+cdef void mark_used() noexcept nogil:
+    global gp_used
+    gp_used = 1
 
 ctypedef CUresult (*fn_u)(unsigned int) noexcept nogil
 ctypedef CUresult (*fn_pi)(int*) noexcept nogil
@@ -93,7 +109,18 @@ cdef inline CUresult _result(CUresult r) noexcept nogil:
 
 
 cdef CUresult init() noexcept nogil:
-    return _result((<fn_u>cydriver.cuInit)(0))
+    # A forked child never calls cuInit (GP_FORKED, which check() raises with the fork
+    # message); in a fork child whose parent initialized CUDA through another library,
+    # cuInit's CUDA_ERROR_NOT_INITIALIZED means the same.
+    cdef CUresult r
+    if gp_forked:
+        return <CUresult>GP_FORKED
+    r = _result((<fn_u>cydriver.cuInit)(0))
+    if r == CUDA_SUCCESS:
+        mark_used()
+    elif r == cydriver.CUDA_ERROR_NOT_INITIALIZED and gp_fork_child:
+        return <CUresult>GP_FORKED
+    return r
 
 cdef CUresult device_count(int* count) noexcept nogil:
     return _result((<fn_pi>cydriver.cuDeviceGetCount)(count))
@@ -105,6 +132,9 @@ cdef CUresult primary_ctx_retain(CUcontext* ctx, CUdevice dev) noexcept nogil:
     return _result((<fn_ctx_retain>cydriver.cuDevicePrimaryCtxRetain)(ctx, dev))
 
 cdef CUresult primary_ctx_release(CUdevice dev) noexcept nogil:
+    # An upstream inherited through fork() dies without a driver call (at the child's exit).
+    if gp_forked:
+        return <CUresult>GP_FORKED
     return _result((<fn_dev>cydriver.cuDevicePrimaryCtxRelease)(dev))
 
 cdef CUresult ctx_get_current(CUcontext* ctx) noexcept nogil:
@@ -178,6 +208,8 @@ cdef CUresult mem_pool_create(CUmemoryPool* pool, int device) noexcept nogil:
     return _result((<fn_pool_create>cydriver.cuMemPoolCreate)(pool, &props))
 
 cdef CUresult mem_pool_destroy(CUmemoryPool pool) noexcept nogil:
+    if gp_forked:
+        return <CUresult>GP_FORKED
     return _result((<fn_pool>cydriver.cuMemPoolDestroy)(pool))
 
 cdef CUresult mem_pool_set_release_threshold(CUmemoryPool pool, size_t nbytes) noexcept nogil:
@@ -266,6 +298,13 @@ def error_name(int code):
     return _name(<CUresult>code)
 
 
+_SIMULATED = (
+    "Without a GPU, use gpupool.testing.SimulatedDevice as the upstream: "
+    "pool = gpupool.Pool(upstream=gpupool.testing.SimulatedDevice()), and "
+    "gpupool.set_pool(pool) to make it the default pool (of gpupool.get_pool, "
+    "gpupool.allocate, regions made without a pool, the adapters and the C API)")
+
+
 cdef int check(CUresult result, str what) except -1:
     """Raise the exception for a driver result: nothing for CUDA_SUCCESS.
 
@@ -273,17 +312,22 @@ cdef int check(CUresult result, str what) except -1:
     ------
     NoDeviceError
         libcuda could not be loaded, or there is no CUDA device.
+    GpupoolError
+        GP_FORKED: this process is a fork() child of one that used gpupool or CUDA.
     CudaError
         Any other failure, with the code, its name and ``what`` (the call that failed).
     """
     if result == CUDA_SUCCESS:
         return 0
+    if result == GP_FORKED:
+        raise GpupoolError(FORK_MESSAGE)
     if result == GP_NO_DRIVER:
         raise NoDeviceError(
             f"no CUDA driver: libcuda could not be loaded ({what}); gpupool needs an NVIDIA "
-            "driver, or gpupool.testing.SimulatedDevice as the upstream"
-        )
-    if result in (cydriver.CUDA_ERROR_NO_DEVICE, cydriver.CUDA_ERROR_INVALID_DEVICE):
+            f"driver. {_SIMULATED}")
+    if result == cydriver.CUDA_ERROR_NO_DEVICE:
+        raise NoDeviceError(f"{_name(result)}: {_description(result)} ({what}). {_SIMULATED}")
+    if result == cydriver.CUDA_ERROR_INVALID_DEVICE:
         raise NoDeviceError(f"{_name(result)}: {_description(result)} ({what})")
     raise CudaError(<int>result, _name(result), f"{_description(result)} (in {what})")
 

@@ -64,6 +64,7 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef size_t trim_locked(self) noexcept nogil
     cdef int merge_streams_locked(self, size_t* moved) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
+    cdef object _oom_error(self, size_t nbytes)
     cdef object allocate_key(self, object nbytes, StreamKey stream)
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1

@@ -40,9 +40,12 @@ from gpupool._streams cimport (
 )
 from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream, VmmUpstream
 
+import logging
 import os
 
-from gpupool.errors import CudaError, GpupoolError, OutOfMemoryError
+from gpupool.errors import (
+    FORK_MESSAGE, CudaError, GpupoolError, OutOfMemoryError, not_picklable,
+)
 from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
 
 cdef extern from "Python.h" nogil:
@@ -93,8 +96,8 @@ cdef class Pool(BlockOwner):
     Parameters
     ----------
     device : int
-        Device ordinal (ignored when ``upstream`` is an ``Upstream`` object, whose device
-        is used).
+        Device ordinal, >= 0 (ignored when ``upstream`` is an ``Upstream`` object, whose
+        device is used; checked all the same).
     upstream : {"driver", "async", "vmm"}, gpupool.Upstream or None
         Where memory comes from: ``"driver"`` (``cuMemAlloc`` / ``cuMemFree`` on the
         device's primary context), ``"async"`` (a driver memory pool of the pool's own,
@@ -115,11 +118,15 @@ cdef class Pool(BlockOwner):
     NoDeviceError
         No driver or no such device (driver upstreams).
     ValueError, TypeError
-        A malformed limit or upstream (``GPUPOOL_UPSTREAM`` included).
+        An impossible ``device`` (negative, not an int: before any driver call), a malformed
+        limit (the message names the argument or variable), a soft limit above the hard
+        one, or a malformed upstream (``GPUPOOL_UPSTREAM`` included).
     """
 
-    def __cinit__(self, int device=0, upstream=None, hard_limit=None, soft_limit=None):
+    def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None):
+        from gpupool._ordinals import check_ordinal
         from gpupool.limits import resolve_limits
+        device = check_ordinal(device)
         if upstream is None:
             upstream = os.environ.get("GPUPOOL_UPSTREAM")
             if upstream is None:
@@ -360,32 +367,36 @@ cdef class Pool(BlockOwner):
     cdef object raise_status(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
             self.counters.num_ooms += 1
-            raise OutOfMemoryError(self._oom_message(nbytes))
+            raise self._oom_error(nbytes)
         if status == GP_FORKED:
-            raise GpupoolError(
-                "this gpupool pool was inherited through fork(); CUDA state cannot cross "
-                "fork(): use the 'spawn' start method, or create pools in the child")
+            raise GpupoolError(FORK_MESSAGE)
         if status == GP_REENTRANT:
             raise GpupoolError("the pool was used from inside its own upstream call")
         self.upstream.raise_error(status, "allocate")
 
-    def _oom_message(self, size_t nbytes):
-        cdef size_t dev_free = 0, dev_total = 0
-        dev = "device free/total unknown"
-        if self.upstream.mem_info(&dev_free, &dev_total) == 0:
-            dev = f"device has {format_bytes(dev_free)} free of {format_bytes(dev_total)}"
-        else:
-            self.upstream._pending = None
-        limit = (f"; hard limit {format_bytes(self._segments.hard_limit)}"
-                 if self._segments.hard_limit else "")
+    cdef object _oom_error(self, size_t nbytes):
+        """The OutOfMemoryError of a failed request of nbytes, with the pool's numbers (read
+        under the lock). It asks the upstream nothing: a driver call could fail or block where
+        memory just ran out, so the device's free and total bytes stay None."""
+        self.lock()
         c = self.counters
-        return (
+        self.unlock()
+        limit = self._segments.hard_limit or None
+        where = f"; hard limit {format_bytes(limit)}" if limit else ""
+        return OutOfMemoryError(
             f"gpupool: out of memory on device {self.device} allocating "
             f"{format_bytes(nbytes)} ({nbytes} B): {format_bytes(c.in_use)} in use, "
             f"{format_bytes(c.reserved)} reserved, {format_bytes(c.cached)} cached "
-            f"by the pool and its regions; {dev}{limit}. Free buffers you no longer need, "
-            f"release regions (region.release()), or register a callback with gpupool.on_oom."
-        )
+            f"by the pool and its regions{where}. Free buffers you no longer need, "
+            f"release regions (region.release()), or register a callback with gpupool.on_oom; "
+            f"gpupool.pool_status() shows the device's free memory.",
+            requested_bytes=nbytes, in_use_bytes=c.in_use, reserved_bytes=c.reserved,
+            cached_bytes=c.cached, limit_bytes=limit)
+
+    def _oom_message(self, size_t nbytes):
+        """The message of the OutOfMemoryError of a failed request of ``nbytes`` (for
+        ``gpupool.torch``, which raises its own type with it)."""
+        return str(self._oom_error(nbytes))
 
     # Freeing ----------------------------------------------------------------------------
 
@@ -761,18 +772,30 @@ cdef class Pool(BlockOwner):
         """Reserved bytes above which cached blocks are released; None when unlimited."""
         return self._soft_limit or None
 
+    def __reduce__(self):
+        raise not_picklable(
+            "a gpupool.Pool", "make the pool where it is used (gpupool.get_pool(), or "
+            "gpupool.Pool(...) in the other process) and pickle buffers: they carry their bytes")
+
     def __repr__(self):
         return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
                 f"in_use={self.counters.in_use} reserved={self.counters.reserved}>")
 
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1:
-    """Run the on_oom callbacks (with the GIL); whether there were any to run."""
+    """Run the on_oom callbacks (with the GIL); whether there were any to run. A callback
+    that raises is logged and the others still run."""
     if not _oom_callbacks:
         return False
     pool.counters.oom_retries += 1
     for callback in list(_oom_callbacks):
-        callback(nbytes)
+        try:
+            callback(nbytes)
+        except Exception:
+            logging.getLogger("gpupool").exception(
+                "gpupool: the on_oom callback %r raised while memory for %d B was wanted on "
+                "device %d; the other callbacks run and the allocation is retried",
+                callback, nbytes, pool.device)
     return True
 
 
@@ -783,6 +806,16 @@ def on_oom(callback):
     released its own and its regions' caches; the allocation is then retried once.
     ``gpupool.on_oom(lambda n: gc.collect())`` is the usual one. Returns ``callback`` so it
     can be used as a decorator.
+
+    A callback that raises (an ``Exception``) does not replace the out-of-memory error: its
+    exception is logged with its traceback to the ``"gpupool"`` logger
+    (``logging.getLogger("gpupool")``), the other callbacks run and the allocation is retried;
+    if the retry fails too, the ``OutOfMemoryError`` is raised as without the callback.
+
+    Raises
+    ------
+    TypeError
+        ``callback`` is not callable.
     """
     if not callable(callback):
         raise TypeError("on_oom needs a callable taking the requested nbytes")
@@ -791,5 +824,17 @@ def on_oom(callback):
 
 
 def remove_oom_callback(callback):
-    """Unregister a callback added with :func:`on_oom`."""
-    _oom_callbacks.remove(callback)
+    """Unregister a callback added with :func:`on_oom` (its first registration, if it was
+    registered more than once).
+
+    Raises
+    ------
+    ValueError
+        ``callback`` is not registered.
+    """
+    try:
+        _oom_callbacks.remove(callback)
+    except ValueError:
+        raise ValueError(f"{callback!r} is not an on_oom callback: gpupool.remove_oom_callback "
+                         f"takes a callable registered with gpupool.on_oom "
+                         f"({len(_oom_callbacks)} registered now)") from None

@@ -16,6 +16,7 @@ from libcpp.vector cimport vector
 from gpupool._block cimport Block
 from gpupool._buffer cimport DeviceBuffer
 from gpupool._dlpack cimport capsule_data
+from gpupool._driver cimport forked
 from gpupool._pool cimport Pool, region_push, region_pop, uncached_marker
 from gpupool._regioncache cimport (
     RegionCache, rc_detach, rc_escape, rc_live_blocks, rc_find_live,
@@ -32,10 +33,11 @@ import threading
 import time
 import warnings
 
-from gpupool.errors import GpupoolError
+from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
 from gpupool.interface import read_cai
 from gpupool.limits import parse_limit
 from gpupool.stats import RegionStats, format_bytes
+from gpupool.view import BufferView
 
 # "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
 # collector is incremental with a young and an old generation, the young generation plus one
@@ -48,6 +50,17 @@ LEAK_ENTRIES = 3                # consecutive growths of bytes alive at exit bef
 # Frames of these packages are skipped when tracing where an escaping buffer was allocated.
 _LIBRARY_DIRS = tuple(
     os.sep + name + os.sep for name in ("gpupool", "cupy", "cupy_backends", "numba", "torch"))
+# Per thread, the regions entered there with `with region:`, innermost last: an exit must be
+# the innermost one's.
+_entered = threading.local()
+
+
+cdef list _entered_here():
+    """The calling thread's entered regions, innermost last."""
+    regions = getattr(_entered, "regions", None)
+    if regions is None:
+        regions = _entered.regions = []
+    return regions
 
 
 @cython.no_gc_clear      # __dealloc__ needs the pool to unregister from it
@@ -99,7 +112,9 @@ cdef class Region:
         Unknown ``on_exit`` or ``collect``.
     GpupoolError
         On entry, if this Region object is already entered (re-entered inside itself, or
-        entered on another thread); distinct Region objects nest freely.
+        entered on another thread), or in a fork() child of a process that used gpupool;
+        distinct Region objects nest freely. On exit, if it was not entered on this thread,
+        or if a region entered inside it is still entered (exit the innermost first).
 
     Notes
     -----
@@ -167,6 +182,8 @@ cdef class Region:
             self.rc = NULL
 
     def __enter__(self):
+        if forked():
+            raise GpupoolError(FORK_MESSAGE)
         if self._active_thread is not None:
             raise GpupoolError(
                 "this Region is already entered (nested, or on another thread); use one "
@@ -181,12 +198,20 @@ cdef class Region:
         if not self._skipping:
             self.pool.region_enter(self.rc, True)
         self._active_thread = threading.get_ident()
+        _entered_here().append(self)
         self.entries += 1
         self._kept.clear()
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        self._check_exit()
+        _entered_here().pop()
         region_pop(uncached_marker() if self._skipping else self.rc)
+        if forked():
+            # A fork() inside the block: the child leaves it without touching the blocks,
+            # which are the parent's (no collection, no exit policy, no driver call).
+            self._active_thread = None
+            return False
         try:
             if self._skipping:
                 return False
@@ -209,6 +234,22 @@ cdef class Region:
                 self.pool.region_leave(self.rc)
             self._active_thread = None
         return False
+
+    cdef int _check_exit(self) except -1:
+        """Raise unless this exit closes the innermost region entered on this thread; the
+        region stays entered then."""
+        if self._active_thread is None:
+            raise GpupoolError(f"{self!r} exited without being entered: each Region.__exit__ "
+                               f"must follow its Region.__enter__ (use `with region:`)")
+        if self._active_thread != threading.get_ident():
+            raise GpupoolError(f"{self!r} exited on another thread than the one that entered "
+                               f"it; exit a region on its entering thread")
+        regions = _entered_here()
+        innermost = regions[len(regions) - 1] if regions else self     # (no wraparound here)
+        if innermost is not self:
+            raise GpupoolError(f"{self!r} exited while {innermost!r}, entered inside it, is "
+                               f"still entered: exit the innermost region first")
+        return 0
 
     cdef int _settle(self) except -1:
         """Apply on_exit to the region's buffers still alive."""
@@ -308,9 +349,11 @@ cdef class Region:
 
         Parameters
         ----------
-        obj : DeviceBuffer or object with ``__cuda_array_interface__`` / ``__dlpack__``
-            A buffer allocated in this region, or an array whose data pointer lies inside
-            one of the region's live blocks.
+        obj : DeviceBuffer, BufferView or object with ``__cuda_array_interface__`` /
+                ``__dlpack__``
+            A buffer allocated in this region (or a view of one), or an array whose data
+            pointer lies inside one of the region's live blocks. An empty buffer, or an array
+            of no elements (whose pointer is not read), has no memory to keep: nothing is done.
 
         Returns
         -------
@@ -323,10 +366,13 @@ cdef class Region:
         """
         cdef Block* b
         cdef uintptr_t ptr
-        if isinstance(obj, DeviceBuffer):
-            ptr = (<DeviceBuffer>obj)._live_ptr()
+        target = obj.buffer if isinstance(obj, BufferView) else obj
+        if isinstance(target, DeviceBuffer):
+            ptr = (<DeviceBuffer>target)._live_ptr()
         else:
             ptr = _data_pointer(obj)
+        if ptr == 0:
+            return obj
         self.pool.lock()
         b = rc_find_live(self.rc, ptr)
         self.pool.unlock()
@@ -361,6 +407,10 @@ cdef class Region:
         self.rc.peak_in_use_bytes = self.rc.live_bytes
         self.pool.unlock()
 
+    def __reduce__(self):
+        raise not_picklable("a gpupool.Region", "make the Region in the process that runs the "
+                            "step (gpupool.Region(pool=...) there)")
+
     def __repr__(self):
         name = f" {self._name!r}" if self._name else ""
         return (f"<gpupool.Region{name} on_exit={self.on_exit!r} scope={self.scope!r} "
@@ -368,7 +418,8 @@ cdef class Region:
 
 
 def _data_pointer(obj):
-    """Device pointer of the data of an object exporting the CUDA Array Interface or DLPack."""
+    """Device pointer of the data of an object exporting the CUDA Array Interface or DLPack;
+    0 for an array of no elements (its pointer is not read)."""
     cai = read_cai(obj)
     if cai is not None:
         return cai.ptr

@@ -5,12 +5,31 @@ Every error gpupool raises derives from :class:`GpupoolError`. Driver failures c
 """
 
 __all__ = [
+    "FORK_MESSAGE",
     "CudaError",
     "GpupoolError",
     "InvalidBufferError",
     "NoDeviceError",
     "OutOfMemoryError",
 ]
+
+#: The message of the GpupoolError that every call raises in a child of fork() whose parent
+#: had used gpupool or CUDA.
+FORK_MESSAGE = (
+    "gpupool cannot be used in a process made by fork() after its parent used gpupool or "
+    "CUDA: CUDA state (the driver's context, pools, their memory) does not cross fork(), so "
+    "the pools, buffers and regions inherited here refuse every call and no new pool can be "
+    "made. Start worker processes with the 'spawn' or 'forkserver' start method "
+    "(multiprocessing.get_context('spawn').Pool(), multiprocessing.set_start_method("
+    "'forkserver'), ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))), or "
+    "fork before the parent's first use of gpupool")
+
+
+def not_picklable(what, instead):
+    """The TypeError raised when pickling or copying ``what`` (a pool, a region), which holds
+    this process's device memory; ``instead`` says what to do."""
+    return TypeError(f"{what} cannot be pickled or copied: it holds device memory of this "
+                     f"process, which no other process or copy can own; {instead}")
 
 
 class GpupoolError(Exception):
@@ -41,7 +60,41 @@ class CudaError(GpupoolError, RuntimeError):
 
 
 class OutOfMemoryError(GpupoolError, MemoryError):
-    """The upstream could not provide memory, even after trimming caches and running callbacks."""
+    """The upstream could not provide memory, even after trimming caches and running callbacks.
+
+    ``OutOfMemoryError(message, *, requested_bytes=None, in_use_bytes=None, ...)``: the pool
+    gives every number it knows; made from a message alone (as ``gpupool.torch`` makes its
+    subclass), the numbers are None.
+
+    Attributes
+    ----------
+    requested_bytes : int or None
+        Bytes of the allocation that failed.
+    in_use_bytes, reserved_bytes, cached_bytes : int or None
+        The pool's bytes in live blocks, reserved from the upstream, and cached (free, held by
+        the pool and its regions) when it failed (``Pool.stats()``'s fields).
+    limit_bytes : int or None
+        The pool's hard limit; None when it has none.
+    device_free_bytes, device_total_bytes : int or None
+        The device's free and total memory when known without asking the driver; None
+        otherwise (the pool does not call the driver while raising: the call could fail or
+        block where memory just ran out; ``Pool.mem_info()`` asks it).
+    """
+
+    requested_bytes = in_use_bytes = reserved_bytes = cached_bytes = None
+    limit_bytes = device_free_bytes = device_total_bytes = None
+
+    def __init__(self, message, *, requested_bytes=None, in_use_bytes=None, reserved_bytes=None,
+                 cached_bytes=None, limit_bytes=None, device_free_bytes=None,
+                 device_total_bytes=None):
+        super().__init__(message)
+        self.requested_bytes = requested_bytes
+        self.in_use_bytes = in_use_bytes
+        self.reserved_bytes = reserved_bytes
+        self.cached_bytes = cached_bytes
+        self.limit_bytes = limit_bytes
+        self.device_free_bytes = device_free_bytes
+        self.device_total_bytes = device_total_bytes
 
 
 class InvalidBufferError(GpupoolError, ValueError):

@@ -14,9 +14,11 @@ __all__ = ["ArrayInterface", "read_cai"]
 class ArrayInterface:
     """The fields of a ``__cuda_array_interface__`` that gpupool uses.
 
-    ptr: device pointer (int, >= 0); readonly: bool; shape: tuple of extents (>= 0);
-    itemsize: bytes per element; strides: tuple of byte strides, or None (C-contiguous);
-    stream: the producer's stream handle, or None (the legacy default stream).
+    ptr: device pointer (int, >= 0; 0 for an array of no elements, whatever the exporter
+    gave); readonly: bool; shape: tuple of extents (>= 0); itemsize: bytes per element;
+    strides: tuple of byte strides, or None (C-contiguous); stream: the producer's stream
+    handle (1: the legacy default stream, 2: the per-thread one), or None (no ordering
+    needed).
     """
 
     ptr: int
@@ -65,7 +67,13 @@ def read_cai(obj):
     ------
     TypeError, ValueError
         The export is not a dict, or a field (``data``, ``shape``, ``typestr``, ``strides``,
-        ``stream``) is missing or malformed; the message names the field.
+        ``stream``) is missing or malformed (a ``stream`` of 0 included, which v3 forbids);
+        the message names the field.
+
+    Notes
+    -----
+    The data pointer of an array of no elements is not read (v3 asks for 0 there, and some
+    exporters give anything): ``ptr`` is 0.
     """
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
@@ -80,9 +88,6 @@ def read_cai(obj):
             and not isinstance(data[0], bool) and isinstance(data[1], bool)):
         raise TypeError(f"__cuda_array_interface__['data'] must be (pointer: int, readonly: "
                         f"bool), got {data!r}")
-    if not 0 <= data[0] < 1 << 64:
-        raise ValueError(f"__cuda_array_interface__['data'] has a pointer outside 0..2**64-1: "
-                         f"{data!r}")
     if cai.get("mask") is not None:
         raise ValueError("__cuda_array_interface__ has a 'mask': masked arrays are not "
                          "supported")
@@ -105,10 +110,20 @@ def read_cai(obj):
                                or stream < 0):
         raise TypeError(f"__cuda_array_interface__['stream'] must be None or a stream handle "
                         f"(int >= 0), got {stream!r}")
-    if shape and 0 not in shape and data[0] == 0:
-        raise ValueError("__cuda_array_interface__['data'] is a null pointer for a non-empty "
-                         "array")
-    array = ArrayInterface(data[0], data[1], shape, itemsize, strides, stream)
+    if stream == 0:
+        raise ValueError("__cuda_array_interface__['stream'] is 0, which the CUDA Array "
+                         "Interface v3 forbids (ambiguous): 1 names the legacy default stream, "
+                         "2 the per-thread one, None no synchronization")
+    ptr = 0
+    if 0 not in shape:
+        ptr = data[0]
+        if not 0 <= ptr < 1 << 64:
+            raise ValueError(f"__cuda_array_interface__['data'] has a pointer outside "
+                             f"0..2**64-1: {data!r}")
+        if ptr == 0:
+            raise ValueError("__cuda_array_interface__['data'] is a null pointer for a "
+                             "non-empty array")
+    array = ArrayInterface(ptr, data[1], shape, itemsize, strides, stream)
     if array.nbytes >= 1 << 63:
         raise ValueError(f"__cuda_array_interface__['shape'] {shape!r} spans more bytes than "
                          f"any device holds")

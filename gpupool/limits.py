@@ -3,6 +3,8 @@
 import os
 import re
 
+from gpupool.stats import format_bytes
+
 __all__ = ["parse_limit", "resolve_limits"]
 
 _UNITS = {
@@ -14,10 +16,12 @@ _FORMS = (
     "bytes (1073741824), '512MiB', '8GB' (kB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024) "
     "or '50%'"
 )
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*|%)\s*$", re.IGNORECASE)
+# A sign is read, so that "-1" is refused as a limit that is not positive, as -1 is.
+_PATTERN = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*([a-z]*|%)\s*$", re.IGNORECASE)
+_VARIABLES = {"hard_limit": "GPUPOOL_HARD_LIMIT", "soft_limit": "GPUPOOL_SOFT_LIMIT"}
 
 
-def parse_limit(value, device_total):
+def parse_limit(value, device_total, source=None):
     """Bytes for a limit given as an int or a string.
 
     Parameters
@@ -26,6 +30,9 @@ def parse_limit(value, device_total):
         ``1073741824``, ``"512MiB"``, ``"8GB"``, ``"1.5 GiB"`` or ``"50%"``; None for no limit.
     device_total : callable
         Returns the device's total memory in bytes; called only for a percentage.
+    source : str, optional
+        Where the value came from (``"hard_limit"``, ``"GPUPOOL_HARD_LIMIT"``...): an error's
+        message starts with ``source=value``.
 
     Returns
     -------
@@ -34,40 +41,62 @@ def parse_limit(value, device_total):
     Raises
     ------
     ValueError
-        A malformed string, a negative or zero limit, or a percentage outside (0, 100].
+        A malformed string, a negative or zero limit (``-1`` and ``"-1"`` alike), or a
+        percentage outside (0, 100].
+    TypeError
+        Neither an int nor a string (a bool, a float).
     """
     if value is None:
         return None
+    where = "" if source is None else f"{source}={value!r}: "
     if isinstance(value, bool):
-        raise TypeError(f"a limit must be an int or a string, got {value!r}")
+        raise TypeError(f"{where}a limit must be an int or a string, got {value!r}")
     if isinstance(value, int):
         nbytes = value
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         unit = match.group(2).lower() if match else None
         if unit != "%" and unit not in _UNITS:
-            raise ValueError(f"malformed memory limit {value!r}; accepted forms: {_FORMS}")
+            raise ValueError(f"{where}malformed memory limit {value!r}; accepted forms: {_FORMS}")
         number = float(match.group(1))
         if unit == "%":
             if not 0 < number <= 100:
-                raise ValueError(f"a percentage limit must be in (0, 100], got {value!r}")
+                raise ValueError(f"{where}a percentage limit must be in (0, 100], got {value!r}")
             nbytes = int(device_total() * number / 100)
         else:
             nbytes = int(number * _UNITS[unit])
     else:
-        raise TypeError(f"a limit must be an int or a string, got {type(value).__name__}")
+        raise TypeError(f"{where}a limit must be an int or a string, got {type(value).__name__}")
     if nbytes <= 0:
-        raise ValueError(f"a memory limit must be positive, got {value!r}")
+        raise ValueError(f"{where}a memory limit must be positive, got {value!r}")
     return nbytes
+
+
+def _read(name, value, device_total):
+    """``(bytes or 0, source)`` of the limit argument ``name``, or of its variable when the
+    argument is None."""
+    if value is not None:
+        return parse_limit(value, device_total, name), f"{name}={value!r}"
+    variable = _VARIABLES[name]
+    raw = os.environ.get(variable) or None
+    return parse_limit(raw, device_total, variable) or 0, f"{variable}={raw!r}"
 
 
 def resolve_limits(hard_limit, soft_limit, device_total):
     """``(hard, soft)`` in bytes (0 for none), from the arguments or, where an argument is
-    None, from ``GPUPOOL_HARD_LIMIT`` / ``GPUPOOL_SOFT_LIMIT``."""
-    if hard_limit is None:
-        hard_limit = os.environ.get("GPUPOOL_HARD_LIMIT") or None
-    if soft_limit is None:
-        soft_limit = os.environ.get("GPUPOOL_SOFT_LIMIT") or None
-    hard = parse_limit(hard_limit, device_total) or 0
-    soft = parse_limit(soft_limit, device_total) or 0
+    None, from ``GPUPOOL_HARD_LIMIT`` / ``GPUPOOL_SOFT_LIMIT``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`parse_limit`, the message naming the argument or the variable and its
+        value; or a soft limit above the hard limit.
+    """
+    hard, hard_source = _read("hard_limit", hard_limit, device_total)
+    soft, soft_source = _read("soft_limit", soft_limit, device_total)
+    if hard and soft > hard:
+        raise ValueError(
+            f"the soft limit {soft_source} ({format_bytes(soft)}) is above the hard limit "
+            f"{hard_source} ({format_bytes(hard)}): cached blocks would never be released "
+            f"before the hard limit stops growth; lower the soft limit to at most the hard one")
     return hard, soft

@@ -17,10 +17,13 @@ Every simulated driver call is appended to ``sim.calls`` as ``(name, args)``.
 import ctypes
 import itertools
 import mmap
+import threading
 
 import numpy as np
 
+from gpupool._ordinals import check_ordinal
 from gpupool._upstream import PythonUpstream
+from gpupool.limits import parse_limit
 
 __all__ = ["SimulatedDevice"]
 
@@ -43,8 +46,10 @@ class SimulatedDevice(PythonUpstream):
 
     Parameters
     ----------
-    capacity : int
-        Bytes the device holds; an allocation beyond it fails as out of memory.
+    capacity : int or str
+        Bytes the device holds, as an int or a size string as for the pool's limits
+        (``"1GiB"``, ``"512MB"``; not a percentage); an allocation beyond it fails as out of
+        memory.
     device : int
         Ordinal reported as the pool's device.
     stream_ordered : bool
@@ -57,10 +62,28 @@ class SimulatedDevice(PythonUpstream):
         costs nothing until used) and maps pages of ``page`` bytes into them as it grows.
         Unmapping a page while any stream has work pending is a misuse (the pool must order
         an unmap after the work that may use the page).
-    page : int
-        Bytes of a page: the mapping granularity with ``virtual_memory``; without it, the
-        rounding of allocations that ``device_bytes`` counts (cuMemAlloc maps whole 2 MiB
-        pages).
+    page : int or str
+        Bytes of a page (a multiple of 512; ``"2MiB"`` as for ``capacity``): the mapping
+        granularity with ``virtual_memory``; without it, the rounding of allocations that
+        ``device_bytes`` counts (cuMemAlloc maps whole 2 MiB pages).
+
+    Raises
+    ------
+    ValueError, TypeError
+        A capacity or page that is not a positive size (``gpupool.limits.parse_limit``), a
+        page that is not a multiple of 512 B, or an impossible device (negative, not an int).
+
+    Notes
+    -----
+    Streams follow the driver's rules where the pool relies on them. The per-thread default
+    stream (handle 2) is one stream per thread: handle 2 names the calling thread's
+    (``per_thread_stream`` names another thread's for ``ordered``, ``pending``,
+    ``complete`` and ``queued``). The per-thread streams are blocking streams, created streams
+    are non-blocking (as ``cupy.cuda.Stream(non_blocking=True)``): the legacy default stream
+    synchronizes with the blocking streams, so an event recorded on the legacy stream also
+    covers the work queued so far on every thread's per-thread stream, an event recorded on a
+    per-thread stream covers the legacy stream's, and new work on one of them runs after
+    earlier work on the other.
 
     Attributes
     ----------
@@ -84,15 +107,16 @@ class SimulatedDevice(PythonUpstream):
 
     def __init__(self, capacity=1 << 30, device=0, stream_ordered=False, virtual_memory=False,
                  page=PAGE_BYTES):
-        if capacity <= 0:
-            raise ValueError("capacity must be positive")
-        if page <= 0 or page % 512:
-            raise ValueError("page must be a positive multiple of 512 B")
+        device = check_ordinal(device)
+        capacity = parse_limit(capacity, _no_total, "capacity")
+        page = parse_limit(page, _no_total, "page")
+        if page % 512:
+            raise ValueError(f"page must be a positive multiple of 512 B, got {page}")
         self._set_device(device)
         self._set_stream_ordered(stream_ordered)
         self._set_host_accessible(True)     # buffers export DLPack as kDLCPU: NumPy reads them
-        self.capacity = int(capacity)
-        self.page = int(page)
+        self.capacity = capacity
+        self.page = page
         if virtual_memory:
             self._set_expandable(self.page, -(-self.capacity // self.page) * self.page)
         self._ranges = {}               # reserved start -> (bytes, set of mapped page starts)
@@ -102,8 +126,10 @@ class SimulatedDevice(PythonUpstream):
         self._arrays = {}               # pointer -> (numpy array holding it, nbytes)
         self._handles = itertools.count(0x1000, 0x10)
         # Work on a stream is numbered; `done` is the last finished number, `queued` the last.
-        self._queued = {LEGACY_STREAM: 0, PER_THREAD_STREAM: 0}
-        self._done = {LEGACY_STREAM: 0, PER_THREAD_STREAM: 0}
+        # Streams are keyed by handle; a thread's per-thread stream by (2, thread ident), made
+        # on first use (_key).
+        self._queued = {LEGACY_STREAM: 0}
+        self._done = {LEGACY_STREAM: 0}
         self._events = {}               # event -> list of (stream, work number) it waits for
         self._waits = {}                # stream -> events its later work waits for
         self._ids = itertools.count(1)
@@ -130,30 +156,46 @@ class SimulatedDevice(PythonUpstream):
 
     def destroy_stream(self, stream):
         """Forget a stream; later use of its handle is an error, as on a real device."""
+        if stream in (LEGACY_STREAM, PER_THREAD_STREAM):
+            self._misuse(f"the default stream {stream} cannot be destroyed")
         self._check_stream(stream)
         del self._queued[stream], self._done[stream]
 
+    def per_thread_stream(self, thread=None):
+        """The per-thread default stream of ``thread`` (a ``threading.get_ident()``; default:
+        the calling thread's), as ``ordered``, ``pending``, ``complete`` and ``queued`` take
+        it: handle 2 names it only on its own thread."""
+        key = (PER_THREAD_STREAM, threading.get_ident() if thread is None else thread)
+        self._queued.setdefault(key, 0)
+        self._done.setdefault(key, 0)
+        return key
+
     def launch(self, stream=LEGACY_STREAM):
         """Enqueue simulated work ("a kernel still running") on ``stream``."""
-        self._check_stream(stream)
-        self._queued[stream] += 1
+        self._queued[self._check_stream(stream)] += 1
 
     def complete(self, stream=None):
         """Finish the pending work of ``stream`` (``None``: every stream)."""
         streams = list(self._queued) if stream is None else [stream]
         for s in streams:
-            self._check_stream(s)
-            self._done[s] = self._queued[s]
+            key = self._check_stream(s)
+            self._done[key] = self._queued[key]
 
     def pending(self, stream):
         """Whether ``stream`` has unfinished work."""
-        self._check_stream(stream)
-        return self._done[stream] < self._queued[stream]
+        key = self._check_stream(stream)
+        return self._done[key] < self._queued[key]
+
+    def queued(self, stream):
+        """How many items of work were queued on ``stream`` so far (for ``ordered``)."""
+        return self._queued[self._check_stream(stream)]
 
     def ordered(self, stream, before, work):
         """Whether new work on ``stream`` runs after the first ``work`` items of ``before``:
-        they are done, or ``stream`` waits for an event that covers them."""
-        if self._done.get(before, work) >= work:
+        they are done, ``stream`` waits for an event that covers them, or the two are the
+        legacy stream and a per-thread stream (which synchronize with each other)."""
+        stream, before = self._key(stream), self._key(before)
+        if self._done.get(before, work) >= work or {_kind(stream), _kind(before)} == _BLOCKING:
             return True
         return any(s == before and n >= work
                    for event in self._waits.get(stream, ()) for s, n in self._events[event])
@@ -162,9 +204,28 @@ class SimulatedDevice(PythonUpstream):
         """The arguments of every call named ``name``, in order."""
         return [args for call, args in self.calls if call == name]
 
+    def _key(self, stream):
+        """The stream a handle names on the calling thread (a per-thread stream's key, made
+        on first use, for handle 2); keys from per_thread_stream pass through."""
+        if stream == PER_THREAD_STREAM:
+            return self.per_thread_stream()
+        return stream
+
     def _check_stream(self, stream):
-        if stream not in self._queued:
+        """The stream's key; a misuse for an unknown or destroyed stream."""
+        key = self._key(stream)
+        if key not in self._queued:
             self._misuse(f"unknown or destroyed stream {stream:#x}")
+        return key
+
+    def _covered(self, key):
+        """(stream, work number) of what an event recorded now on stream ``key`` waits for:
+        its work so far, what it waits for, and, between the legacy stream and the per-thread
+        streams (blocking streams), each other's work so far."""
+        streams = [key] + [s for s in self._queued
+                           if s != key and {_kind(key), _kind(s)} == _BLOCKING]
+        return [(s, self._queued[s]) for s in streams] + [
+            dep for e in self._waits.get(key, ()) for dep in self._events[e]]
 
     def _misuse(self, what):
         self.errors.append(what)
@@ -180,7 +241,7 @@ class SimulatedDevice(PythonUpstream):
     def _alloc(self, nbytes, stream=None):
         self.calls.append(("alloc", (nbytes,) if stream is None else (nbytes, stream)))
         if stream is not None:
-            self._check_stream(stream)
+            stream = self._check_stream(stream)
         if self.used + nbytes > self.capacity:
             raise MemoryError(f"simulated device out of memory: {nbytes} B requested")
         array = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
@@ -275,10 +336,8 @@ class SimulatedDevice(PythonUpstream):
 
     def _event_record(self, event, stream):
         self.calls.append(("event_record", (event, stream)))
-        self._check_stream(stream)
         # The event completes when the stream's work so far, and what it waits for, is done.
-        self._events[event] = [(stream, self._queued[stream])] + [
-            dep for e in self._waits.get(stream, ()) for dep in self._events[e]]
+        self._events[event] = self._covered(self._check_stream(stream))
 
     def _event_query(self, event):
         self.calls.append(("event_query", (event,)))
@@ -286,11 +345,11 @@ class SimulatedDevice(PythonUpstream):
 
     def _stream_wait_event(self, stream, event):
         self.calls.append(("stream_wait_event", (stream, event)))
-        self._check_stream(stream)
+        key = self._check_stream(stream)
         # The wait is on the event as recorded now; a later record of it changes nothing.
         copy = next(self._handles)
         self._events[copy] = list(self._events[event])
-        self._waits.setdefault(stream, []).append(copy)
+        self._waits.setdefault(key, []).append(copy)
 
     def _synchronize(self):
         self.calls.append(("synchronize", ()))
@@ -329,3 +388,18 @@ class SimulatedDevice(PythonUpstream):
     def __repr__(self):
         kind = ", virtual_memory=True" if self.expandable else ""
         return f"SimulatedDevice(capacity={self.capacity}{kind}, used={self.used})"
+
+
+_BLOCKING = {"legacy", "per-thread"}       # a pair of streams that synchronize with each other
+
+
+def _kind(key):
+    """"legacy", "per-thread" or "created": how a stream key synchronizes with others."""
+    if key == LEGACY_STREAM:
+        return "legacy"
+    return "per-thread" if isinstance(key, tuple) else "created"
+
+
+def _no_total():
+    raise ValueError("a simulated device's capacity is its total memory: give bytes or a size "
+                     "such as '1GiB', not a percentage")

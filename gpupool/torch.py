@@ -36,7 +36,7 @@ Out of memory
 -------------
 Both ways raise :class:`OutOfMemoryError` (this module's), a subclass of both
 ``torch.OutOfMemoryError`` and ``gpupool.OutOfMemoryError``, with gpupool's message (request,
-bytes in use, reserved, cached, the device's free memory, the hard limit). Under ``use()`` the
+bytes in use, reserved, cached, the hard limit; its number attributes are None). Under ``use()`` the
 entry point throws a C++ exception that PyTorch's Python bindings translate (PyTorch does not
 check the pointer its global pluggable allocator returns). Under ``mempool()`` PyTorch's caching
 allocator sees a NULL, frees its cached blocks and retries, and before raising its own error

@@ -5,6 +5,7 @@ Array Interface (v3) and DLPack with that dtype and shape, and keeps the buffer 
 array libraries import it directly (``cupy.asarray(view)``, ``torch.from_dlpack(view)``).
 """
 
+import copy
 import operator
 
 import numpy as np
@@ -48,6 +49,15 @@ class BufferView:
     ValueError
         A negative extent or stride, a stride not a multiple of the item size, or a view that
         reaches past the buffer's ``nbytes``.
+
+    Notes
+    -----
+    Exports go through the buffer: a DLPack consumer's stream counts as a use of its memory
+    (see ``DeviceBuffer``). A view of no elements exports data pointer 0, as the CUDA Array
+    Interface asks. Pickling pickles the buffer (its bytes, through host memory) with the
+    view's dtype, shape and strides; ``copy.copy`` and ``copy.deepcopy`` give a view of the
+    same dtype, shape and strides over a device-side copy of the buffer
+    (``DeviceBuffer.copy()``).
     """
 
     def __init__(self, buffer, dtype, shape, strides=None):
@@ -90,9 +100,13 @@ class BufferView:
 
     @property
     def __cuda_array_interface__(self):
-        """CUDA Array Interface v3 with the view's dtype, shape and strides (bytes)."""
-        return dict(self.buffer.__cuda_array_interface__, shape=self.shape,
-                    typestr=self.dtype.str, strides=self.strides)
+        """CUDA Array Interface v3 with the view's dtype, shape and strides (bytes); data
+        pointer 0 when the view has no elements."""
+        cai = dict(self.buffer.__cuda_array_interface__, shape=self.shape,
+                   typestr=self.dtype.str, strides=self.strides)
+        if 0 in self.shape:
+            cai["data"] = (0, False)
+        return cai
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """DLPack export with the view's dtype and shape; see ``DeviceBuffer.__dlpack__``."""
@@ -103,6 +117,16 @@ class BufferView:
 
     def __dlpack_device__(self):
         return self.buffer.__dlpack_device__()
+
+    def __reduce__(self):
+        return BufferView, (self.buffer, self.dtype, self.shape, self.strides)
+
+    def __copy__(self):
+        return BufferView(self.buffer.copy(), self.dtype, self.shape, self.strides)
+
+    def __deepcopy__(self, memo):
+        return BufferView(copy.deepcopy(self.buffer, memo), self.dtype, self.shape,
+                          self.strides)
 
     def __repr__(self):
         return f"<gpupool.BufferView dtype={self.dtype} shape={self.shape} of {self.buffer!r}>"

@@ -5,6 +5,7 @@ import functools
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import gpupool
 from gpupool.testing import SimulatedDevice
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 
 # numba-cuda 0.30 registers an overload for np.row_stack, which NumPy 2.5 removed, when it
 # first compiles a kernel: alias it so Numba's kernels compile on such machines.
@@ -28,6 +30,20 @@ flat_memory_unmeasurable = pytest.mark.skipif(
     os.environ.get("GPUPOOL_UNDER_SANITIZER") == "1",
     reason="under compute-sanitizer CuPy leaks one array per step, with its own pool too "
            "(tools/diag_held_buffers.py)")
+
+
+# A CUDA kernel for GPU tests of stream order: slow_write(out, n, spin) spins for `spin` clock
+# cycles, then writes 42 into the n bytes at out (a kernel still running when the test asks).
+SLOW_WRITE = r"""
+extern "C" __global__ void slow_write(unsigned char* out, long long n, long long spin) {
+    long long start = clock64();
+    while (clock64() - start < spin) { }
+    for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = 42;
+    }
+}
+"""
 
 
 @functools.cache
@@ -82,6 +98,14 @@ def restore_default_pool():
     else:
         gpupool._pools.pop(0, None)
         gpupool._defaults._forget(0)
+
+
+def fresh_python(code, *flags, timeout=120):
+    """Run ``code`` (dedented) in a fresh interpreter started in the tests folder (so that
+    ``fake_cupy`` imports), with interpreter ``flags`` (``"-W", "error"``); returns the
+    CompletedProcess, stdout and stderr as text."""
+    return subprocess.run([sys.executable, *flags, "-c", textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=timeout, cwd=TESTS)
 
 
 @pytest.fixture

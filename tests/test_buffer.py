@@ -68,13 +68,28 @@ def test_close_returns_memory_and_later_use_raises(pool):
     buf.close()
     assert buf.closed
     assert pool.stats().in_use_bytes == 0
-    for use in (lambda: buf.ptr, lambda: buf.__cuda_array_interface__,
+    for use in (lambda: buf.ptr, lambda: buf.nbytes, lambda: len(buf), lambda: buf.stream,
+                lambda: buf.__cuda_array_interface__,
                 lambda: buf.copy_to_host(), lambda: buf.copy_from_host(b"x"),
-                lambda: buf.record_stream(0)):
+                lambda: buf.record_stream(0), lambda: setattr(buf, "stream", 0)):
         with pytest.raises(gpupool.InvalidBufferError):
             use()
+    assert buf.device == 0 and buf.pool is pool   # what it belonged to still answers
+    assert "nbytes=1000" in repr(buf)
     buf.close()                                  # closing twice does nothing
     assert pool.allocate(1000).ptr == ptr
+
+
+def test_an_invalidated_buffer_describes_no_memory_either(pool):
+    region = gpupool.Region(pool=pool, on_exit="invalidate")
+    with region:
+        buf = pool.allocate(1000)
+        wrapped = gpupool.as_buffer(buf)
+    for use in (lambda: buf.nbytes, lambda: len(buf), lambda: buf.stream,
+                lambda: wrapped.ptr, lambda: wrapped.nbytes):     # a wrapper of it as well
+        with pytest.raises(gpupool.InvalidBufferError, match="invalidated"):
+            use()
+    assert not wrapped.closed
 
 
 def test_with_block_closes(pool):

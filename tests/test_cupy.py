@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import flat_memory_unmeasurable
+from conftest import SLOW_WRITE, flat_memory_unmeasurable
 
 import gpupool
 
@@ -11,17 +11,6 @@ cupy = pytest.importorskip("cupy")
 import gpupool.cupy  # noqa: E402
 
 MIB = 1 << 20
-
-SLOW_WRITE = r"""
-extern "C" __global__ void slow_write(unsigned char* out, long long n, long long spin) {
-    long long start = clock64();
-    while (clock64() - start < spin) { }
-    for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = 42;
-    }
-}
-"""
 
 
 @pytest.fixture

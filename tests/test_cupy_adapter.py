@@ -4,14 +4,11 @@ stream handed through, regions, errors as Pool.allocate raises them, and the blo
 when CuPy drops the memory. tests/test_cupy.py runs the real CuPy on a GPU."""
 
 import os
-import subprocess
 import sys
-import textwrap
 import weakref
-from pathlib import Path
 
 import pytest
-from conftest import check_invariants
+from conftest import check_invariants, fresh_python
 from fake_cupy import FakeCupy, Memory, MemoryPointer, UnownedMemory
 
 import gpupool
@@ -20,7 +17,6 @@ from gpupool.testing import SimulatedDevice
 
 KIB = 1 << 10
 MIB = 1 << 20
-TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture
@@ -49,8 +45,7 @@ def not_called():
 
 def run_python(code):
     """Run ``code`` in a fresh interpreter that can import fake_cupy; (returncode, output)."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                            text=True, timeout=120, cwd=TESTS)
+    result = fresh_python(code)
     return result.returncode, result.stdout + result.stderr
 
 

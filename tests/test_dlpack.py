@@ -163,8 +163,8 @@ def test_as_buffer_wraps_foreign_memory_without_owning_it(pool, sim):
     s = sim.create_stream()
     foreign = type("Foreign", (), {"__cuda_array_interface__": dict(
         view.__cuda_array_interface__, stream=s)})()
-    wrapped = gpupool.as_buffer(foreign)
-    assert wrapped.ptr == owner.ptr and wrapped.nbytes == 64 and wrapped.stream == s
+    wrapped = gpupool.as_buffer(foreign)          # used on the legacy stream, after s's work
+    assert wrapped.ptr == owner.ptr and wrapped.nbytes == 64 and wrapped.stream == 0
     assert np.array_equal(wrapped.copy_to_host(), np.arange(64, dtype=np.uint8))
     in_use = pool.stats().in_use_bytes
     del wrapped                                   # not ours: nothing goes back to the pool
@@ -183,3 +183,60 @@ def test_as_buffer_of_a_gpupool_view_uses_its_pool(pool):
     wrapped = gpupool.as_buffer(buf.view("float32", (4, 4)))    # no driver, no set_pool
     assert wrapped.pool is pool and wrapped.ptr == buf.ptr
     assert np.array_equal(wrapped.copy_to_host(), np.arange(64, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("through", ["buffer", "view"])
+@pytest.mark.parametrize("consumer", [None, 1, 2, "created"])
+def test_a_consumer_stream_counts_as_a_use_of_the_block(pool, sim, consumer, through):
+    # DLPack's stream values: None and 1 the legacy default stream, 2 the per-thread one.
+    a = sim.create_stream()
+    stream = sim.create_stream() if consumer == "created" else consumer
+    works_on = 0 if stream in (None, 1) else stream       # where the consumer's work runs
+    buf = pool.allocate(64 << 10, stream=a)
+    ptr = buf.ptr
+    exporter = buf if through == "buffer" else buf.view(np.float32, (16 << 10,))
+    capsule = exporter.__dlpack__(stream=stream)
+    sim.launch(works_on)                  # the consumer's kernel, still reading the memory
+    queued = sim.queued(works_on)
+    del capsule, exporter, buf
+    again = pool.allocate(64 << 10, stream=a)
+    assert again.ptr == ptr                           # the same block, on its own stream...
+    assert sim.ordered(a, works_on, queued)           # ...only behind the consumer's work
+
+
+def test_a_use_is_recorded_once_per_consumer_and_not_for_the_buffers_own_stream(pool, sim):
+    a, b = sim.create_stream(), sim.create_stream()
+    buf = pool.allocate(64 << 10, stream=a)
+    for _ in range(3):
+        buf.__dlpack__(stream=b)
+    buf.__dlpack__(stream=a)
+    buf.__dlpack__(stream=-1)
+    sim.calls.clear()
+    del buf
+    assert [args[1] for args in sim.calls_named("event_record")] == [b]    # at the free
+
+
+def test_views_of_no_elements_export_pointer_0(pool):
+    buf = pool.allocate(64)
+    for view in (buf.view(np.float32, (0, 4)), buf.view(np.int8, (4, 0), strides=(1, 1))):
+        assert view.__cuda_array_interface__["data"] == (0, False)
+        for max_version in (None, (1, 0)):
+            assert capsule_data_pointer(view.__dlpack__(max_version=max_version)) == 0
+        assert np.from_dlpack(view).size == 0
+    full = buf.view(np.float32, (4,))
+    assert capsule_data_pointer(full.__dlpack__()) == full.__cuda_array_interface__["data"][0] \
+        == buf.ptr
+    buf.close()
+    with pytest.raises(gpupool.InvalidBufferError):
+        _ = view.__cuda_array_interface__
+
+
+def capsule_data_pointer(capsule):
+    """The data pointer of an unconsumed DLPack capsule (legacy or versioned)."""
+    name = _name(capsule)
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    tensor = get(capsule, name)
+    # DLManagedTensorVersioned starts with its version, manager_ctx, deleter and flags.
+    offset = 0 if name == b"dltensor" else 8 + 3 * ctypes.sizeof(ctypes.c_void_p)
+    return ctypes.c_void_p.from_address(tensor + offset).value or 0

@@ -1,5 +1,6 @@
 """Behaviour without a GPU: import works, driver calls raise NoDeviceError with one line."""
 
+import pickle
 import subprocess
 import sys
 
@@ -7,6 +8,7 @@ import pytest
 from conftest import gpu_available
 
 import gpupool
+from gpupool.testing import SimulatedDevice
 
 pytestmark = pytest.mark.skipif(gpu_available(), reason="checks the no-driver path")
 
@@ -24,6 +26,21 @@ def test_pool_without_driver_raises_no_device_error():
 def test_default_pool_paths_raise_no_device_error(call):
     with pytest.raises(gpupool.NoDeviceError):
         call()
+
+
+# A pickled buffer: loading it allocates from the default pool, which there is none of here.
+PICKLED = pickle.dumps(gpupool.Pool(upstream=SimulatedDevice()).allocate(10))
+
+
+@pytest.mark.parametrize("call", [lambda: gpupool.get_pool(), lambda: gpupool.allocate(10),
+                                  lambda: pickle.loads(PICKLED)])
+def test_without_a_driver_the_default_pool_functions_name_set_pool(call):
+    with pytest.raises(gpupool.NoDeviceError) as info:
+        call()
+    message = str(info.value)
+    assert "gpupool.set_pool(pool)" in message
+    assert "gpupool.Pool(upstream=gpupool.testing.SimulatedDevice())" in message
+    assert "\n" not in message
 
 
 def test_import_prints_nothing():

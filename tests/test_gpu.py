@@ -1,5 +1,8 @@
 """The pool on a real device (marked gpu: skipped where there is no GPU)."""
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
@@ -57,9 +60,35 @@ def test_no_such_device():
 
 def test_hard_limit_on_the_device():
     pool = gpupool.Pool(device=0, hard_limit="64MiB")
+    keep = pool.allocate(MIB)
     with pytest.raises(gpupool.OutOfMemoryError, match="hard limit 64.000 MiB") as info:
         pool.allocate(100 * MIB)
-    assert "free of" in str(info.value)
+    error = info.value
+    assert error.requested_bytes == 100 * MIB and error.limit_bytes == 64 * MIB
+    assert error.in_use_bytes == MIB
+    assert error.reserved_bytes == pool.stats().reserved_bytes
+    assert error.in_use_bytes + error.cached_bytes == error.reserved_bytes
+    # Built without a driver call: the device's numbers are left to pool.mem_info().
+    assert error.device_free_bytes is None and error.device_total_bytes is None
+    assert "gpupool.pool_status()" in str(error)
+    del keep
+
+
+def test_buffers_pickle_through_the_host_and_copy_on_the_device(pool):
+    data = np.random.default_rng(2).integers(0, 256, 3 * MIB + 17, dtype=np.uint8)
+    buf = pool.allocate(data.nbytes)
+    buf.copy_from_host(data)
+    buffers = []
+    payload = pickle.dumps(buf, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 1 and len(payload) < 200     # the bytes travel out of band
+    again = pickle.loads(payload, buffers=buffers)
+    assert again.pool is gpupool.get_pool() and again.device == 0 and again.ptr != buf.ptr
+    assert np.array_equal(again.copy_to_host(), data)
+    view = pickle.loads(pickle.dumps(buf.view(np.uint8, (data.nbytes,)), protocol=4))
+    assert view.shape == (data.nbytes,) and np.array_equal(view.buffer.copy_to_host(), data)
+    for twin in (buf.copy(), copy.copy(buf), copy.deepcopy(buf)):
+        assert twin.pool is pool and twin.ptr != buf.ptr
+        assert np.array_equal(twin.copy_to_host(), data)
 
 
 def test_region_on_the_device(pool):

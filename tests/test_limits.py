@@ -1,8 +1,10 @@
-"""Parsing of memory limits."""
+"""Parsing of memory limits, from arguments and from the environment (CPU, simulated device)."""
 
 import pytest
 
+import gpupool
 from gpupool.limits import parse_limit
+from gpupool.testing import SimulatedDevice
 
 
 def total():
@@ -34,3 +36,61 @@ def test_wrong_types(value):
     with pytest.raises(TypeError):
         parse_limit(value, total)
 
+
+
+LIMITS = [("hard_limit", "GPUPOOL_HARD_LIMIT"), ("soft_limit", "GPUPOOL_SOFT_LIMIT")]
+
+
+@pytest.mark.parametrize("argument, variable", LIMITS)
+def test_a_malformed_variable_is_named_with_its_value(sim, monkeypatch, argument, variable):
+    monkeypatch.setenv(variable, "lots")
+    with pytest.raises(ValueError, match=f"^{variable}='lots': malformed memory limit 'lots'"):
+        gpupool.Pool(upstream=sim)
+    with pytest.raises(ValueError, match=f"^{argument}='lots': malformed memory limit"):
+        gpupool.Pool(upstream=sim, **{argument: "lots"})
+
+
+@pytest.mark.parametrize("argument, variable", LIMITS)
+def test_minus_one_reads_the_same_through_the_variable_and_the_argument(sim, monkeypatch,
+                                                                       argument, variable):
+    with pytest.raises(ValueError) as by_argument:
+        gpupool.Pool(upstream=sim, **{argument: -1})
+    monkeypatch.setenv(variable, "-1")
+    with pytest.raises(ValueError) as by_variable:
+        gpupool.Pool(upstream=sim)
+    assert str(by_argument.value) == f"{argument}=-1: a memory limit must be positive, got -1"
+    assert str(by_variable.value) == \
+        f"{variable}='-1': a memory limit must be positive, got '-1'"
+
+
+def test_a_soft_limit_above_the_hard_limit_is_refused(sim, monkeypatch):
+    with pytest.raises(ValueError, match=r"soft limit soft_limit='2MiB' \(2.000 MiB\) is above "
+                                         r"the hard limit hard_limit='1MiB' \(1.000 MiB\)"):
+        gpupool.Pool(upstream=sim, hard_limit="1MiB", soft_limit="2MiB")
+    monkeypatch.setenv("GPUPOOL_SOFT_LIMIT", "2MiB")
+    with pytest.raises(ValueError, match="GPUPOOL_SOFT_LIMIT='2MiB'.* hard_limit=1048576"):
+        gpupool.Pool(upstream=sim, hard_limit=1 << 20)
+    pool = gpupool.Pool(upstream=sim, hard_limit="2MiB")          # equal limits are fine
+    assert pool.soft_limit == pool.hard_limit == 2 << 20
+    assert gpupool.Pool(upstream=sim, hard_limit=None).soft_limit == 2 << 20   # no hard limit
+
+
+def test_signs_are_read():
+    assert parse_limit("+1MiB", total) == 1 << 20
+    for text in ("-1", "-0.5GiB", "-50%"):
+        with pytest.raises(ValueError, match="positive|percentage"):
+            parse_limit(text, total)
+
+
+def test_the_simulated_device_takes_sizes_as_the_limits_do():
+    sim = SimulatedDevice(capacity="1GiB", page="64KiB")
+    assert sim.capacity == 1 << 30 and sim.page == 64 << 10
+    assert SimulatedDevice(capacity="1.5 GB").capacity == 1_500_000_000
+    for bad, error, match in [("50%", ValueError, "not a percentage"),
+                              ("lots", ValueError, "capacity='lots': malformed"),
+                              (0, ValueError, "capacity=0: a memory limit must be positive"),
+                              (1.5, TypeError, "capacity=1.5")]:
+        with pytest.raises(error, match=match):
+            SimulatedDevice(capacity=bad)
+    with pytest.raises(ValueError, match="multiple of 512"):
+        SimulatedDevice(page=1000)

@@ -222,6 +222,46 @@ def test_entering_a_region_twice_is_refused(pool, region):
         pass
 
 
+def test_exiting_a_region_that_was_not_entered_is_refused(pool, region):
+    with pytest.raises(gpupool.GpupoolError, match="exited without being entered"):
+        region.__exit__(None, None, None)
+    with region:                                   # the stack of entered regions is intact
+        buf = pool.allocate(1000)
+    assert region.stats().cache_misses == 1 and region.stats().entries == 1
+    with pytest.raises(gpupool.GpupoolError, match="exited without being entered"):
+        region.__exit__(None, None, None)          # once more after a proper exit
+    del buf
+    errors = []
+    with region:
+        def other_thread():
+            try:
+                region.__exit__(None, None, None)
+            except gpupool.GpupoolError as exc:
+                errors.append(str(exc))
+
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+    assert len(errors) == 1 and "another thread" in errors[0]
+
+
+def test_exiting_out_of_order_is_refused_and_leaves_both_entered(pool):
+    outer, inner = gpupool.Region(pool=pool), gpupool.Region(pool=pool)
+    outer.__enter__()
+    inner.__enter__()
+    with pytest.raises(gpupool.GpupoolError, match="entered inside it, is still entered"):
+        outer.__exit__(None, None, None)
+    buf = pool.allocate(1000)                      # the inner region is still the current one
+    del buf
+    assert inner.stats().cached_bytes == 1024 and outer.stats().cache_misses == 0
+    inner.__exit__(None, None, None)               # in order, both exits work
+    outer.__exit__(None, None, None)
+    with outer:
+        with gpupool.uncached():                   # uncached() is no region: no check
+            pass
+    assert outer.stats().entries == 2
+
+
 def test_one_region_from_two_threads_in_turn(pool, region):
     ptrs = []
 

@@ -4,6 +4,9 @@ after the old one was destroyed, and the per-thread default stream of another th
 
 import threading
 
+import pytest
+
+import gpupool
 from gpupool.testing import PER_THREAD_STREAM
 
 LARGE = 12 << 20      # above the segment limit (10 MiB): its own upstream allocation
@@ -100,3 +103,109 @@ def test_merge_streams_frees_an_idle_streams_blocks_for_every_stream(pool, sim):
         assert pool.allocate(1000, stream=b).ptr == small_ptr       # a region hit on b
     assert region.stats().cache_hits == hits + 1
     assert sim.calls_named("stream_wait_event") == []
+
+
+def test_another_threads_per_thread_stream_is_reached_through_an_event_that_follows_it(pool,
+                                                                                       sim):
+    # Thread A writes a buffer on its per-thread stream (handle 2); this thread consumes it on
+    # its own per-thread stream (handle 2 too, another stream) and on a created stream.
+    made = {}
+
+    def producer():
+        buf = pool.allocate(64 << 10, stream=PER_THREAD_STREAM)
+        sim.launch(PER_THREAD_STREAM)          # A's kernel writing it, still running
+        made.update(buf=buf, stream=sim.per_thread_stream(),
+                    queued=sim.queued(PER_THREAD_STREAM))
+
+    t = threading.Thread(target=producer)
+    t.start()
+    t.join(10)
+    buf, a_stream, queued = made.pop("buf"), made["stream"], made["queued"]
+    mine, c = sim.per_thread_stream(), sim.create_stream()
+    assert a_stream != mine
+    buf.__dlpack__(stream=PER_THREAD_STREAM)                # this thread's per-thread stream
+    assert sim.ordered(mine, a_stream, queued)
+    buf.__dlpack__(stream=c)
+    assert sim.ordered(c, a_stream, queued)
+    gpupool.as_buffer(buf, stream=c)                        # ordered the same way
+    assert sim.pending(a_stream)                            # the host never waited
+    # Handle 2 here would name this thread's stream: the events follow A's work through the
+    # legacy default stream, which synchronizes with every per-thread stream.
+    assert {args[1] for args in sim.calls_named("event_record")} == {0}
+
+
+@pytest.mark.parametrize("read", ["cuda array interface", "copy_to_host", "memset", "copy"])
+def test_the_buffers_own_stream_from_another_thread_follows_the_producers_work(pool, sim,
+                                                                             read):
+    # Work "on the buffer's stream" (handle 2) from another thread runs on that thread's
+    # per-thread stream, and a CAI consumer there reads 2 as its own: it is made to follow A's.
+    made = {}
+
+    def producer():
+        made["buf"] = pool.allocate(4096, stream=PER_THREAD_STREAM)
+        sim.launch(PER_THREAD_STREAM)
+        made.update(stream=sim.per_thread_stream(), queued=sim.queued(PER_THREAD_STREAM))
+
+    t = threading.Thread(target=producer)
+    t.start()
+    t.join(10)
+    buf = made.pop("buf")
+    if read == "cuda array interface":
+        assert buf.__cuda_array_interface__["stream"] == PER_THREAD_STREAM
+    elif read == "copy_to_host":
+        buf.copy_to_host()
+    elif read == "memset":
+        buf.memset(1)
+    else:
+        assert buf.copy().stream == PER_THREAD_STREAM
+    assert sim.ordered(sim.per_thread_stream(), made["stream"], made["queued"])
+    assert sim.calls_named("synchronize") == []
+
+
+def test_a_consumers_per_thread_stream_is_a_use_whichever_thread_frees_the_block(pool, sim):
+    handed, back = threading.Event(), threading.Event()
+    box, seen = [], {}
+
+    def producer():
+        box.append(pool.allocate(64 << 10, stream=PER_THREAD_STREAM))
+        seen["ptr"] = box[0].ptr
+        handed.set()
+        back.wait(10)                           # the consumer used it and dropped it
+        again = pool.allocate(64 << 10, stream=PER_THREAD_STREAM)
+        seen.update(same=again.ptr == seen["ptr"],
+                    ordered=sim.ordered(PER_THREAD_STREAM, seen["consumer"], seen["queued"]))
+
+    t = threading.Thread(target=producer)
+    t.start()
+    assert handed.wait(10)
+    buf = box.pop()
+    capsule = buf.__dlpack__(stream=PER_THREAD_STREAM)     # consumed on this thread's stream
+    sim.launch(PER_THREAD_STREAM)                          # by a kernel still running
+    seen.update(consumer=sim.per_thread_stream(), queued=sim.queued(PER_THREAD_STREAM))
+    del capsule, buf                                       # freed here, on this thread
+    back.set()
+    t.join(10)
+    assert seen["same"] and seen["ordered"], seen
+
+
+def test_the_simulated_per_thread_stream_is_one_per_thread_and_blocking(sim):
+    # What the tests above rely on: handle 2 names the calling thread's stream; the legacy
+    # stream and the per-thread ones synchronize with each other, created streams do not.
+    sim.launch(PER_THREAD_STREAM)
+    mine, queued = sim.per_thread_stream(), sim.queued(PER_THREAD_STREAM)
+    seen = {}
+    t = threading.Thread(target=lambda: seen.update(
+        key=sim.per_thread_stream(), pending=sim.pending(PER_THREAD_STREAM)))
+    t.start()
+    t.join(10)
+    assert seen["key"] != mine and not seen["pending"] and sim.pending(mine)
+    c = sim.create_stream()
+    assert not sim.ordered(c, mine, queued) and sim.ordered(0, mine, queued)
+    event = sim._event_create()
+    sim._event_record(event, 0)                   # on the legacy stream: covers mine too
+    sim._stream_wait_event(c, event)
+    assert sim.ordered(c, mine, queued)
+    assert not sim.ordered(c, seen["key"], 1)     # the other thread's had no work then
+    with pytest.raises(ValueError, match="cannot be destroyed"):
+        sim.destroy_stream(PER_THREAD_STREAM)
+    sim.errors.clear()

@@ -1,0 +1,104 @@
+"""fork(): in a child of a process that used gpupool, every call raises GpupoolError naming
+fork and the 'spawn' / 'forkserver' start methods, and nothing inherited touches the driver or
+the upstream, up to the child's normal exit (CPU, simulated device; tests/test_fork_gpu.py runs
+it on a GPU)."""
+
+import os
+
+import pytest
+from conftest import fresh_python
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+
+# The child's checks: `refused(call)` is True when call raises gpupool's fork error (and not,
+# say, NoDeviceError from a cuInit that should not have been called).
+REFUSED = """
+import gc, multiprocessing, os, sys
+import gpupool
+from gpupool.testing import SimulatedDevice
+
+
+def refused(call):
+    try:
+        call()
+    except gpupool.NoDeviceError:
+        return False
+    except gpupool.GpupoolError as exc:
+        message = str(exc)
+        return all(part in message for part in ("fork()", "'spawn'", "'forkserver'"))
+    return False
+"""
+
+
+def run(code):
+    """Run REFUSED + code in a fresh interpreter; its stdout, once it exited 0 silently."""
+    result = fresh_python(REFUSED + code, "-W", "ignore::DeprecationWarning")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""
+    return result.stdout
+
+
+def test_a_child_refuses_every_call_and_leaves_what_it_inherited_alone():
+    out = run("""
+sim = SimulatedDevice()
+pool = gpupool.Pool(upstream=sim)
+gpupool.set_pool(pool)
+buf = pool.allocate(100)
+region = gpupool.Region(pool=pool, on_exit="invalidate", debug=True)
+region.__enter__()
+inside = pool.allocate(5000)          # invalidating it at exit would poison it on the device
+pid = os.fork()
+if pid == 0:
+    before = len(sim.calls)
+    region.__exit__(None, None, None)  # the child leaves the block without touching its blocks
+    checks = {
+        "inherited pool": refused(lambda: pool.allocate(100)),
+        "trim": refused(pool.trim),
+        "new pool": refused(lambda: gpupool.Pool(upstream=SimulatedDevice())),
+        "driver upstream, before cuInit": refused(lambda: gpupool.DriverUpstream(0)),
+        "default pool": refused(gpupool.get_pool),
+        "allocate": refused(lambda: gpupool.allocate(100)),
+        "region": refused(lambda: gpupool.Region(pool=pool).__enter__()),
+    }
+    del buf, inside, region, pool
+    gc.collect()
+    checks["no upstream call"] = sim.calls[before:] == []
+    print(checks)
+    sys.exit(0 if all(checks.values()) else 1)   # a normal exit: finalizers and atexit run
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+region.__exit__(None, None, None)
+assert inside.closed and pool.allocate(100).nbytes == 100     # the parent goes on
+print("parent ok")
+""")
+    assert "False" not in out and out.endswith("parent ok\n"), out
+
+
+def test_fork_pool_workers_get_the_error_in_the_parent():
+    out = run("""
+def work(nbytes):
+    return gpupool.allocate(nbytes).nbytes
+
+
+gpupool.set_pool(gpupool.Pool(upstream=SimulatedDevice()))
+assert work(10) == 10
+with multiprocessing.get_context("fork").Pool(1) as workers:
+    print("refused:", refused(lambda: workers.apply(work, (100,))))
+""")
+    assert out == "refused: True\n"
+
+
+def test_a_child_of_a_process_that_only_imported_gpupool_uses_it():
+    out = run("""
+pid = os.fork()
+if pid == 0:
+    pool = gpupool.Pool(upstream=SimulatedDevice())
+    buf = pool.allocate(100)
+    buf.memset(7)
+    ok = bool((buf.copy_to_host() == 7).all())
+    del buf
+    os._exit(0 if ok and pool.stats().in_use_bytes == 0 else 1)
+_, status = os.waitpid(pid, 0)
+print("child exit", os.waitstatus_to_exitcode(status))
+""")
+    assert out == "child exit 0\n"
