@@ -81,20 +81,19 @@ class OutOfMemoryError(GpupoolError, MemoryError):
         block where memory just ran out; ``Pool.mem_info()`` asks it).
     """
 
+    FIELDS = ("requested_bytes", "in_use_bytes", "reserved_bytes", "cached_bytes",
+              "limit_bytes", "device_free_bytes", "device_total_bytes")
     requested_bytes = in_use_bytes = reserved_bytes = cached_bytes = None
     limit_bytes = device_free_bytes = device_total_bytes = None
 
-    def __init__(self, message, *, requested_bytes=None, in_use_bytes=None, reserved_bytes=None,
-                 cached_bytes=None, limit_bytes=None, device_free_bytes=None,
-                 device_total_bytes=None):
+    def __init__(self, message, **numbers):
+        unknown = set(numbers) - set(self.FIELDS)
+        if unknown:
+            raise TypeError(f"OutOfMemoryError takes the keywords {', '.join(self.FIELDS)}; "
+                            f"not {', '.join(sorted(unknown))}")
         super().__init__(message)
-        self.requested_bytes = requested_bytes
-        self.in_use_bytes = in_use_bytes
-        self.reserved_bytes = reserved_bytes
-        self.cached_bytes = cached_bytes
-        self.limit_bytes = limit_bytes
-        self.device_free_bytes = device_free_bytes
-        self.device_total_bytes = device_total_bytes
+        for name, value in numbers.items():
+            setattr(self, name, value)
 
 
 class InvalidBufferError(GpupoolError, ValueError):
