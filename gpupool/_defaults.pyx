@@ -6,6 +6,7 @@ import threading
 from cpython.dict cimport PyDict_GetItem
 from cpython.ref cimport PyObject
 from gpupool._driver import current_device
+from gpupool._ordinals import check_ordinal
 from gpupool._pool cimport Pool
 
 from gpupool.errors import NoDeviceError
@@ -36,6 +37,8 @@ def get_pool(device=None):
     ------
     NoDeviceError
         No driver, or no such device.
+    TypeError, ValueError
+        An impossible ``device`` (a bool, not an int, negative), as ``Pool`` refuses it.
     """
     if device is None:
         try:
@@ -44,6 +47,8 @@ def get_pool(device=None):
             if 0 not in _pools:
                 raise
             device = 0
+    elif type(device) is not int or device < 0:
+        device = check_ordinal(device)  # a bool would find device 1's pool
     pool = _pools.get(device)
     if pool is None:
         with _lock:

@@ -495,6 +495,19 @@ def test_impossible_devices_of_the_simulated_device_and_the_default_pools():
     assert gpupool.Pool(device=np.int64(3), upstream=SimulatedDevice(device=3)).device == 3
 
 
+def test_a_bool_is_not_a_device_of_the_default_pools():
+    one = gpupool.Pool(upstream=SimulatedDevice(device=1))
+    gpupool.set_pool(one)
+    try:
+        assert gpupool.get_pool(1) is one
+        with pytest.raises(TypeError, match="int device ordinal"):
+            gpupool.get_pool(True)          # True == 1: it would find device 1's pool
+        assert gpupool.get_pool(np.int64(1)) is one
+    finally:
+        gpupool._pools.pop(1, None)
+        gpupool._defaults._forget(1)
+
+
 def test_bad_upstream_arguments():
     with pytest.raises(ValueError):
         gpupool.Pool(upstream="nonsense")
