@@ -99,8 +99,16 @@ def pool_status(device=None, pool=None):
         Report on this device's default pool.
     pool : Pool, optional
         Report on this pool instead.
+
+    Raises
+    ------
+    TypeError
+        ``pool`` is not a ``gpupool.Pool``.
     """
-    pool = get_pool(device) if pool is None else pool
+    if pool is None:
+        pool = get_pool(device)
+    elif not isinstance(pool, Pool):
+        raise TypeError(f"pool_status(pool=) takes a gpupool.Pool, got {type(pool).__name__}")
     free, total = pool.mem_info()
     stats = pool.stats()
     print(format_status(free, total, stats.in_use_bytes, stats.reserved_bytes))

@@ -133,6 +133,8 @@ cdef class DeviceBuffer:
             self._blk = NULL
 
     cdef uintptr_t _live_ptr(self) except? 0:
+        if FORKED[0]:
+            raise GpupoolError(FORK_MESSAGE)    # the memory is the parent's: not mapped here
         if self._state == OPEN:
             if self._base is not None and self._base._state != OPEN:
                 return self._base._live_ptr()       # a wrapper of memory given back: raises

@@ -128,7 +128,7 @@ cdef class Pool(BlockOwner):
         from gpupool.limits import resolve_limits
         device = check_ordinal(device)
         if upstream is None:
-            upstream = os.environ.get("GPUPOOL_UPSTREAM")
+            upstream = os.environ.get("GPUPOOL_UPSTREAM") or None   # empty: unset
             if upstream is None:
                 upstream = _default_upstream(device)
             elif upstream not in _UPSTREAMS:

@@ -246,6 +246,15 @@ def describe_limit(raw, device_totals):
         return f"{raw!r}: the pool refuses it: {_one_line(exc)}"
 
 
+def describe_upstream(raw):
+    """``GPUPOOL_UPSTREAM``'s value, and whether ``Pool`` accepts it."""
+    from gpupool._pool import _UPSTREAMS
+
+    if raw in _UPSTREAMS:
+        return repr(raw)
+    return f"{raw!r}: the pool refuses it: must be one of {', '.join(_UPSTREAMS)}"
+
+
 def format_report(facts):
     """The report's text for ``facts`` (see :class:`Facts`), lines ending in newlines."""
     lines = [f"{what} {version}" for what, version in facts.versions]
@@ -262,7 +271,8 @@ def format_report(facts):
                 else f"free memory unknown ({d.problem})")
         lines.append(f"Device {d.ordinal}: {d.name}, {format_bytes(d.total_bytes)} total, {free}")
     upstream = facts.environment.get(UPSTREAM_VARIABLE)
-    lines.append(f"Upstream: {upstream!r} ({UPSTREAM_VARIABLE})" if upstream else
+    lines.append(f"Upstream: {describe_upstream(upstream)} ({UPSTREAM_VARIABLE})"
+                 if upstream else
                  f"Upstream: {DEFAULT_UPSTREAM!r} (the default; {UPSTREAM_VARIABLE} is not set)")
     totals = [d.total_bytes for d in facts.devices]
     for name in LIMIT_VARIABLES:

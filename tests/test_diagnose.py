@@ -174,6 +174,8 @@ def test_upstream_from_the_environment():
     assert "Upstream: 'vmm' (the default; GPUPOOL_UPSTREAM is not set)" in _lines(
         environ={"GPUPOOL_UPSTREAM": ""})               # empty: unset, as for the pool
     assert "Upstream: 'async' (GPUPOOL_UPSTREAM)" in _lines(environ={"GPUPOOL_UPSTREAM": "async"})
+    assert ("Upstream: 'VMM': the pool refuses it: must be one of driver, async, vmm "
+            "(GPUPOOL_UPSTREAM)") in _lines(environ={"GPUPOOL_UPSTREAM": "VMM"})
 
 
 @pytest.mark.parametrize("raw, totals, expected", [
@@ -216,16 +218,15 @@ def test_each_pool_shows_its_repr_and_status(sim):
 
 
 def test_a_pool_whose_status_fails_is_reported_as_such():
-    class Broken:
-        def mem_info(self):
+    class Broken(SimulatedDevice):
+        def _mem_info(self):
             raise RuntimeError("the context is gone")
 
-        def __repr__(self):
-            return "<broken pool>"
-
-    lines = _lines(pools={3: Broken()})
-    assert lines[-3:] == ["Pool of device 3:", "  <broken pool>",
-                          "  status unavailable: the context is gone"]
+    pool = gpupool.Pool(upstream=Broken(device=3))
+    lines = _lines(pools={3: pool})
+    assert lines[-3:-1] == ["Pool of device 3:", f"  {pool!r}"]
+    assert lines[-1].startswith("  status unavailable: ")
+    assert "the context is gone" in lines[-1]
 
 
 def test_report_shows_the_default_pools(restore_default_pool):

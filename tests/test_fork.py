@@ -59,6 +59,12 @@ if pid == 0:
         "default pool": refused(gpupool.get_pool),
         "allocate": refused(lambda: gpupool.allocate(100)),
         "region": refused(lambda: gpupool.Region(pool=pool).__enter__()),
+        "inherited buffer's pointer": refused(lambda: buf.ptr),
+        "inherited buffer's size": refused(lambda: buf.nbytes),
+        "inherited buffer's bytes": refused(buf.copy_to_host),
+        "inherited buffer's export": refused(buf.__dlpack__),
+        "inherited buffer's interface": refused(lambda: buf.__cuda_array_interface__),
+        "pickling an inherited buffer": refused(lambda: __import__("pickle").dumps(buf)),
     }
     del buf, inside, region, pool
     gc.collect()

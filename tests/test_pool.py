@@ -508,6 +508,11 @@ def test_a_bool_is_not_a_device_of_the_default_pools():
         gpupool._defaults._forget(1)
 
 
+def test_pool_status_of_something_that_is_not_a_pool_is_a_clear_error():
+    with pytest.raises(TypeError, match="takes a gpupool.Pool, got int"):
+        gpupool.pool_status(pool=42)
+
+
 def test_bad_upstream_arguments():
     with pytest.raises(ValueError):
         gpupool.Pool(upstream="nonsense")

@@ -273,6 +273,15 @@ def test_a_bad_gpupool_upstream_raises_naming_the_variable(monkeypatch):
     assert gpupool.Pool(upstream=sim).allocate(10).nbytes == 10     # an explicit one wins
 
 
+def test_an_empty_gpupool_upstream_is_unset(monkeypatch):
+    monkeypatch.setenv("GPUPOOL_UPSTREAM", "")
+    try:
+        pool = gpupool.Pool()                   # the default upstream, as without the variable
+    except gpupool.NoDeviceError:
+        return                                  # no driver here: not the ValueError of a name
+    assert pool.upstream is not None
+
+
 # Random operations ---------------------------------------------------------------------------
 
 class VmmPoolMachine(PoolMachine):
