@@ -494,6 +494,18 @@ cdef class VmmUpstream(DriverUpstream):
         return f"VmmUpstream(device={self.device}, granularity={self.granularity})"
 
 
+cdef object _returned(Upstream upstream, str name, object value):
+    """``value``, a PythonUpstream method's integer result, checked (a clear error instead of
+    a float truncated to an address or a bare conversion error)."""
+    if isinstance(value, bool) and name != "_event_query" or not hasattr(value, "__index__"):
+        raise TypeError(f"{type(upstream).__name__}.{name} must return an int, got {value!r}")
+    value = value.__index__()
+    if not 0 <= value < 2**64:
+        raise ValueError(f"{type(upstream).__name__}.{name} returned {value}, not an unsigned "
+                         f"64-bit integer")
+    return value
+
+
 cdef class PythonUpstream(Upstream):
     """An upstream whose operations are Python methods; subclass it to simulate a device.
 
@@ -526,9 +538,13 @@ cdef class PythonUpstream(Upstream):
         try:
             result = getattr(self, name)(*args)
             if out2 != NULL:
-                out[0], out2[0] = result
+                first, second = result
+                out[0] = _returned(self, name, first)
+                out2[0] = _returned(self, name, second)
             elif out != NULL:
-                out[0] = result
+                out[0] = _returned(self, name, result)
+                if out[0] == 0 and name in ("_alloc", "_reserve"):
+                    raise ValueError(f"{type(self).__name__}.{name} returned address 0")
         except BaseException as exc:
             if isinstance(exc, MemoryError):
                 return CUDA_ERROR_OUT_OF_MEMORY

@@ -513,6 +513,24 @@ def test_pool_status_of_something_that_is_not_a_pool_is_a_clear_error():
         gpupool.pool_status(pool=42)
 
 
+@pytest.mark.parametrize("returned, error, match", [
+    (1.5, TypeError, r"_alloc must return an int, got 1\.5"),
+    ("0x1000", TypeError, "_alloc must return an int"),
+    (-1, ValueError, "_alloc returned -1, not an unsigned 64-bit integer"),
+    (0, ValueError, "_alloc returned address 0"),
+])
+def test_an_upstream_returning_no_address_is_a_clear_error(returned, error, match):
+    class Bad(SimulatedDevice):
+        def _alloc(self, nbytes, stream=None):
+            super()._alloc(nbytes, stream)
+            return returned
+
+    pool = gpupool.Pool(upstream=Bad())
+    with pytest.raises(error, match=match):
+        pool.allocate(1000)
+    assert pool.stats().in_use_bytes == pool.stats().reserved_bytes == 0
+
+
 def test_bad_upstream_arguments():
     with pytest.raises(ValueError):
         gpupool.Pool(upstream="nonsense")
