@@ -42,7 +42,7 @@ cdef inline int order_after(Upstream up, StreamKey producer, uintptr_t consumer)
     Raises the upstream's error for a record or wait it refuses."""
     cdef uintptr_t event = 0
     if up.event_create(&event) != 0:
-        up._pending = None
+        up.clear_error()
         up.raise_error(up.synchronize(), "synchronize (no event could be made to order streams)")
         return 0
     try:

@@ -527,11 +527,12 @@ cdef class PythonUpstream(Upstream):
         with gil:
             self._pending = None
 
-    def _set_device(self, int device):
-        """Set the device ordinal this upstream reports (for subclasses' ``__init__``)."""
-        if device < 0:
-            raise ValueError(f"device must be a non-negative ordinal, got {device}")
-        self.device = device
+    def _set_device(self, device):
+        """Set the device ordinal this upstream reports (for subclasses' ``__init__``); an
+        impossible one raises as ``Pool(device=)`` does (``gpupool._ordinals``)."""
+        from gpupool._ordinals import check_ordinal
+
+        self.device = check_ordinal(device)
 
     cdef int _call(self, str name, tuple args, uintptr_t* out, size_t* out2) noexcept:
         # Runs with the GIL. out/out2 receive the method's integer result(s) when given.

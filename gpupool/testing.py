@@ -21,7 +21,6 @@ import threading
 
 import numpy as np
 
-from gpupool._ordinals import check_ordinal
 from gpupool._upstream import PythonUpstream
 from gpupool.limits import parse_limit
 
@@ -107,12 +106,11 @@ class SimulatedDevice(PythonUpstream):
 
     def __init__(self, capacity=1 << 30, device=0, stream_ordered=False, virtual_memory=False,
                  page=PAGE_BYTES):
-        device = check_ordinal(device)
+        self._set_device(device)            # first: an impossible device is refused first
         capacity = parse_limit(capacity, _no_total, "capacity")
         page = parse_limit(page, _no_total, "page")
         if page % 512:
             raise ValueError(f"page must be a positive multiple of 512 B, got {page}")
-        self._set_device(device)
         self._set_stream_ordered(stream_ordered)
         self._set_host_accessible(True)     # buffers export DLPack as kDLCPU: NumPy reads them
         self.capacity = capacity
