@@ -28,7 +28,6 @@ cdef class DeviceBuffer:
     cdef BufferState _state
     cdef object _exporter           # the exporter of wrapped memory (as_buffer); None if ours
     cdef DeviceBuffer _base         # a wrapper's: the gpupool buffer holding the memory
-    cdef set _uses                  # (handle, tag) of the streams recorded as uses (_used_on)
     cdef object __weakref__
 
     cdef uintptr_t _live_ptr(self) except? 0

@@ -11,7 +11,7 @@ from libc.stdint cimport uintptr_t
 from gpupool._block cimport Block
 from gpupool._dlpack cimport make_capsule, KDL_CPU, KDL_CUDA, KDL_UINT, DLPACK_MAJOR
 from gpupool._driver cimport fork_flag, mark_used
-from gpupool._handoff cimport one_stream, order_after, use_key
+from gpupool._handoff cimport one_stream, order_after
 from gpupool._streams cimport (
     StreamKey, STREAM_PER_THREAD, current_thread, same_stream, stream_key, stream_handle,
 )
@@ -321,15 +321,8 @@ cdef class DeviceBuffer:
         if owner is None or owner._blk == NULL:
             return 0
         key = owner.pool.checked_key(handle)
-        if same_stream(key, owner._stream):
-            return 0
-        key = use_key(key)
-        if owner._uses is None:
-            owner._uses = set()
-        if same_stream(key, owner._stream) or (key.handle, key.tag) in owner._uses:
-            return 0
-        owner._uses.add((key.handle, key.tag))
-        owner.pool.add_stream(owner._blk, key)
+        if not same_stream(key, owner._stream):
+            owner.pool.add_stream(owner._blk, key)      # once per stream (Pool.add_stream)
         return 0
 
     def record_stream(self, stream):

@@ -23,6 +23,7 @@ from gpupool._buffer cimport BlockOwner, new_buffer
 from gpupool._counters cimport count_acquired, count_released
 from gpupool._driver cimport fork_flag
 from gpupool._freelist cimport fl_each
+from gpupool._handoff cimport use_key
 from gpupool._regioncache cimport (
     RegionCache, rc_link, rc_detach, rc_own, rc_disown, rc_freed_into, rc_drain,
     rc_return_unused,
@@ -272,8 +273,8 @@ cdef class Pool(BlockOwner):
             else:
                 rc.hits += 1
         count_acquired(&self.counters, b.size)
-        if self._soft_limit and self.counters.reserved > self._soft_limit:
-            self.trim_locked()
+        if grew and self._soft_limit and self.counters.reserved > self._soft_limit:
+            self.trim_locked()          # only growth moves reserved above the limit
         out[0] = b
         return 0
 
@@ -431,8 +432,14 @@ cdef class Pool(BlockOwner):
                     if b.extra_events == NULL:
                         b.extra_events = new vector[uintptr_t]()
                     b.extra_events.push_back(e)
-                elif e:
-                    self._order.events.push_back(e)
+                else:
+                    # No event: the use is ordered by a device synchronize instead (the
+                    # block must not be reused before that stream's work).
+                    if e:
+                        self._order.events.push_back(e)
+                    self.upstream.clear_error()
+                    if self.upstream.synchronize() != 0:
+                        self.upstream.clear_error()
             del b.extra_streams
             b.extra_streams = NULL
         rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
@@ -440,10 +447,19 @@ cdef class Pool(BlockOwner):
         count_released(&self.counters, size)
 
     cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
+        """Record a use of the live block b on stream s (record_stream), once per stream; a
+        per-thread stream is recorded as the legacy one (use_key), since any thread may free
+        the block. The stream the block is freed on is skipped then (release_locked): the
+        block's stream is not known here, a buffer may have moved since it was acquired."""
+        cdef size_t i
+        s = use_key(s)
         self.lock()
-        if not same_stream(b.stream, s):
-            if b.extra_streams == NULL:
-                b.extra_streams = new vector[StreamKey]()
+        if b.extra_streams == NULL:
+            b.extra_streams = new vector[StreamKey]()
+        for i in range(b.extra_streams.size()):
+            if same_stream(b.extra_streams[0][i], s):
+                break
+        else:
             b.extra_streams.push_back(s)
         self.unlock()
 

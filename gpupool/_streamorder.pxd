@@ -78,7 +78,8 @@ cdef inline void so_mark_stream(StreamOrder* so, StreamKey s) noexcept nogil:
 cdef inline bint so_ready(StreamOrder* so, Upstream up, Block* b, StreamKey s,
                           bint wait) noexcept nogil:
     """Whether stream s may use b now: all work on b's earlier streams, submitted before its
-    free, has completed or (wait) is ordered before s's next work."""
+    free, has completed or (wait) is ordered before s's next work. b keeps its events: a
+    request looks at several blocks and so_take drops them for the one it takes."""
     cdef size_t i
     if not (same_stream(b.stream, s) or is_no_stream(b.stream)):
         if b.event == 0:
@@ -102,7 +103,6 @@ cdef inline bint so_ready(StreamOrder* so, Upstream up, Block* b, StreamKey s,
         for i in range(b.extra_events.size()):
             if not so_after(up, b.extra_events[0][i], s, wait):
                 return False
-    so_drop_events(so, b)
     return True
 
 

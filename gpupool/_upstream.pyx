@@ -146,12 +146,13 @@ cdef class DriverUpstream(Upstream):
         Any other failure of ``cuInit`` or ``cuDevicePrimaryCtxRetain``.
     """
 
-    def __cinit__(self, int device=0, *args, **kwargs):
+    def __cinit__(self, device=0, *args, **kwargs):
+        from gpupool._ordinals import check_ordinal
+
         cdef CUdevice dev
         cdef CUcontext ctx
         cdef int count = 0
-        if device < 0:
-            raise ValueError(f"device must be a non-negative ordinal, got {device}")
+        device = check_ordinal(device)      # before cuInit, as Pool(device=) checks it
         drv.check(drv.init(), "cuInit")
         drv.check(drv.device_count(&count), "cuDeviceGetCount")
         if device >= count:

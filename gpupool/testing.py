@@ -315,11 +315,10 @@ class SimulatedDevice(PythonUpstream):
 
     def mapped(self, va, nbytes=1):
         """Whether [va, va + nbytes) lies in mapped pages (virtual_memory=True)."""
-        first = va - va % self.page
         for start, (size, pages) in self._ranges.items():
             if start <= va < start + size:
-                return all(p in pages for p in range(first - (first - start) % self.page,
-                                                      va + nbytes, self.page))
+                first = start + (va - start) // self.page * self.page   # pages from start
+                return all(p in pages for p in range(first, va + nbytes, self.page))
         return False
 
     def _event_create(self):

@@ -216,6 +216,20 @@ def test_a_use_is_recorded_once_per_consumer_and_not_for_the_buffers_own_stream(
     assert [args[1] for args in sim.calls_named("event_record")] == [b]    # at the free
 
 
+def test_a_use_on_the_stream_a_buffer_was_allocated_on_counts_after_the_buffer_moved(pool, sim):
+    a, b = sim.create_stream(), sim.create_stream()
+    buf = pool.allocate(64 << 10, stream=a)
+    ptr = buf.ptr
+    buf.stream = b                      # moved: a is now another stream's work on it
+    buf.record_stream(a)
+    sim.launch(a)                       # still reading the block
+    sim.calls.clear()
+    buf.close()                         # freed on b
+    assert [args[1] for args in sim.calls_named("event_record")] == [a]
+    again = pool.allocate(64 << 10, stream=b)
+    assert again.ptr != ptr or sim.calls_named("stream_wait_event")   # not before a's work
+
+
 def test_views_of_no_elements_export_pointer_0(pool):
     buf = pool.allocate(64)
     for view in (buf.view(np.float32, (0, 4)), buf.view(np.int8, (4, 0), strides=(1, 1))):

@@ -1,6 +1,7 @@
 """Pool policy on the simulated device: sizes, alignment, reuse, streams, segments, trim, stats."""
 
 import contextlib
+import gc
 import logging
 import pickle
 import subprocess
@@ -222,6 +223,47 @@ def test_record_stream_orders_reuse_after_that_streams_work(pool, sim):
     queued = sim._queued[other]
     assert pool.allocate(LARGE).ptr == ptr          # its own stream now waits for `other`
     assert sim.ordered(0, other, queued)
+
+
+def test_a_record_stream_use_survives_a_request_that_looked_at_its_block_and_took_another():
+    sim = SimulatedDevice(page=4096)                # segments of exactly the request
+    pool = gpupool.Pool(upstream=sim)
+    other, side = sim.create_stream(), sim.create_stream()
+    PER_THREAD = 2
+    MIB = 1 << 20
+    a = pool.allocate(2 * MIB + MIB // 8)           # legacy stream; one size class with d
+    d = pool.allocate(2 * MIB, stream=PER_THREAD)
+    ptr = a.ptr
+    a.record_stream(other)
+    sim.launch(other)                               # other still reads a's block
+    queued = sim._queued[other]
+    sim.launch()
+    sim.launch(PER_THREAD)
+    del a, d
+    # side waits on the GPU for both free blocks and takes the smaller, d's; a's block keeps
+    # the event of its use on other.
+    assert pool.allocate(2 * MIB, stream=side).ptr != ptr
+    again = pool.allocate(2 * MIB + MIB // 8)
+    assert again.ptr == ptr and sim.ordered(0, other, queued)
+    assert sim.errors == []
+
+
+def test_a_record_stream_use_whose_event_cannot_be_recorded_is_waited_for(pool, sim):
+    other = sim.create_stream()
+    buf = pool.allocate(LARGE)
+    buf.record_stream(other)
+    sim.launch(other)
+
+    def failing_record(event, stream):
+        raise RuntimeError("simulated cuEventRecord failure")
+
+    sim._event_record = failing_record
+    sim.calls.clear()
+    del buf                                         # freed: no event on other can be made
+    del sim._event_record
+    assert sim.calls_named("synchronize") == [()] and not sim.pending(other)
+    gc.collect()
+    assert pool.stats().in_use_bytes == 0           # the failure's traceback was not kept
 
 
 def test_stream_setter_moves_the_block(pool, sim):
@@ -493,6 +535,12 @@ def test_impossible_devices_of_the_simulated_device_and_the_default_pools():
     with pytest.raises(ValueError, match="non-negative device ordinal, got -1"):
         gpupool.allocate(10, device=-1)
     assert gpupool.Pool(device=np.int64(3), upstream=SimulatedDevice(device=3)).device == 3
+
+
+def test_impossible_devices_of_the_driver_upstreams_are_refused_before_cuinit():
+    for device, error in ((True, TypeError), (-1, ValueError), (1.0, TypeError)):
+        with pytest.raises(error, match="device"):
+            gpupool.DriverUpstream(device)
 
 
 def test_a_bool_is_not_a_device_of_the_default_pools():

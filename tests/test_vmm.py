@@ -466,3 +466,13 @@ def test_a_refused_unmap_in_a_trim_does_not_keep_the_callers_buffers_alive():
     # Kept, the failed unmap's traceback would hold step's frame, and its buffer, alive.
     assert pool.stats().in_use_bytes == 0
     check_invariants(pool)
+
+
+def test_pages_of_a_range_not_aligned_to_the_page_size_are_found():
+    page = 3 * 512 * KIB                    # not a divisor of the host's mmap alignment
+    sim = SimulatedDevice(capacity=64 * MIB, virtual_memory=True, page=page)
+    pool = gpupool.Pool(upstream=sim)
+    buf = pool.allocate(2 * page)
+    buf.copy_from_host(np.ones(2 * page, np.uint8))
+    assert sim.mapped(buf.ptr, buf.nbytes) and (buf.copy_to_host() == 1).all()
+    assert sim.errors == []
