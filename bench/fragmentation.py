@@ -27,8 +27,10 @@ SCRIPT = "fragmentation"
 SEEDS, SCALES = range(6), (1, 3, 8)
 REAL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces-real")
 KINDS = ("plain", "vmm")
-# PyTorch's expandable segments' own peak reserved bytes on the real runs, measured on the
-# H200 (real_models.py, torch.exp column, 2026-12-01): the anchor the issue sets.
+# PyTorch's expandable segments' own peak reserved bytes (torch.cuda.max_memory_reserved) on
+# the real runs, measured on the H200 with real_models.py on 2026-12-01: its torch.exp rows'
+# "own peak reserved" column (the first run of the day for ResNet-50 and GPT-2, the varying
+# run for GPT-2 at 128..1024; bench/RESULTS.md). The anchor the issue sets.
 EXPANDABLE_MIB = {"resnet50": 5768, "gpt2": 8306, "gpt2-varlen": 14770}
 
 

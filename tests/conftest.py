@@ -89,15 +89,16 @@ def check_invariants(pool):
 
 
 @pytest.fixture
-def restore_default_pool():
-    """Put device 0's default pool back after a test that replaced it with set_pool."""
-    previous = gpupool._pools.get(0)
+def default_pools():
+    """Put gpupool's default pools back after a test that replaces them with set_pool."""
+    saved = dict(gpupool._pools)
     yield
-    if previous is not None:
-        gpupool.set_pool(previous)
-    else:
-        gpupool._pools.pop(0, None)
-        gpupool._defaults._forget(0)
+    for device in set(saved) | set(gpupool._pools):
+        if gpupool._pools.get(device) is not saved.get(device):
+            gpupool._pools.pop(device, None)
+            if device in saved:
+                gpupool._pools[device] = saved[device]
+            gpupool._defaults._forget(device)
 
 
 def fresh_python(code, *flags, timeout=120):

@@ -40,7 +40,7 @@ def scratch(tmp_path_factory):
     return load(build(tmp_path_factory.mktemp("capi")))
 
 
-pytestmark = pytest.mark.usefixtures("restore_default_pool")
+pytestmark = pytest.mark.usefixtures("default_pools")
 
 
 @pytest.fixture

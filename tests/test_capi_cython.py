@@ -48,7 +48,7 @@ SETUP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.usefixtures("restore_default_pool")
+@pytest.mark.usefixtures("default_pools")
 def test_cython_module_allocates_through_the_pxd(tmp_path):
     (tmp_path / "capi_user.pyx").write_text(SOURCE)
     (tmp_path / "setup.py").write_text(SETUP)

@@ -26,19 +26,6 @@ def fake(monkeypatch):
     return module
 
 
-@pytest.fixture
-def default_pools():
-    """Put gpupool's default pools back after a test that replaces them with set_pool."""
-    saved = dict(gpupool._pools)
-    yield
-    for device in set(saved) | set(gpupool._pools):
-        if gpupool._pools.get(device) is not saved.get(device):
-            gpupool._pools.pop(device, None)
-            if device in saved:
-                gpupool._pools[device] = saved[device]
-            gpupool._defaults._forget(device)
-
-
 def not_called():
     raise AssertionError("the adapter asked for CuPy's current stream object")
 

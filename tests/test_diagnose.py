@@ -229,7 +229,7 @@ def test_a_pool_whose_status_fails_is_reported_as_such():
     assert "the context is gone" in lines[-1]
 
 
-def test_report_shows_the_default_pools(restore_default_pool):
+def test_report_shows_the_default_pools(default_pools):
     gpupool.set_pool(gpupool.Pool(upstream=SimulatedDevice()))
     text = diagnose.report()
     assert "Pool of device 0:\n  <gpupool.Pool device=0 upstream=SimulatedDevice(" in text

@@ -154,7 +154,7 @@ def test_empty_views(pool):
     assert np.from_dlpack(pool.allocate(0).view(np.float32, (0, 3))).shape == (0, 3)
 
 
-@pytest.mark.usefixtures("restore_default_pool")
+@pytest.mark.usefixtures("default_pools")
 def test_as_buffer_wraps_foreign_memory_without_owning_it(pool, sim):
     gpupool.set_pool(pool)
     owner = pool.allocate(64)

@@ -194,7 +194,7 @@ def test_reset_trims_and_memory_info_comes_from_the_driver(manager, pool, sim):
     assert tuple(manager.get_memory_info()) == pool.mem_info() == (sim.capacity, sim.capacity)
 
 
-@pytest.mark.usefixtures("restore_default_pool")
+@pytest.mark.usefixtures("default_pools")
 def test_without_a_pool_it_draws_from_the_default_pool_of_the_context_device(manager_class,
                                                                               pool):
     gpupool.set_pool(pool)

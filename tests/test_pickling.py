@@ -11,7 +11,7 @@ import pytest
 import gpupool
 from gpupool.view import BufferView
 
-pytestmark = pytest.mark.usefixtures("restore_default_pool")
+pytestmark = pytest.mark.usefixtures("default_pools")
 
 DATA = np.random.default_rng(5).integers(0, 256, 3000, dtype=np.uint8)
 

@@ -543,17 +543,13 @@ def test_impossible_devices_of_the_driver_upstreams_are_refused_before_cuinit():
             gpupool.DriverUpstream(device)
 
 
-def test_a_bool_is_not_a_device_of_the_default_pools():
+def test_a_bool_is_not_a_device_of_the_default_pools(default_pools):
     one = gpupool.Pool(upstream=SimulatedDevice(device=1))
     gpupool.set_pool(one)
-    try:
-        assert gpupool.get_pool(1) is one
-        with pytest.raises(TypeError, match="int device ordinal"):
-            gpupool.get_pool(True)          # True == 1: it would find device 1's pool
-        assert gpupool.get_pool(np.int64(1)) is one
-    finally:
-        gpupool._pools.pop(1, None)
-        gpupool._defaults._forget(1)
+    assert gpupool.get_pool(1) is one
+    with pytest.raises(TypeError, match="int device ordinal"):
+        gpupool.get_pool(True)              # True == 1: it would find device 1's pool
+    assert gpupool.get_pool(np.int64(1)) is one
 
 
 def test_pool_status_of_something_that_is_not_a_pool_is_a_clear_error():

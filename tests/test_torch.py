@@ -19,7 +19,7 @@ from gpupool.testing import SimulatedDevice
 CHILD = Path(__file__).resolve().parent / "torch_child.py"
 MiB = 1 << 20
 
-pytestmark = pytest.mark.usefixtures("restore_default_pool")
+pytestmark = pytest.mark.usefixtures("default_pools")
 
 
 @pytest.fixture

@@ -279,7 +279,7 @@ def test_an_empty_gpupool_upstream_is_unset(monkeypatch):
         pool = gpupool.Pool()                   # the default upstream, as without the variable
     except gpupool.NoDeviceError:
         return                                  # no driver here: not the ValueError of a name
-    assert pool.upstream is not None
+    assert isinstance(pool.upstream, (gpupool.VmmUpstream, gpupool.DriverUpstream))
 
 
 # Random operations ---------------------------------------------------------------------------
