@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from importlib import metadata
 
 import gpupool
+from gpupool.limits import _VARIABLES as _LIMIT_VARIABLES
 from gpupool.limits import parse_limit
 from gpupool.stats import format_bytes
 
 __all__ = ["Device", "Facts", "describe_limit", "format_report", "gather", "main", "report"]
 
-LIMIT_VARIABLES = ("GPUPOOL_HARD_LIMIT", "GPUPOOL_SOFT_LIMIT")
+LIMIT_VARIABLES = tuple(_LIMIT_VARIABLES.values())     # as the pool reads them
 UPSTREAM_VARIABLE = "GPUPOOL_UPSTREAM"
 DEFAULT_UPSTREAM = "vmm"             # "driver" on a device without virtual memory management
 # Installed distributions worth naming in a report, when present (never imported).
