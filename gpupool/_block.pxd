@@ -12,6 +12,7 @@ cdef enum BlockState:
     FREE = 2            # in the pool's free lists
     UNMAPPED = 3        # an expandable segment's pages given back: no memory behind it
     PARKED = 4          # freed last, held aside unjoined for a request of its exact size
+    HELD = 5            # in a thread's magazine (_magazine.pxd): free, not in the free lists
 
 cdef struct Segment:
     uintptr_t base

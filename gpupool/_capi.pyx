@@ -22,8 +22,11 @@ from gpupool._sizes cimport MAX_NBYTES
 from gpupool._status cimport (
     GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE, GPUPOOL_ERROR_OUT_OF_MEMORY,
     GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GP_FORKED,
+    GP_REENTRANT,
 )
-from gpupool._streams cimport StreamKey, BAD_STREAM_TAG, key_of, refused_stream_status
+from gpupool._streams cimport (
+    StreamKey, BAD_STREAM_TAG, current_thread, key_of, refused_stream_status,
+)
 
 from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
 
@@ -65,6 +68,12 @@ cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexce
     cdef StreamKey key = key_of(pool.upstream, stream)
     if key.tag == BAD_STREAM_TAG:
         return refused_stream_status(pool.upstream, stream)     # not a stream, or destroyed
+    b = pool.mag_take(nbytes, key, True)        # the thread's magazine: no pool lock
+    if b != NULL:
+        ptr[0] = <void*>b.ptr
+        return 0
+    if pool._holder == current_thread():
+        return GP_REENTRANT                     # from inside the pool's own upstream call
     pool.lock()
     r = pool.acquire_locked(nbytes, key, &b)
     if r == 0:
@@ -81,17 +90,34 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
     return _code(r)
 
 
+cdef Block* _lookup(Pool pool, uintptr_t ptr, bint remove) noexcept nogil:
+    """Under the pool's lock: the live C API block at ptr, from the pool's table or a
+    thread's magazine (taken off if remove); NULL if none."""
+    cdef Block* b = pt_lookup(&pool.capi_blocks, ptr, remove)
+    if b == NULL:
+        b = pool.mag_find_handed_locked(ptr, remove)
+    return b
+
+
 cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef Block* b
+    cdef bint done
     cdef StreamKey key = key_of(pool.upstream, stream)
     if key.tag == BAD_STREAM_TAG:
         key.tag = 0                                 # a free never fails: keyed by handle alone
-    pool.lock()
-    b = pt_lookup(&pool.capi_blocks, <uintptr_t>ptr, True)
-    if b != NULL:
-        pool.release_locked(b, key)
-    pool.unlock()
-    return GPUPOOL_OK if b != NULL else GPUPOOL_ERROR_INVALID_VALUE
+    if pool.mag_free_handed(<uintptr_t>ptr, key, &done):
+        return GPUPOOL_OK                           # its thread's magazine handed it out
+    if pool._holder == current_thread():
+        # From inside the pool's upstream call: the lock is this thread's; release defers.
+        b = _lookup(pool, <uintptr_t>ptr, True)
+    else:
+        pool.lock()
+        b = _lookup(pool, <uintptr_t>ptr, True)
+        pool.unlock()
+    if b == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    pool.release(b, key)                            # the thread's magazine, or the pool
+    return GPUPOOL_OK
 
 
 cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
@@ -100,7 +126,7 @@ cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     if key.tag == BAD_STREAM_TAG:
         return refused_stream_status(pool.upstream, stream)
     pool.lock()
-    b = pt_lookup(&pool.capi_blocks, <uintptr_t>ptr, False)
+    b = _lookup(pool, <uintptr_t>ptr, False)
     pool.unlock()
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
@@ -109,9 +135,11 @@ cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
 
 
 cdef int _get_stats(Pool pool, gpupool_stats* out) noexcept nogil:
+    cdef Counters c
     pool.lock()
-    fill_stats(&pool.counters, out)
+    c = pool.counters_view()
     pool.unlock()
+    fill_stats(&c, out)
     return GPUPOOL_OK
 
 

@@ -41,9 +41,10 @@ cdef inline void count_returned(Counters* c, size_t nbytes) noexcept nogil:
 
 
 cdef inline void count_acquired(Counters* c, size_t nbytes) noexcept nogil:
-    """A cached block of nbytes handed out."""
+    """A cached block of nbytes handed out. The peak of bytes in use is the pool's to keep
+    (_pool.pyx: blocks in threads' magazines count as in use here, not there)."""
     c.cached -= nbytes
-    add_with_peak(&c.in_use, &c.peak_in_use, nbytes)
+    c.in_use += nbytes
     c.allocated_bytes += nbytes
     c.num_allocs += 1
 

@@ -140,6 +140,21 @@ cdef inline void fl_each(FreeLists* fl, vector[Block*]* out) noexcept nogil:
                 out.push_back(fl.bins[c][i].blocks[j])
 
 
+cdef inline bint fl_has_exact(FreeLists* fl, size_t size, StreamKey s) noexcept nogil:
+    """Whether a block of exactly size bytes is free on stream s (a request would take it
+    without a cut)."""
+    cdef int cls = floor_class(size)
+    cdef size_t i, j
+    if <size_t>cls >= fl.bins.size():
+        return False
+    for i in range(fl.bins[cls].size()):
+        if same_stream(fl.bins[cls][i].key, s):
+            j = fl_lower(&fl.bins[cls][i].blocks, size)
+            return j < fl.bins[cls][i].blocks.size() and \
+                fl.bins[cls][i].blocks[j].size == size
+    return False
+
+
 cdef inline void fl_each_of(FreeLists* fl, StreamKey s, vector[Block*]* out) noexcept nogil:
     """Append every block of the lists free on stream s to out."""
     cdef size_t c, i, j

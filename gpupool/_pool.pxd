@@ -9,6 +9,7 @@ from gpupool._block cimport Block
 from gpupool._buffer cimport BlockOwner
 from gpupool._counters cimport Counters
 from gpupool._freelist cimport FreeLists
+from gpupool._magazine cimport Magazine, gp_lock
 from gpupool._ptrtable cimport PtrTable
 from gpupool._regioncache cimport RegionCache
 from gpupool._segments cimport Segments
@@ -18,16 +19,11 @@ from gpupool._streams cimport StreamKey
 cdef enum:
     PARK_SLOTS = 4              # freed blocks held aside for a request of their exact size
 
-cdef extern from "gp_lock.h" nogil:
-    cppclass gp_lock:           # an atomic word: one compare-and-swap when free, then a futex
-        void lock()
-        bint try_lock()
-        void unlock()
 
 
 @cython.final
 cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the compiler inlines
-    cdef gp_lock _mutex
+    cdef gp_lock _mutex                 # an atomic word: one compare-and-swap when free
     cdef uintptr_t _holder              # thread holding _mutex, 0 when free
     cdef vector[Block*] _deferred       # frees made by _holder while it held the lock
     cdef FreeLists _free
@@ -38,7 +34,10 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef vector[RegionCache*] _regions  # caches of this pool's regions, for the ladder
     cdef RegionCache* _process_region   # entered with scope="process": covers every thread
     cdef PtrTable capi_blocks           # blocks handed out by the C API, by pointer
-    cdef Counters counters
+    cdef Counters counters              # a magazine's blocks count as in use (_magazine.pxd)
+    cdef vector[Magazine*] _magazines   # every thread's magazine for this pool
+    cdef size_t _bound                  # bytes in use plus every magazine's credit
+    cdef bint _wanted_any               # a stream waits for another's blocks (racy read)
     cdef size_t _soft_limit             # 0: none
     cdef object __weakref__
 
@@ -66,6 +65,26 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef object raise_status(self, int status, size_t nbytes)
     cdef object _oom_error(self, size_t nbytes)
     cdef object allocate_key(self, object nbytes, StreamKey stream)
+
+    # Magazines (_magazine.pxd).
+    cdef Magazine* thread_magazine(self, bint make) noexcept nogil
+    cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil
+    cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil
+    cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil
+    cdef Block* mag_find_handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil
+    cdef void _deferred_magazine(self, Magazine* m) noexcept nogil
+    cdef Block* _mag_take_locked(self, size_t size, StreamKey s) noexcept nogil
+    cdef void _mag_hold(self, Magazine* m, Block* b, StreamKey s) noexcept nogil
+    cdef void _mag_drop(self, Magazine* m, int i) noexcept nogil
+    cdef void _mag_fold(self, Magazine* m) noexcept nogil
+    cdef void _mag_flush(self, Magazine* m) noexcept nogil
+    cdef void _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil
+    cdef bint mag_flush_all(self) noexcept nogil
+    cdef void _count_taken(self, size_t size) noexcept nogil
+    cdef void _settle_peak(self) noexcept nogil
+    cdef size_t _freeze(self) noexcept nogil
+    cdef void _thaw(self) noexcept nogil
+    cdef Counters counters_view(self) noexcept nogil
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
 

@@ -18,11 +18,14 @@ collection run by a Python upstream, say) is deferred until that thread unlocks.
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
-from gpupool._block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED
+from gpupool._block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED, HELD
 from gpupool._buffer cimport BlockOwner, new_buffer
 from gpupool._counters cimport count_acquired, count_released
 from gpupool._driver cimport fork_flag
-from gpupool._freelist cimport fl_each
+from gpupool._freelist cimport fl_each, fl_has_exact
+from gpupool._magazine cimport (
+    Magazine, MAG_SLOTS, MAG_HANDED, mg_find, mg_remove, mg_find_handed, mg_unhand,
+)
 from gpupool._handoff cimport use_key
 from gpupool._regioncache cimport (
     RegionCache, rc_link, rc_detach, rc_own, rc_disown, rc_freed_into, rc_drain,
@@ -49,6 +52,15 @@ from gpupool.errors import (
 )
 from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
 
+cdef extern from "gp_magazine.h" nogil:
+    int GP_THREAD_POOLS
+    struct gp_thread_magazine:
+        void* pool
+        void* magazine
+    gp_thread_magazine gp_thread_magazines[]
+    void (*gp_magazine_exit_hook)(void*) noexcept nogil
+    void gp_arm_reaper()
+
 cdef extern from "Python.h" nogil:
     ctypedef struct PyThreadState
     int PyGILState_Check()
@@ -73,6 +85,8 @@ cdef const int* FORKED = fork_flag()
 # layout of the recorded GPT-2 traces for the worse, 8,292 -> 8,884 MiB at 64 MiB; up to
 # 4 MiB every recorded trace kept its peak).
 cdef size_t PARK_MAX = 4 << 20
+# Blocks up to this size go into a thread's magazine (the same bound, for the same reason).
+cdef size_t MAG_MAX = 4 << 20
 
 include "_regionstack.pxi"
 
@@ -158,6 +172,9 @@ cdef class Pool(BlockOwner):
         if FORKED[0] or self.upstream is None:
             return
         self._mutex.lock()
+        for i in range(self._magazines.size()):
+            detach_magazine(self._magazines[i])
+        self._magazines.clear()
         sg_release_all(&self._segments, self.upstream, &self._order)
         for i in range(self._order.events.size()):
             self.upstream.event_destroy(self._order.events[i])
@@ -187,6 +204,7 @@ cdef class Pool(BlockOwner):
             b = self._deferred.back()
             self._deferred.pop_back()
             self.release_locked(b, b.stream)
+        self._wanted_any = not self._order.wanted.empty()
         self._holder = 0
         self._mutex.unlock()
 
@@ -208,8 +226,13 @@ cdef class Pool(BlockOwner):
     cdef int acquire(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
         """Take a block for nbytes > 0 used on stream s. Returns 0 or a status code."""
         cdef int r
+        cdef Block* b
         if FORKED[0]:
             return GP_FORKED
+        b = self.mag_take(nbytes, s, False)
+        if b != NULL:
+            out[0] = b
+            return 0
         if self._holder == current_thread():
             return GP_REENTRANT
         self.lock()
@@ -235,20 +258,27 @@ cdef class Pool(BlockOwner):
                 self._answer_wanted(s)
         rc = current_cache(<void*>self, self._process_region)
         b = self._unpark(size, s, rc) if self._nparked else NULL
+        if b == NULL and rc == NULL:
+            b = self._mag_take_locked(size, s)
         if b != NULL:
             b.state = LIVE
             self.counters.cache_hits += 1
             if rc != NULL:
                 rc_link(rc, b)
                 rc.hits += 1
-            count_acquired(&self.counters, b.size)
+            self._count_taken(b.size)
             out[0] = b
             return 0
-        self.flush_parked()
+        if self._nparked and not fl_has_exact(&self._free, size, s):
+            self.flush_parked()
+        self._mag_flush_own(size, s)
         b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
         if b == NULL:
             # Idle regions' cached blocks serve before the pool grows: a region never costs
             # memory that the pool alone would not.
+            b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
+        if b == NULL and self.mag_flush_all():
+            # So do the blocks held in threads' magazines.
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
         if b == NULL:
             r = self._grow(size, s, <void*>rc)
@@ -272,7 +302,7 @@ cdef class Pool(BlockOwner):
                 rc.misses += 1
             else:
                 rc.hits += 1
-        count_acquired(&self.counters, b.size)
+        self._count_taken(b.size)
         if grew and self._soft_limit and self.counters.reserved > self._soft_limit:
             self.trim_locked()          # only growth moves reserved above the limit
         out[0] = b
@@ -365,6 +395,293 @@ cdef class Pool(BlockOwner):
         if so_is_wanted(&self._order, s):
             so_mark_blocks(&self._order, self.upstream, &self._free, s)
 
+    # Magazines (_magazine.pxd) ---------------------------------------------------------
+
+    cdef Magazine* thread_magazine(self, bint make) noexcept nogil:
+        """The calling thread's magazine for this pool; made if make and there is none (and
+        the thread's table has room); NULL otherwise. A magazine whose pool is gone (another
+        pool now at this address) is deleted here, by its thread."""
+        cdef int i, empty = -1
+        cdef Magazine* m
+        for i in range(GP_THREAD_POOLS):
+            if gp_thread_magazines[i].pool == <void*>self:
+                m = <Magazine*>gp_thread_magazines[i].magazine
+                if m.pool == <void*>self:       # no lock: only this pool's dealloc clears it
+                    return m
+                del m                           # the pool it was made for is gone
+                gp_thread_magazines[i].pool = NULL
+                gp_thread_magazines[i].magazine = NULL
+                empty = i
+            elif gp_thread_magazines[i].pool == NULL and empty < 0:
+                empty = i
+        if not make or empty < 0 or FORKED[0]:
+            return NULL
+        m = new Magazine()
+        m.pool = <void*>self
+        m.orphan = False
+        m.nblocks = m.nhanded = 0
+        m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
+        if self._holder == current_thread():
+            self._deferred_magazine(m)
+        else:
+            self.lock()
+            self._magazines.push_back(m)
+            self.unlock()
+        gp_thread_magazines[empty].pool = <void*>self
+        gp_thread_magazines[empty].magazine = <void*>m
+        gp_arm_reaper()
+        return m
+
+    cdef void _deferred_magazine(self, Magazine* m) noexcept nogil:
+        # The thread holds the pool's lock already (a free inside an upstream call).
+        self._magazines.push_back(m)
+
+    cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil:
+        """A block for nbytes on s from the calling thread's magazine, without the pool's
+        lock: a held block of the exact size last used on s, within the thread's credit,
+        when the thread is in no region of this pool and no stream waits for blocks. NULL:
+        take the shared path. capi: list it as handed (the C API frees by pointer)."""
+        cdef size_t size
+        cdef Magazine* m
+        cdef Block* b = NULL
+        cdef int i
+        if self._wanted_any or nbytes > MAG_MAX:
+            return NULL
+        m = self.thread_magazine(False)
+        if m == NULL or m.nblocks == 0:
+            return NULL
+        if current_cache(<void*>self, self._process_region) != NULL:
+            return NULL
+        size = round_request(nbytes)
+        if not m.mutex.try_lock():
+            return NULL                         # the pool is flushing it: the shared path
+        i = mg_find(m, size, s)
+        if i >= 0 and m.credit >= size and (not capi or m.nhanded < MAG_HANDED):
+            b = mg_remove(m, i)
+            m.credit -= size
+            m.allocs += 1
+            m.allocated_bytes += size
+            b.state = LIVE
+            if capi:
+                m.handed[m.nhanded] = b
+                m.nhanded += 1
+        m.mutex.unlock()
+        return b
+
+    cdef Block* _mag_take_locked(self, size_t size, StreamKey s) noexcept nogil:
+        """Under the pool's lock: the calling thread's held block of exactly size bytes on
+        s, beyond its credit (counted as a shared acquire). NULL if none."""
+        cdef Magazine* m = self.thread_magazine(False)
+        cdef Block* b = NULL
+        cdef size_t spent
+        cdef int i
+        if m == NULL or m.nblocks == 0:
+            return NULL
+        m.mutex.lock()
+        i = mg_find(m, size, s)
+        if i >= 0:
+            b = mg_remove(m, i)
+            # Bytes in use were counted (the pool counts held blocks as in use); its credit,
+            # if any, is spent, the rest joins the bound as a shared acquire would.
+            spent = size if m.credit >= size else m.credit
+            m.credit -= spent
+            self.counters.in_use -= size
+            self.counters.cached += size
+            self._bound -= spent
+        m.mutex.unlock()
+        return b
+
+    cdef void _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil:
+        """Under the pool's lock, for a request the calling thread's magazine could not
+        serve: unless the free lists hold a block of its exact size, the magazine's blocks go
+        to the free lists first, joined, so that a cut sees the whole free memory (as parked
+        blocks do: holding them while others are cut raised the recorded traces' peaks)."""
+        cdef Magazine* m = self.thread_magazine(False)
+        if m == NULL or m.nblocks == 0 or fl_has_exact(&self._free, size, s):
+            return
+        m.mutex.lock()
+        self._mag_flush(m)
+        m.mutex.unlock()
+
+    cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil:
+        """Hold freed block b (last used on s) in the calling thread's magazine, without
+        the pool's lock when it has room. False: b is not for a magazine (a region's, used
+        on other streams, large) or the thread has none: the shared path."""
+        cdef Magazine* m
+        if b.size > MAG_MAX or b.region.cache != NULL or b.extra_streams != NULL:
+            return False
+        m = self.thread_magazine(True)
+        if m == NULL:
+            return False
+        if m.mutex.try_lock():
+            if m.nblocks < MAG_SLOTS:
+                self._mag_hold(m, b, s)
+                m.mutex.unlock()
+                return True
+            m.mutex.unlock()
+        if self._holder == current_thread():
+            return False                        # inside an upstream call: deferred
+        # Full (or being flushed): the oldest held block goes to the free lists.
+        self.lock()
+        m.mutex.lock()
+        if m.nblocks == MAG_SLOTS:
+            self._mag_drop(m, 0)
+        self._mag_hold(m, b, s)
+        m.mutex.unlock()
+        self.unlock()
+        return True
+
+    cdef void _mag_hold(self, Magazine* m, Block* b, StreamKey s) noexcept nogil:
+        """Under m's lock: m holds b (room checked by the caller), its bytes credited."""
+        b.stream = s
+        b.holder = NULL
+        b.state = HELD
+        m.blocks[m.nblocks] = b
+        m.nblocks += 1
+        m.held += b.size
+        m.credit += b.size
+        m.frees += 1
+        m.freed_bytes += b.size
+
+    cdef void _mag_drop(self, Magazine* m, int i) noexcept nogil:
+        """Under the pool's lock and m's: held block i goes to the free lists (joined)."""
+        cdef Block* b = mg_remove(m, i)
+        cdef size_t spent = b.size if m.credit >= b.size else m.credit
+        m.credit -= spent
+        self._bound -= spent
+        self.counters.in_use -= b.size
+        self.counters.cached += b.size
+        self._put(b)
+
+    cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
+        """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
+        (held when it may be, else through the shared path) and set done. False: not done."""
+        cdef Magazine* m = self.thread_magazine(False)
+        cdef Block* b = NULL
+        cdef int i
+        done[0] = False
+        if m == NULL or m.nhanded == 0 or not m.mutex.try_lock():
+            return False
+        i = mg_find_handed(m, ptr)
+        if i >= 0:
+            b = mg_unhand(m, i)
+            done[0] = True
+            if m.nblocks < MAG_SLOTS and b.extra_streams == NULL:
+                self._mag_hold(m, b, s)
+                b = NULL
+        m.mutex.unlock()
+        if b != NULL:
+            self.release(b, s)
+        return done[0]
+
+    cdef Block* mag_find_handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil:
+        """Under the pool's lock: the block at ptr handed out by any thread's magazine
+        through the C API (taken off its list if remove); NULL if none."""
+        cdef Magazine* m
+        cdef Block* b = NULL
+        cdef size_t k
+        cdef int i
+        for k in range(self._magazines.size()):
+            m = self._magazines[k]
+            m.mutex.lock()
+            i = mg_find_handed(m, ptr)
+            if i >= 0:
+                b = mg_unhand(m, i) if remove else m.handed[i]
+            m.mutex.unlock()
+            if b != NULL:
+                return b
+        return NULL
+
+    cdef void _mag_flush(self, Magazine* m) noexcept nogil:
+        """Under the pool's lock and m's: every held block to the free lists, m's counts
+        folded into the pool's counters."""
+        while m.nblocks:
+            self._mag_drop(m, m.nblocks - 1)
+        self._mag_fold(m)
+
+    cdef void _mag_fold(self, Magazine* m) noexcept nogil:
+        self.counters.num_allocs += m.allocs
+        self.counters.cache_hits += m.allocs
+        self.counters.allocated_bytes += m.allocated_bytes
+        self.counters.num_frees += m.frees
+        self.counters.freed_bytes += m.freed_bytes
+        m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
+
+    cdef bint mag_flush_all(self) noexcept nogil:
+        """Under the pool's lock: every thread's held blocks to the free lists; magazines
+        of exited threads are deleted. Returns whether any block moved."""
+        cdef Magazine* m
+        cdef bint moved = False
+        cdef size_t k = 0
+        while k < self._magazines.size():
+            m = self._magazines[k]
+            m.mutex.lock()
+            moved = moved or m.nblocks > 0
+            self._mag_flush(m)
+            if m.orphan and m.nhanded == 0:
+                m.mutex.unlock()
+                del m
+                self._magazines.erase(self._magazines.begin() + k)
+                continue
+            m.mutex.unlock()
+            k += 1
+        return moved
+
+    cdef void _count_taken(self, size_t size) noexcept nogil:
+        """Under the pool's lock: a block of size bytes handed out by the shared path."""
+        count_acquired(&self.counters, size)
+        self._bound += size
+        if self._bound > self.counters.peak_in_use:
+            self._settle_peak()
+
+    cdef void _settle_peak(self) noexcept nogil:
+        """Under the pool's lock, when the bound passed the peak: bytes in use, exactly (every
+        magazine locked), raise the peak to them, and take back the credit above it."""
+        cdef size_t held = self._freeze(), in_use, excess, back
+        cdef size_t k
+        cdef Magazine* m
+        in_use = self.counters.in_use - held
+        if in_use > self.counters.peak_in_use:
+            self.counters.peak_in_use = in_use
+        if self._bound > self.counters.peak_in_use:
+            excess = self._bound - self.counters.peak_in_use
+            for k in range(self._magazines.size()):
+                m = self._magazines[k]
+                back = excess if m.credit >= excess else m.credit
+                m.credit -= back
+                excess -= back
+                self._bound -= back
+                if excess == 0:
+                    break
+        self._thaw()
+
+    cdef size_t _freeze(self) noexcept nogil:
+        """Under the pool's lock: lock every magazine, fold its counts; returns the bytes
+        they hold. _thaw unlocks them."""
+        cdef size_t k, held = 0
+        cdef Magazine* m
+        for k in range(self._magazines.size()):
+            m = self._magazines[k]
+            m.mutex.lock()
+            self._mag_fold(m)
+            held += m.held
+        return held
+
+    cdef void _thaw(self) noexcept nogil:
+        cdef size_t k
+        for k in range(self._magazines.size()):
+            self._magazines[k].mutex.unlock()
+
+    cdef Counters counters_view(self) noexcept nogil:
+        """Under the pool's lock: the counters as they are, the magazines' blocks counted as
+        cached and their fast path's counts included."""
+        cdef size_t held = self._freeze()
+        cdef Counters c = self.counters
+        self._thaw()
+        c.in_use -= held
+        c.cached += held
+        return c
+
     cdef object raise_status(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
             self.counters.num_ooms += 1
@@ -380,7 +697,7 @@ cdef class Pool(BlockOwner):
         under the lock). It asks the upstream nothing: a driver call could fail or block where
         memory just ran out, so the device's free and total bytes stay None."""
         self.lock()
-        c = self.counters
+        c = self.counters_view()
         self.unlock()
         limit = self._segments.hard_limit or None
         where = f"; hard limit {format_bytes(limit)}" if limit else ""
@@ -404,6 +721,8 @@ cdef class Pool(BlockOwner):
     cdef void release(self, Block* b, StreamKey s) noexcept nogil:
         """Take back a live block last used on s; with or without the GIL."""
         if FORKED[0]:
+            return
+        if self.mag_put(b, s):
             return
         if self._mutex.try_lock():
             self._holder = current_thread()
@@ -445,6 +764,7 @@ cdef class Pool(BlockOwner):
         rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
         self._park(b)                       # may put a parked block: size was kept above
         count_released(&self.counters, size)
+        self._bound -= size
 
     cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
         """Record a use of the live block b on stream s (record_stream), once per stream; a
@@ -526,6 +846,7 @@ cdef class Pool(BlockOwner):
 
     cdef size_t trim_locked(self) noexcept nogil:
         """Give the pool's cached memory back (sg_trim); returns the bytes given back."""
+        self.mag_flush_all()
         self.flush_parked()
         return sg_trim(&self._segments, self.upstream, &self.counters, &self._order,
                        &self._free)
@@ -535,6 +856,7 @@ cdef class Pool(BlockOwner):
         if r != 0:
             return r
         self._order.wanted.clear()
+        self.mag_flush_all()
         self.flush_parked()
         sg_merge_streams(&self._segments, &self._order, &self._free, moved)
         return 0
@@ -614,6 +936,7 @@ cdef class Pool(BlockOwner):
         cdef vector[Block*] blocks
         cdef size_t i
         self.lock()
+        self.mag_flush_all()
         self.flush_parked()
         fl_each(&self._free, &blocks)
         found = [(blocks[i].ptr, blocks[i].size,
@@ -631,7 +954,8 @@ cdef class Pool(BlockOwner):
         cdef Block* b
         cdef Block* prev
         cdef uintptr_t pos
-        cdef size_t live = 0, idle = 0, mapped = 0, nfree = 0, nparked = 0, holes
+        cdef size_t live = 0, idle = 0, mapped = 0, nfree = 0, nparked = 0, nheld = 0, holes
+        cdef size_t magazine_blocks = 0
         cdef size_t i
         cdef RegionCache* rc
         problems, tagged, counted = [], {}, {}
@@ -645,10 +969,11 @@ cdef class Pool(BlockOwner):
                     break
                 if b.state == LIVE:
                     live += b.size
-                elif b.state == FREE or b.state == PARKED:
+                elif b.state == FREE or b.state == PARKED or b.state == HELD:
                     idle += b.size
                     nfree += b.state == FREE
                     nparked += b.state == PARKED
+                    nheld += b.state == HELD
                     if b.region.cache != NULL:
                         key = <uintptr_t>b.region.cache
                         tagged[key] = tagged.get(key, 0) + b.size
@@ -662,7 +987,14 @@ cdef class Pool(BlockOwner):
                                 f"it at {seg.base + seg.nbytes:#x}")
             mapped += seg.nbytes - holes
             seg = seg.next
-        c = self.counters
+        c = self.counters_view()
+        for i in range(self._magazines.size()):
+            magazine_blocks += self._magazines[i].nblocks
+        if nheld != magazine_blocks:
+            problems.append(f"{nheld} held blocks, magazines hold {magazine_blocks}")
+        if c.peak_in_use < c.in_use or self._bound > c.peak_in_use or self._bound < c.in_use:
+            problems.append(f"bytes in use {c.in_use}, bound {self._bound}, peak "
+                            f"{c.peak_in_use}: not in use <= bound <= peak")
         if (c.reserved, c.cached, c.in_use) != (mapped, idle, live):
             problems.append(f"counters reserved/cached/in use {c.reserved}/{c.cached}/"
                             f"{c.in_use}, blocks {mapped}/{idle}/{live}")
@@ -685,10 +1017,28 @@ cdef class Pool(BlockOwner):
         self.unlock()
         return problems
 
-    def _counters(self):
-        """The counters record as a dict (bytes and counts), read under the lock."""
+    def _magazines_info(self):
+        """Every thread's magazine for this pool, for tests and diagnostics: a list of dicts
+        with ``blocks`` (held free blocks), ``held`` and ``credit`` (bytes), ``handed`` (C
+        API blocks taken from it, live) and ``orphan`` (its thread exited)."""
+        cdef Magazine* m
+        cdef size_t k
+        out = []
         self.lock()
-        c = self.counters
+        for k in range(self._magazines.size()):
+            m = self._magazines[k]
+            m.mutex.lock()
+            out.append({"blocks": m.nblocks, "held": m.held, "credit": m.credit,
+                        "handed": m.nhanded, "orphan": bool(m.orphan)})
+            m.mutex.unlock()
+        self.unlock()
+        return out
+
+    def _counters(self):
+        """The counters record as a dict (bytes and counts), read under the lock (and every
+        thread's magazine's)."""
+        self.lock()
+        c = self.counters_view()
         self.unlock()
         return c
 
@@ -713,8 +1063,13 @@ cdef class Pool(BlockOwner):
 
     def reset_peak_stats(self):
         """Set the peaks of bytes in use and reserved to their current values."""
+        cdef size_t k
         self.lock()
-        self.counters.peak_in_use = self.counters.in_use
+        self.counters.peak_in_use = self.counters.in_use - self._freeze()
+        for k in range(self._magazines.size()):
+            self._magazines[k].credit = 0       # the bound is bytes in use again
+        self._bound = self.counters.peak_in_use
+        self._thaw()
         self.counters.peak_reserved = self.counters.reserved
         self.unlock()
 
@@ -794,8 +1149,38 @@ cdef class Pool(BlockOwner):
             "gpupool.Pool(...) in the other process) and pickle buffers: they carry their bytes")
 
     def __repr__(self):
+        c = self._counters()
         return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
-                f"in_use={self.counters.in_use} reserved={self.counters.reserved}>")
+                f"in_use={c['in_use']} reserved={c['reserved']}>")
+
+
+cdef void detach_magazine(Magazine* m) noexcept nogil:
+    """The pool of m is going (under its lock): its blocks go with the pool's memory; m is
+    deleted now if its thread exited, else by its thread (Pool.thread_magazine)."""
+    cdef bint orphan
+    m.mutex.lock()
+    m.pool = NULL
+    m.nblocks = m.nhanded = 0
+    orphan = m.orphan
+    m.mutex.unlock()
+    if orphan:
+        del m
+
+
+cdef void magazine_thread_exit(void* p) noexcept nogil:
+    """A thread with magazines exits: each is left to its pool (which flushes and deletes
+    it when it next flushes), or deleted if its pool is gone."""
+    cdef Magazine* m = <Magazine*>p
+    cdef bint gone
+    m.mutex.lock()
+    gone = m.pool == NULL
+    m.orphan = True
+    m.mutex.unlock()
+    if gone:
+        del m
+
+
+gp_magazine_exit_hook = magazine_thread_exit
 
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1:

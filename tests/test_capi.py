@@ -168,3 +168,43 @@ def test_a_stream_the_driver_refuses_fails_the_allocation_not_the_free(scratch, 
     scratch.free(ptr, 0, stream)                   # the free still gives the block back
     assert sim_pool.stats().in_use_bytes == 0
     sim.errors.clear()                             # the refused handle was this test's doing
+
+
+def test_a_block_a_thread_took_from_its_magazine_is_freed_by_pointer_on_any_thread(
+        scratch, sim_pool):
+    from concurrent.futures import ThreadPoolExecutor
+    ptr = scratch.allocate(1000)
+    scratch.free(ptr)                               # into this thread's magazine
+    again = scratch.allocate(1000)                  # taken from it, without the pool's lock
+    assert again == ptr
+    assert sim_pool._magazines_info()[0]["handed"] == 1
+    with ThreadPoolExecutor(1) as worker:           # the free of another thread finds it
+        worker.submit(scratch.free, again).result()
+    assert sim_pool._magazines_info()[0]["handed"] == 0
+    with pytest.raises(Exception, match="invalid value"):
+        scratch.free(again)                         # freed once: a second free is refused
+    stats = check_invariants(sim_pool)
+    assert (stats.in_use_bytes, stats.num_allocs, stats.num_frees) == (0, 2, 2)
+
+
+def test_c_api_loops_on_threads_without_the_gil_keep_the_counts_exact(sim_pool):
+    import threading
+    sys.path.insert(0, str(EXAMPLE.parent.parent / "bench"))
+    try:
+        import _cext
+        loop = _cext.build("gpupool_bench_loop", [str(EXAMPLE.parent.parent / "bench" /
+                                                      "_capi_loop.c")])
+    except Exception as exc:                        # no compiler: nothing to run
+        pytest.skip(f"the C loop did not build: {exc}")
+    finally:
+        sys.path.pop(0)
+    sizes, pairs, threads = [256, 4096, 70_000, 1 << 20, 16 << 20], 5000, 4
+    workers = [threading.Thread(target=loop.loop, args=(sizes, pairs)) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    stats = check_invariants(sim_pool)
+    assert stats.in_use_bytes == 0
+    assert stats.num_allocs == stats.num_frees == threads * pairs
+    assert sum(m["handed"] for m in sim_pool._magazines_info()) == 0

@@ -1,0 +1,96 @@
+# Magazines: a per-thread cache of freed blocks in front of the pool's shared free lists, as in
+# the slab and mimalloc allocators. A thread's free of a pool block (no region, no record_stream
+# use, at most MAG_MAX bytes) goes into its magazine for that pool, and its next request of
+# that exact size on the same stream is served from there, without the pool's lock: the
+# magazine has a lock of its own, which only its thread takes on that path (one uncontended
+# compare-and-swap), so threads no longer meet on the pool's lock.
+#
+# Whatever reaches across threads takes the pool's lock and then each magazine's (the only
+# order: pool, then magazine) and flushes it into the free lists: growth (before the pool
+# grows, so a block held by a thread serves another's request first), trims, stream merges,
+# the out-of-memory ladder, limits. Statistics read every magazine under its lock.
+#
+# Counting. The pool's counters count a magazine's blocks as in use (the shared path does not
+# see the magazine), the magazine counts them as held: bytes in use are the counters' less
+# every magazine's held bytes, cached bytes the counters' plus them. The peak of bytes in use
+# stays exact through credit: `credit` bytes a thread may retake from its magazine without
+# asking the pool. A free into the magazine adds its bytes to the thread's credit, a retake
+# spends them, so in use plus all credit (the pool's `bound`) changes only on the shared path,
+# under the pool's lock; the pool keeps bound <= peak, so a retake within credit can never
+# pass the peak. When a shared acquire would lift bound above the peak, the pool locks every
+# magazine, computes bytes in use exactly, raises the peak to that and takes back credit. A
+# retake beyond credit goes the shared way.
+#
+# The C API frees by pointer: the blocks a thread took from its magazine through it are listed
+# in `handed`, so that thread's free finds them without the pool's table; a free of one on
+# another thread finds it there under the magazine's lock.
+from libc.stdint cimport uintptr_t
+from gpupool._block cimport Block
+from gpupool._streams cimport StreamKey, same_stream
+
+cdef extern from "gp_lock.h" nogil:
+    cppclass gp_lock:
+        void lock()
+        bint try_lock()
+        void unlock()
+
+cdef enum:
+    MAG_SLOTS = 8               # free blocks a magazine holds (the oldest goes when full)
+    MAG_HANDED = 16             # C API blocks taken from it and not yet freed
+
+cdef cppclass Magazine:
+    gp_lock mutex
+    void* pool                  # NULL once the pool is gone (the thread then deletes it)
+    bint orphan                 # its thread exited (the pool deletes it)
+    Block* blocks[MAG_SLOTS]    # state HELD, oldest first
+    int nblocks
+    Block* handed[MAG_HANDED]   # live, taken through the C API from this magazine
+    int nhanded
+    size_t held                 # bytes of `blocks`
+    size_t credit               # bytes it may retake without the pool (see above)
+    # Counts of its fast path, folded into the pool's counters when they are read.
+    size_t allocs
+    size_t frees
+    size_t allocated_bytes
+    size_t freed_bytes
+
+
+cdef inline int mg_find(Magazine* m, size_t size, StreamKey s) noexcept nogil:
+    """Index of the held block of exactly size bytes last used on s, at the lowest address
+    (as best fit would choose among equals); -1 if none."""
+    cdef int i, found = -1
+    cdef Block* b
+    for i in range(m.nblocks):
+        b = m.blocks[i]
+        if b.size == size and same_stream(b.stream, s) and \
+                (found < 0 or b.ptr < m.blocks[found].ptr):
+            found = i
+    return found
+
+
+cdef inline Block* mg_remove(Magazine* m, int i) noexcept nogil:
+    """Take held block i out (its bytes leave `held`; credit is the caller's)."""
+    cdef Block* b = m.blocks[i]
+    cdef int j
+    for j in range(i, m.nblocks - 1):
+        m.blocks[j] = m.blocks[j + 1]
+    m.nblocks -= 1
+    m.held -= b.size
+    return b
+
+
+cdef inline int mg_find_handed(Magazine* m, uintptr_t ptr) noexcept nogil:
+    """Index of the handed block at ptr, -1 if none (the newest first: frees come soon)."""
+    cdef int i = m.nhanded
+    while i:
+        i -= 1
+        if m.handed[i].ptr == ptr:
+            return i
+    return -1
+
+
+cdef inline Block* mg_unhand(Magazine* m, int i) noexcept nogil:
+    cdef Block* b = m.handed[i]
+    m.nhanded -= 1
+    m.handed[i] = m.handed[m.nhanded]
+    return b

@@ -1,0 +1,245 @@
+"""Per-thread magazines (gpupool/_magazine.pxd) on the simulated device: a thread's free and
+its next request of the same size are served without the pool's lock; whatever reaches
+across threads (growth, trims, stream merges, statistics, thread exit, the C API's frees by
+pointer) finds the blocks a thread holds; statistics stay exact, the peak included."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import check_invariants
+
+import gpupool
+from gpupool.testing import SimulatedDevice
+
+MiB = 1 << 20
+
+
+def on_thread(fn, *args):
+    """fn(*args) on a new thread that then exits; its result."""
+    with ThreadPoolExecutor(1) as worker:
+        return worker.submit(fn, *args).result(timeout=60)
+
+
+class Worker:
+    """One long-lived thread that runs what it is given, in turn."""
+
+    def __init__(self):
+        self._executor = ThreadPoolExecutor(1)
+
+    def __call__(self, fn, *args):
+        return self._executor.submit(fn, *args).result(timeout=60)
+
+    def exit(self):
+        self._executor.shutdown(wait=True)
+
+
+class BlockingDevice(SimulatedDevice):
+    """A simulated device whose event records wait for ``go`` once ``hold`` is set: the pool
+    holds its lock meanwhile (it records them inside, at the free of a block that
+    record_stream gave another stream)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.hold, self.inside, self.go = False, threading.Event(), threading.Event()
+
+    def _event_record(self, event, stream):
+        if self.hold:
+            self.inside.set()
+            if not self.go.wait(10):
+                raise RuntimeError("nobody said go: the other thread waited for the lock")
+        return super()._event_record(event, stream)
+
+
+def test_a_retake_of_the_same_size_is_the_same_block_and_counts_exactly():
+    pool = gpupool.Pool(upstream=SimulatedDevice())
+    buf = pool.allocate(3000)
+    ptr = buf.ptr
+    buf.close()
+    info = pool._magazines_info()
+    assert [(m["blocks"], m["held"], m["credit"]) for m in info] == [(1, 3072, 3072)]
+    stats = check_invariants(pool)
+    assert (stats.in_use_bytes, stats.cached_bytes, stats.num_frees) == (0, stats.reserved_bytes, 1)
+    for _ in range(5):
+        buf = pool.allocate(3000)
+        assert buf.ptr == ptr
+        buf.close()
+    stats = check_invariants(pool)
+    assert (stats.num_allocs, stats.num_frees, stats.cache_hits) == (6, 6, 5)
+    assert (stats.in_use_bytes, stats.peak_in_use_bytes) == (0, 3072)
+    counters = pool._counters()
+    assert counters["allocated_bytes"] == counters["freed_bytes"] == 6 * 3072
+
+
+def test_a_thread_retakes_its_block_while_another_holds_the_pools_lock():
+    sim = BlockingDevice()
+    pool = gpupool.Pool(upstream=sim)
+    side = sim.create_stream()
+    other = pool.allocate(8192)
+    other.record_stream(side)
+    buf = pool.allocate(4096)
+    ptr = buf.ptr
+    buf.close()                                 # into this thread's magazine
+    sim.hold = True
+    errors = []
+
+    def free_other():
+        try:
+            other.close()                       # records an event under the pool's lock
+        except BaseException as exc:            # pragma: no cover - reported below
+            errors.append(exc)
+
+    freer = threading.Thread(target=free_other)
+    freer.start()
+    try:
+        assert sim.inside.wait(10)              # the freer holds the pool's lock now
+        # This thread's retake needs no lock: it completes while the freer waits (had it
+        # waited for the lock, the freer's event record would time out and fail).
+        again = pool.allocate(4096)
+        assert again.ptr == ptr and not sim.go.is_set()
+    finally:
+        sim.go.set()
+        freer.join(60)
+    sim.hold = False
+    assert errors == [] and sim.errors == []
+    again.close()
+    check_invariants(pool)
+
+
+def test_a_block_held_by_one_thread_serves_another_before_the_pool_grows():
+    sim = SimulatedDevice(capacity=8 * MiB)
+    pool = gpupool.Pool(upstream=sim)
+    worker = Worker()
+    ptr = worker(lambda: pool.allocate(2 * MiB).ptr)    # a whole segment, freed on the worker
+    assert pool._magazines_info()[0]["blocks"] == 1
+    used = sim.used
+    buf = pool.allocate(2 * MiB)                        # on this thread: no block of its own
+    assert buf.ptr == ptr and sim.used == used          # the worker's block, no growth
+    assert pool._magazines_info()[0]["blocks"] == 0
+    check_invariants(pool)
+    buf.close()
+    worker.exit()
+
+
+def test_a_thread_that_exits_leaves_its_blocks_to_the_pool():
+    sim = SimulatedDevice(capacity=8 * MiB)
+    pool = gpupool.Pool(upstream=sim)
+
+    def use():
+        bufs = [pool.allocate(n) for n in (1000, 70_000, MiB)]
+        for buf in bufs:
+            buf.close()
+
+    on_thread(use)
+    # Python's join returns before the OS thread has run its thread-local destructors.
+    deadline = time.monotonic() + 10
+    while not pool._magazines_info()[0]["orphan"] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert [m["orphan"] for m in pool._magazines_info()] == [True]
+    stats = check_invariants(pool)                      # an exited thread's blocks counted
+    assert stats.in_use_bytes == 0 and stats.num_frees == 3
+    assert pool.trim() == stats.reserved_bytes          # and given back
+    assert pool._magazines_info() == []                 # its magazine deleted
+    check_invariants(pool)
+
+
+def test_trims_and_stream_merges_flush_every_threads_magazine():
+    sim = SimulatedDevice()
+    pool = gpupool.Pool(upstream=sim)
+    stream = sim.create_stream()
+    pool.allocate(16 * MiB, stream=stream).close()      # free memory to cut from, on stream
+    worker = Worker()
+    worker(lambda: pool.allocate(MiB, stream=stream).close())
+    pool.allocate(2 * MiB, stream=stream).close()
+    assert sum(m["blocks"] for m in pool._magazines_info()) == 2
+    assert pool.merge_streams() >= 1                    # the worker's block was on stream
+    assert sum(m["blocks"] for m in pool._magazines_info()) == 0
+    worker(lambda: pool.allocate(MiB).close())
+    assert pool.trim() > 0 and sim.used == 0
+    check_invariants(pool)
+    worker.exit()
+
+
+def test_the_peak_is_exact_when_a_held_block_is_flushed_not_retaken():
+    # Bytes a thread holds are free: another thread's allocation meanwhile is not a new peak
+    # unless in use really went above it.
+    pool = gpupool.Pool(upstream=SimulatedDevice())
+    pool.allocate(16 * MiB).close()         # free memory to cut from: no flush before growth
+    pool.reset_peak_stats()
+    worker = Worker()
+    worker(lambda: pool.allocate(MiB).close())          # the worker holds 1 MiB; peak 1 MiB
+    assert pool.stats().peak_in_use_bytes == MiB
+    big = pool.allocate(2 * MiB)                        # in use 2 MiB (the held 1 MiB is free)
+    assert pool._magazines_info()[0]["blocks"] == 1
+    assert pool.stats().peak_in_use_bytes == 2 * MiB
+    big.close()                                         # this thread holds 2 MiB now
+    worker(lambda: pool.allocate(MiB).close())          # in use 1 MiB at most
+    assert pool.stats().peak_in_use_bytes == 2 * MiB
+    kept = worker(lambda: pool.allocate(MiB))           # both retaken and kept: in use 3 MiB
+    big = pool.allocate(2 * MiB)
+    assert pool.stats().peak_in_use_bytes == 3 * MiB
+    worker(kept.close)
+    big.close()
+    pool.reset_peak_stats()
+    assert pool.stats().peak_in_use_bytes == 0
+    # After the reset no thread has credit: a retake is counted by the pool, and exactly.
+    kept = worker(lambda: pool.allocate(MiB))
+    assert pool.stats().peak_in_use_bytes == MiB
+    worker(kept.close)
+    check_invariants(pool)
+    worker.exit()
+
+
+def test_regions_and_record_stream_keep_their_own_rules():
+    sim = SimulatedDevice()
+    pool = gpupool.Pool(upstream=sim)
+    side = sim.create_stream()
+    region = gpupool.Region(pool=pool)
+    with region:
+        region_ptr = pool.allocate(4096).ptr            # freed into the region, not a magazine
+    assert pool._magazines_info() == [] or pool._magazines_info()[0]["blocks"] == 0
+    buf = pool.allocate(8192)
+    buf.record_stream(side)
+    sim.launch(side)
+    buf.close()                                         # used on another stream: the pool's
+    assert all(m["blocks"] == 0 for m in pool._magazines_info())
+    with region:
+        assert pool.allocate(4096).ptr == region_ptr
+    check_invariants(pool)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_threads_allocating_at_once_keep_the_counts_exact(threads):
+    sim = SimulatedDevice(capacity=256 * MiB)
+    pool = gpupool.Pool(upstream=sim)
+    sizes = [256, 4096, 70_000, MiB, 5 * MiB]
+    rounds = 300
+    start = threading.Barrier(threads)
+
+    def run(seed):
+        start.wait()
+        kept = []
+        for i in range(rounds):
+            buf = pool.allocate(sizes[(i + seed) % len(sizes)])
+            if i % 7 == seed % 7:
+                kept.append(buf)
+            else:
+                buf.close()
+            if len(kept) > 3:
+                kept.pop(0).close()
+        for buf in kept:
+            buf.close()
+
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    stats = check_invariants(pool)
+    assert stats.in_use_bytes == 0
+    assert stats.num_allocs == stats.num_frees == threads * rounds
+    counters = pool._counters()
+    assert counters["allocated_bytes"] == counters["freed_bytes"]
+    assert stats.cache_hits + stats.cache_misses == stats.num_allocs
+    assert stats.reserved_bytes == sim.used
