@@ -25,7 +25,8 @@ from gpupool._status cimport (
     GP_REENTRANT,
 )
 from gpupool._streams cimport (
-    StreamKey, BAD_STREAM_TAG, current_thread, key_of, refused_stream_status,
+    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, key_of, stream_key,
+    refused_stream_status,
 )
 
 from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
@@ -68,10 +69,11 @@ cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexce
     cdef StreamKey key = key_of(pool.upstream, stream)
     if key.tag == BAD_STREAM_TAG:
         return refused_stream_status(pool.upstream, stream)     # not a stream, or destroyed
-    b = pool.mag_take(nbytes, key, True)        # the thread's magazine: no pool lock
-    if b != NULL:
-        ptr[0] = <void*>b.ptr
-        return 0
+    if stream > STREAM_PER_THREAD:              # (the default streams tried it already)
+        b = pool.mag_take(nbytes, key, True)
+        if b != NULL:
+            ptr[0] = <void*>b.ptr
+            return 0
     if pool._holder == current_thread():
         return GP_REENTRANT                     # from inside the pool's own upstream call
     pool.lock()
@@ -84,7 +86,14 @@ cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexce
 
 
 cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
-    cdef int r = _acquire(pool, nbytes, stream, ptr)
+    cdef Block* b
+    cdef int r
+    if stream <= STREAM_PER_THREAD:             # the thread's magazine: no pool lock
+        b = pool.mag_take(nbytes, stream_key(stream), True)
+        if b != NULL:
+            ptr[0] = <void*>b.ptr
+            return 0
+    r = _acquire(pool, nbytes, stream, ptr)
     if r == CUDA_ERROR_OUT_OF_MEMORY and _callbacks(pool, nbytes):
         r = _acquire(pool, nbytes, stream, ptr)
     return _code(r)

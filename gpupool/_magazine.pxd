@@ -3,7 +3,8 @@
 # use, at most MAG_MAX bytes) goes into its magazine for that pool, and its next request of
 # that exact size on the same stream is served from there, without the pool's lock: the
 # magazine has a lock of its own, which only its thread takes on that path (one uncontended
-# compare-and-swap), so threads no longer meet on the pool's lock.
+# compare-and-swap, and a plain store to give it back), so threads no longer meet on the
+# pool's lock.
 #
 # Whatever reaches across threads takes the pool's lock and then each magazine's (the only
 # order: pool, then magazine) and flushes it into the free lists: growth (before the pool
@@ -29,7 +30,13 @@ from gpupool._block cimport Block
 from gpupool._streams cimport StreamKey, same_stream
 
 cdef extern from "gp_lock.h" nogil:
-    cppclass gp_lock:
+    cppclass gp_lock:           # the pool's: one compare-and-swap when free, then a futex
+        void lock()
+        bint try_lock()
+        void unlock()
+
+cdef extern from "gp_magazine.h" nogil:
+    cppclass gp_spin:           # a magazine's: compare-and-swap, release store; spins
         void lock()
         bint try_lock()
         void unlock()
@@ -39,11 +46,13 @@ cdef enum:
     MAG_HANDED = 16             # C API blocks taken from it and not yet freed
 
 cdef cppclass Magazine:
-    gp_lock mutex
+    gp_spin mutex
     void* pool                  # NULL once the pool is gone (the thread then deletes it)
     bint orphan                 # its thread exited (the pool deletes it)
     Block* blocks[MAG_SLOTS]    # state HELD, oldest first
+    size_t since[MAG_SLOTS]     # `misses` when each was held
     int nblocks
+    size_t misses               # requests of its thread that it could not serve
     Block* handed[MAG_HANDED]   # live, taken through the C API from this magazine
     int nhanded
     size_t held                 # bytes of `blocks`
@@ -74,6 +83,7 @@ cdef inline Block* mg_remove(Magazine* m, int i) noexcept nogil:
     cdef int j
     for j in range(i, m.nblocks - 1):
         m.blocks[j] = m.blocks[j + 1]
+        m.since[j] = m.since[j + 1]
     m.nblocks -= 1
     m.held -= b.size
     return b

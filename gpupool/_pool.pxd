@@ -17,8 +17,7 @@ from gpupool._streamorder cimport StreamOrder
 from gpupool._streams cimport StreamKey
 
 cdef enum:
-    PARK_SLOTS = 4              # freed blocks held aside for a request of their exact size
-
+    PARK_SLOTS = 8              # freed blocks held aside for a request of their exact size
 
 
 @cython.final
@@ -46,9 +45,8 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void unlock(self) noexcept nogil
     cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
     cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
-    cdef int _grow(self, size_t size, StreamKey s, void* owner) noexcept nogil
+    cdef int _ladder(self, size_t size, StreamKey s, void* owner) noexcept nogil
     cdef int _grow_once(self, size_t size, StreamKey s, void* owner) noexcept nogil
-    cdef void _answer_wanted(self, StreamKey s) noexcept nogil
     cdef Block* _unpark(self, size_t size, StreamKey s, RegionCache* rc) noexcept nogil
     cdef void _park(self, Block* b) noexcept nogil
     cdef void _put(self, Block* b) noexcept nogil
@@ -78,7 +76,10 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void _mag_drop(self, Magazine* m, int i) noexcept nogil
     cdef void _mag_fold(self, Magazine* m) noexcept nogil
     cdef void _mag_flush(self, Magazine* m) noexcept nogil
-    cdef void _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil
+    cdef bint _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil
+    cdef bint _mag_flush_mine(self) noexcept nogil
+    cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil
+    cdef void _mag_give_up(self, StreamKey s) noexcept nogil
     cdef bint mag_flush_all(self) noexcept nogil
     cdef void _count_taken(self, size_t size) noexcept nogil
     cdef void _settle_peak(self) noexcept nogil

@@ -37,7 +37,9 @@ from gpupool._segments cimport (
 )
 from gpupool._sizes cimport MAX_NBYTES, check_nbytes
 from gpupool._status cimport GP_REENTRANT, GP_FORKED
-from gpupool._streamorder cimport WANTED_MAX, so_event, so_take, so_mark_blocks, so_is_wanted
+from gpupool._streamorder cimport (
+    WANTED_MAX, so_event, so_take, so_mark_blocks, so_mark_stream, so_is_wanted,
+)
 from gpupool._streams cimport (
     StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, same_stream, stream_key,
     created_stream_key, refused_stream_status, stream_handle,
@@ -51,15 +53,6 @@ from gpupool.errors import (
     FORK_MESSAGE, CudaError, GpupoolError, OutOfMemoryError, not_picklable,
 )
 from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
-
-cdef extern from "gp_magazine.h" nogil:
-    int GP_THREAD_POOLS
-    struct gp_thread_magazine:
-        void* pool
-        void* magazine
-    gp_thread_magazine gp_thread_magazines[]
-    void (*gp_magazine_exit_hook)(void*) noexcept nogil
-    void gp_arm_reaper()
 
 cdef extern from "Python.h" nogil:
     ctypedef struct PyThreadState
@@ -81,12 +74,15 @@ def _default_upstream(int device):
 
 _oom_callbacks = []
 cdef const int* FORKED = fork_flag()
-# Blocks up to this size are parked (larger ones are joined at once: parking them changed the
-# layout of the recorded GPT-2 traces for the worse, 8,292 -> 8,884 MiB at 64 MiB; up to
-# 4 MiB every recorded trace kept its peak).
-cdef size_t PARK_MAX = 4 << 20
-# Blocks up to this size go into a thread's magazine (the same bound, for the same reason).
-cdef size_t MAG_MAX = 4 << 20
+# Blocks up to this size are parked, and held in threads' magazines (_magazine.pxd). Parked
+# and held blocks go to the free lists when a request finds no free block of its exact size
+# (so a cut sees the whole free memory). On the recorded traces (bench/fragmentation.py,
+# simulated device) 8 slots up to 64 MiB reserve no more than 4 slots up to 4 MiB did, and
+# less on ResNet-50 (5,712 against 5,756 MiB); 4 slots up to 64 MiB raised GPT-2's region
+# replay to 8,870 MiB.
+cdef size_t PARK_MAX = 64 << 20
+cdef size_t MAG_MAX = 64 << 20
+cdef size_t MAG_AGE = 2
 
 include "_regionstack.pxi"
 
@@ -169,12 +165,17 @@ cdef class Pool(BlockOwner):
     def __dealloc__(self):
         # Buffers and regions hold references to their pool, so only free lists remain.
         cdef size_t i
-        if FORKED[0] or self.upstream is None:
+        if FORKED[0]:
             return
-        self._mutex.lock()
+        # Threads' magazines let go of the pool whatever else happens (the garbage collector
+        # may have cleared upstream already): a thread must never take a dead pool's
+        # magazine for a new pool at the same address.
         for i in range(self._magazines.size()):
             detach_magazine(self._magazines[i])
         self._magazines.clear()
+        if self.upstream is None:
+            return
+        self._mutex.lock()
         sg_release_all(&self._segments, self.upstream, &self._order)
         for i in range(self._order.events.size()):
             self.upstream.event_destroy(self._order.events[i])
@@ -245,7 +246,7 @@ cdef class Pool(BlockOwner):
         cdef RegionCache* rc
         cdef RegionCache* owner
         cdef Block* b
-        cdef bint grew = False
+        cdef bint grew = False, answered = False
         cdef int r
         if self._segments.hard_limit and size > self._segments.hard_limit:
             size = nbytes               # only the exact request fits under the limit
@@ -254,8 +255,12 @@ cdef class Pool(BlockOwner):
                 # Many streams hold blocks that others want and never allocate again (most
                 # likely destroyed): one synchronize frees their blocks for every stream.
                 self.trim_locked()
-            else:
-                self._answer_wanted(s)
+            elif so_is_wanted(&self._order, s):
+                # s is allocating, so it is alive: another stream waits for its free blocks,
+                # whose events are recorded now (and those of blocks its thread lets go below).
+                answered = True
+                self._mag_give_up(s)
+                so_mark_blocks(&self._order, self.upstream, &self._free, s)
         rc = current_cache(<void*>self, self._process_region)
         b = self._unpark(size, s, rc) if self._nparked else NULL
         if b == NULL and rc == NULL:
@@ -271,17 +276,28 @@ cdef class Pool(BlockOwner):
             return 0
         if self._nparked and not fl_has_exact(&self._free, size, s):
             self.flush_parked()
-        self._mag_flush_own(size, s)
+        if self._mag_flush_own(size, s) and answered:
+            so_mark_blocks(&self._order, self.upstream, &self._free, s)
         b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
         if b == NULL:
             # Idle regions' cached blocks serve before the pool grows: a region never costs
             # memory that the pool alone would not.
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
-        if b == NULL and self.mag_flush_all():
-            # So do the blocks held in threads' magazines.
+        if b == NULL and self._mag_flush_mine():
+            # The calling thread's held blocks serve before the pool grows.
+            if answered:
+                so_mark_blocks(&self._order, self.upstream, &self._free, s)
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
         if b == NULL:
-            r = self._grow(size, s, <void*>rc)
+            self._mag_want(size, s)
+            r = self._grow_once(size, s, <void*>rc)
+            if r == CUDA_ERROR_OUT_OF_MEMORY and self.mag_flush_all():
+                # Out of memory: the blocks threads hold in their magazines serve first
+                # (before then they stay with their threads, which use them).
+                b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
+        if b == NULL:
+            if r == CUDA_ERROR_OUT_OF_MEMORY:
+                r = self._ladder(size, s, <void*>rc)
             if r != 0:
                 return r
             grew = True
@@ -364,13 +380,12 @@ cdef class Pool(BlockOwner):
             self._put(self._parked[i])
         self._nparked = 0
 
-    cdef int _grow(self, size_t size, StreamKey s, void* owner) noexcept nogil:
-        """Add memory for a request of size bytes on s (made through cache owner) to the free
-        lists; then the ladder when the upstream is out of memory: this pool's cache, then
-        every region's."""
-        cdef int r = self._grow_once(size, s, owner)
+    cdef int _ladder(self, size_t size, StreamKey s, void* owner) noexcept nogil:
+        """The upstream is out of memory for a request of size bytes on s (made through cache
+        owner): give back this pool's cache and grow again, then every region's."""
+        cdef int r = CUDA_ERROR_OUT_OF_MEMORY
         cdef size_t i
-        if r == CUDA_ERROR_OUT_OF_MEMORY and self.counters.cached:
+        if self.counters.cached:
             self.counters.oom_retries += 1
             self.trim_locked()
             r = self._grow_once(size, s, owner)
@@ -389,37 +404,39 @@ cdef class Pool(BlockOwner):
         return sg_grow_plain(&self._segments, self.upstream, &self.counters, &self._order,
                              &self._free, size, s)
 
-    cdef void _answer_wanted(self, StreamKey s) noexcept nogil:
-        """Stream s is allocating, so it is alive: if another stream waits for its free
-        blocks, record their events now."""
-        if so_is_wanted(&self._order, s):
-            so_mark_blocks(&self._order, self.upstream, &self._free, s)
-
     # Magazines (_magazine.pxd) ---------------------------------------------------------
 
     cdef Magazine* thread_magazine(self, bint make) noexcept nogil:
         """The calling thread's magazine for this pool; made if make and there is none (and
         the thread's table has room); NULL otherwise. A magazine whose pool is gone (another
         pool now at this address) is deleted here, by its thread."""
+        cdef gp_thread_magazine* slots = gp_this_thread().magazines
         cdef int i, empty = -1
         cdef Magazine* m
         for i in range(GP_THREAD_POOLS):
-            if gp_thread_magazines[i].pool == <void*>self:
-                m = <Magazine*>gp_thread_magazines[i].magazine
+            if slots[i].pool == <void*>self:
+                m = <Magazine*>slots[i].magazine
                 if m.pool == <void*>self:       # no lock: only this pool's dealloc clears it
                     return m
-                del m                           # the pool it was made for is gone
-                gp_thread_magazines[i].pool = NULL
-                gp_thread_magazines[i].magazine = NULL
+                reclaim_magazine(&slots[i])     # the pool it was made for is gone
                 empty = i
-            elif gp_thread_magazines[i].pool == NULL and empty < 0:
+            elif slots[i].pool == NULL and empty < 0:
                 empty = i
-        if not make or empty < 0 or FORKED[0]:
+        if not make or FORKED[0]:
             return NULL
+        if empty < 0:
+            # Every slot taken: those of pools that are gone are free again.
+            for i in range(GP_THREAD_POOLS):
+                if (<Magazine*>slots[i].magazine).pool == NULL:
+                    reclaim_magazine(&slots[i])
+                    empty = i
+            if empty < 0:
+                return NULL
         m = new Magazine()
         m.pool = <void*>self
         m.orphan = False
         m.nblocks = m.nhanded = 0
+        m.misses = 0
         m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
         if self._holder == current_thread():
             self._deferred_magazine(m)
@@ -427,8 +444,8 @@ cdef class Pool(BlockOwner):
             self.lock()
             self._magazines.push_back(m)
             self.unlock()
-        gp_thread_magazines[empty].pool = <void*>self
-        gp_thread_magazines[empty].magazine = <void*>m
+        slots[empty].pool = <void*>self
+        slots[empty].magazine = <void*>m
         gp_arm_reaper()
         return m
 
@@ -441,16 +458,21 @@ cdef class Pool(BlockOwner):
         lock: a held block of the exact size last used on s, within the thread's credit,
         when the thread is in no region of this pool and no stream waits for blocks. NULL:
         take the shared path. capi: list it as handed (the C API frees by pointer)."""
+        cdef gp_thread* t
         cdef size_t size
         cdef Magazine* m
         cdef Block* b = NULL
         cdef int i
         if self._wanted_any or nbytes > MAG_MAX:
             return NULL
-        m = self.thread_magazine(False)
-        if m == NULL or m.nblocks == 0:
+        t = gp_this_thread()
+        if t.magazines[0].pool == <void*>self:
+            m = <Magazine*>t.magazines[0].magazine
+        else:
+            m = self.thread_magazine(False)
+        if m == NULL or m.nblocks == 0 or m.pool != <void*>self:
             return NULL
-        if current_cache(<void*>self, self._process_region) != NULL:
+        if thread_cache(t, <void*>self, self._process_region) != NULL:
             return NULL
         size = round_request(nbytes)
         if not m.mutex.try_lock():
@@ -491,16 +513,69 @@ cdef class Pool(BlockOwner):
         m.mutex.unlock()
         return b
 
-    cdef void _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil:
+    cdef bint _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil:
         """Under the pool's lock, for a request the calling thread's magazine could not
-        serve: unless the free lists hold a block of its exact size, the magazine's blocks go
-        to the free lists first, joined, so that a cut sees the whole free memory (as parked
-        blocks do: holding them while others are cut raised the recorded traces' peaks)."""
+        serve and the free lists hold no block of its exact size for: the magazine's blocks
+        that MAG_AGE such requests have passed by go to the free lists, joined, so that a cut
+        sees the free memory (blocks held while others are cut raised the recorded traces'
+        peaks), while a thread cycling through a few sizes keeps them."""
         cdef Magazine* m = self.thread_magazine(False)
+        cdef bint dropped = False
+        cdef int i
         if m == NULL or m.nblocks == 0 or fl_has_exact(&self._free, size, s):
-            return
+            return False
+        m.mutex.lock()
+        m.misses += 1
+        i = m.nblocks
+        while i:
+            i -= 1
+            if m.blocks[i].size >= size or m.misses - m.since[i] > MAG_AGE:
+                self._mag_drop(m, i)
+                dropped = True
+        m.mutex.unlock()
+        return dropped
+
+    cdef bint _mag_flush_mine(self) noexcept nogil:
+        """Under the pool's lock: the calling thread's held blocks to the free lists; whether
+        there were any."""
+        cdef Magazine* m = self.thread_magazine(False)
+        if m == NULL or m.nblocks == 0:
+            return False
         m.mutex.lock()
         self._mag_flush(m)
+        m.mutex.unlock()
+        return True
+
+    cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil:
+        """Under the pool's lock, before the pool grows for size bytes on s: a block another
+        thread holds that would fit, on another stream, makes that stream wanted, as a free
+        block of it would (so_take): when it next allocates, its thread gives it up."""
+        cdef Magazine* m
+        cdef size_t k
+        cdef int i
+        for k in range(self._magazines.size()):
+            m = self._magazines[k]
+            if m.nblocks == 0:
+                continue
+            m.mutex.lock()
+            for i in range(m.nblocks):
+                if m.blocks[i].size >= size and not same_stream(m.blocks[i].stream, s):
+                    so_mark_stream(&self._order, m.blocks[i].stream)
+            m.mutex.unlock()
+
+    cdef void _mag_give_up(self, StreamKey s) noexcept nogil:
+        """Under the pool's lock: stream s is wanted and allocating on the calling thread,
+        whose blocks held on s go to the free lists (to get their events there)."""
+        cdef Magazine* m = self.thread_magazine(False)
+        cdef int i
+        if m == NULL or m.nblocks == 0:
+            return
+        m.mutex.lock()
+        i = m.nblocks
+        while i:
+            i -= 1
+            if same_stream(m.blocks[i].stream, s):
+                self._mag_drop(m, i)
         m.mutex.unlock()
 
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil:
@@ -537,6 +612,7 @@ cdef class Pool(BlockOwner):
         b.holder = NULL
         b.state = HELD
         m.blocks[m.nblocks] = b
+        m.since[m.nblocks] = m.misses
         m.nblocks += 1
         m.held += b.size
         m.credit += b.size
@@ -556,10 +632,15 @@ cdef class Pool(BlockOwner):
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
         """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
         (held when it may be, else through the shared path) and set done. False: not done."""
-        cdef Magazine* m = self.thread_magazine(False)
+        cdef gp_thread* t = gp_this_thread()
+        cdef Magazine* m
         cdef Block* b = NULL
         cdef int i
         done[0] = False
+        if t.magazines[0].pool == <void*>self:
+            m = <Magazine*>t.magazines[0].magazine
+        else:
+            m = self.thread_magazine(False)
         if m == NULL or m.nhanded == 0 or not m.mutex.try_lock():
             return False
         i = mg_find_handed(m, ptr)
@@ -1152,6 +1233,17 @@ cdef class Pool(BlockOwner):
         c = self._counters()
         return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
                 f"in_use={c['in_use']} reserved={c['reserved']}>")
+
+
+cdef void reclaim_magazine(gp_thread_magazine* slot) noexcept nogil:
+    """The calling thread deletes its magazine in slot, whose pool is gone, and frees the
+    slot. Its lock is taken first: the pool's dealloc may still be letting go of it."""
+    cdef Magazine* m = <Magazine*>slot.magazine
+    m.mutex.lock()
+    m.mutex.unlock()
+    del m
+    slot.pool = NULL
+    slot.magazine = NULL
 
 
 cdef void detach_magazine(Magazine* m) noexcept nogil:

@@ -6,17 +6,24 @@
 # calling thread's stack, unless an uncached() marker is above it; else the pool's region
 # entered with scope="process", if any; else none (the pool's own free lists).
 
-# Plain thread-local data, so reading it costs no TLS initialization check.
-cdef extern from *:
+# The stack lives in the calling thread's gp_thread (src/gp_magazine.h, with its magazines):
+# plain thread-local data, fetched once per call.
+cdef extern from "gp_magazine.h" nogil:
     """
-    #define GP_REGION_DEPTH_MAX 64
-    static thread_local void* gp_region_stack[GP_REGION_DEPTH_MAX];
-    static thread_local int gp_region_depth = 0;
     static char gp_uncached_marker;
     """
     int GP_REGION_DEPTH_MAX
-    void* gp_region_stack[]
-    int gp_region_depth
+    int GP_THREAD_POOLS
+    struct gp_thread_magazine:
+        void* pool
+        void* magazine
+    struct gp_thread:
+        int region_depth
+        void* region_stack[64]
+        gp_thread_magazine magazines[8]
+    gp_thread* gp_this_thread()
+    void (*gp_magazine_exit_hook)(void*) noexcept nogil
+    void gp_arm_reaper()
     char gp_uncached_marker
 
 # Pushed by uncached() (and by a region skipping its first entry): regions below it on the
@@ -30,35 +37,41 @@ cdef RegionCache* uncached_marker() noexcept nogil:
 
 cdef int region_push(RegionCache* rc) except -1:
     """Make rc the calling thread's innermost region (or marker)."""
-    global gp_region_depth
-    if gp_region_depth >= GP_REGION_DEPTH_MAX:
+    cdef gp_thread* t = gp_this_thread()
+    if t.region_depth >= GP_REGION_DEPTH_MAX:
         raise GpupoolError(f"regions nested more than {GP_REGION_DEPTH_MAX} deep on one "
                            f"thread (uncached() counts as one)")
-    gp_region_stack[gp_region_depth] = <void*>rc
-    gp_region_depth += 1
+    t.region_stack[t.region_depth] = <void*>rc
+    t.region_depth += 1
     return 0
 
 
 cdef void region_pop(RegionCache* rc) noexcept nogil:
     """Remove the innermost entry of rc from the calling thread's stack."""
-    global gp_region_depth
-    cdef int i = gp_region_depth, j
+    cdef gp_thread* t = gp_this_thread()
+    cdef int i = t.region_depth, j
     while i:
         i -= 1
-        if gp_region_stack[i] == <void*>rc:
-            for j in range(i, gp_region_depth - 1):
-                gp_region_stack[j] = gp_region_stack[j + 1]
-            gp_region_depth -= 1
+        if t.region_stack[i] == <void*>rc:
+            for j in range(i, t.region_depth - 1):
+                t.region_stack[j] = t.region_stack[j + 1]
+            t.region_depth -= 1
             return
 
 
 cdef inline RegionCache* current_cache(void* pool, RegionCache* process_cache) noexcept nogil:
     """The cache an allocation from pool on the calling thread goes through; NULL: none."""
-    cdef int i = gp_region_depth
+    return thread_cache(gp_this_thread(), pool, process_cache)
+
+
+cdef inline RegionCache* thread_cache(gp_thread* t, void* pool,
+                                      RegionCache* process_cache) noexcept nogil:
+    """current_cache, for thread state t fetched already."""
+    cdef int i = t.region_depth
     cdef RegionCache* rc
     while i:
         i -= 1
-        rc = <RegionCache*>gp_region_stack[i]
+        rc = <RegionCache*>t.region_stack[i]
         if rc == UNCACHED:
             return NULL
         if rc.pool == pool:

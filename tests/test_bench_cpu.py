@@ -296,7 +296,7 @@ def test_expandable_segments_reserve_less_than_pytorchs_on_the_real_training_run
         row = out["results"][name]
         # PyTorch's expandable segments reserved anchor_mib on the H200 for the same run.
         assert row["vmm"] <= anchor_mib * MiB, (name, row["vmm"] / MiB)
-        assert row["vmm_region"] == row["vmm"]       # a region per step costs nothing
+        assert row["vmm_region"] <= row["vmm"]       # a region per step costs nothing
         assert row["vmm"] < 1.02 * row["peak_live"]
 
 

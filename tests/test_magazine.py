@@ -108,14 +108,16 @@ def test_a_thread_retakes_its_block_while_another_holds_the_pools_lock():
 
 
 def test_a_block_held_by_one_thread_serves_another_before_the_pool_grows():
-    sim = SimulatedDevice(capacity=8 * MiB)
+    # Out of memory (the device holds one 2 MiB segment): the worker's held block serves.
+    sim = SimulatedDevice(capacity=2 * MiB)
     pool = gpupool.Pool(upstream=sim)
     worker = Worker()
     ptr = worker(lambda: pool.allocate(2 * MiB).ptr)    # a whole segment, freed on the worker
     assert pool._magazines_info()[0]["blocks"] == 1
     used = sim.used
     buf = pool.allocate(2 * MiB)                        # on this thread: no block of its own
-    assert buf.ptr == ptr and sim.used == used          # the worker's block, no growth
+    assert buf.ptr == ptr and sim.used == used          # the worker's block, no trim
+    assert pool.stats().upstream_frees == 0 and pool.stats().oom_retries == 0
     assert pool._magazines_info()[0]["blocks"] == 0
     check_invariants(pool)
     buf.close()
@@ -148,7 +150,7 @@ def test_trims_and_stream_merges_flush_every_threads_magazine():
     sim = SimulatedDevice()
     pool = gpupool.Pool(upstream=sim)
     stream = sim.create_stream()
-    pool.allocate(16 * MiB, stream=stream).close()      # free memory to cut from, on stream
+    pool.allocate(128 * MiB, stream=stream).close()     # free memory to cut from, on stream
     worker = Worker()
     worker(lambda: pool.allocate(MiB, stream=stream).close())
     pool.allocate(2 * MiB, stream=stream).close()
@@ -165,7 +167,7 @@ def test_the_peak_is_exact_when_a_held_block_is_flushed_not_retaken():
     # Bytes a thread holds are free: another thread's allocation meanwhile is not a new peak
     # unless in use really went above it.
     pool = gpupool.Pool(upstream=SimulatedDevice())
-    pool.allocate(16 * MiB).close()         # free memory to cut from: no flush before growth
+    pool.allocate(128 * MiB).close()        # free memory to cut from: no flush before growth
     pool.reset_peak_stats()
     worker = Worker()
     worker(lambda: pool.allocate(MiB).close())          # the worker holds 1 MiB; peak 1 MiB
@@ -243,3 +245,38 @@ def test_threads_allocating_at_once_keep_the_counts_exact(threads):
     assert counters["allocated_bytes"] == counters["freed_bytes"]
     assert stats.cache_hits + stats.cache_misses == stats.num_allocs
     assert stats.reserved_bytes == sim.used
+
+
+def test_a_thread_that_used_many_pools_still_gets_a_magazine_for_a_new_one():
+    # A thread has room for 8 magazines; those of pools that are gone are reused.
+    for _ in range(20):
+        pool = gpupool.Pool(upstream=SimulatedDevice())
+        pool.allocate(1000).close()
+        assert [m["blocks"] for m in pool._magazines_info()] == [1]
+        check_invariants(pool)
+        del pool
+    pools = [gpupool.Pool(upstream=SimulatedDevice()) for _ in range(10)]
+    for pool in pools:                          # 10 live pools: the last 2 use the shared path
+        pool.allocate(1000).close()
+        check_invariants(pool)
+    assert sum(len(pool._magazines_info()) for pool in pools) <= 8
+
+
+def test_a_pool_the_collector_clears_lets_go_of_the_threads_magazines():
+    # A pool in a reference cycle may be cleared (its upstream dropped) before it is freed:
+    # its magazines must still let go of it, or a new pool at its address would take them.
+    import gc
+    for _ in range(30):
+        sim = SimulatedDevice()
+        pool = gpupool.Pool(upstream=sim)
+        sim.pool = pool                         # pool -> upstream -> pool
+        pool.allocate(1000).close()
+        del sim, pool
+        gc.collect()
+    for _ in range(30):
+        pool = gpupool.Pool(upstream=SimulatedDevice())
+        assert pool._magazines_info() == []
+        pool.allocate(1000).close()
+        pool.allocate(1000).close()
+        assert [m["blocks"] for m in pool._magazines_info()] == [1]
+        check_invariants(pool)

@@ -9,6 +9,8 @@ over a stream-ordered upstream (as the "async" one), where memory also exists fo
 only behind its allocation on the stream that allocated it.
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -31,6 +33,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.streams = [0] + [self.sim.create_stream() for _ in range(2)]
         self.live = []            # (buffer, streams it was used on)
         self.freed = []           # (ptr, size, [(stream, work queued on it at the free)])
+        self.max_in_use = 0       # the most bytes in use seen after an allocation
 
     @rule(size=SIZES, which=st.integers(0, 2))
     def allocate(self, size, which):
@@ -41,6 +44,11 @@ class PoolMachine(RuleBasedStateMachine):
             return
         self._check_handoff(buf, stream)
         self.live.append((buf, {stream}))
+        self._allocated()
+
+    def _allocated(self):
+        # Bytes in use rise only at allocations: their most, seen after each, is the peak.
+        self.max_in_use = max(self.max_in_use, self.pool.stats().in_use_bytes)
 
     def _check_handoff(self, buf, stream):
         size = gpupool.size_class(buf.nbytes)
@@ -114,6 +122,7 @@ class PoolMachine(RuleBasedStateMachine):
             except gpupool.OutOfMemoryError:
                 break
             self._check_handoff(buf, 0)
+            self._allocated()
             bufs.append(buf)
         if keep and bufs:
             self.live.append((bufs.pop(), {0}))
@@ -124,6 +133,15 @@ class PoolMachine(RuleBasedStateMachine):
     @rule()
     def release_region(self):
         self.region.release()
+
+    @rule()
+    def reset_peak(self):
+        self.pool.reset_peak_stats()
+        self.max_in_use = self.pool.stats().in_use_bytes
+
+    @invariant()
+    def peak_is_exact(self):
+        assert self.pool.stats().peak_in_use_bytes == self.max_in_use
 
     @invariant()
     def no_overlap(self):
@@ -147,7 +165,64 @@ class OrderedPoolMachine(PoolMachine):
     stream_ordered = True
 
 
+class Worker:
+    """A thread that runs what it is given, in turn (its magazines are its own)."""
+
+    def __init__(self):
+        self._executor = ThreadPoolExecutor(1)
+
+    def __call__(self, fn, *args):
+        return self._executor.submit(fn, *args).result(timeout=60)
+
+    def exit(self):
+        self._executor.shutdown(wait=True)
+
+
+class ThreadedPoolMachine(PoolMachine):
+    """The same rules and invariants, with allocations, frees and region steps made on three
+    worker threads as well (each with its magazine), and workers that exit and are replaced
+    (their magazines left to the pool)."""
+
+    def __init__(self):
+        super().__init__()
+        self.workers = [Worker() for _ in range(3)]
+
+    def teardown(self):
+        for worker in self.workers:
+            worker.exit()
+
+    @rule(size=SIZES, which=st.integers(0, 2), worker=st.integers(0, 2))
+    def allocate_on(self, size, which, worker):
+        stream = self.streams[which]
+        try:
+            buf = self.workers[worker](self.pool.allocate, size, stream)
+        except gpupool.OutOfMemoryError:
+            return
+        self._check_handoff(buf, stream)
+        self.live.append((buf, {stream}))
+        self._allocated()
+
+    @precondition(lambda self: self.live)
+    @rule(index=st.integers(0, 1000), worker=st.integers(0, 2))
+    def free_on(self, index, worker):
+        buf, streams = self.live.pop(index % len(self.live))
+        pending = [(s, self.sim._queued[s]) for s in streams]
+        self.freed.append((buf.ptr, gpupool.size_class(buf.nbytes), pending))
+        self.workers[worker](buf.close)
+
+    @rule(sizes=st.lists(SIZES, max_size=4), keep=st.booleans(), worker=st.integers(0, 2))
+    def region_step_on(self, sizes, keep, worker):
+        self.workers[worker](self.region_step, sizes, keep)
+
+    @rule(worker=st.integers(0, 2))
+    def exit_worker(self, worker):
+        self.workers[worker].exit()
+        self.workers[worker] = Worker()
+
+
 PoolMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 OrderedPoolMachine.TestCase.settings = PoolMachine.TestCase.settings
 TestPool = PoolMachine.TestCase
 TestPoolOnStreamOrderedUpstream = OrderedPoolMachine.TestCase
+ThreadedPoolMachine.TestCase.settings = PoolMachine.TestCase.settings
+TestPoolWithThreads = ThreadedPoolMachine.TestCase

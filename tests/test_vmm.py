@@ -297,6 +297,7 @@ class VmmPoolMachine(PoolMachine):
         self.streams = self.machine_streams()
         self.live = []
         self.freed = []
+        self.max_in_use = 0
 
     def machine_streams(self):
         return [0, 0, 0]

@@ -1,11 +1,18 @@
-/* The calling thread's magazines (gpupool/_magazine.pxd): one per pool the thread has freed
- * into, found by the pool's address. The table is plain thread-local data (reading it costs
- * no TLS initialization check); a second thread-local object, touched only when a magazine is
- * made, hands the thread's magazines to gp_magazine_exit_hook when the thread exits. Included
- * by _pool.pyx alone, so there is one table per thread. */
+/* The calling thread's state that the pool reads on every allocation, in one thread-local
+ * struct so that the hot path fetches it once: its stack of entered regions
+ * (_regionstack.pxi) and its magazines (_magazine.pxd), one per pool it has freed into,
+ * found by the pool's address. The struct is plain data (reading it costs no initialization
+ * check); a second thread-local object, touched only when a magazine is made, hands the
+ * thread's magazines to gp_magazine_exit_hook when the thread exits. Included by _pool.pyx
+ * alone, so there is one per thread. Also the magazines' lock. */
 #ifndef GPUPOOL_MAGAZINE_H
 #define GPUPOOL_MAGAZINE_H
 
+#include <atomic>
+#include <sched.h>
+#include "gp_lock.h"
+
+#define GP_REGION_DEPTH_MAX 64
 #define GP_THREAD_POOLS 8       /* pools with a magazine per thread (more: the shared path) */
 
 struct gp_thread_magazine {
@@ -13,7 +20,15 @@ struct gp_thread_magazine {
     void* magazine;
 };
 
-static thread_local gp_thread_magazine gp_thread_magazines[GP_THREAD_POOLS];
+struct gp_thread {
+    int region_depth;
+    void* region_stack[GP_REGION_DEPTH_MAX];
+    gp_thread_magazine magazines[GP_THREAD_POOLS];
+};
+
+static thread_local gp_thread gp_thread_state;
+static inline gp_thread* gp_this_thread(void) { return &gp_thread_state; }
+
 static void (*gp_magazine_exit_hook)(void*) = nullptr;
 
 struct gp_magazine_reaper {
@@ -22,10 +37,10 @@ struct gp_magazine_reaper {
         if (!armed || gp_magazine_exit_hook == nullptr)
             return;
         for (int i = 0; i < GP_THREAD_POOLS; i++) {
-            if (gp_thread_magazines[i].magazine != nullptr)
-                gp_magazine_exit_hook(gp_thread_magazines[i].magazine);
-            gp_thread_magazines[i].pool = nullptr;
-            gp_thread_magazines[i].magazine = nullptr;
+            if (gp_thread_state.magazines[i].magazine != nullptr)
+                gp_magazine_exit_hook(gp_thread_state.magazines[i].magazine);
+            gp_thread_state.magazines[i].pool = nullptr;
+            gp_thread_state.magazines[i].magazine = nullptr;
         }
     }
 };
@@ -33,5 +48,32 @@ struct gp_magazine_reaper {
 static thread_local gp_magazine_reaper gp_thread_reaper;
 
 static inline void gp_arm_reaper(void) { gp_thread_reaper.armed = true; }
+
+/* A magazine's lock: its thread takes it with one compare-and-swap and gives it back with a
+ * plain release store (no read-modify-write); another thread (the pool flushing it, rarely)
+ * spins, yielding the processor now and then, since the holder never waits inside. */
+struct gp_spin {
+    std::atomic<int> state;
+
+    gp_spin() : state(0) {}
+
+    bool try_lock() {
+        int expected = 0;
+        return state.compare_exchange_strong(expected, 1, std::memory_order_acquire,
+                                             std::memory_order_relaxed);
+    }
+
+    void lock() {
+        for (unsigned i = 1; !try_lock(); i++) {
+            while (state.load(std::memory_order_relaxed) != 0) {
+                gp_cpu_relax();
+                if ((i++ & 127) == 0)
+                    sched_yield();
+            }
+        }
+    }
+
+    void unlock() { state.store(0, std::memory_order_release); }
+};
 
 #endif
