@@ -54,13 +54,18 @@ def vpool(vsim):
 
 
 class Child:
-    """A second process (tests/ipc_child.py) with a pool on a simulated device of its own."""
+    """A second process (tests/ipc_child.py): ``Child(**device)`` serves commands with a pool
+    on a simulated device of its own; ``Child(target=name, **kwargs)`` runs
+    ``ipc_child.name(conn, **kwargs)`` (a GPU pool, a framework consumer)."""
 
-    def __init__(self, **device):
+    def __init__(self, target=None, **kwargs):
         self.conn, theirs = SPAWN.Pipe()
         import ipc_child
 
-        self.process = SPAWN.Process(target=ipc_child.serve, args=(theirs, device), daemon=True)
+        if target is None:
+            target, kwargs = "serve", {"device": kwargs}
+        self.process = SPAWN.Process(target=getattr(ipc_child, target), args=(theirs,),
+                                     kwargs=kwargs, daemon=True)
         self.process.start()
         theirs.close()
 
