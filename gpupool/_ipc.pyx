@@ -234,13 +234,19 @@ def _collect_on_oom(nbytes):
 
 
 cdef _maybe_collect():
-    global _collecting
     if len(_records) < 1024 or len(_records) >= _sweep_limit:
         collect()
+
+
+cdef _collect_on_oom_too():
+    """Page descriptors of given-back buffers keep their pages allocated: an allocation that
+    runs out of memory collects them before it is retried (registered at the first export
+    of pages, once)."""
+    global _collecting
     if not _collecting:
         from gpupool._pool import on_oom
 
-        on_oom(_collect_on_oom)     # descriptors of given-back buffers hold pages
+        on_oom(_collect_on_oom)
         _collecting = True
 
 
@@ -317,6 +323,7 @@ cdef object _export(object pool, Block* blk, uintptr_t ptr, size_t nbytes, uintp
     fds = record.fds.get((first, end))
     if fds is None:
         fds = record.fds[(first, end)] = tuple(upstream._ipc_export(first, end - first))
+        _collect_on_oom_too()
     fields.update(segment_slot=0, segment_serial=0, offset=ptr - first,
                   alloc_bytes=end - first, page_bytes=g, mem=b"", remote_fds=fds)
     own = []
@@ -402,11 +409,11 @@ def export_range(Pool pool, uintptr_t ptr, size_t nbytes, stream, alive):
     cdef gp_ipc_slot* slot
     if forked():
         raise GpupoolError(FORK_MESSAGE)
-    with _lock:
-        blk = _find_block(pool, ptr, nbytes)
-        if blk == NULL:
-            raise IpcError(f"{nbytes} B at {ptr:#x} are not in one live block of {pool!r}",
-                           "foreign_memory")
+    blk = _find_block(pool, ptr, nbytes)        # not under _lock: the pool's lock is taken
+    if blk == NULL:
+        raise IpcError(f"{nbytes} B at {ptr:#x} are not in one live block of {pool!r}",
+                       "foreign_memory")
+    with _lock:                                 # the caller holds the memory's owner: blk lives
         table = _exporter_table()
         _maybe_collect()
         slot = _claim(table)
@@ -522,6 +529,17 @@ cdef Table _importer_table(handle):
     return table
 
 
+_uuids = None                   # the UUID of every device this process sees, by ordinal
+
+
+def _device_ordinal(uuid):
+    """This process's ordinal of the device with ``uuid``, or None."""
+    global _uuids
+    if _uuids is None:
+        _uuids = device_uuids()
+    return _uuids.index(uuid) if uuid in _uuids else None
+
+
 def _uuid_text(uuid):
     h = uuid.hex()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
@@ -541,13 +559,12 @@ def _importer_pool(handle, pool):
                     "on a gpupool.testing.SimulatedDevice (open_ipc(handle, pool=pool), or "
                     "make it the default pool with gpupool.set_pool(pool))", "wrong_device")
         else:
-            try:
-                ordinal = device_uuids().index(handle.device_uuid)
-            except ValueError:
+            ordinal = _device_ordinal(handle.device_uuid)
+            if ordinal is None:
                 raise IpcError(
                     f"the handle's memory is on GPU {_uuid_text(handle.device_uuid)} (device "
                     f"{handle.device} of process {handle.pid}), which this process does not "
-                    f"see (CUDA_VISIBLE_DEVICES?)", "wrong_device") from None
+                    f"see (CUDA_VISIBLE_DEVICES?)", "wrong_device")
             pool = _defaults.get_pool(ordinal)
     elif not isinstance(pool, Pool):
         raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")

@@ -23,6 +23,8 @@ from gpupool.errors import GpupoolError, IpcError
 # How an upstream's memory is exported for CUDA IPC (Upstream.ipc_kind).
 IPC_MEM_HANDLE = "mem_handle"   # cuIpcGetMemHandle of a whole cuMemAlloc allocation
 IPC_POSIX_FD = "posix_fd"       # cuMemExportToShareableHandle of each page, as file descriptors
+cdef int POSIX_FD_SUPPORTED = (
+    cydriver.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
 
 _ASYNC_REFUSAL = (
     "memory of a driver memory pool (upstream 'async': cuMemAllocFromPoolAsync) cannot be "
@@ -380,19 +382,19 @@ cdef class DriverUpstream(Upstream):
         cdef CUdeviceptr found = 0
         cdef size_t found_size = 0
         cdef CUipcMemHandle handle
+        cdef bint one = False
         cdef int r = self._enter(&prev)
         if r == 0:
             r = drv.mem_address_range(&found, &found_size, <CUdeviceptr>base)
-            if r == 0 and (found != base or found_size != size):
-                r = self._leave(prev, 0)
-                raise IpcError(
-                    f"the segment at {base:#x} ({size} B) is not one cuMemAlloc allocation "
-                    f"(cuMemGetAddressRange: {found_size} B at {<uintptr_t>found:#x})",
-                    "not_exportable")
-            if r == 0:
+            one = found == base and found_size == size
+            if r == 0 and one:
                 r = drv.ipc_get_mem_handle(&handle, <CUdeviceptr>base)
             r = self._leave(prev, r)
-        self.raise_error(r, "cuIpcGetMemHandle")
+        self.raise_error(r, "cuMemGetAddressRange / cuIpcGetMemHandle")
+        if not one:
+            raise IpcError(f"the segment at {base:#x} ({size} B) is not one cuMemAlloc "
+                           f"allocation (cuMemGetAddressRange: {found_size} B at "
+                           f"{<uintptr_t>found:#x})", "not_exportable")
         return (<char*>&handle)[:CU_IPC_HANDLE_SIZE]
 
     def _ipc_open(self, kind, payload, size_t size):
@@ -667,9 +669,7 @@ cdef class VmmUpstream(DriverUpstream):
         cdef void* prev = NULL
         cdef int r = self._enter(&prev)
         if r == 0 and shareable:
-            r = drv.device_attribute(
-                &supported, cydriver.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                <CUdevice>device)
+            r = drv.device_attribute(&supported, POSIX_FD_SUPPORTED, <CUdevice>device)
             self.shareable = r == 0 and supported != 0
             if r == 0 and not supported:
                 self.share_refused = CUDA_ERROR_NOT_SUPPORTED
