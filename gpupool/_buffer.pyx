@@ -438,8 +438,10 @@ cdef class DeviceBuffer:
         IpcError
             The memory cannot be exported: the pool's upstream has no IPC ("async", a
             simulated device made without ``shareable=True``; the message names the
-            alternative), the buffer wraps another library's memory (``as_buffer``), or
-            it was itself opened from another process.
+            alternative), the buffer wraps memory that no block of its pool holds
+            (``as_buffer`` of another library's memory), or it was itself opened from another
+            process. (An ``as_buffer`` wrapper of gpupool memory, such as an array of the CuPy
+            or PyTorch adapter, is exported while the wrapped array lives.)
         ValueError
             The buffer is empty.
         InvalidBufferError

@@ -17,6 +17,7 @@ The upstream performs the driver's side (``Upstream._ipc_*``: ``cuIpcGetMemHandl
 the pool's records (a block's segment and its pages) and the slots.
 """
 from libc.errno cimport errno as c_errno
+from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t, uint64_t
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
 from gpupool._block cimport Block, Segment, LIVE
@@ -51,6 +52,9 @@ cdef size_t TABLE_BYTES = SLOTS * sizeof(gp_ipc_slot)
 PREFIX = "gpupool-ipc-"
 SYS_PIDFD_GETFD = 438                           # the same number on x86-64 and arm64
 
+cdef extern from "Python.h":
+    Py_ssize_t Py_REFCNT(PyObject* o)
+
 _lock = threading.RLock()       # the registry and the mappings (exports and opens)
 
 
@@ -76,7 +80,9 @@ cdef class Table:
         self.path, self.fd, self.own, self.slots = path, fd, own, <gp_ipc_slot*>base
 
     def __dealloc__(self):
-        if self.slots != NULL:
+        # The exporter's own stays mapped for the process's life: buffers and segments that
+        # die later (at interpreter shutdown, after this module) still write their slots.
+        if self.slots != NULL and not self.own:
             munmap(self.slots, TABLE_BYTES)
 
     cdef gp_ipc_slot* slot(self, size_t index) except NULL:
@@ -341,25 +347,36 @@ def export_buffer(DeviceBuffer buf, stream=None):
     """``DeviceBuffer.ipc_handle``'s work: the handle of ``buf``'s memory (docs there)."""
     cdef DeviceBuffer owner
     cdef uintptr_t handle
+    cdef bint found = False
     if forked():
         raise GpupoolError(FORK_MESSAGE)
     if buf._nbytes == 0:
         raise ValueError("an empty buffer has no memory to share (ipc_handle needs nbytes > 0)")
     owner = buf if buf._blk != NULL else buf._base
+    handle = stream_handle(stream) if stream is not None else recordable(buf._stream)
     if owner is None or owner._blk == NULL:
         if isinstance(buf._exporter, _Import):
             raise IpcError(
                 "this buffer's memory was opened from another process (gpupool.open_ipc): "
                 "it cannot be exported again; copy it into a buffer of this process's pool "
                 "first (buf.copy())", "received")
-        raise IpcError(
-            f"this buffer wraps memory that gpupool does not own ({type(buf._exporter).__name__}"
-            f" through gpupool.as_buffer): only buffers allocated from a gpupool pool can be "
-            f"exported. Share the memory with its owner's IPC (CuPy: "
-            f"cupy.cuda.runtime.ipcGetMemHandle, PyTorch: torch.multiprocessing), or copy it "
-            f"into a gpupool buffer first (pool.allocate(n).copy_from_host(array))",
-            "foreign_memory")
-    handle = stream_handle(stream) if stream is not None else recordable(buf._stream)
+        # An array of gpupool memory made by an adapter (CuPy's, Numba's, PyTorch's
+        # allocator): exported as the buffer that holds the block, or for a block of the C
+        # API (PyTorch's under use()) while the array lives.
+        holder = _holder_of(buf.pool, buf._ptr, buf._nbytes, &found) \
+            if isinstance(buf.pool, Pool) else None
+        if holder is not None:
+            owner = holder
+        elif found:
+            return export_range(buf.pool, buf._ptr, buf._nbytes, handle, _alive(buf))
+        else:
+            raise IpcError(
+                f"this buffer wraps memory that gpupool does not own "
+                f"({type(buf._exporter).__name__} through gpupool.as_buffer; no block of "
+                f"{buf.pool!r} holds it): only memory of a gpupool pool can be exported. Share "
+                f"the memory with its owner's IPC (CuPy: cupy.cuda.runtime.ipcGetMemHandle, "
+                f"PyTorch: torch.multiprocessing), or copy it into a gpupool buffer first "
+                f"(pool.allocate(n).copy_from_host(array))", "foreign_memory")
     with _lock:
         table = _exporter_table()
         _maybe_collect()
@@ -367,25 +384,54 @@ def export_buffer(DeviceBuffer buf, stream=None):
         return _export(owner.pool, owner._blk, buf._ptr, buf._nbytes, handle, record, table)
 
 
-cdef Block* _find_block(Pool pool, uintptr_t ptr, size_t nbytes) noexcept nogil:
-    """The live block of pool holding [ptr, ptr + nbytes), or NULL."""
-    cdef Segment* seg
+def _alive(DeviceBuffer wrapper):
+    """Whether the memory of an ``as_buffer`` wrapper is still held: its exporter (the array)
+    is alive, or where that takes no weak reference, the wrapper."""
+    try:
+        ref = weakref.ref(wrapper._exporter)
+    except TypeError:
+        ref = weakref.ref(wrapper)
+    return lambda: ref() is not None
+
+
+cdef Block* _walk(Pool pool, uintptr_t ptr, size_t nbytes) noexcept nogil:
+    """The live block of pool holding [ptr, ptr + nbytes), or NULL; under the pool's lock."""
+    cdef Segment* seg = pool._segments.head
     cdef Block* b
-    cdef Block* found = NULL
-    pool.lock()
-    seg = pool._segments.head
-    while seg != NULL and found == NULL:
+    while seg != NULL:
         if seg.base <= ptr < seg.base + (seg.va_bytes if seg.va_bytes else seg.nbytes):
             b = seg.first
             while b != NULL:
                 if b.ptr <= ptr and ptr + nbytes <= b.ptr + b.size:
-                    if b.state == LIVE:
-                        found = b
-                    break
+                    return b if b.state == LIVE else NULL
                 b = b.seg_next
         seg = seg.next
+    return NULL
+
+
+cdef Block* _find_block(Pool pool, uintptr_t ptr, size_t nbytes) noexcept nogil:
+    """The live block of pool holding [ptr, ptr + nbytes), or NULL."""
+    cdef Block* found
+    pool.lock()
+    found = _walk(pool, ptr, nbytes)
     pool.unlock()
     return found
+
+
+cdef object _holder_of(Pool pool, uintptr_t ptr, size_t nbytes, bint* found):
+    """The DeviceBuffer holding the live block of pool around [ptr, ptr + nbytes) (None for a
+    block of the C API, or none); ``found``: whether there is such a block. With the GIL: a
+    holder whose count is 0 is dying (its __dealloc__ waits for the lock held here), and no
+    other thread changes counts meanwhile."""
+    cdef Block* b
+    holder = None
+    pool.lock()
+    b = _walk(pool, ptr, nbytes)
+    found[0] = b != NULL
+    if b != NULL and b.holder != NULL and Py_REFCNT(<PyObject*>b.holder) > 0:
+        holder = <object>b.holder
+    pool.unlock()
+    return holder
 
 
 def owns(Pool pool, uintptr_t ptr, size_t nbytes):

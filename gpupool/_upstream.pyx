@@ -377,7 +377,8 @@ cdef class DriverUpstream(Upstream):
 
     def _ipc_export(self, uintptr_t base, size_t size):
         """The ``cuIpcGetMemHandle`` of the ``cuMemAlloc`` allocation at ``base`` (checked with
-        ``cuMemGetAddressRange`` to be one allocation of ``size`` bytes), as 64 bytes."""
+        ``cuMemGetAddressRange`` to be one allocation, starting there, of at least ``size``
+        bytes), as 64 bytes."""
         cdef void* prev = NULL
         cdef CUdeviceptr found = 0
         cdef size_t found_size = 0
@@ -386,7 +387,7 @@ cdef class DriverUpstream(Upstream):
         cdef int r = self._enter(&prev)
         if r == 0:
             r = drv.mem_address_range(&found, &found_size, <CUdeviceptr>base)
-            one = found == base and found_size == size
+            one = found == base and found_size >= size
             if r == 0 and one:
                 r = drv.ipc_get_mem_handle(&handle, <CUdeviceptr>base)
             r = self._leave(prev, r)

@@ -44,7 +44,10 @@ or virtual-memory pages that ``cudaIpcGetMemHandle`` refuses). So ``use()`` and
 ``mempool()`` register a reducer of their own with ``multiprocessing``'s ``ForkingPickler``:
 a CUDA tensor whose memory is a gpupool block is sent as a gpupool IPC handle
 (``gpupool.ipc``: the block's allocation, the storage's offset in it, an event recorded on
-PyTorch's current stream) and rebuilt in the receiving process over ``gpupool.open_ipc``
+PyTorch's current stream of the pickling thread, as PyTorch's own sharing records it:
+``multiprocessing`` queues pickle in a feeder thread, where that is the default stream, so
+synchronize a side stream that wrote the tensor before sending it, as with PyTorch's) and
+rebuilt in the receiving process over ``gpupool.open_ipc``
 (``torch.from_dlpack``, with the dtype, size, stride and storage offset), whatever allocator
 that process uses; other tensors go through PyTorch's own reducer. PyTorch's rule applies:
 keep the sent tensor alive until the receiver is done with it (its storage's death

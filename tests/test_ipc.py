@@ -369,6 +369,40 @@ def test_memory_gpupool_does_not_own_is_refused(mpool):
     assert view.ipc_handle().offset == buf.ipc_handle().offset
 
 
+def test_an_array_of_gpupool_memory_made_by_an_adapter_exports_its_buffer(mpool):
+    # As a CuPy array of gpupool.cupy's allocator: only its interface reaches as_buffer, and
+    # the DeviceBuffer holding the block (the array's memory owner) is what is exported.
+    buf = mpool.allocate(8192)
+    array = Foreign(np.zeros(1, np.uint8))
+    array.__cuda_array_interface__ = dict(buf.__cuda_array_interface__, shape=(4096,),
+                                          data=(buf.ptr + 1024, False))
+    h = gpupool.as_buffer(array, pool=mpool).ipc_handle()   # the wrapper may go at once
+    own = buf.ipc_handle()
+    assert (h.offset, h.nbytes) == (own.offset + 1024, 4096)
+    assert (h.buffer_slot, h.buffer_serial) == (own.buffer_slot, own.buffer_serial)
+    del array
+    assert _ipc._slot_state(h.table, h.buffer_slot)[1] == 1          # the buffer holds it
+    buf.close()
+    assert _ipc._slot_state(h.table, h.buffer_slot)[1] == RELEASED
+
+
+def test_an_array_of_c_api_memory_exports_while_it_lives(mpool, default_pools):
+    # As a PyTorch tensor under gpupool.torch.use(): a block of the C API, no DeviceBuffer.
+    gpupool.set_pool(mpool)
+    from gpupool import _torch
+
+    ptr = _torch._torch_malloc(8192, 0, 0)
+    array = Foreign(np.zeros(1, np.uint8))
+    array.__cuda_array_interface__ = {"shape": (8192,), "typestr": "|u1", "version": 3,
+                                      "data": (ptr, False), "strides": None, "stream": None}
+    h = gpupool.as_buffer(array, pool=mpool).ipc_handle()
+    assert h.nbytes == 8192 and _ipc._slot_state(h.table, h.buffer_slot)[1] == 1
+    del array
+    _ipc.collect()                                  # the array died: its export with it
+    assert _ipc._slot_state(h.table, h.buffer_slot)[1] != 1
+    _torch._torch_free(ptr, 8192, 0, 0)
+
+
 def test_memory_of_an_upstream_without_ipc_is_refused_naming_the_alternative():
     for sim in (SimulatedDevice(), SimulatedDevice(stream_ordered=True)):
         buf = gpupool.Pool(upstream=sim).allocate(1000)
