@@ -139,6 +139,18 @@ def test_pages_travel_through_a_pipe_and_by_pidfd(server, upstream):
     server.call("close", "q")
 
 
+def test_a_cupy_array_of_gpupool_s_allocator_is_shared_through_as_buffer(pool, server):
+    import gpupool.cupy
+
+    with cupy.cuda.using_allocator(gpupool.cupy.allocator(pool)):
+        x = cupy.full(MIB, 6, dtype=cupy.uint8)
+    handle = gpupool.as_buffer(x, pool=pool).ipc_handle()   # the DeviceBuffer behind x
+    server.call("open", "c", handle, {})
+    assert server.call("read", "c") == b"\x06" * MIB
+    server.call("close", "c")
+    del x
+
+
 # Errors on the real driver --------------------------------------------------------------
 
 def test_a_handle_opened_in_its_own_process_is_refused(pool):
