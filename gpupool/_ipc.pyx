@@ -10,7 +10,10 @@ memory the pool reuses. An exported upstream allocation (a plain segment: "mem_h
 handles) has a slot whose ``opened`` counts the importers' mappings of it: the pool does not
 return the segment to the driver while it is above 0 (``_segments.pxd``), since freeing memory
 another process holds open through ``cuIpcOpenMemHandle`` is undefined. Importers map the
-exporter's table, check the slots before they open a handle and count themselves in them.
+exporter's table and check the slots before they open a handle; while one maps a segment it
+holds a read lock on the segment's slot (an open-file-description lock: the kernel drops it
+when the process ends, even killed) and counts itself in it, so the exporter's ``collect``
+forgets the count of an importer that died without closing.
 
 The upstream performs the driver's side (``Upstream._ipc_*``: ``cuIpcGetMemHandle``,
 ``cuMemExportToShareableHandle``, their opening and closing, IPC events); this module knows
@@ -27,6 +30,7 @@ from gpupool._handoff cimport recordable
 from gpupool._ipcslot cimport (
     gp_ipc_slot, GP_IPC_LIVE, GP_IPC_RELEASED, gp_ipc_opened, gp_ipc_add_opened,
     gp_ipc_state, gp_ipc_serial, gp_ipc_release, gp_ipc_claim, gp_ipc_free,
+    gp_ipc_reset_opened,
 )
 from gpupool._pool cimport Pool
 from gpupool._streams cimport stream_handle
@@ -38,6 +42,7 @@ import fcntl
 import glob
 import os
 import secrets
+import struct
 import tempfile
 import threading
 import weakref
@@ -209,12 +214,32 @@ cdef void _unclaim(Table table, gp_ipc_slot* slot):
     _free_slots.append(table.index(slot))
 
 
+_FLOCK = struct.Struct("hh4xqqi4x")    # struct flock (x86-64 and arm64 Linux)
+
+
+def _lock_slot(Table table, size_t index, bint lock):
+    """Take (or drop) the importer's read lock on a slot's 16 bytes (F_OFD_SETLK)."""
+    fcntl.fcntl(table.fd, fcntl.F_OFD_SETLK,
+                _FLOCK.pack(fcntl.F_RDLCK if lock else fcntl.F_UNLCK, os.SEEK_SET,
+                            index * sizeof(gp_ipc_slot), sizeof(gp_ipc_slot), 0))
+
+
+def _slot_locked(Table table, size_t index):
+    """Whether some importer holds a lock on a slot (F_OFD_GETLK)."""
+    found = fcntl.fcntl(table.fd, fcntl.F_OFD_GETLK,
+                        _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, index * sizeof(gp_ipc_slot),
+                                    sizeof(gp_ipc_slot), 0))
+    return _FLOCK.unpack(found)[0] != fcntl.F_UNLCK
+
+
 def collect():
     """Free what the exports of given-back buffers still hold (their IPC events and page
-    descriptors, which keep virtual-memory pages allocated) and reuse their slots once no
-    importer holds them. Returns the number of exports forgotten."""
+    descriptors, which keep virtual-memory pages allocated), reuse their slots, and forget the
+    counts of importers that died without closing a segment (no lock of theirs backs them),
+    so a trim can return it. Returns the number of exports forgotten."""
     global _sweep_limit
     cdef gp_ipc_slot* slot
+    cdef int opened
     forgotten = 0
     with _lock:
         if _own is None or _own_pid != os.getpid():
@@ -224,10 +249,17 @@ def collect():
             if record.alive is not None and gp_ipc_state(slot) == GP_IPC_LIVE \
                     and not record.alive():
                 gp_ipc_release(slot)
+            opened = gp_ipc_opened(slot)
+            if record.mem is not None and opened > 0 and not _slot_locked(_own, index):
+                # An importer locks before it counts and counts down before it unlocks: a
+                # count without a lock is a dead importer's (and one counting since fails
+                # the exchange, to be looked at next time).
+                if gp_ipc_reset_opened(slot, opened):
+                    opened = 0
             if gp_ipc_state(slot) != GP_IPC_RELEASED:
                 continue
             record.free_resources()
-            if gp_ipc_opened(slot) <= 0:
+            if record.mem is None or opened <= 0:
                 del _records[index]
                 _unclaim(_own, slot)
                 forgotten += 1
@@ -240,15 +272,12 @@ def _collect_on_oom(nbytes):
 
 
 cdef _maybe_collect():
+    """At an export: collect now and then; at the first, make an allocation that runs out of
+    memory collect before it is retried (page descriptors of given-back buffers hold their
+    pages, and a dead importer's count its segment)."""
+    global _collecting
     if len(_records) < 1024 or len(_records) >= _sweep_limit:
         collect()
-
-
-cdef _collect_on_oom_too():
-    """Page descriptors of given-back buffers keep their pages allocated: an allocation that
-    runs out of memory collects them before it is retried (registered at the first export
-    of pages, once)."""
-    global _collecting
     if not _collecting:
         from gpupool._pool import on_oom
 
@@ -329,7 +358,6 @@ cdef object _export(object pool, Block* blk, uintptr_t ptr, size_t nbytes, uintp
     fds = record.fds.get((first, end))
     if fds is None:
         fds = record.fds[(first, end)] = tuple(upstream._ipc_export(first, end - first))
-        _collect_on_oom_too()
     fields.update(segment_slot=0, segment_serial=0, offset=ptr - first,
                   alloc_bytes=end - first, page_bytes=g, mem=b"", remote_fds=fds)
     own = []
@@ -505,28 +533,34 @@ class _Mapping:
             self.upstream._ipc_close(self.kind, self.base, self.size)
         finally:
             if self.segment:
-                _add_opened(self.table, self.segment, -1)
+                _uncount(self.table, self.segment)
 
 
 class _Import:
     """What a buffer opened from another process holds (its ``as_buffer`` exporter): its
-    mapping, and its count in the exporter's slot of the buffer."""
+    mapping."""
 
-    __slots__ = ("mapping", "table", "slot", "__weakref__")
+    __slots__ = ("mapping", "__weakref__")
 
-    def __init__(self, mapping, table, slot):
-        self.mapping, self.table, self.slot = mapping, table, slot
+    def __init__(self, mapping):
+        self.mapping = mapping
 
     def __del__(self):
-        # Never raises (at interpreter shutdown the driver may be gone).
-        try:
-            _add_opened(self.table, self.slot, -1)
-        except Exception:
-            pass
         try:
             self.mapping.release()
-        except Exception:
+        except Exception:       # never raises: at interpreter shutdown the driver may be gone
             pass
+
+
+def _count(Table table, size_t index):
+    """Count this process in a segment's slot: its lock first (see the module's notes)."""
+    _lock_slot(table, index, True)
+    _add_opened(table, index, 1)
+
+
+def _uncount(Table table, size_t index):
+    _add_opened(table, index, -1)
+    _lock_slot(table, index, False)
 
 
 def _add_opened(Table table, size_t index, int delta):
@@ -648,7 +682,8 @@ def _fetch_fds(handle):
     fds = []
     try:
         for remote in handle.remote_fds:
-            fd = getfd(SYS_PIDFD_GETFD, pidfd, remote, 0)
+            fd = getfd(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_long(pidfd),
+                       ctypes.c_long(remote), ctypes.c_long(0))
             if fd < 0:
                 err = ctypes.get_errno()
                 if err == errno.EBADF:
@@ -684,12 +719,12 @@ def _map(handle, upstream, Table table):
             mapping.refs += 1
             return mapping
         _check_live(table, handle.segment_slot, handle.segment_serial, handle, "segment")
-        _add_opened(table, handle.segment_slot, 1)
+        _count(table, handle.segment_slot)
         try:
             _check_live(table, handle.segment_slot, handle.segment_serial, handle, "segment")
             base = _open(upstream, handle, handle.mem)
         except BaseException:
-            _add_opened(table, handle.segment_slot, -1)
+            _uncount(table, handle.segment_slot)
             raise
         mapping = _Mapping(key, upstream, handle.kind, base, handle.alloc_bytes, table,
                            handle.segment_slot)
@@ -737,14 +772,8 @@ def open_handle(handle, stream=None, pool=None):
     with _lock:
         table = _importer_table(handle)
         _check_live(table, handle.buffer_slot, handle.buffer_serial, handle, "buffer")
-        _add_opened(table, handle.buffer_slot, 1)
-        try:
-            _check_live(table, handle.buffer_slot, handle.buffer_serial, handle, "buffer")
-            mapping = _map(handle, pool.upstream, table)
-        except BaseException:
-            _add_opened(table, handle.buffer_slot, -1)
-            raise
-        holder = _Import(mapping, table, handle.buffer_slot)
+        mapping = _map(handle, pool.upstream, table)
+        holder = _Import(mapping)
     buf = _wrap(pool, mapping.base + handle.offset, handle.nbytes, None, stream, holder)
     pool.upstream._ipc_wait(handle.event, stream_handle(stream))
     return buf
@@ -772,6 +801,13 @@ def _slot_state(path, size_t index):
     return gp_ipc_serial(slot), gp_ipc_state(slot), gp_ipc_opened(slot)
 
 
+_test_tables = {}
+
+
 def _add_to_slot(path, size_t index, int delta):
-    """For tests: what an importer's open (+1) or close (-1) does to a slot of this process."""
-    _add_opened(_own if _own.path == path else _tables[path], index, delta)
+    """For tests: what another process's mapping of a segment (+1) and its close (-1) do to a
+    slot of this process's table, through a table opened as an importer opens it."""
+    table = _test_tables.get(path)
+    if table is None:
+        table = _test_tables[path] = Table(path, os.open(path, os.O_RDWR | os.O_CLOEXEC), False)
+    (_count if delta > 0 else _uncount)(table, index)

@@ -19,3 +19,4 @@ cdef extern from "gp_ipc.h" nogil:
     void gp_ipc_release(gp_ipc_slot* s)
     void gp_ipc_claim(gp_ipc_slot* s, uint64_t serial)
     void gp_ipc_free(gp_ipc_slot* s)
+    bint gp_ipc_reset_opened(gp_ipc_slot* s, int32_t expected)

@@ -202,6 +202,17 @@ cdef class Upstream:
         raise IpcError(f"{type(self).__name__} has no device UUID", "not_exportable")
 
 
+cdef int _ipc_handle_from(object data, void* out, str what) except -1:
+    """Copy a CUDA IPC handle (``CUipcMemHandle`` or ``CUipcEventHandle``: 64 bytes) from
+    ``data`` into ``out``."""
+    cdef const unsigned char[:] raw = bytes(data)
+    if raw.shape[0] != CU_IPC_HANDLE_SIZE:
+        raise IpcError(f"not a gpupool IPC handle: a CUDA IPC {what} handle has "
+                       f"{CU_IPC_HANDLE_SIZE} bytes, not {raw.shape[0]}", "malformed")
+    memcpy(out, &raw[0], CU_IPC_HANDLE_SIZE)
+    return 0
+
+
 cdef class DriverUpstream(Upstream):
     """Device memory from ``cuMemAlloc`` / ``cuMemFree`` on one device's primary context.
 
@@ -402,15 +413,10 @@ cdef class DriverUpstream(Upstream):
         cdef void* prev = NULL
         cdef CUdeviceptr ptr = 0
         cdef CUipcMemHandle handle
-        cdef const unsigned char[:] raw
         cdef int r
         if kind == IPC_POSIX_FD:
             return self._ipc_open_pages(payload, size)
-        raw = bytes(payload)
-        if raw.shape[0] != CU_IPC_HANDLE_SIZE:
-            raise IpcError(f"a CUDA IPC memory handle has {CU_IPC_HANDLE_SIZE} bytes, not "
-                           f"{raw.shape[0]}", "malformed")
-        memcpy(&handle, &raw[0], CU_IPC_HANDLE_SIZE)
+        _ipc_handle_from(payload, &handle, "memory")
         r = self._enter(&prev)
         if r == 0:
             r = self._leave(prev, drv.ipc_open_mem_handle(&ptr, handle))
@@ -502,14 +508,10 @@ cdef class DriverUpstream(Upstream):
         cdef void* prev = NULL
         cdef CUevent e = NULL
         cdef CUipcEventHandle raw_handle
-        cdef const unsigned char[:] raw = bytes(handle)
         cdef int r
-        if raw.shape[0] == 0:
+        if not handle:
             return
-        if raw.shape[0] != CU_IPC_HANDLE_SIZE:
-            raise IpcError(f"a CUDA IPC event handle has {CU_IPC_HANDLE_SIZE} bytes, not "
-                           f"{raw.shape[0]}", "malformed")
-        memcpy(&raw_handle, &raw[0], CU_IPC_HANDLE_SIZE)
+        _ipc_handle_from(handle, &raw_handle, "event")
         r = self._enter(&prev)
         if r == 0:
             r = drv.ipc_open_event_handle(&e, raw_handle)

@@ -37,9 +37,11 @@ and does not write it, until every importer is done with it** (have the consumer
 * an upstream allocation ("driver") that an importer holds open is not returned to the driver
   (``Pool.trim``, the out-of-memory ladder, the pool's end) until the importer closes it:
   freeing memory another process has mapped is undefined in CUDA IPC. The exporter's
-  ``/dev/shm`` export table counts the importers' mappings. On "vmm" the importer's mapping
-  holds the pages itself, so the exporter's trims go on (the memory stays in use on the device
-  until the importer closes it).
+  ``/dev/shm`` export table counts the importers' mappings; an importer that dies without
+  closing (killed, crashed) holds no lock on its count any more, and :func:`collect` (run at
+  exports and before an out-of-memory retry) forgets it. On "vmm" the importer's mapping
+  holds the pages itself, so the exporter's trims go on (the memory stays in use on the
+  device until the importer closes it).
 
 What the exporter's pool does not do is keep the block of a buffer that was given back while
 an importer still reads it: that is the rule's purpose.
@@ -105,8 +107,9 @@ def open_ipc(handle, stream=None, pool=None):
 
 def collect():
     """Free what the exports of buffers given back still hold (their IPC events, and on
-    "vmm" the page descriptors, which keep the pages allocated until closed) and reuse their
-    export slots. The exporter does it on its next export, when a buffer object dies, and
-    before retrying an allocation that ran out of memory; call it to do it now. Returns the
-    number of exports forgotten."""
+    "vmm" the page descriptors, which keep the pages allocated until closed), reuse their
+    export slots, and forget the counts of importers that died without closing a segment, so
+    that a trim can return it. The exporter does it at its exports, when a buffer object dies
+    (its event and descriptors), and before retrying an allocation that ran out of memory;
+    call it to do it now. Returns the number of exports forgotten."""
     return _ipc.collect()

@@ -320,6 +320,7 @@ def test_trim_keeps_a_segment_that_an_importer_holds_open(mpool, msim):
     reserved = mpool.stats().reserved_bytes
     _ipc._add_to_slot(h.table, h.segment_slot, 1)           # what an importer's open does
     del buf
+    _ipc.collect()                                          # a live importer's count stays
     assert mpool.trim() == 0 and mpool.stats().reserved_bytes == reserved
     assert msim.calls_named("free") == []
     _ipc._add_to_slot(h.table, h.segment_slot, -1)          # ... and its close
@@ -483,6 +484,21 @@ def test_trim_keeps_a_segment_another_process_holds_open(mpool, msim, child):
     assert _ipc._slot_state(h.table, h.segment_slot)[2] == 0
     assert mpool.trim() == reserved             # now it goes back, and the sim saw no
     check_invariants(mpool)                     # free of memory still open (msim.errors)
+
+
+def test_an_importer_killed_without_closing_pins_the_segment_until_collect(mpool, msim):
+    importer = Child(capacity=64 * MIB)
+    buf = mpool.allocate(1000)
+    h = buf.ipc_handle()
+    importer.call("open", "x", h, {})
+    importer.process.kill()                     # no close, no exit handler
+    importer.process.join(30)
+    del buf
+    reserved = mpool.stats().reserved_bytes
+    assert mpool.trim() == 0 and _ipc._slot_state(h.table, h.segment_slot)[2] == 1
+    _ipc.collect()                              # no lock backs the count: forgotten
+    assert _ipc._slot_state(h.table, h.segment_slot)[2] == 0
+    assert mpool.trim() == reserved
 
 
 def test_a_handle_opened_after_its_buffer_was_given_back_is_refused(mpool, child):

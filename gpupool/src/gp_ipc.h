@@ -5,7 +5,10 @@
  * its block back, so a later open fails) or a segment (an upstream allocation whose IPC handle
  * was given out: `opened` counts the importers' mappings of it, and the pool does not return
  * the segment to the driver while it is above 0: _segments.pxd). Importers change `opened`
- * with atomic adds; the exporter reads it without its pool's lock.
+ * with atomic adds, and hold a read lock (an open-file-description lock, which the kernel drops
+ * when the process ends) on the slot's 16 bytes while they count in it, so the exporter can
+ * forget the count of an importer that died without closing (gp_ipc_reset_opened). The
+ * exporter reads `opened` without its pool's lock.
  */
 #ifndef GP_IPC_H
 #define GP_IPC_H
@@ -49,6 +52,12 @@ static inline void gp_ipc_claim(gp_ipc_slot* s, uint64_t serial) {
     __atomic_store_n(&s->state, (uint32_t)GP_IPC_FREE, __ATOMIC_SEQ_CST);
     __atomic_store_n(&s->serial, serial, __ATOMIC_SEQ_CST);
     __atomic_store_n(&s->state, (uint32_t)GP_IPC_LIVE, __ATOMIC_SEQ_CST);
+}
+
+/* Set `opened` to 0 if it still is `expected` (the exporter, once no importer's lock backs it). */
+static inline int gp_ipc_reset_opened(gp_ipc_slot* s, int32_t expected) {
+    return __atomic_compare_exchange_n(&s->opened, &expected, 0, 0, __ATOMIC_SEQ_CST,
+                                       __ATOMIC_SEQ_CST);
 }
 
 /* The slot is free for reuse (the exporter only, once no importer holds it). */
