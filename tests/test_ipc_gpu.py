@@ -85,6 +85,8 @@ def test_a_consumer_process_sees_the_final_bytes_of_a_slow_kernel(pool, slow_wri
 
 def test_1000_export_open_close_rounds_leave_both_pools_exact(pool, server):
     server.call("stats")                        # its context is made: not counted below
+    _ipc.collect()
+    slots = _ipc._stats()["used_slots"]         # other tests' exports not yet forgotten
     before_free = pool.mem_info()[0]
     for i in range(1000):
         buf = pool.allocate(4096 + 65536 * (i % 5))
@@ -95,7 +97,8 @@ def test_1000_export_open_close_rounds_leave_both_pools_exact(pool, server):
     stats = pool.stats()
     assert stats.in_use_bytes == 0
     assert pool.trim() == stats.reserved_bytes and pool.stats().reserved_bytes == 0
-    assert _ipc._stats()["used_slots"] == 0         # every export forgotten
+    _ipc.collect()
+    assert _ipc._stats()["used_slots"] <= slots     # every export of the rounds forgotten
     theirs = server.call("stats")
     assert theirs["ipc"]["mappings"] == 0 and theirs["ipc"]["cached_mappings"] == 0
     assert theirs["pool"]["in_use_bytes"] == 0 and theirs["pool"]["reserved_bytes"] == 0
