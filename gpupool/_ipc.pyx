@@ -712,9 +712,10 @@ def _map(handle, upstream, Table table):
     if handle.kind == "mem_handle":
         key = (handle.table, handle.segment_slot, handle.segment_serial)
         mapping = _mappings.get(key)
-        if mapping is not None:
-            if mapping.upstream is not upstream:
-                raise IpcError("this allocation is open here on another device's pool",
+        if mapping is not None:             # one per process (per context): any pool of
+            if mapping.upstream.device != upstream.device:      # the device shares it
+                raise IpcError(f"this allocation is open here on device "
+                               f"{mapping.upstream.device}, not {upstream.device}",
                                "wrong_device")
             mapping.refs += 1
             return mapping
