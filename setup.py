@@ -16,7 +16,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 MODULES = ["_driver", "_upstream", "_dlpack", "_buffer", "_pool", "_defaults", "_region",
-           "_capi", "_torch", "_cupy"]
+           "_capi", "_torch", "_cupy", "_ipc"]
 
 
 def _header_version(include):

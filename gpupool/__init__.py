@@ -26,10 +26,12 @@ from gpupool.errors import (
     CudaError,
     GpupoolError,
     InvalidBufferError,
+    IpcError,
     NoDeviceError,
     OutOfMemoryError,
 )
 from gpupool.interop import as_buffer
+from gpupool.ipc import IpcHandle, open_ipc
 from gpupool.stats import PoolStats, RegionStats, format_status
 
 __version__ = "0.1.0"
@@ -41,6 +43,8 @@ __all__ = [
     "DriverUpstream",
     "GpupoolError",
     "InvalidBufferError",
+    "IpcError",
+    "IpcHandle",
     "NoDeviceError",
     "OutOfMemoryError",
     "Pool",
@@ -53,6 +57,7 @@ __all__ = [
     "get_include",
     "get_pool",
     "on_oom",
+    "open_ipc",
     "pool_status",
     "set_pool",
     "remove_oom_callback",

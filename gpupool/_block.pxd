@@ -5,6 +5,7 @@
 # unmaps blocks in _segments.pxd, a region's bookkeeping of its blocks in _regioncache.pxd.
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
+from gpupool._ipcslot cimport gp_ipc_slot
 from gpupool._streams cimport StreamKey
 
 cdef enum BlockState:
@@ -22,6 +23,7 @@ cdef struct Segment:
     Block* first        # its blocks tile [base, base + nbytes), linked by seg_next
     Block* last
     Segment* next       # the pool's segments
+    gp_ipc_slot* ipc    # its CUDA IPC export slot (_ipc.pyx); NULL: never exported
 
 # A block's place in its region (_regioncache.pxd keeps it). While the block is live: the
 # region it was allocated in and returns to, and that region's list of live blocks. While it

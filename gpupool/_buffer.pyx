@@ -12,6 +12,7 @@ from gpupool._block cimport Block
 from gpupool._dlpack cimport make_capsule, KDL_CPU, KDL_CUDA, KDL_UINT, DLPACK_MAJOR
 from gpupool._driver cimport fork_flag, mark_used
 from gpupool._handoff cimport one_stream, order_after
+from gpupool._ipcslot cimport gp_ipc_release
 from gpupool._streams cimport (
     StreamKey, STREAM_PER_THREAD, current_thread, same_stream, stream_key, stream_handle,
 )
@@ -129,8 +130,16 @@ cdef class DeviceBuffer:
     def __dealloc__(self):
         # Never raises; a buffer inherited through fork() is left alone.
         if self._blk != NULL and not FORKED[0]:
+            self._ipc_released()
             self.pool.release(self._blk, self._stream)
             self._blk = NULL
+
+    cdef void _ipc_released(self) noexcept nogil:
+        """The block goes back: a CUDA IPC handle of this buffer can no longer be opened (its
+        export slot, in memory shared with the importers, says so)."""
+        if self._ipc_slot != NULL:
+            gp_ipc_release(self._ipc_slot)
+            self._ipc_slot = NULL
 
     cdef uintptr_t _live_ptr(self) except? 0:
         if FORKED[0]:
@@ -148,6 +157,7 @@ cdef class DeviceBuffer:
     cdef void invalidate_locked(self) noexcept:
         """Mark the buffer invalid; the caller holds the pool's lock and frees the block."""
         self._state = INVALIDATED
+        self._ipc_released()
         self._blk = NULL
 
     @property
@@ -403,10 +413,59 @@ cdef class DeviceBuffer:
         self._live_ptr()
         return reduce_buffer(self, protocol)
 
+    def ipc_handle(self, stream=None):
+        """A handle another process opens with ``gpupool.open_ipc`` to use this memory
+        without a copy (CUDA IPC).
+
+        Parameters
+        ----------
+        stream : int, stream object or None
+            The stream whose work so far the importer waits for (an IPC event recorded on it:
+            ``cuEventCreate`` with ``CU_EVENT_INTERPROCESS``, ``cuEventRecord``,
+            ``cuIpcGetEventHandle``); default: the buffer's stream.
+
+        Returns
+        -------
+        gpupool.IpcHandle
+            Small and picklable: the driver's handle of the upstream allocation holding the
+            block (``cuIpcGetMemHandle`` on upstream "driver"; on "vmm" one
+            ``cuMemExportToShareableHandle`` file descriptor per page, which pass to the
+            other process through ``multiprocessing`` queues and pipes), the block's offset
+            in it, ``nbytes``, the device's ordinal and UUID and the event.
+
+        Raises
+        ------
+        IpcError
+            The memory cannot be exported: the pool's upstream has no IPC ("async", a
+            simulated device made without ``shareable=True``; the message names the
+            alternative), the buffer wraps memory that no block of its pool holds
+            (``as_buffer`` of another library's memory), or it was itself opened from another
+            process. (An ``as_buffer`` wrapper of gpupool memory, such as an array of the CuPy
+            or PyTorch adapter, is exported while the wrapped array lives.)
+        ValueError
+            The buffer is empty.
+        InvalidBufferError
+            The buffer was closed or invalidated.
+
+        Notes
+        -----
+        The exporter's rule, as in CUDA IPC and ``torch.multiprocessing``: keep this buffer
+        alive, and do not write it, until every importer is done with the memory. The pool
+        reuses the block once the buffer is given back; a handle opened after that raises
+        ``IpcError`` (reason "released"). An upstream allocation that an importer holds open
+        is not returned to the driver (``Pool.trim``, the out-of-memory ladder) until the
+        importer closes it.
+        """
+        from gpupool._ipc import export_buffer
+
+        self._live_ptr()
+        return export_buffer(self, stream)
+
     def close(self):
         """Give the memory back now (to the pool or its region). Later use raises
         ``InvalidBufferError``; closing again does nothing."""
         if self._blk != NULL and not FORKED[0]:
+            self._ipc_released()
             self.pool.release(self._blk, self._stream)
         self._blk = NULL
         self._exporter = self._base = None

@@ -7,7 +7,7 @@
 from libc.stdint cimport uintptr_t
 from cuda.bindings.cydriver cimport (
     CUresult, CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice, CUmemoryPool,
-    CUmemGenericAllocationHandle,
+    CUmemGenericAllocationHandle, CUipcMemHandle, CUipcEventHandle,
 )
 
 from gpupool._status cimport GP_NO_DRIVER, GP_FORKED
@@ -44,18 +44,30 @@ cdef CUresult mem_alloc_from_pool(CUdeviceptr* ptr, size_t nbytes, CUmemoryPool 
                                   CUstream s) noexcept nogil
 cdef CUresult mem_free_async(CUdeviceptr ptr, CUstream s) noexcept nogil
 cdef CUresult device_total_mem(size_t* nbytes, CUdevice dev) noexcept nogil
-# The virtual memory API, for device memory whose handles can be exported as POSIX file
-# descriptors (cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested).
-cdef CUresult vmm_granularity(size_t* nbytes, int device) noexcept nogil
+cdef CUresult device_attribute(int* value, int attribute, CUdevice dev) noexcept nogil
+cdef CUresult device_uuid(unsigned char* uuid16, CUdevice dev) noexcept nogil
+# The virtual memory API. Memory made shareable is requested with the POSIX file descriptor
+# handle type (cuMemCreate), so it can be exported for IPC (cuMemExportToShareableHandle).
+cdef CUresult vmm_granularity(size_t* nbytes, int device, bint shareable) noexcept nogil
 cdef CUresult vmm_reserve(CUdeviceptr* va, size_t nbytes) noexcept nogil
 cdef CUresult vmm_free_range(CUdeviceptr va, size_t nbytes) noexcept nogil
-cdef CUresult vmm_create(CUmemGenericAllocationHandle* handle, size_t nbytes,
-                         int device) noexcept nogil
+cdef CUresult vmm_create(CUmemGenericAllocationHandle* handle, size_t nbytes, int device,
+                         bint shareable) noexcept nogil
+cdef CUresult vmm_export_fd(int* fd, CUmemGenericAllocationHandle handle) noexcept nogil
+cdef CUresult vmm_import_fd(CUmemGenericAllocationHandle* handle, int fd) noexcept nogil
 cdef CUresult vmm_release(CUmemGenericAllocationHandle handle) noexcept nogil
 cdef CUresult vmm_map(CUdeviceptr va, size_t nbytes,
                       CUmemGenericAllocationHandle handle) noexcept nogil
 cdef CUresult vmm_unmap(CUdeviceptr va, size_t nbytes) noexcept nogil
 cdef CUresult vmm_set_access(CUdeviceptr va, size_t nbytes, int device) noexcept nogil
+# CUDA IPC: memory handles of cuMemAlloc allocations and events made for IPC.
+cdef CUresult mem_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) noexcept nogil
+cdef CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr base) noexcept nogil
+cdef CUresult ipc_open_mem_handle(CUdeviceptr* ptr, CUipcMemHandle handle) noexcept nogil
+cdef CUresult ipc_close_mem_handle(CUdeviceptr ptr) noexcept nogil
+cdef CUresult ipc_event_create(CUevent* e) noexcept nogil
+cdef CUresult ipc_get_event_handle(CUipcEventHandle* handle, CUevent e) noexcept nogil
+cdef CUresult ipc_open_event_handle(CUevent* e, CUipcEventHandle handle) noexcept nogil
 
 cdef int check(CUresult result, str what) except -1
 

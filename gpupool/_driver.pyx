@@ -95,6 +95,19 @@ ctypedef CUresult (*fn_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationH
                             unsigned long long) noexcept nogil
 ctypedef CUresult (*fn_access)(CUdeviceptr, size_t, const cydriver.CUmemAccessDesc*,
                                size_t) noexcept nogil
+ctypedef CUresult (*fn_attribute)(int*, cydriver.CUdevice_attribute, CUdevice) noexcept nogil
+ctypedef CUresult (*fn_uuid)(cydriver.CUuuid*, CUdevice) noexcept nogil
+ctypedef CUresult (*fn_export)(void*, CUmemGenericAllocationHandle,
+                               cydriver.CUmemAllocationHandleType,
+                               unsigned long long) noexcept nogil
+ctypedef CUresult (*fn_import)(CUmemGenericAllocationHandle*, void*,
+                               cydriver.CUmemAllocationHandleType) noexcept nogil
+ctypedef CUresult (*fn_address_range)(CUdeviceptr*, size_t*, CUdeviceptr) noexcept nogil
+ctypedef CUresult (*fn_ipc_get_mem)(cydriver.CUipcMemHandle*, CUdeviceptr) noexcept nogil
+ctypedef CUresult (*fn_ipc_open_mem)(CUdeviceptr*, cydriver.CUipcMemHandle,
+                                     unsigned int) noexcept nogil
+ctypedef CUresult (*fn_ipc_get_event)(cydriver.CUipcEventHandle*, CUevent) noexcept nogil
+ctypedef CUresult (*fn_ipc_open_event)(CUevent*, cydriver.CUipcEventHandle) noexcept nogil
 
 
 cdef inline CUresult _result(CUresult r) noexcept nogil:
@@ -232,18 +245,35 @@ cdef CUresult device_total_mem(size_t* nbytes, CUdevice dev) noexcept nogil:
     return _result((<fn_total_mem>cydriver.cuDeviceTotalMem)(nbytes, dev))
 
 
-cdef void _vmm_prop(cydriver.CUmemAllocationProp* prop, int device) noexcept nogil:
-    # Pinned device memory of `device`, exportable as a POSIX file descriptor (for IPC).
+cdef CUresult device_attribute(int* value, int attribute, CUdevice dev) noexcept nogil:
+    return _result((<fn_attribute>cydriver.cuDeviceGetAttribute)(
+        value, <cydriver.CUdevice_attribute>attribute, dev))
+
+
+cdef CUresult device_uuid(unsigned char* uuid16, CUdevice dev) noexcept nogil:
+    cdef cydriver.CUuuid uuid
+    cdef int i
+    cdef CUresult r = _result((<fn_uuid>cydriver.cuDeviceGetUuid)(&uuid, dev))
+    for i in range(16):
+        uuid16[i] = <unsigned char>uuid.bytes[i] if r == CUDA_SUCCESS else 0
+    return r
+
+
+cdef void _vmm_prop(cydriver.CUmemAllocationProp* prop, int device, bint shareable) noexcept nogil:
+    # Pinned device memory of `device`; shareable: exportable as a POSIX file descriptor.
     memset(prop, 0, sizeof(prop[0]))
     prop.type = cydriver.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.requestedHandleTypes = cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    if shareable:
+        prop.requestedHandleTypes = cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    else:
+        prop.requestedHandleTypes = cydriver.CU_MEM_HANDLE_TYPE_NONE
     prop.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
     prop.location.id = device
 
 
-cdef CUresult vmm_granularity(size_t* nbytes, int device) noexcept nogil:
+cdef CUresult vmm_granularity(size_t* nbytes, int device, bint shareable) noexcept nogil:
     cdef cydriver.CUmemAllocationProp prop
-    _vmm_prop(&prop, device)
+    _vmm_prop(&prop, device, shareable)
     return _result((<fn_granularity>cydriver.cuMemGetAllocationGranularity)(
         nbytes, &prop, cydriver.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
 
@@ -253,11 +283,20 @@ cdef CUresult vmm_reserve(CUdeviceptr* va, size_t nbytes) noexcept nogil:
 cdef CUresult vmm_free_range(CUdeviceptr va, size_t nbytes) noexcept nogil:
     return _result((<fn_range>cydriver.cuMemAddressFree)(va, nbytes))
 
-cdef CUresult vmm_create(CUmemGenericAllocationHandle* handle, size_t nbytes,
-                         int device) noexcept nogil:
+cdef CUresult vmm_create(CUmemGenericAllocationHandle* handle, size_t nbytes, int device,
+                         bint shareable) noexcept nogil:
     cdef cydriver.CUmemAllocationProp prop
-    _vmm_prop(&prop, device)
+    _vmm_prop(&prop, device, shareable)
     return _result((<fn_create>cydriver.cuMemCreate)(handle, nbytes, &prop, 0))
+
+cdef CUresult vmm_export_fd(int* fd, CUmemGenericAllocationHandle handle) noexcept nogil:
+    return _result((<fn_export>cydriver.cuMemExportToShareableHandle)(
+        <void*>fd, handle, cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0))
+
+cdef CUresult vmm_import_fd(CUmemGenericAllocationHandle* handle, int fd) noexcept nogil:
+    # For a POSIX file descriptor the driver takes the descriptor's value as the pointer.
+    return _result((<fn_import>cydriver.cuMemImportFromShareableHandle)(
+        handle, <void*><uintptr_t>fd, cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
 
 cdef CUresult vmm_release(CUmemGenericAllocationHandle handle) noexcept nogil:
     return _result((<fn_release>cydriver.cuMemRelease)(handle))
@@ -275,6 +314,34 @@ cdef CUresult vmm_set_access(CUdeviceptr va, size_t nbytes, int device) noexcept
     desc.location.id = device
     desc.flags = cydriver.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
     return _result((<fn_access>cydriver.cuMemSetAccess)(va, nbytes, &desc, 1))
+
+
+cdef CUresult mem_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) noexcept nogil:
+    return _result((<fn_address_range>cydriver.cuMemGetAddressRange)(base, size, ptr))
+
+cdef CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr base) noexcept nogil:
+    return _result((<fn_ipc_get_mem>cydriver.cuIpcGetMemHandle)(handle, base))
+
+cdef CUresult ipc_open_mem_handle(CUdeviceptr* ptr, CUipcMemHandle handle) noexcept nogil:
+    # Lazy peer access: the mapping works from any device that can reach this one.
+    return _result((<fn_ipc_open_mem>cydriver.cuIpcOpenMemHandle)(
+        ptr, handle, cydriver.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+
+cdef CUresult ipc_close_mem_handle(CUdeviceptr ptr) noexcept nogil:
+    if gp_forked:
+        return <CUresult>GP_FORKED
+    return _result((<fn_free>cydriver.cuIpcCloseMemHandle)(ptr))
+
+cdef CUresult ipc_event_create(CUevent* e) noexcept nogil:
+    # An event another process can wait on (cuIpcGetEventHandle needs both flags).
+    return _result((<fn_event_create>cydriver.cuEventCreate)(
+        e, cydriver.CU_EVENT_INTERPROCESS | cydriver.CU_EVENT_DISABLE_TIMING))
+
+cdef CUresult ipc_get_event_handle(CUipcEventHandle* handle, CUevent e) noexcept nogil:
+    return _result((<fn_ipc_get_event>cydriver.cuIpcGetEventHandle)(handle, e))
+
+cdef CUresult ipc_open_event_handle(CUevent* e, CUipcEventHandle handle) noexcept nogil:
+    return _result((<fn_ipc_open_event>cydriver.cuIpcOpenEventHandle)(e, handle))
 
 
 cdef str _name(CUresult result):
@@ -330,6 +397,27 @@ cdef int check(CUresult result, str what) except -1:
     if result == cydriver.CUDA_ERROR_INVALID_DEVICE:
         raise NoDeviceError(f"{_name(result)}: {_description(result)} ({what})")
     raise CudaError(<int>result, _name(result), f"{_description(result)} (in {what})")
+
+
+def device_uuids():
+    """The UUID (``cuDeviceGetUuid``, 16 bytes) of every device this process sees, by ordinal.
+
+    Raises
+    ------
+    NoDeviceError
+        No driver or no device.
+    """
+    cdef int count = 0, i
+    cdef CUdevice dev = 0
+    cdef unsigned char uuid[16]
+    check(init(), "cuInit")
+    check(device_count(&count), "cuDeviceGetCount")
+    found = []
+    for i in range(count):
+        check(device_get(&dev, i), "cuDeviceGet")
+        check(device_uuid(uuid, dev), "cuDeviceGetUuid")
+        found.append(bytes(uuid[:16]))
+    return found
 
 
 def current_device():

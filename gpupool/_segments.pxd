@@ -14,6 +14,8 @@
 #   again first when it and its free neighbours fit the request.
 # * A trim (sg_trim), after the device's work is done: plain segments wholly free go back to
 #   the upstream; in expandable segments every whole free page is unmapped.
+# * A plain segment whose CUDA IPC handle another process holds open stays (sg_imported):
+#   freeing memory an importer has mapped is undefined behaviour in CUDA IPC (_ipc.pyx).
 # Everything here runs under the pool's lock; the counters of reserved and cached bytes are
 # kept here (Counters); region tags of free blocks are kept with _regioncache.pxd's functions.
 from libc.stdint cimport uintptr_t
@@ -24,6 +26,7 @@ from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool._block cimport Block, Segment, LIVE, FREE, UNMAPPED
 from gpupool._counters cimport Counters, count_reserved, count_returned
 from gpupool._freelist cimport FreeLists, fl_put, fl_unbin, fl_each
+from gpupool._ipcslot cimport gp_ipc_opened, gp_ipc_release
 from gpupool._regioncache cimport RegionCache, rc_own, rc_disown
 from gpupool._streamorder cimport StreamOrder, so_drop_events, so_unbind_all
 from gpupool._streams cimport StreamKey, same_stream, is_no_stream, no_stream
@@ -418,6 +421,19 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
 
 # Trimming ---------------------------------------------------------------------------------
 
+cdef inline bint sg_imported(Segment* seg) noexcept nogil:
+    """Whether another process holds seg open through CUDA IPC (its export slot's count of
+    importers' mappings, in shared memory): it must not go back to the driver yet."""
+    return seg.ipc != NULL and gp_ipc_opened(seg.ipc) > 0
+
+
+cdef inline void sg_forget_export(Segment* seg) noexcept nogil:
+    """seg goes back to the driver: a handle of it can no longer be opened."""
+    if seg.ipc != NULL:
+        gp_ipc_release(seg.ipc)
+        seg.ipc = NULL
+
+
 cdef inline size_t sg_unmap_free(Segments* sg, Upstream up, Counters* c, StreamOrder* so,
                                  FreeLists* fl, Block* b) noexcept nogil:
     """Unmap the whole pages of free block b of an expandable segment (its work is done):
@@ -524,7 +540,8 @@ cdef inline size_t sg_trim(Segments* sg, Upstream up, Counters* c, StreamOrder* 
             fl_put(fl, b)
         elif seg.va_bytes:
             sg_unmap_free(sg, up, c, so, fl, b)
-        elif b.seg_prev == NULL and b.seg_next == NULL:
+        elif b.seg_prev == NULL and b.seg_next == NULL and not sg_imported(seg):
+            sg_forget_export(seg)
             up.free(seg.base)
             count_returned(c, seg.nbytes)
             sg_drop_segment(sg, seg)
@@ -570,8 +587,10 @@ cdef inline void sg_release_all(Segments* sg, Upstream up, StreamOrder* so) noex
             if seg.base + seg.nbytes > start:
                 up.unmap(start, seg.base + seg.nbytes - start)
             up.unreserve(seg.base)
-        else:
+        elif not sg_imported(seg):
             up.free(seg.base)
+        # else: left allocated for the importers that hold it open (it goes with the process)
+        sg_forget_export(seg)
         sg.head = seg.next
         free(seg)
     for i in range(sg.spare.size()):

@@ -2,6 +2,10 @@ class Upstream:
     device: int
     stream_ordered: bool
     host_accessible: bool
+    @property
+    def ipc_kind(self) -> str | None: ...
+    @property
+    def ipc_refusal(self) -> str | None: ...
 
 class DriverUpstream(Upstream):
     def __init__(self, device: int = 0) -> None: ...
@@ -15,7 +19,8 @@ class VmmUpstream(DriverUpstream):
     granularity: int
     va_bytes: int
     expandable: bool
-    def __init__(self, device: int = 0) -> None: ...
+    shareable: bool
+    def __init__(self, device: int = 0, *, shareable: bool = True) -> None: ...
     @property
     def mapped_bytes(self) -> int: ...
 

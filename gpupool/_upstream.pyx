@@ -8,13 +8,31 @@ freed on another thread, or with another device current, goes back with its own 
 own. ``PythonUpstream`` forwards to Python methods; ``gpupool.testing.SimulatedDevice`` is one.
 """
 from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy
+from cuda.bindings cimport cydriver
 from cuda.bindings.cydriver cimport (
     CUresult, CUcontext, CUdevice, CUdeviceptr, CUstream, CUevent, CUmemoryPool,
-    CUmemGenericAllocationHandle, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_READY,
+    CUmemGenericAllocationHandle, CUipcMemHandle, CUipcEventHandle, CUDA_SUCCESS,
+    CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_SUPPORTED,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_PERMITTED, CU_IPC_HANDLE_SIZE,
 )
 from gpupool cimport _driver as drv
 
-from gpupool.errors import GpupoolError
+from gpupool.errors import GpupoolError, IpcError
+
+# How an upstream's memory is exported for CUDA IPC (Upstream.ipc_kind).
+IPC_MEM_HANDLE = "mem_handle"   # cuIpcGetMemHandle of a whole cuMemAlloc allocation
+IPC_POSIX_FD = "posix_fd"       # cuMemExportToShareableHandle of each page, as file descriptors
+cdef int POSIX_FD_SUPPORTED = (
+    cydriver.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+
+_ASYNC_REFUSAL = (
+    "memory of a driver memory pool (upstream 'async': cuMemAllocFromPoolAsync) cannot be "
+    "shared with another process: cuIpcGetMemHandle refuses it, and the pool was created "
+    "without a shareable handle type (sharing it would take cuMemPoolExportToShareableHandle "
+    "plus an export of every allocation, which gpupool does not do). Allocate the buffers you "
+    "share from a pool on upstream 'vmm' (gpupool.Pool(upstream='vmm'), exported as POSIX "
+    "file descriptors) or 'driver' (cuIpcGetMemHandle)")
 
 # Per thread, the stream ID last seen for a few stream handles (see DriverUpstream.stream_id).
 cdef extern from *:
@@ -128,6 +146,71 @@ cdef class Upstream:
             raise exc
         drv.check(<CUresult>code, what)
         return -1
+
+    # CUDA IPC (gpupool._ipc calls these; not the pool's hot path, so Python methods that a
+    # Python upstream such as the simulated device overrides).
+
+    @property
+    def ipc_kind(self):
+        """How this upstream's memory is exported for CUDA IPC: ``"mem_handle"`` (one
+        ``cuIpcGetMemHandle`` per upstream allocation), ``"posix_fd"`` (one
+        ``cuMemExportToShareableHandle`` file descriptor per page), or None (it cannot be:
+        ``ipc_refusal`` says why)."""
+        return None
+
+    @property
+    def ipc_refusal(self):
+        """Why this upstream's memory cannot be exported (None when it can)."""
+        return (f"{type(self).__name__} memory cannot be shared with another process (it "
+                f"has no CUDA IPC export); allocate what you share from "
+                f"gpupool.Pool(upstream='vmm') or gpupool.Pool(upstream='driver')")
+
+    def _ipc_export(self, base, size):
+        """Export the upstream allocation at ``base`` of ``size`` bytes (``ipc_kind``
+        "mem_handle": the driver's handle, ``bytes``), or its pages (``"posix_fd"``: a list
+        of new file descriptors, one per page, owned by the caller)."""
+        raise IpcError(self.ipc_refusal, "not_exportable")
+
+    def _ipc_open(self, kind, payload, size):
+        """Map memory exported by another process (``kind`` and ``payload`` as
+        ``_ipc_export`` gave them, the descriptors not consumed) of ``size`` bytes; returns
+        its address here."""
+        raise IpcError(f"{type(self).__name__} cannot open CUDA IPC handles", "open_failed")
+
+    def _ipc_close(self, kind, address, size):
+        """Unmap what ``_ipc_open`` mapped (the device's queued work is waited for first)."""
+        raise IpcError(f"{type(self).__name__} cannot close CUDA IPC mappings", "open_failed")
+
+    def _ipc_event_create(self):
+        """An event another process can wait on; returns its handle (an int)."""
+        raise IpcError(f"{type(self).__name__} has no IPC events", "not_exportable")
+
+    def _ipc_event_record(self, event, stream):
+        """Record ``event`` on stream handle ``stream``; returns its IPC handle (``bytes``)."""
+        raise IpcError(f"{type(self).__name__} has no IPC events", "not_exportable")
+
+    def _ipc_event_destroy(self, event):
+        """Destroy an event of ``_ipc_event_create``."""
+
+    def _ipc_wait(self, handle, stream):
+        """Make stream handle ``stream`` wait for another process's event, given by its IPC
+        handle (``bytes``; empty: nothing to wait for)."""
+        raise IpcError(f"{type(self).__name__} cannot wait on IPC events", "open_failed")
+
+    def _device_uuid(self):
+        """The device's UUID (16 bytes), which names it in every process."""
+        raise IpcError(f"{type(self).__name__} has no device UUID", "not_exportable")
+
+
+cdef int _ipc_handle_from(object data, void* out, str what) except -1:
+    """Copy a CUDA IPC handle (``CUipcMemHandle`` or ``CUipcEventHandle``: 64 bytes) from
+    ``data`` into ``out``."""
+    cdef const unsigned char[:] raw = bytes(data)
+    if raw.shape[0] != CU_IPC_HANDLE_SIZE:
+        raise IpcError(f"not a gpupool IPC handle: a CUDA IPC {what} handle has "
+                       f"{CU_IPC_HANDLE_SIZE} bytes, not {raw.shape[0]}", "malformed")
+    memcpy(out, &raw[0], CU_IPC_HANDLE_SIZE)
+    return 0
 
 
 cdef class DriverUpstream(Upstream):
@@ -293,6 +376,156 @@ cdef class DriverUpstream(Upstream):
         gp_id_cache[slot].id = out[0]
         return 0
 
+    # CUDA IPC -----------------------------------------------------------------------
+
+    @property
+    def ipc_kind(self):
+        return IPC_MEM_HANDLE
+
+    @property
+    def ipc_refusal(self):
+        return None
+
+    def _ipc_export(self, uintptr_t base, size_t size):
+        """The ``cuIpcGetMemHandle`` of the ``cuMemAlloc`` allocation at ``base`` (checked with
+        ``cuMemGetAddressRange`` to be one allocation, starting there, of at least ``size``
+        bytes), as 64 bytes."""
+        cdef void* prev = NULL
+        cdef CUdeviceptr found = 0
+        cdef size_t found_size = 0
+        cdef CUipcMemHandle handle
+        cdef bint one = False
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = drv.mem_address_range(&found, &found_size, <CUdeviceptr>base)
+            one = found == base and found_size >= size
+            if r == 0 and one:
+                r = drv.ipc_get_mem_handle(&handle, <CUdeviceptr>base)
+            r = self._leave(prev, r)
+        self.raise_error(r, "cuMemGetAddressRange / cuIpcGetMemHandle")
+        if not one:
+            raise IpcError(f"the segment at {base:#x} ({size} B) is not one cuMemAlloc "
+                           f"allocation (cuMemGetAddressRange: {found_size} B at "
+                           f"{<uintptr_t>found:#x})", "not_exportable")
+        return (<char*>&handle)[:CU_IPC_HANDLE_SIZE]
+
+    def _ipc_open(self, kind, payload, size_t size):
+        cdef void* prev = NULL
+        cdef CUdeviceptr ptr = 0
+        cdef CUipcMemHandle handle
+        cdef int r
+        if kind == IPC_POSIX_FD:
+            return self._ipc_open_pages(payload, size)
+        _ipc_handle_from(payload, &handle, "memory")
+        r = self._enter(&prev)
+        if r == 0:
+            r = self._leave(prev, drv.ipc_open_mem_handle(&ptr, handle))
+        self.raise_error(r, "cuIpcOpenMemHandle")
+        return <uintptr_t>ptr
+
+    def _ipc_open_pages(self, fds, size_t size):
+        """Reserve ``size`` bytes of address space and map the pages of ``fds`` (each a
+        ``cuMemExportToShareableHandle`` descriptor of one page of ``size // len(fds)``
+        bytes) into it, readable and writable by this device."""
+        cdef void* prev = NULL
+        cdef CUdeviceptr va = 0
+        cdef CUmemGenericAllocationHandle h = 0
+        cdef size_t page, granularity = 0, done = 0, i
+        cdef int r, fd
+        if not fds or size % len(fds):
+            raise IpcError(f"{len(fds)} page descriptors for {size} B", "malformed")
+        page = size // len(fds)
+        r = self._enter(&prev)
+        if r != 0:
+            self.raise_error(self._leave(prev, r), "cuCtxSetCurrent")
+        try:
+            r = drv.vmm_granularity(&granularity, self.device, True)
+            if r == 0 and page % granularity:
+                raise IpcError(f"pages of {page} B cannot be mapped on device {self.device}, "
+                               f"whose granularity is {granularity} B", "wrong_device")
+            if r == 0:
+                r = drv.vmm_reserve(&va, size)
+            for i in range(len(fds)):
+                if r != 0:
+                    break
+                fd = fds[i]
+                r = drv.vmm_import_fd(&h, fd)
+                if r == 0:
+                    r = drv.vmm_map(va + i * page, page, h)
+                    drv.vmm_release(h)      # the mapping keeps the memory
+                    if r == 0:
+                        done += page
+            if r == 0:
+                r = drv.vmm_set_access(va, size, self.device)
+            if r != 0 and va:
+                if done:
+                    drv.vmm_unmap(va, done)
+                drv.vmm_free_range(va, size)
+        finally:
+            r = self._leave(prev, r)
+        self.raise_error(r, "cuMemImportFromShareableHandle / cuMemMap")
+        return <uintptr_t>va
+
+    def _ipc_close(self, kind, uintptr_t address, size_t size):
+        cdef void* prev = NULL
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = drv.ctx_synchronize()       # no queued work may still read the mapping
+            if r == 0 and kind == IPC_POSIX_FD:
+                r = drv.vmm_unmap(<CUdeviceptr>address, size)
+                if r == 0:
+                    r = drv.vmm_free_range(<CUdeviceptr>address, size)
+            elif r == 0:
+                r = drv.ipc_close_mem_handle(<CUdeviceptr>address)
+            r = self._leave(prev, r)
+        self.raise_error(r, "cuIpcCloseMemHandle" if kind == IPC_MEM_HANDLE else "cuMemUnmap")
+
+    def _ipc_event_create(self):
+        cdef void* prev = NULL
+        cdef CUevent e = NULL
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = self._leave(prev, drv.ipc_event_create(&e))
+        self.raise_error(r, "cuEventCreate(CU_EVENT_INTERPROCESS)")
+        return <uintptr_t>e
+
+    def _ipc_event_record(self, uintptr_t event, uintptr_t stream):
+        cdef void* prev = NULL
+        cdef CUipcEventHandle handle
+        cdef int r = self._enter(&prev)
+        if r == 0:
+            r = drv.event_record(<CUevent>event, <CUstream>stream)
+            if r == 0:
+                r = drv.ipc_get_event_handle(&handle, <CUevent>event)
+            r = self._leave(prev, r)
+        self.raise_error(r, "cuEventRecord / cuIpcGetEventHandle")
+        return (<char*>&handle)[:CU_IPC_HANDLE_SIZE]
+
+    def _ipc_event_destroy(self, uintptr_t event):
+        drv.event_destroy(<CUevent>event)
+
+    def _ipc_wait(self, handle, uintptr_t stream):
+        cdef void* prev = NULL
+        cdef CUevent e = NULL
+        cdef CUipcEventHandle raw_handle
+        cdef int r
+        if not handle:
+            return
+        _ipc_handle_from(handle, &raw_handle, "event")
+        r = self._enter(&prev)
+        if r == 0:
+            r = drv.ipc_open_event_handle(&e, raw_handle)
+            if r == 0:
+                r = drv.stream_wait_event(<CUstream>stream, e)
+                drv.event_destroy(e)        # the wait is queued; the event may go
+            r = self._leave(prev, r)
+        self.raise_error(r, "cuIpcOpenEventHandle / cuStreamWaitEvent")
+
+    def _device_uuid(self):
+        cdef unsigned char uuid[16]
+        self.raise_error(drv.device_uuid(uuid, <CUdevice>self.device), "cuDeviceGetUuid")
+        return bytes(uuid[:16])
+
     def __repr__(self):
         return f"DriverUpstream(device={self.device})"
 
@@ -384,6 +617,17 @@ cdef class AsyncUpstream(DriverUpstream):
         """Bytes of freed memory the driver pool keeps (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``)."""
         return self.threshold
 
+    @property
+    def ipc_kind(self):
+        return None
+
+    @property
+    def ipc_refusal(self):
+        return _ASYNC_REFUSAL
+
+    def _ipc_export(self, base, size):
+        raise IpcError(_ASYNC_REFUSAL, "not_exportable")
+
     def __repr__(self):
         return f"AsyncUpstream(device={self.device}, release_threshold={self.threshold})"
 
@@ -395,16 +639,24 @@ cdef class VmmUpstream(DriverUpstream):
 
     The pool reserves one range of address space per stream (``cuMemAddressReserve``, the
     device's memory in size) and maps pages into it as the stream's segment grows: each page
-    is a physical allocation of its own (``cuMemCreate`` with the POSIX file descriptor
-    handle type requested, so it can be exported for IPC; the granularity from
+    is a physical allocation of its own (``cuMemCreate``; the granularity from
     ``cuMemGetAllocationGranularity``), mapped with ``cuMemMap`` and made readable and
     writable by the device with ``cuMemSetAccess``. A trim unmaps whole free pages
     (``cuMemUnmap``, ``cuMemRelease``) once the device's work on them is done.
+
+    Pages are requested with the POSIX file descriptor handle type, so that buffers can be
+    shared with other processes (``DeviceBuffer.ipc_handle``: one
+    ``cuMemExportToShareableHandle`` descriptor per page). Where the device does not
+    support it (``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED``) or
+    ``cuMemCreate`` refuses it (some containers and virtualized GPUs), pages are made
+    without it: ``shareable`` is then False and ``ipc_refusal`` says why.
 
     Parameters
     ----------
     device : int
         Device ordinal.
+    shareable : bool
+        Request exportable pages (default); False never does.
 
     Raises
     ------
@@ -414,12 +666,22 @@ cdef class VmmUpstream(DriverUpstream):
         The device has no virtual memory management, or the granularity query failed.
     """
 
-    def __cinit__(self, int device=0, *args, **kwargs):
+    def __cinit__(self, int device=0, *args, shareable=True, **kwargs):
         cdef size_t granularity = 0, total = 0
+        cdef int supported = 0
         cdef void* prev = NULL
         cdef int r = self._enter(&prev)
+        if r == 0 and shareable:
+            r = drv.device_attribute(&supported, POSIX_FD_SUPPORTED, <CUdevice>device)
+            self.shareable = r == 0 and supported != 0
+            if r == 0 and not supported:
+                self.share_refused = CUDA_ERROR_NOT_SUPPORTED
+            r = 0                           # an old driver without the attribute: not shared
         if r == 0:
-            r = drv.vmm_granularity(&granularity, device)
+            r = drv.vmm_granularity(&granularity, device, self.shareable)
+            if r != 0 and self.shareable:   # the handle type refused: pages without it
+                self.shareable, self.share_refused = False, r
+                r = drv.vmm_granularity(&granularity, device, False)
             if r == 0:
                 r = drv.device_total_mem(&total, <CUdevice>device)
             r = self._leave(prev, r)
@@ -460,7 +722,13 @@ cdef class VmmUpstream(DriverUpstream):
         if r != 0:
             return r
         while done < nbytes and r == 0:
-            r = drv.vmm_create(&handle, g, self.device)
+            r = drv.vmm_create(&handle, g, self.device, self.shareable)
+            if r != 0 and self.shareable and r in (CUDA_ERROR_NOT_SUPPORTED,
+                                                   CUDA_ERROR_INVALID_VALUE,
+                                                   CUDA_ERROR_NOT_PERMITTED):
+                # The platform refuses exportable memory: go on without it (ipc_refusal).
+                self.shareable, self.share_refused = False, r
+                r = drv.vmm_create(&handle, g, self.device, False)
             if r == 0:
                 r = drv.vmm_map(<CUdeviceptr>(va + done), g, handle)
                 if r != 0:
@@ -490,6 +758,54 @@ cdef class VmmUpstream(DriverUpstream):
     def mapped_bytes(self):
         """Bytes of device memory mapped now."""
         return self.pages.size() * self.granularity
+
+    @property
+    def ipc_kind(self):
+        return IPC_POSIX_FD if self.shareable else None
+
+    @property
+    def ipc_refusal(self):
+        if self.shareable:
+            return None
+        if self.share_refused == 0:
+            why = "it was made with shareable=False"
+        elif self.share_refused == CUDA_ERROR_NOT_SUPPORTED:
+            why = ("the device does not support POSIX file descriptor handles "
+                   "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0)")
+        else:
+            from gpupool._driver import error_name
+
+            why = (f"the driver refused memory exportable as POSIX file descriptors "
+                   f"(cuMemCreate: {error_name(self.share_refused)}; containers without "
+                   f"the needed permissions and some virtualized GPUs do)")
+        return (f"this pool's virtual-memory pages (upstream 'vmm') cannot be shared with "
+                f"another process: {why}. Allocate what you share from "
+                f"gpupool.Pool(upstream='driver') (cuIpcGetMemHandle), or set "
+                f"GPUPOOL_UPSTREAM=driver")
+
+    def _ipc_export(self, uintptr_t base, size_t size):
+        """One new POSIX file descriptor (``cuMemExportToShareableHandle``) for each page of
+        [base, base + size), in order; the caller owns them."""
+        cdef uintptr_t page
+        cdef int fd = -1, r = 0
+        import os
+
+        if not self.shareable:
+            raise IpcError(self.ipc_refusal, "not_exportable")
+        fds = []
+        try:
+            for page in range(base, base + size, self.granularity):
+                if not self.pages.count(page):
+                    raise IpcError(f"no page is mapped at {page:#x}", "not_exportable")
+                r = drv.vmm_export_fd(&fd, <CUmemGenericAllocationHandle>self.pages[page])
+                if r != 0:
+                    self.raise_error(r, "cuMemExportToShareableHandle")
+                fds.append(fd)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
 
     def __repr__(self):
         return f"VmmUpstream(device={self.device}, granularity={self.granularity})"

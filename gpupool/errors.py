@@ -9,6 +9,7 @@ __all__ = [
     "CudaError",
     "GpupoolError",
     "InvalidBufferError",
+    "IpcError",
     "NoDeviceError",
     "OutOfMemoryError",
 ]
@@ -102,3 +103,31 @@ class InvalidBufferError(GpupoolError, ValueError):
 
 class NoDeviceError(GpupoolError, RuntimeError):
     """There is no CUDA driver, no device, or no such device."""
+
+
+class IpcError(GpupoolError, RuntimeError):
+    """A buffer cannot be exported for CUDA IPC, or a handle cannot be opened.
+
+    ``IpcError(message, reason)``: the message says what happened and what to do.
+
+    Attributes
+    ----------
+    reason : str
+        What went wrong, for programs that act on it: ``"malformed"`` (bytes that are not a
+        gpupool IPC handle), ``"same_process"`` (opened in the process that made it),
+        ``"wrong_device"`` (another GPU, or simulated memory on a GPU and the reverse),
+        ``"released"`` (the exporter gave the buffer back, or the segment went back to the
+        driver), ``"exporter_exited"``, ``"not_exportable"`` (the pool's upstream cannot
+        export its memory), ``"foreign_memory"`` (the buffer wraps memory of another
+        library), ``"received"`` (memory this process opened from another one),
+        ``"no_descriptors"`` (a handle of virtual-memory pages whose file descriptors did
+        not travel with it and could not be fetched), ``"open_failed"`` (the driver refused
+        to open it).
+    """
+
+    def __init__(self, message, reason):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (str(self), self.reason)

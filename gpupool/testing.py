@@ -12,16 +12,24 @@ regions) runs and is tested on CPU, in gpupool's CI and in yours::
     sim.complete(s)        # ... now finished
 
 Every simulated driver call is appended to ``sim.calls`` as ``(name, args)``.
+
+``SimulatedDevice(shareable=True)`` simulates CUDA IPC with memory that other processes can
+map: allocations (and, with ``virtual_memory``, pages) are ``memfd`` files mapped shared, so a
+buffer's ``ipc_handle()`` opens with ``gpupool.open_ipc`` in another process on a pool of its
+own simulated device, and both see the same bytes.
 """
 
 import ctypes
+import fcntl
 import itertools
 import mmap
+import os
 import threading
 
 import numpy as np
 
 from gpupool._upstream import PythonUpstream
+from gpupool.errors import CudaError, IpcError
 from gpupool.limits import parse_limit
 
 __all__ = ["SimulatedDevice"]
@@ -31,7 +39,10 @@ LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
 PAGE_BYTES = 2 << 20                    # the driver's page (cuMemAlloc rounds to it)
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+_MAP_FIXED = 0x10
 _MADV_DONTNEED = 4
+_PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
+_MAP_FAILED = ctypes.c_void_p(-1).value
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
@@ -65,12 +76,26 @@ class SimulatedDevice(PythonUpstream):
         Bytes of a page (a multiple of 512; ``"2MiB"`` as for ``capacity``): the mapping
         granularity with ``virtual_memory``; without it, the rounding of allocations that
         ``device_bytes`` counts (cuMemAlloc maps whole 2 MiB pages).
+    shareable : bool
+        Simulate CUDA IPC (``DeviceBuffer.ipc_handle``, ``gpupool.open_ipc``) with memory
+        other processes can map: each allocation is a ``memfd`` file mapped shared, which
+        exports as a "mem_handle" handle (as ``cuIpcGetMemHandle`` on upstream "driver");
+        with ``virtual_memory`` each page is one, exported as a file descriptor per page
+        ("posix_fd", as upstream "vmm"). Freeing an allocation that another process holds
+        open is a misuse (``errors``), as ``cuMemFree`` of it is undefined on a GPU, and so is
+        opening one allocation twice in a process (the driver refuses it). Not with
+        ``stream_ordered`` (as upstream "async", whose memory is not exportable).
+    uuid : bytes, optional
+        The 16-byte device UUID IPC handles carry (default: one per ``device`` ordinal, the
+        same in every process): another value simulates another GPU.
 
     Raises
     ------
     ValueError, TypeError
         A capacity or page that is not a positive size (``gpupool.limits.parse_limit``), a
-        page that is not a multiple of 512 B, or an impossible device (negative, not an int).
+        page that is not a multiple of 512 B (of the host's page with ``shareable`` and
+        ``virtual_memory``), an impossible device (negative, not an int), ``shareable`` with
+        ``stream_ordered``, or a ``uuid`` that is not 16 bytes.
 
     Notes
     -----
@@ -105,12 +130,28 @@ class SimulatedDevice(PythonUpstream):
     """
 
     def __init__(self, capacity=1 << 30, device=0, stream_ordered=False, virtual_memory=False,
-                 page=PAGE_BYTES):
+                 page=PAGE_BYTES, shareable=False, uuid=None):
         self._set_device(device)            # first: an impossible device is refused first
         capacity = parse_limit(capacity, _no_total, "capacity")
         page = parse_limit(page, _no_total, "page")
         if page % 512:
             raise ValueError(f"page must be a positive multiple of 512 B, got {page}")
+        if shareable and stream_ordered:
+            raise ValueError("a stream-ordered simulated device (as upstream 'async') cannot "
+                             "be shareable: that memory has no IPC export")
+        if shareable and virtual_memory and page % mmap.PAGESIZE:
+            raise ValueError(f"shareable virtual memory maps whole host pages: page must be a "
+                             f"multiple of {mmap.PAGESIZE} B, got {page}")
+        if uuid is None:
+            uuid = b"gpupool-simdev" + int(device).to_bytes(2, "little")
+        if not (isinstance(uuid, bytes) and len(uuid) == 16):
+            raise ValueError(f"uuid must be 16 bytes, got {uuid!r}")
+        self.shareable = bool(shareable)
+        self._uuid = uuid
+        self._shared = {}               # shareable: pointer -> (memfd, bytes mapped)
+        self._page_fds = {}             # shareable virtual memory: page -> its memfd
+        self._opened = {}               # another process's memory mapped here: address ->
+                                        # (memfd or None, bytes, handle payload or None)
         self._set_stream_ordered(stream_ordered)
         self._set_host_accessible(True)     # buffers export DLPack as kDLCPU: NumPy reads them
         self.capacity = capacity
@@ -242,8 +283,11 @@ class SimulatedDevice(PythonUpstream):
             stream = self._check_stream(stream)
         if self.used + nbytes > self.capacity:
             raise MemoryError(f"simulated device out of memory: {nbytes} B requested")
-        array = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-        ptr = -array.ctypes.data % ALIGNMENT + array.ctypes.data
+        if self.shareable:
+            ptr, array = self._shared_alloc(nbytes), None
+        else:
+            array = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+            ptr = -array.ctypes.data % ALIGNMENT + array.ctypes.data
         self._arrays[ptr] = (array, nbytes)
         self._count(nbytes, -(-nbytes // self.page) * self.page)
         if stream is not None:
@@ -258,6 +302,28 @@ class SimulatedDevice(PythonUpstream):
         nbytes = self._arrays.pop(ptr)[1]
         self._count(-nbytes, -(-nbytes // self.page) * -self.page)
         self.allocated_on.pop(ptr, None)
+        if ptr in self._shared:
+            fd, length = self._shared.pop(ptr)
+            if not _unlocked(fd):
+                # Not raised: the pool frees without looking at the result (trim).
+                self.errors.append(f"free of {nbytes} B at {ptr:#x} while another process holds "
+                                   f"it open (cuMemFree of memory opened with "
+                                   f"cuIpcOpenMemHandle elsewhere is undefined on a GPU)")
+            _libc.munmap(ptr, length)
+            os.close(fd)
+
+    def _shared_alloc(self, nbytes):
+        """Host memory another process can map: a memfd mapped shared (page aligned)."""
+        length = -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+        fd = os.memfd_create("gpupool-simulated", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, length)
+            ptr = _mmap(None, length, mmap.MAP_SHARED, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._shared[ptr] = (fd, length)
+        return ptr
 
     # Virtual memory (virtual_memory=True) ------------------------------------------------
 
@@ -297,6 +363,12 @@ class SimulatedDevice(PythonUpstream):
             self._misuse(f"map of {nbytes} B at {va:#x}: a page is mapped already")
         if self.used + nbytes > self.capacity:
             raise MemoryError(f"simulated device out of memory: {nbytes} B to map")
+        if self.shareable:
+            for p in pages:             # each page a memfd of its own, as cuMemCreate's
+                fd = os.memfd_create("gpupool-simulated-page", os.MFD_CLOEXEC)
+                os.ftruncate(fd, self.page)
+                _mmap(p, self.page, mmap.MAP_SHARED | _MAP_FIXED, fd)
+                self._page_fds[p] = fd
         mapped.update(pages)
         self._count(nbytes, nbytes)
 
@@ -310,7 +382,12 @@ class SimulatedDevice(PythonUpstream):
             self._misuse(f"unmap of {nbytes} B at {va:#x} while streams {busy} have work "
                          f"pending that may use it")
         mapped.difference_update(pages)
-        _libc.madvise(va, nbytes, _MADV_DONTNEED)      # the host memory goes back too
+        if self.shareable:              # the reservation's anonymous memory comes back
+            _mmap(va, nbytes, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED)
+            for p in pages:
+                os.close(self._page_fds.pop(p))
+        else:
+            _libc.madvise(va, nbytes, _MADV_DONTNEED)      # the host memory goes back too
         self._count(-nbytes, -nbytes)
 
     def mapped(self, va, nbytes=1):
@@ -320,6 +397,96 @@ class SimulatedDevice(PythonUpstream):
                 first = start + (va - start) // self.page * self.page   # pages from start
                 return all(p in pages for p in range(first, va + nbytes, self.page))
         return False
+
+    # CUDA IPC (shareable=True) ----------------------------------------------------------
+
+    @property
+    def ipc_kind(self):
+        if not self.shareable:
+            return None
+        return "posix_fd" if self.expandable else "mem_handle"
+
+    @property
+    def ipc_refusal(self):
+        if self.shareable:
+            return None
+        return ("a SimulatedDevice made without shareable=True serves private host memory, "
+                "which no other process can map: make it with "
+                "SimulatedDevice(shareable=True) to simulate CUDA IPC")
+
+    def _ipc_export(self, base, size):
+        self.calls.append(("ipc_export", (base, size)))
+        if not self.shareable:
+            raise IpcError(self.ipc_refusal, "not_exportable")
+        if self.expandable:
+            pages = range(base, base + size, self.page)
+            if any(p not in self._page_fds for p in pages):
+                self._misuse(f"export of {size} B at {base:#x}: a page is not mapped")
+            return [os.dup(self._page_fds[p]) for p in pages]
+        if base not in self._shared or self._arrays[base][1] != size:
+            self._misuse(f"export of {size} B at {base:#x}: not one allocation")
+        fd = self._shared[base][0]
+        return f"{os.getpid()}:{fd}:{os.fstat(fd).st_ino}".encode()
+
+    def _ipc_open(self, kind, payload, size):
+        self.calls.append(("ipc_open", (kind, size)))
+        if kind == "posix_fd":
+            page = size // len(payload)
+            va = _mmap(None, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+            for i, fd in enumerate(payload):
+                _mmap(va + i * page, page, mmap.MAP_SHARED | _MAP_FIXED, fd)
+            self._opened[va] = (None, size, None)
+            return va
+        if any(key == payload for _, _, key in self._opened.values()):
+            self._misuse("cuIpcOpenMemHandle of a handle already open in this process (the "
+                         "driver maps an allocation once per process)")
+        pid, fd, inode = (int(x) for x in bytes(payload).decode().split(":"))
+        try:
+            mine = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            raise _invalid_value(f"no allocation of process {pid} is behind the handle") \
+                from None
+        if os.fstat(mine).st_ino != inode:
+            os.close(mine)
+            raise _invalid_value(f"the allocation of process {pid} behind the handle was freed")
+        fcntl.flock(mine, fcntl.LOCK_SH)    # what the exporter's free looks for
+        try:
+            va = _mmap(None, size, mmap.MAP_SHARED, mine)
+        except BaseException:
+            os.close(mine)
+            raise
+        self._opened[va] = (mine, size, bytes(payload))
+        return va
+
+    def _ipc_close(self, kind, address, size):
+        self.calls.append(("ipc_close", (kind, size)))
+        if address not in self._opened:
+            self._misuse(f"close of {address:#x}, which no IPC open mapped")
+        fd, length, _ = self._opened.pop(address)
+        _libc.munmap(address, length)
+        if fd is not None:
+            os.close(fd)
+
+    def _ipc_event_create(self):
+        event = next(self._handles)
+        self.calls.append(("ipc_event_create", (event,)))
+        return event
+
+    def _ipc_event_record(self, event, stream):
+        self.calls.append(("ipc_event_record", (event, stream)))
+        self._check_stream(stream)
+        # Simulated work is done when a host copy returns: nothing to wait for elsewhere.
+        return f"simulated-event-{os.getpid()}-{event}".encode()
+
+    def _ipc_event_destroy(self, event):
+        self.calls.append(("ipc_event_destroy", (event,)))
+
+    def _ipc_wait(self, handle, stream):
+        self.calls.append(("ipc_wait", (bytes(handle), stream)))
+        self._check_stream(stream)
+
+    def _device_uuid(self):
+        return self._uuid
 
     def _event_create(self):
         event = next(self._handles)
@@ -395,6 +562,29 @@ def _kind(key):
     if key == LEGACY_STREAM:
         return "legacy"
     return "per-thread" if isinstance(key, tuple) else "created"
+
+
+def _mmap(address, length, flags, fd=-1):
+    """libc mmap, readable and writable; raises OSError when it fails."""
+    va = _libc.mmap(address, length, _PROT_RW, flags, fd, 0)
+    if va in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"simulated device: mmap of {length} B: {os.strerror(err)}")
+    return va
+
+
+def _unlocked(fd):
+    """Whether no other process holds a lock on fd's file (an importer's mapping)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def _invalid_value(why):
+    return CudaError(1, "CUDA_ERROR_INVALID_VALUE", f"simulated device: {why}")
 
 
 def _no_total():

@@ -32,6 +32,30 @@ cached while the MemPool lives, so a region sees segments, not tensors. ``use_me
 routes the allocations of the thread that entered it only: backward's thread allocates from
 PyTorch's default pool.
 
+Sharing tensors between processes
+---------------------------------
+``torch.multiprocessing`` shares a CUDA tensor through its allocator's CUDA IPC handle
+(``storage._share_cuda_()``, PyTorch's caching allocator's ``shareIpcHandle``): under
+``use()`` PyTorch's pluggable allocator has none (the producer gets "CUDAPluggableAllocator
+does not yet support shareIPcHandle", a consumer "... getIpcDevPtr"), and under ``mempool()``
+PyTorch would export a handle of its segment as if it were a whole ``cudaMalloc``
+allocation, which a gpupool block is not (it may be a piece of a larger driver allocation,
+or virtual-memory pages that ``cudaIpcGetMemHandle`` refuses). So ``use()`` and
+``mempool()`` register a reducer of their own with ``multiprocessing``'s ``ForkingPickler``:
+a CUDA tensor whose memory is a gpupool block is sent as a gpupool IPC handle
+(``gpupool.ipc``: the block's allocation, the storage's offset in it, an event recorded on
+PyTorch's current stream of the pickling thread, as PyTorch's own sharing records it:
+``multiprocessing`` queues pickle in a feeder thread, where that is the default stream, so
+synchronize a side stream that wrote the tensor before sending it, as with PyTorch's) and
+rebuilt in the receiving process over ``gpupool.open_ipc``
+(``torch.from_dlpack``, with the dtype, size, stride and storage offset), whatever allocator
+that process uses; other tensors go through PyTorch's own reducer. PyTorch's rule applies:
+keep the sent tensor alive until the receiver is done with it (its storage's death
+releases the export: a later open raises ``gpupool.IpcError``). A tensor received this
+way cannot be sent on (clone it first), as in PyTorch. A process under ``use()`` that
+receives a tensor of PyTorch's own allocator from another process gets a
+``gpupool.IpcError`` naming the way out (``mempool()`` there, or gpupool in the sender).
+
 Out of memory
 -------------
 Both ways raise :class:`OutOfMemoryError` (this module's), a subclass of both
@@ -62,6 +86,7 @@ _FREE = "gpupool_torch_free"
 _allocators = {}        # malloc name -> CUDAPluggableAllocator; PyTorch needs it kept alive
 _installed = False      # use() swapped PyTorch's global allocator
 _observing = False      # the out-of-memory observer is attached
+_sharing = False        # the tensor reducer is registered with multiprocessing
 
 _TOO_LATE = (
     "gpupool.torch.use() must run before PyTorch's first CUDA allocation, but PyTorch has "
@@ -174,6 +199,7 @@ def use(pool=None):
         except RuntimeError as exc:       # "Can't swap an already initialized allocator"
             raise GpupoolError(_TOO_LATE) from exc
         _installed = True
+    _share_through_gpupool(torch)
     if pool is not None:
         gpupool.set_pool(pool)
 
@@ -220,7 +246,107 @@ def mempool(pool=None):
     if pool is not None:
         gpupool.set_pool(pool)
     _observe_oom(torch)
+    _share_through_gpupool(torch)
     return torch.cuda.MemPool(_allocator(_MALLOC_MEMPOOL).allocator())
+
+
+# Sharing tensors between processes ---------------------------------------------------------
+
+def _share_through_gpupool(torch):
+    """Register :func:`_reduce_tensor` for every tensor class with multiprocessing's
+    ForkingPickler (after ``torch.multiprocessing``'s own registrations, which ``import
+    torch`` makes); under ``use()`` also make PyTorch's rebuilding of its own CUDA handles
+    say what to do instead of failing in the pluggable allocator."""
+    global _sharing
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    if not _sharing:
+        for cls in {torch.Tensor, torch.nn.Parameter, *torch._tensor_classes}:
+            ForkingPickler.register(cls, _reduce_tensor)
+        _sharing = True
+    if _installed and not getattr(reductions.rebuild_cuda_tensor, "_gpupool", False):
+        reductions.rebuild_cuda_tensor = _refusing_rebuild(reductions.rebuild_cuda_tensor)
+
+
+def _reduce_tensor(tensor):
+    """multiprocessing's reduction of a tensor: a CUDA tensor whose storage is a gpupool
+    block's memory travels as a gpupool IPC handle; any other goes through PyTorch's."""
+    import torch
+    from torch.multiprocessing import reductions
+
+    from gpupool import _ipc
+
+    if (tensor.device.type != "cuda" or tensor.is_nested or tensor.layout != torch.strided
+            or (tensor.requires_grad and not tensor.is_leaf)):
+        return reductions.reduce_tensor(tensor)     # PyTorch's path (and its refusals)
+    storage = tensor.untyped_storage()
+    ptr, nbytes = storage.data_ptr(), storage.nbytes()
+    if not nbytes:
+        return reductions.reduce_tensor(tensor)     # no memory: no handle either
+    if _ipc.is_imported(ptr):
+        raise gpupool.IpcError(
+            "this CUDA tensor was received from another process through gpupool: it cannot be "
+            "sent on (as in PyTorch); clone it first (tensor.clone())", "received")
+    pool = gpupool._pools.get(tensor.device.index)
+    if pool is None or not _ipc.owns(pool, ptr, nbytes):
+        if _installed:
+            raise gpupool.IpcError(
+                f"this CUDA tensor's memory ({nbytes} B at {ptr:#x}) is not a block of "
+                f"gpupool's pool of device {tensor.device.index}, though gpupool.torch.use() "
+                f"routes every PyTorch allocation there: it cannot be shared",
+                "foreign_memory")
+        return reductions.reduce_tensor(tensor)
+    torch.utils.hooks.warn_if_has_hooks(tensor)
+    ref = reductions.StorageWeakRef(storage)
+    handle = _ipc.export_range(pool, ptr, nbytes,
+                               torch.cuda.current_stream(tensor.device).cuda_stream,
+                               lambda: not ref.expired())
+    return _rebuild_tensor, (handle, type(tensor), tensor.dtype, tuple(tensor.size()),
+                             tuple(tensor.stride()), tensor.storage_offset(),
+                             tensor.requires_grad)
+
+
+def _rebuild_tensor(handle, cls, dtype, size, stride, offset, requires_grad):
+    """The receiving side of :func:`_reduce_tensor`: the tensor over the opened memory, on
+    PyTorch's current stream of its device (which waits for the sender's work)."""
+    import torch
+
+    from gpupool import _ipc
+
+    pool = _ipc._importer_pool(handle, None)
+    stream = torch.cuda.current_stream(pool.device)
+    buf = gpupool.open_ipc(handle, stream=stream.cuda_stream, pool=pool)
+    flat = torch.from_dlpack(buf)                   # uint8, the storage's bytes
+    tensor = flat.view(dtype).as_strided(size, stride, offset)
+    if cls is torch.nn.Parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    tensor.requires_grad = requires_grad
+    return tensor
+
+
+def _refusing_rebuild(rebuild):
+    """PyTorch's ``rebuild_cuda_tensor``, whose failure in the pluggable allocator (it cannot
+    open CUDA IPC handles: getIpcDevPtr) becomes an error that says what to do."""
+
+    @functools.wraps(rebuild)
+    def rebuild_cuda_tensor(*args, **kwargs):
+        try:
+            return rebuild(*args, **kwargs)
+        except RuntimeError as exc:
+            if "getIpcDevPtr" not in str(exc):
+                raise
+            raise gpupool.IpcError(
+                "this process allocates CUDA memory through gpupool.torch.use(), and "
+                "PyTorch's pluggable allocator cannot open the CUDA IPC handle of a tensor "
+                "that another process shared from PyTorch's own allocator. Make the sender "
+                "allocate through gpupool (gpupool.torch.use() or mempool() there: its "
+                "tensors then travel as gpupool IPC handles), or use mempool() here instead "
+                "of use()", "open_failed") from exc
+
+    rebuild_cuda_tensor._gpupool = True
+    return rebuild_cuda_tensor
 
 
 def _observe_oom(torch):

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import alloc_trace  # noqa: E402
 import fragmentation  # noqa: E402
+import ipc  # noqa: E402
 import region_memory  # noqa: E402
 import run_all  # noqa: E402
 import threads  # noqa: E402
@@ -243,6 +244,15 @@ def test_threads_script_on_the_simulated_device(tmp_path):
     assert all(r["ops_per_s"]["median"] > 0 for r in gp["results"].values())
     counters = gp["pool_counters"]
     assert counters["num_allocs"] > counters["cache_misses"] > 0
+
+
+def test_ipc_script_on_the_simulated_device(tmp_path):
+    out_json = tmp_path / "ipc.json"
+    ipc.main(["--simulated", "--quick", "--json", str(out_json)])
+    result = json.loads(out_json.read_text())
+    assert set(result["rows"]) == {"driver", "vmm"}
+    for row in result["rows"].values():
+        assert set(row) == set(ipc.COLUMNS) and all(t["median"] > 0 for t in row.values())
 
 
 # run_all's spread --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The examples on a machine without a GPU: train_digits trains on the simulated device; the
-GPU-only examples (and train_digits --device gpu) exit 2 with one line, no traceback."""
+"""The examples on a machine without a GPU: train_digits trains and ipc_pipeline shares batches
+between two processes on the simulated device; the GPU-only examples (and --device gpu) exit 2
+with one line, no traceback."""
 
 import os
 
@@ -13,7 +14,8 @@ SIMULATED_LINE = "train_digits: training with NumPy on gpupool's simulated devic
 
 @pytest.mark.parametrize("script, args", [("train_digits", ["--device", "gpu", "--epochs", "1"]),
                                           ("train_digits_torch", ["--epochs", "1"]),
-                                          ("mixed_frameworks", [])])
+                                          ("mixed_frameworks", []),
+                                          ("ipc_pipeline", ["--device", "gpu"])])
 def test_example_without_gpu_exits_2_with_one_line(run_script, script, args):
     # Where a framework is not installed (CI) the example stops even earlier, with the same
     # contract.
@@ -61,6 +63,19 @@ def test_train_digits_trains_on_the_simulated_device_without_gpu(run_script, tmp
     region = rows["region"]
     assert region[3] == region[4] and region[5] == "yes", output   # reserved, flat?
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", output
+
+
+def test_ipc_pipeline_shares_batches_between_processes_on_the_simulated_device(run_script):
+    proc, output = run_script("examples/ipc_pipeline.py", "--batches", "12", "--depth", "3",
+                              env=NO_GPU, timeout=300)
+    # Exit status 0 means: every batch's sums right, the consumer's receipts in the
+    # producer's memory, at most 3 batches in use, blocks reused, the consumer clean.
+    assert proc.returncode == 0, output
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("ipc_pipeline: sharing batches on gpupool's simulated device"), \
+        output
+    checks = [line for line in lines if line.startswith("[")]
+    assert len(checks) == 5 and all(line.startswith("[ok] ") for line in checks), output
 
 
 def test_train_digits_simulated_as_asked(run_script):

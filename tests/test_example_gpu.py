@@ -1,5 +1,6 @@
 """The examples on a GPU: train_digits trains to >= 0.95 with flat reserved memory in region mode;
-mixed_frameworks passes data between CuPy, Numba and PyTorch on one pool."""
+mixed_frameworks passes data between CuPy, Numba and PyTorch on one pool; ipc_pipeline shares
+batches between two processes through CUDA IPC, on both upstreams that export."""
 
 import pytest
 from conftest import flat_memory_unmeasurable
@@ -67,3 +68,16 @@ def test_train_digits_torch_all_modes(run_script):
     rows = {line.split()[0]: line.split() for line in lines[header + 2:header + 5]}
     assert set(rows) == {"region", "no-region", "torch"}, output
     assert rows["region"][7] == "yes", output  # the flat? column
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("upstream", ["vmm", "driver"])
+def test_ipc_pipeline_shares_batches_between_processes(run_script, upstream):
+    _require_gpu()
+    proc, output = run_script("examples/ipc_pipeline.py", "--device", "gpu", "--batches", "32",
+                              "--depth", "3", "--upstream", upstream)
+    assert proc.returncode == 0, output
+    assert proc.stdout.splitlines()[0] == \
+        f"ipc_pipeline: sharing batches on the GPU (upstream {upstream!r})", output
+    checks = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(checks) == 5 and all(line.startswith("[ok] ") for line in checks), output

@@ -141,6 +141,47 @@ def test_memory_stats_takes_torch_devices(torch, limited):
     del buf
 
 
+@pytest.fixture
+def reducers(torch):
+    """multiprocessing's reducers (and gpupool.torch's flag) put back after the test."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    saved = dict(ForkingPickler._extra_reducers)
+    rebuild = reductions.rebuild_cuda_tensor
+    yield ForkingPickler
+    ForkingPickler._extra_reducers.clear()
+    ForkingPickler._extra_reducers.update(saved)
+    reductions.rebuild_cuda_tensor = rebuild
+    gpupool.torch._sharing = False
+
+
+def test_the_tensor_reducer_leaves_tensors_without_gpupool_memory_to_pytorch(torch, reducers):
+    gpupool.torch._share_through_gpupool(torch)
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        assert reducers._extra_reducers[cls] is gpupool.torch._reduce_tensor
+    tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)[:, 1:]
+    back = reducers.loads(reducers.dumps(tensor))
+    assert torch.equal(back, tensor) and back.stride() == tensor.stride()
+    param = reducers.loads(reducers.dumps(torch.nn.Parameter(torch.ones(3))))
+    assert isinstance(param, torch.nn.Parameter) and param.requires_grad
+
+
+def test_pytorchs_failing_rebuild_under_use_names_gpupool_and_the_way_out(torch, reducers):
+    def rebuild_cuda_tensor(*args):
+        raise RuntimeError(args[0])
+
+    wrapped = gpupool.torch._refusing_rebuild(rebuild_cuda_tensor)
+    assert wrapped.__name__ == "rebuild_cuda_tensor" and wrapped._gpupool
+    with pytest.raises(gpupool.IpcError, match=r"mempool\(\) here instead of use\(\)") as info:
+        wrapped("CUDAPluggableAllocator does not yet support getIpcDevPtr. If you need it...")
+    assert info.value.reason == "open_failed"
+    assert "gpupool.torch.use()" in str(info.value)
+    with pytest.raises(RuntimeError, match="something else"):
+        wrapped("something else")
+
+
 # On a GPU ----------------------------------------------------------------------------------
 
 @functools.cache

@@ -80,7 +80,7 @@ if step example; then
 fi
 if step bench; then
     # real_models.py has a step of its own (models): about 8 minutes.
-    BENCH=${BENCH:-alloc_latency,cross_stream,capi_latency,threads,trace_replay,fragmentation,region_memory}
+    BENCH=${BENCH:-alloc_latency,cross_stream,capi_latency,threads,trace_replay,fragmentation,region_memory,ipc}
     timeout 480 python3 bench/run_all.py --out /tmp/gpupool-bench --only "$BENCH" \
         ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
     summary "bench rc=$?"
