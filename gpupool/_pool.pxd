@@ -72,5 +72,6 @@ cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
 # The calling thread's stack of entered regions (and uncached() markers), innermost last
 # (_regionstack.pxi, compiled into this module).
 cdef int region_push(RegionCache* rc) except -1
+cdef bint region_try_push(RegionCache* rc) noexcept nogil
 cdef void region_pop(RegionCache* rc) noexcept nogil
 cdef RegionCache* uncached_marker() noexcept nogil

@@ -30,13 +30,21 @@ cdef RegionCache* uncached_marker() noexcept nogil:
 
 cdef int region_push(RegionCache* rc) except -1:
     """Make rc the calling thread's innermost region (or marker)."""
-    global gp_region_depth
-    if gp_region_depth >= GP_REGION_DEPTH_MAX:
+    if not region_try_push(rc):
         raise GpupoolError(f"regions nested more than {GP_REGION_DEPTH_MAX} deep on one "
                            f"thread (uncached() counts as one)")
+    return 0
+
+
+cdef bint region_try_push(RegionCache* rc) noexcept nogil:
+    """region_push without the GIL (for the C API); False, with nothing pushed, when the
+    stack is full."""
+    global gp_region_depth
+    if gp_region_depth >= GP_REGION_DEPTH_MAX:
+        return False
     gp_region_stack[gp_region_depth] = <void*>rc
     gp_region_depth += 1
-    return 0
+    return True
 
 
 cdef void region_pop(RegionCache* rc) noexcept nogil:
