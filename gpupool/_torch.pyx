@@ -1,13 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The compiled part of ``gpupool.torch``: the C entry points of PyTorch's pluggable allocator
 (``torch.cuda.memory.CUDAPluggableAllocator`` looks them up by name in this extension; the
-macro CYTHON_EXTERN_C gives them C linkage), and how a failure reaches PyTorch.
+macro CYTHON_EXTERN_C gives them C linkage), how a failure reaches PyTorch, and the message
+of a failure for gpupool's C++ allocator (``src/torch_allocator.cc``).
 
 They are thin users of gpupool's C API table (``_capi.pyx``), so PyTorch's tensors come from
 the device's default pool, as Python's and C's allocations do.
 """
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy
 from libcpp.string cimport string
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool._defaults cimport pool_of
@@ -149,6 +151,22 @@ cdef public void* gpupool_torch_malloc_raising(size_t size, int device,
 cdef public void gpupool_torch_free(void* ptr, size_t size, int device,
                                     void* stream) noexcept nogil:
     _api.free(device, ptr, <uintptr_t>stream)
+
+
+cdef public int gpupool_torch_failure_message(int status, int device, size_t size, char* out,
+                                              size_t capacity) noexcept nogil:
+    """For gpupool's C++ allocator (src/torch_allocator.cc, which throws PyTorch's own
+    out-of-memory error): gpupool's message for a failed allocation, written to out
+    (NUL-terminated, cut to capacity bytes); 1 if it was out of memory (then counted in the
+    pool's num_ooms), else 0. Takes the GIL."""
+    cdef string msg
+    cdef size_t n
+    _torch_failure(status, device, size, &msg)
+    if capacity:
+        n = min(msg.size(), capacity - 1)
+        memcpy(out, msg.c_str(), n)
+        out[n] = 0
+    return status == CUDA_ERROR_OUT_OF_MEMORY
 
 
 def _set_torch_oom_type(kind):
