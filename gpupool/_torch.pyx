@@ -13,6 +13,7 @@ from libc.string cimport memcpy
 from libcpp.string cimport string
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool._defaults cimport pool_of
+from gpupool._driver cimport relaxed_capture
 from gpupool._pool cimport Pool
 from gpupool._status cimport GPUPOOL_OK
 from gpupool.capi cimport gpupool_api, gpupool_import
@@ -117,11 +118,17 @@ cdef PyObject* _torch_failure(int status, int device, size_t size,
 
 
 cdef public void* gpupool_torch_malloc(size_t size, int device, void* stream) noexcept nogil:
+    # PyTorch's caching allocator calls this for a MemPool's segment, during CUDA graph
+    # captures too: in the relaxed capture mode, as it does its own cudaMalloc there.
     cdef void* ptr = NULL
-    cdef int status
+    cdef int status, saved = 0
+    cdef bint relaxed
     if size == 0:
         return NULL
+    relaxed = relaxed_capture(True, &saved) == 0
     status = _api.allocate(device, size, <uintptr_t>stream, &ptr)
+    if relaxed:
+        relaxed_capture(False, &saved)
     gp_torch_failure.status = status
     if status != GPUPOOL_OK:
         gp_torch_failure.device = device
