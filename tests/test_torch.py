@@ -298,8 +298,10 @@ def test_torch_compile_reduce_overhead(torch, mode):
 def test_cuda_graph_capture_and_replay(torch, mode):
     out = feature("graph", mode)
     assert max(out["errors"]) < 1e-4 and out["same_address"] and out["after_intact"], out
-    assert out["live_is_output"] and out["live_is_not_empty"], out
     if mode == "use":
+        # The graph's private pool holds its output (under mempool() PyTorch routes the
+        # capture to the MemPool, whose thread route came first, so the graph's pool is empty).
+        assert out["live_is_output"] and out["live_is_not_empty"], out
         assert out["captured_allocs"] >= 1, out       # the capture allocated from gpupool
 
 

@@ -308,6 +308,7 @@ class GpupoolAllocator final : public cca::CUDAAllocator {
 
   void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id,
                            std::function<bool(cudaStream_t)> filter) override {
+    check_device(device);
     incref(device, mempool_id);
     std::lock_guard<std::mutex> lock(mutex_);
     routes_by_device_[device].push_back({mempool_id, std::move(filter)});
@@ -315,6 +316,7 @@ class GpupoolAllocator final : public cca::CUDAAllocator {
   }
 
   void endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    check_device(device);
     std::vector<void*> held;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -374,7 +376,7 @@ class GpupoolAllocator final : public cca::CUDAAllocator {
     cca::CheckpointDelta delta;
     for (const auto& block : live_of(handle)) {
       void* ptr = reinterpret_cast<void*>(block.first);
-      api_->free_ptr(device, ptr);
+      free(ptr);
       delta.ptrs_freed.push_back(ptr);
     }
     auto stream = reinterpret_cast<uintptr_t>(c10::cuda::getCurrentCUDAStream(device).stream());
@@ -450,7 +452,13 @@ class GpupoolAllocator final : public cca::CUDAAllocator {
       "gpupool's allocator cannot share CUDA tensors between processes (CUDA IPC): send "
       "them through host memory, or run the sharing process without gpupool.torch.use()";
 
+  static void check_device(c10::DeviceIndex device) {
+    TORCH_CHECK(device >= 0 && device < kMaxDevices, "gpupool: device ", static_cast<int>(device),
+                " is beyond the ", kMaxDevices, " devices gpupool's pools cover");
+  }
+
   void note_device(c10::DeviceIndex device) {
+    check_device(device);
     last_device_.store(device, std::memory_order_relaxed);
     if (C10_UNLIKELY(!seen_[device].load(std::memory_order_relaxed))) {
       seen_[device].store(true, std::memory_order_relaxed);
