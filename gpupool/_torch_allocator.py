@@ -111,7 +111,7 @@ def torch_includes(torch):
 
 
 def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib=None,
-                    mode="shared", cxx=None):
+                    mode="shared", cxx=None, libraries=LIBRARIES):
     """The compiler's command line for the allocator.
 
     Parameters
@@ -126,6 +126,8 @@ def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib
         ``_GLIBCXX_USE_CXX11_ABI``, as PyTorch was built.
     torch_lib : path, optional
         PyTorch's ``lib`` folder, to link against (``mode="shared"``).
+    libraries : sequence of str
+        The libraries of ``torch_lib`` to link (``mode="shared"``).
     mode : {"shared", "object", "syntax"}
         A loadable library, an object file (no link), or a check of the source only.
     """
@@ -142,7 +144,7 @@ def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib
         return [*command, "-c", "-o", str(output)]
     lib = str(torch_lib)
     return [*command, "-shared", "-o", str(output), f"-L{lib}", f"-Wl,-rpath,{lib}",
-            *(f"-l{name}" for name in LIBRARIES)]
+            *(f"-l{name}" for name in libraries)]
 
 
 def _compiler_version(cxx):

@@ -76,6 +76,25 @@ def test_it_compiles_to_an_object_against_the_installed_pytorch(torch, toolchain
     assert "gpupool_torch_install" in symbols and "gpupool_torch_built_for" in symbols
 
 
+def test_the_linked_library_exports_its_two_entry_points(torch, toolchain, tmp_path):
+    # Linked against libc10 only (a CPU build has no CUDA libraries; a shared library may
+    # leave symbols to the process): the class stays hidden, the two C functions are exported.
+    cxx, cuda = toolchain
+    out = tmp_path / "allocator.so"
+    lib = Path(torch.__file__).parent / "lib"
+    status, errors = compile_source(ta.compile_command(
+        out, ta.torch_includes(torch), cuda, abi=ta._abi(torch), torch_lib=lib, cxx=cxx,
+        libraries=("c10",)))
+    assert status == 0, errors
+    try:
+        listing = subprocess.run(["nm", "-D", "--defined-only", str(out)], capture_output=True,
+                                 text=True, timeout=60).stdout
+    except OSError:
+        pytest.skip("no nm here")
+    strong = sorted(line.split()[-1] for line in listing.splitlines() if " T " in line)
+    assert strong == ["gpupool_torch_built_for", "gpupool_torch_install"], listing
+
+
 def _symbols(path):
     """The global symbols an object file defines (nm), or all of it where nm is missing."""
     try:
