@@ -111,7 +111,7 @@ def torch_includes(torch):
 
 
 def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib=None,
-                    mode="shared", cxx=None, libraries=LIBRARIES):
+                    mode="shared", cxx=None, libraries=LIBRARIES, source=None):
     """The compiler's command line for the allocator.
 
     Parameters
@@ -128,6 +128,8 @@ def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib
         PyTorch's ``lib`` folder, to link against (``mode="shared"``).
     libraries : sequence of str
         The libraries of ``torch_lib`` to link (``mode="shared"``).
+    source : path, optional
+        The file to compile: the allocator's source (the tests' harness includes it).
     mode : {"shared", "object", "syntax"}
         A loadable library, an object file (no link), or a check of the source only.
     """
@@ -135,9 +137,9 @@ def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib
              f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     if not any((Path(d) / "c10/cuda/impl/cuda_cmake_macros.h").is_file() for d in torch_include):
         flags.append(f"-D{NO_CONFIGURE_FILE}")
-    includes = [gpupool.get_include(), sysconfig.get_paths()["include"], *map(str, torch_include),
-                str(cuda_include_dir)]
-    command = [cxx or compiler(), *flags, *(f"-I{d}" for d in includes), str(SOURCE)]
+    includes = [gpupool.get_include(), str(SOURCE.parent), sysconfig.get_paths()["include"],
+                *map(str, torch_include), str(cuda_include_dir)]
+    command = [cxx or compiler(), *flags, *(f"-I{d}" for d in includes), str(source or SOURCE)]
     if mode == "syntax":
         return [*command, "-fsyntax-only"]
     if mode == "object":

@@ -26,7 +26,7 @@ MAX_WHEEL_BYTES = 3 << 19  # 1.5 MiB: about 0.5 MiB today; 3.5 MiB with debug in
 # Patterns, relative to the checkout, of what the sdist must carry.
 SDIST_SOURCES = ("gpupool/*.py", "gpupool/*.pyx", "gpupool/*.pxd", "gpupool/*.pyi",
                  "gpupool/py.typed", "gpupool/include/*.h", "gpupool/src/*.h",
-                 "gpupool/src/*.cc", "tests/*.py",
+                 "gpupool/src/*.cc", "tests/*.py", "tests/*.cc",
                  "examples/*.py", "README.md", "LICENSE", "MANIFEST.in", "setup.py",
                  "setup.cfg", "pyproject.toml")
 GENERATED = ("*.cpp", "gpupool/_capi.h")  # Cython's output; _capi.h is its public header
