@@ -100,6 +100,20 @@ def cuda_include(cuda_version):
     return next((p for p in found if _cuda_major(p) == major), found[0])
 
 
+def cudart(cuda_version):
+    """``(folder, file name)`` of the CUDA runtime library of PyTorch's CUDA major version
+    (``libcudart.so.13``) where one is found, else None: the allocator is linked against it,
+    by the same name as PyTorch's copy (the process loads one); without it, its runtime calls
+    are found through PyTorch's libc10_cuda, which needs it."""
+    major = str(cuda_version).split(".")[0] if cuda_version else None
+    if major is None:
+        return None
+    name = f"libcudart.so.{major}"
+    folders = [include.parent / lib for include in _cuda_candidates()
+               for lib in ("lib", "lib64")]
+    return next(((f, name) for f in folders if (f / name).is_file()), None)
+
+
 def _abi(torch):
     return int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
 
@@ -111,7 +125,8 @@ def torch_includes(torch):
 
 
 def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib=None,
-                    mode="shared", cxx=None, libraries=LIBRARIES, source=None):
+                    mode="shared", cxx=None, libraries=LIBRARIES, source=None,
+                    runtime=None):
     """The compiler's command line for the allocator.
 
     Parameters
@@ -130,6 +145,8 @@ def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib
         The libraries of ``torch_lib`` to link (``mode="shared"``).
     source : path, optional
         The file to compile: the allocator's source (the tests' harness includes it).
+    runtime : (path, str), optional
+        The CUDA runtime library's folder and file name, to link too (:func:`cudart`).
     mode : {"shared", "object", "syntax"}
         A loadable library, an object file (no link), or a check of the source only.
     """
@@ -145,8 +162,11 @@ def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib
     if mode == "object":
         return [*command, "-c", "-o", str(output)]
     lib = str(torch_lib)
-    return [*command, "-shared", "-o", str(output), f"-L{lib}", f"-Wl,-rpath,{lib}",
-            *(f"-l{name}" for name in libraries)]
+    command = [*command, "-shared", "-o", str(output), f"-L{lib}", f"-Wl,-rpath,{lib}",
+               *(f"-l{name}" for name in libraries)]
+    if runtime is not None:
+        command += [f"-L{runtime[0]}", f"-l:{runtime[1]}", f"-Wl,-rpath-link,{runtime[0]}"]
+    return command
 
 
 def _compiler_version(cxx):
@@ -190,7 +210,8 @@ def build(torch):
                           "Ubuntu: apt install python3-dev)")
     cxx = compiler()
     command = compile_command("OUT", torch_includes(torch), cuda_include(torch.version.cuda),
-                              abi=_abi(torch), torch_lib=lib, cxx=cxx)
+                              abi=_abi(torch), torch_lib=lib, cxx=cxx,
+                              runtime=cudart(torch.version.cuda))
     key = hashlib.sha256()
     for part in (SOURCE.read_bytes(), *(Path(gpupool.get_include(), h).read_bytes()
                                         for h in HEADERS)):

@@ -538,3 +538,16 @@ def test_a_checkpointed_pool_state_is_restored(harness, device):
     harness.pool("h_release_pool", graph)
     harness.pool("h_empty_cache", (0, 0))
     assert device.stats().reserved_bytes == 0
+
+
+def test_the_cuda_runtime_is_linked_by_pytorch_s_major_version(monkeypatch, tmp_path):
+    include = tmp_path / "cu13" / "include"
+    include.mkdir(parents=True)
+    (tmp_path / "cu13" / "lib").mkdir()
+    (tmp_path / "cu13" / "lib" / "libcudart.so.13").write_text("")
+    monkeypatch.setattr(ta, "_cuda_candidates", lambda: iter([include]))
+    assert ta.cudart("13.0") == (tmp_path / "cu13" / "lib", "libcudart.so.13")
+    assert ta.cudart("12.8") is None and ta.cudart(None) is None
+    command = ta.compile_command("out.so", [tmp_path], include, torch_lib=tmp_path, cxx="c++",
+                                 runtime=ta.cudart("13.0"))
+    assert "-l:libcudart.so.13" in command and "-ltorch_cuda" in command
