@@ -19,6 +19,7 @@ import sys
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # deterministic cuBLAS
 
 import torch  # noqa: E402
+import torch.utils.data  # noqa: E402
 
 import gpupool  # noqa: E402
 import gpupool.torch  # noqa: E402
@@ -219,6 +220,8 @@ def feature_compile(mode, compile_mode=None):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         losses = []
         for _ in range(4):
+            if compile_mode == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()     # a new training step
             optimizer.zero_grad()
             loss = compiled(x).square().mean()
             loss.backward()
