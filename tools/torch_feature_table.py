@@ -4,7 +4,7 @@ pluggable fallback, each in a fresh process (tests/torch_child.py FEATURE-MODE).
 
 ::
 
-    python tools/torch_feature_table.py [--json PATH] [--jobs 6]
+    python tools/torch_feature_table.py [--json PATH] [--jobs 8]
 
 Prints the table (Markdown) and writes every child's result to ``--json``: tests/test_torch.py
 reads it back when ``GPUPOOL_TORCH_CHILD_RESULTS`` names that file, instead of running the same
@@ -81,7 +81,7 @@ def cell(out):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default="torch_features.json")
-    p.add_argument("--jobs", type=int, default=6)
+    p.add_argument("--jobs", type=int, default=8)
     args = p.parse_args(argv)
     jobs = [(f"{row}-{mode}", allocator) for row, _ in ROWS for _, mode, allocator in COLUMNS]
     with ThreadPoolExecutor(args.jobs) as pool:
