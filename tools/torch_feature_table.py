@@ -51,7 +51,7 @@ def key(scenario, allocator):
     return f"{scenario}|{allocator}"
 
 
-def run(scenario, allocator, timeout=600):
+def run(scenario, allocator, timeout=150):
     env = dict(os.environ, GPUPOOL_TORCH_ALLOCATOR=allocator)
     start = time.perf_counter()
     try:
