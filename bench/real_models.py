@@ -200,6 +200,10 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
         "peak_bytes": max(peak_in_step), "allocator_peak_reserved": peak_reserved(),
         "cudnn_benchmark": cudnn_benchmark,
     }
+    if kind == "gpupool":
+        import gpupool.torch
+
+        record["torch_allocator"] = gpupool.torch.allocator()   # gpupool's, or the fallback
     if region is not None:
         record["region"] = region.stats().as_dict()
     if trace_path:
@@ -291,6 +295,8 @@ def report(out):
                 rows.append([column, run.get("skipped") or run.get("error", "?")[:90]] +
                             [""] * 7)
                 continue
+            if run.get("torch_allocator") == "pluggable":     # use()'s fallback served
+                column = f"{column} (pluggable)"
             rows.append([column, _mib(s["peak"]),
                          f"{s['peak'] / anchor['peak']:.3f}" if anchor else "-",
                          _mib(s["own_peak_reserved"]), _mib(s["after_step3"]),

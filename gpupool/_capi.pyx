@@ -6,18 +6,27 @@ The functions run without the GIL (they take it only to create a device's defaul
 first use and to run ``on_oom`` callbacks) and never raise: they return GPUPOOL_OK or an error
 code. Memory is served by the device's default pool (``gpupool.get_pool(device)``), so C and
 Python share one pool, and a C allocation made on a thread inside ``with region:`` is cached
-by that region. The PyTorch entry points (``_torch.pyx``) are users of this table.
+by that region. Version 2 added frees by pointer alone, trims, peak resets, the largest free
+block, the segment of a pointer, and private pools (``_privatepool.pxd``: memory held for a
+CUDA graph). The PyTorch entry points (``_torch.pyx``) and gpupool's C++ allocator for PyTorch
+(``src/torch_allocator.cc``) are users of this table.
 """
 from cpython.pycapsule cimport PyCapsule_New
-from cpython.ref cimport PyObject
-from libc.stdint cimport uintptr_t
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from libc.stdint cimport uintptr_t, SIZE_MAX
+from libc.stdlib cimport calloc, free
+from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool._block cimport Block
 from gpupool._counters cimport Counters
-from gpupool._defaults cimport default_pool, pool_table
+from gpupool._defaults cimport MAX_DEVICES, default_pool, pool_table
 from gpupool._driver cimport fork_flag
-from gpupool._pool cimport Pool, run_oom_callbacks
+from gpupool._freelist cimport fl_each
+from gpupool._pool cimport Pool, run_oom_callbacks, region_try_push, region_pop
+from gpupool._privatepool cimport PrivatePool, pp_allocate_at, pp_end
 from gpupool._ptrtable cimport pt_insert, pt_lookup
+from gpupool._regioncache cimport RegionCache, rc_lends
+from gpupool._segments cimport BLOCK_ALIGN
 from gpupool._sizes cimport MAX_NBYTES
 from gpupool._status cimport (
     GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE, GPUPOOL_ERROR_OUT_OF_MEMORY,
@@ -218,6 +227,278 @@ cdef const char* capi_error_string(int code) noexcept nogil:
     return "CUDA driver error (a CUresult: see cuGetErrorName)"
 
 
+# Version 2 -----------------------------------------------------------------------------
+# The same pattern: the table's function finds the pool (borrowed), a typed function does
+# the work under its lock. Private pools: _privatepool.pxd.
+
+cdef int _free_found(Pool pool, void* ptr) noexcept nogil:
+    """Free ptr, as last used on its block's stream, if pool's C API handed it out."""
+    cdef Block* b
+    cdef bint done
+    if pool.mag_free_handed(<uintptr_t>ptr, StreamKey(0, BAD_STREAM_TAG), &done):
+        return GPUPOOL_OK                           # its thread's magazine handed it out
+    if pool._holder == current_thread():
+        b = _lookup(pool, <uintptr_t>ptr, True)     # inside the upstream call: deferred
+    else:
+        pool.lock()
+        b = _lookup(pool, <uintptr_t>ptr, True)
+        pool.unlock()
+    if b == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    pool.release(b, b.stream)
+    return GPUPOOL_OK
+
+
+cdef int _trim(Pool pool, size_t* released) noexcept nogil:
+    cdef int r
+    pool.lock()
+    released[0] = pool.trim_locked()
+    r = pool.upstream.trim()
+    if r != 0:
+        pool.upstream.clear_error()
+    pool.unlock()
+    return _code(r)
+
+
+cdef int _reset_peaks(Pool pool) noexcept nogil:
+    pool.lock()
+    pool.reset_peaks_locked()
+    pool.unlock()
+    return GPUPOOL_OK
+
+
+cdef int _cache_info(Pool pool, size_t* largest, size_t* headroom) noexcept nogil:
+    """The largest free block any request may take (the pool's and idle regions'), and the
+    bytes left under the hard limit."""
+    cdef vector[Block*] blocks
+    cdef RegionCache* rc
+    cdef size_t i, limit = pool._segments.hard_limit
+    pool.lock()
+    pool.flush_parked()
+    pool.mag_flush_mine()               # the caller's held blocks, joined, as its request sees
+    fl_each(&pool._free, &blocks)
+    largest[0] = 0
+    for i in range(blocks.size()):
+        rc = <RegionCache*>blocks[i].region.cache
+        if (rc == NULL or rc_lends(rc)) and blocks[i].size > largest[0]:
+            largest[0] = blocks[i].size
+    if pool.largest_held() > largest[0]:
+        largest[0] = pool.largest_held()            # another thread's: served under pressure
+    if not limit:
+        headroom[0] = SIZE_MAX
+    else:
+        headroom[0] = limit - pool.counters.reserved if limit > pool.counters.reserved else 0
+    pool.unlock()
+    return GPUPOOL_OK
+
+
+cdef int _base_allocation(Pool pool, void* ptr, uintptr_t* base, size_t* nbytes) noexcept nogil:
+    cdef Block* b
+    pool.lock()
+    b = _lookup(pool, <uintptr_t>ptr, False)
+    if b != NULL:
+        base[0] = b.segment.base
+        nbytes[0] = b.segment.nbytes
+    pool.unlock()
+    return GPUPOOL_OK if b != NULL else GPUPOOL_ERROR_INVALID_VALUE
+
+
+cdef int _private_live(Pool pool, RegionCache* rc, uintptr_t* ptrs, size_t* sizes,
+                       size_t capacity, size_t* count) noexcept nogil:
+    cdef Block* b
+    cdef size_t n = 0
+    pool.lock()
+    b = rc.live_head
+    while b != NULL:
+        if n < capacity:
+            ptrs[n] = b.ptr
+            sizes[n] = b.size
+        n += 1
+        b = b.region.next
+    pool.unlock()
+    count[0] = n
+    return GPUPOOL_OK
+
+
+cdef int _private_allocate_at(Pool pool, RegionCache* rc, void* ptr, size_t nbytes,
+                              uintptr_t stream) noexcept nogil:
+    cdef StreamKey key = key_of(pool.upstream, stream)
+    cdef bint done
+    if key.tag == BAD_STREAM_TAG:
+        return refused_stream_status(pool.upstream, stream)
+    pool.lock()
+    pool.flush_parked()
+    done = pp_allocate_at(pool, rc, <uintptr_t>ptr, nbytes, key)
+    pool.unlock()
+    return GPUPOOL_OK if done else GPUPOOL_ERROR_INVALID_VALUE
+
+
+cdef int _private_end(Pool pool, RegionCache* rc) noexcept nogil:
+    pool.lock()
+    pp_end(rc)
+    pool.unlock()
+    return GPUPOOL_OK
+
+
+ctypedef int (*found_fn)(PyObject*, void*) noexcept nogil
+ctypedef int (*trim_fn)(PyObject*, size_t*) noexcept nogil
+ctypedef int (*pool_fn)(PyObject*) noexcept nogil
+ctypedef int (*info_fn)(PyObject*, size_t*, size_t*) noexcept nogil
+ctypedef int (*base_fn)(PyObject*, void*, uintptr_t*, size_t*) noexcept nogil
+ctypedef int (*live_fn)(PyObject*, RegionCache*, uintptr_t*, size_t*, size_t,
+                        size_t*) noexcept nogil
+ctypedef int (*at_fn)(PyObject*, RegionCache*, void*, size_t, uintptr_t) noexcept nogil
+ctypedef int (*end_fn)(PyObject*, RegionCache*) noexcept nogil
+cdef found_fn free_found_in = <found_fn>_free_found
+cdef trim_fn trim_in = <trim_fn>_trim
+cdef pool_fn reset_peaks_in = <pool_fn>_reset_peaks
+cdef info_fn cache_info_in = <info_fn>_cache_info
+cdef base_fn base_allocation_in = <base_fn>_base_allocation
+cdef live_fn private_live_in = <live_fn>_private_live
+cdef at_fn private_allocate_at_in = <at_fn>_private_allocate_at
+cdef end_fn private_end_in = <end_fn>_private_end
+
+
+cdef PyObject* _ready_pool(int device, int* status) noexcept nogil:
+    """The device's default pool for a version-2 call, or NULL with the status to return."""
+    cdef PyObject* pool
+    if FORKED[0]:
+        status[0] = GPUPOOL_ERROR_FORKED
+        return NULL
+    pool = default_pool(_pools, device)
+    status[0] = GPUPOOL_OK if pool != NULL else GPUPOOL_ERROR_NO_DEVICE
+    return pool
+
+
+cdef int capi_free_ptr(int device, void* ptr) noexcept nogil:
+    cdef PyObject* pool
+    cdef int d, status
+    if ptr == NULL:
+        return GPUPOOL_OK
+    pool = _ready_pool(device, &status)
+    if status == GPUPOOL_ERROR_FORKED:
+        return status
+    if pool != NULL and free_found_in(pool, ptr) == GPUPOOL_OK:
+        return GPUPOOL_OK
+    for d in range(MAX_DEVICES):        # another device's (only pools made already)
+        if d != device and _pools[d] != NULL and free_found_in(_pools[d], ptr) == GPUPOOL_OK:
+            return GPUPOOL_OK
+    return GPUPOOL_ERROR_INVALID_VALUE
+
+
+cdef int capi_trim(int device, size_t* released) noexcept nogil:
+    cdef int status
+    cdef size_t ignored
+    cdef PyObject* pool = _ready_pool(device, &status)
+    if pool == NULL:
+        return status
+    return trim_in(pool, released if released != NULL else &ignored)
+
+
+cdef int capi_reset_peaks(int device) noexcept nogil:
+    cdef int status
+    cdef PyObject* pool = _ready_pool(device, &status)
+    return reset_peaks_in(pool) if pool != NULL else status
+
+
+cdef int capi_cache_info(int device, size_t* largest, size_t* headroom) noexcept nogil:
+    cdef int status
+    cdef PyObject* pool
+    if largest == NULL or headroom == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    pool = _ready_pool(device, &status)
+    return cache_info_in(pool, largest, headroom) if pool != NULL else status
+
+
+cdef int capi_base_allocation(int device, void* ptr, uintptr_t* base,
+                              size_t* nbytes) noexcept nogil:
+    cdef int status
+    cdef PyObject* pool
+    if base == NULL or nbytes == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    pool = _ready_pool(device, &status)
+    return base_allocation_in(pool, ptr, base, nbytes) if pool != NULL else status
+
+
+cdef int _private_new(PyObject* pool, void** out) noexcept with gil:
+    cdef PrivatePool* pp = <PrivatePool*>calloc(1, sizeof(PrivatePool))
+    if pp == NULL:
+        return GPUPOOL_ERROR_INTERNAL
+    pp.rc = new RegionCache()
+    pp.rc.pool = <void*>pool
+    pp.rc.entered = 1                   # held entered for its whole life: never lent
+    pp.rc.held = True
+    pp.rc.entries = 1
+    Py_INCREF(<object>pool)
+    pp.pool = pool
+    out[0] = <void*>pp
+    return GPUPOOL_OK
+
+
+cdef void _private_free(PrivatePool* pp) noexcept with gil:
+    Py_DECREF(<object>pp.pool)
+    del pp.rc
+    free(pp)
+
+
+cdef int capi_private_new(int device, void** out) noexcept nogil:
+    cdef int status
+    cdef PyObject* pool
+    if out == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    out[0] = NULL
+    pool = _ready_pool(device, &status)
+    return _private_new(pool, out) if pool != NULL else status
+
+
+cdef int capi_private_allocate(void* handle, size_t nbytes, uintptr_t stream,
+                               void** ptr) noexcept nogil:
+    cdef PrivatePool* pp = <PrivatePool*>handle
+    cdef int r
+    if pp == NULL or ptr == NULL or nbytes == 0 or nbytes > MAX_NBYTES:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    ptr[0] = NULL
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED
+    # The private pool is the calling thread's innermost region for this one request.
+    if not region_try_push(pp.rc):
+        return GPUPOOL_ERROR_INTERNAL
+    r = allocate_in(pp.pool, nbytes, stream, ptr)
+    region_pop(pp.rc)
+    return r
+
+
+cdef int capi_private_live(void* handle, uintptr_t* ptrs, size_t* sizes, size_t capacity,
+                           size_t* count) noexcept nogil:
+    cdef PrivatePool* pp = <PrivatePool*>handle
+    if pp == NULL or count == NULL or (capacity and (ptrs == NULL or sizes == NULL)):
+        return GPUPOOL_ERROR_INVALID_VALUE
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED
+    return private_live_in(pp.pool, pp.rc, ptrs, sizes, capacity, count)
+
+
+cdef int capi_private_allocate_at(void* handle, void* ptr, size_t nbytes,
+                                  uintptr_t stream) noexcept nogil:
+    cdef PrivatePool* pp = <PrivatePool*>handle
+    if pp == NULL or nbytes == 0 or nbytes % BLOCK_ALIGN:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED
+    return private_allocate_at_in(pp.pool, pp.rc, ptr, nbytes, stream)
+
+
+cdef int capi_private_destroy(void* handle) noexcept nogil:
+    cdef PrivatePool* pp = <PrivatePool*>handle
+    if pp == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED     # the parent's memory: left alone
+    private_end_in(pp.pool, pp.rc)
+    _private_free(pp)
+    return GPUPOOL_OK
+
+
 cdef gpupool_api _api
 _api.version = GPUPOOL_API_VERSION
 _api.size = sizeof(gpupool_api)
@@ -226,5 +507,15 @@ _api.free = capi_free
 _api.record_stream = capi_record_stream
 _api.get_stats = capi_get_stats
 _api.error_string = capi_error_string
+_api.free_ptr = capi_free_ptr
+_api.trim = capi_trim
+_api.reset_peaks = capi_reset_peaks
+_api.cache_info = capi_cache_info
+_api.base_allocation = capi_base_allocation
+_api.private_new = capi_private_new
+_api.private_allocate = capi_private_allocate
+_api.private_live = capi_private_live
+_api.private_allocate_at = capi_private_allocate_at
+_api.private_destroy = capi_private_destroy
 
 _C_API = PyCapsule_New(<void*>&_api, b"gpupool._capi._C_API", NULL)

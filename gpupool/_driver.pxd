@@ -36,6 +36,10 @@ cdef CUresult event_record(CUevent e, CUstream s) noexcept nogil
 cdef CUresult event_query(CUevent e) noexcept nogil
 cdef CUresult stream_get_id(CUstream s, unsigned long long* stream_id) noexcept nogil
 cdef CUresult stream_is_capturing(CUstream s, bint* capturing) noexcept nogil
+# The calling thread's stream capture mode made relaxed (relaxed=True: the mode it had goes to
+# saved) or put back (relaxed=False: saved's), as PyTorch's allocator does around cudaMalloc in
+# a capture: its calls are then no "potentially unsafe" calls that invalidate one.
+cdef CUresult relaxed_capture(bint relaxed, int* saved) noexcept nogil
 cdef CUresult mem_pool_create(CUmemoryPool* pool, int device) noexcept nogil
 cdef CUresult mem_pool_destroy(CUmemoryPool pool) noexcept nogil
 cdef CUresult mem_pool_set_release_threshold(CUmemoryPool pool, size_t nbytes) noexcept nogil

@@ -75,6 +75,7 @@ ctypedef CUresult (*fn_record)(CUevent, CUstream) noexcept nogil
 ctypedef CUresult (*fn_name)(CUresult, const char**) noexcept nogil
 ctypedef CUresult (*fn_stream_id)(CUstream, unsigned long long*) noexcept nogil
 ctypedef CUresult (*fn_capturing)(CUstream, cydriver.CUstreamCaptureStatus*) noexcept nogil
+ctypedef CUresult (*fn_mode)(cydriver.CUstreamCaptureMode*) noexcept nogil
 ctypedef CUresult (*fn_pool_create)(CUmemoryPool*, const cydriver.CUmemPoolProps*) noexcept nogil
 ctypedef CUresult (*fn_pool)(CUmemoryPool) noexcept nogil
 ctypedef CUresult (*fn_pool_set)(CUmemoryPool, cydriver.CUmemPool_attribute, void*) noexcept nogil
@@ -208,6 +209,15 @@ cdef CUresult stream_is_capturing(CUstream s, bint* capturing) noexcept nogil:
     cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
     cdef CUresult r = _result((<fn_capturing>cydriver.cuStreamIsCapturing)(s, &status))
     capturing[0] = status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    return r
+
+cdef CUresult relaxed_capture(bint relaxed, int* saved) noexcept nogil:
+    cdef cydriver.CUstreamCaptureMode mode = (
+        cydriver.CU_STREAM_CAPTURE_MODE_RELAXED if relaxed
+        else <cydriver.CUstreamCaptureMode>saved[0])
+    cdef CUresult r = _result((<fn_mode>cydriver.cuThreadExchangeStreamCaptureMode)(&mode))
+    if relaxed:
+        saved[0] = <int>mode
     return r
 
 cdef CUresult mem_pool_create(CUmemoryPool* pool, int device) noexcept nogil:

@@ -77,11 +77,13 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void _mag_fold(self, Magazine* m) noexcept nogil
     cdef void _mag_flush(self, Magazine* m) noexcept nogil
     cdef bint _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil
-    cdef bint _mag_flush_mine(self) noexcept nogil
+    cdef bint mag_flush_mine(self) noexcept nogil
     cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil
     cdef void _mag_give_up(self, StreamKey s) noexcept nogil
     cdef bint mag_flush_all(self) noexcept nogil
-    cdef void _count_taken(self, size_t size) noexcept nogil
+    cdef void count_taken(self, size_t size) noexcept nogil
+    cdef void reset_peaks_locked(self) noexcept nogil
+    cdef size_t largest_held(self) noexcept nogil
     cdef void _settle_peak(self) noexcept nogil
     cdef size_t _freeze(self) noexcept nogil
     cdef void _thaw(self) noexcept nogil
@@ -92,5 +94,6 @@ cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
 # The calling thread's stack of entered regions (and uncached() markers), innermost last
 # (_regionstack.pxi, compiled into this module).
 cdef int region_push(RegionCache* rc) except -1
+cdef bint region_try_push(RegionCache* rc) noexcept nogil
 cdef void region_pop(RegionCache* rc) noexcept nogil
 cdef RegionCache* uncached_marker() noexcept nogil

@@ -271,7 +271,7 @@ cdef class Pool(BlockOwner):
             if rc != NULL:
                 rc_link(rc, b)
                 rc.hits += 1
-            self._count_taken(b.size)
+            self.count_taken(b.size)
             out[0] = b
             return 0
         if self._nparked and not fl_has_exact(&self._free, size, s):
@@ -283,7 +283,7 @@ cdef class Pool(BlockOwner):
             # Idle regions' cached blocks serve before the pool grows: a region never costs
             # memory that the pool alone would not.
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
-        if b == NULL and self._mag_flush_mine():
+        if b == NULL and self.mag_flush_mine():
             # The calling thread's held blocks serve before the pool grows.
             if answered:
                 so_mark_blocks(&self._order, self.upstream, &self._free, s)
@@ -318,7 +318,7 @@ cdef class Pool(BlockOwner):
                 rc.misses += 1
             else:
                 rc.hits += 1
-        self._count_taken(b.size)
+        self.count_taken(b.size)
         if grew and self._soft_limit and self.counters.reserved > self._soft_limit:
             self.trim_locked()          # only growth moves reserved above the limit
         out[0] = b
@@ -535,7 +535,7 @@ cdef class Pool(BlockOwner):
         m.mutex.unlock()
         return dropped
 
-    cdef bint _mag_flush_mine(self) noexcept nogil:
+    cdef bint mag_flush_mine(self) noexcept nogil:
         """Under the pool's lock: the calling thread's held blocks to the free lists; whether
         there were any."""
         cdef Magazine* m = self.thread_magazine(False)
@@ -631,7 +631,8 @@ cdef class Pool(BlockOwner):
 
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
         """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
-        (held when it may be, else through the shared path) and set done. False: not done."""
+        (held when it may be, else through the shared path) and set done. False: not done.
+        s.tag == BAD_STREAM_TAG: as last used on the block's own stream."""
         cdef gp_thread* t = gp_this_thread()
         cdef Magazine* m
         cdef Block* b = NULL
@@ -647,6 +648,8 @@ cdef class Pool(BlockOwner):
         if i >= 0:
             b = mg_unhand(m, i)
             done[0] = True
+            if s.tag == BAD_STREAM_TAG:
+                s = b.stream
             if m.nblocks < MAG_SLOTS and b.extra_streams == NULL:
                 self._mag_hold(m, b, s)
                 b = NULL
@@ -708,7 +711,7 @@ cdef class Pool(BlockOwner):
             k += 1
         return moved
 
-    cdef void _count_taken(self, size_t size) noexcept nogil:
+    cdef void count_taken(self, size_t size) noexcept nogil:
         """Under the pool's lock: a block of size bytes handed out by the shared path."""
         count_acquired(&self.counters, size)
         self._bound += size
@@ -1144,15 +1147,34 @@ cdef class Pool(BlockOwner):
 
     def reset_peak_stats(self):
         """Set the peaks of bytes in use and reserved to their current values."""
-        cdef size_t k
         self.lock()
+        self.reset_peaks_locked()
+        self.unlock()
+
+    cdef void reset_peaks_locked(self) noexcept nogil:
+        """Under the pool's lock: the peaks of bytes in use and reserved are the current
+        values (bytes in use exactly: every magazine read, their credit taken back)."""
+        cdef size_t k
         self.counters.peak_in_use = self.counters.in_use - self._freeze()
         for k in range(self._magazines.size()):
             self._magazines[k].credit = 0       # the bound is bytes in use again
         self._bound = self.counters.peak_in_use
         self._thaw()
         self.counters.peak_reserved = self.counters.reserved
-        self.unlock()
+
+    cdef size_t largest_held(self) noexcept nogil:
+        """Under the pool's lock: the largest block any thread's magazine holds."""
+        cdef size_t k, largest = 0
+        cdef int i
+        cdef Magazine* m
+        for k in range(self._magazines.size()):
+            m = self._magazines[k]
+            m.mutex.lock()
+            for i in range(m.nblocks):
+                if m.blocks[i].size > largest:
+                    largest = m.blocks[i].size
+            m.mutex.unlock()
+        return largest
 
     def merge_streams(self):
         """Make every cached block, of the pool and of its regions, free for any stream.

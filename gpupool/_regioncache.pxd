@@ -30,6 +30,7 @@ cdef cppclass RegionCache:
     size_t hits                 # its allocations served from free memory
     size_t misses               # its allocations that needed new memory
     size_t max_cached_bytes     # 0: no cap
+    bint held                   # a private pool's (_privatepool.pxd): joins no pool block
     PyObject* on_alloc          # called with each new block's pointer (trace=True); borrowed
 
 

@@ -37,13 +37,21 @@ cdef RegionCache* uncached_marker() noexcept nogil:
 
 cdef int region_push(RegionCache* rc) except -1:
     """Make rc the calling thread's innermost region (or marker)."""
-    cdef gp_thread* t = gp_this_thread()
-    if t.region_depth >= GP_REGION_DEPTH_MAX:
+    if not region_try_push(rc):
         raise GpupoolError(f"regions nested more than {GP_REGION_DEPTH_MAX} deep on one "
                            f"thread (uncached() counts as one)")
+    return 0
+
+
+cdef bint region_try_push(RegionCache* rc) noexcept nogil:
+    """region_push without the GIL (for the C API); False, with nothing pushed, when the
+    stack is full."""
+    cdef gp_thread* t = gp_this_thread()
+    if t.region_depth >= GP_REGION_DEPTH_MAX:
+        return False
     t.region_stack[t.region_depth] = <void*>rc
     t.region_depth += 1
-    return 0
+    return True
 
 
 cdef void region_pop(RegionCache* rc) noexcept nogil:

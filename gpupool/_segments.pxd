@@ -110,7 +110,8 @@ cdef inline void sg_remove(Block* b) noexcept nogil:
 cdef inline bint sg_joinable(Block* a, Block* b) noexcept nogil:
     """Whether free block b, a neighbour of free block a, may join it: both free, neither
     waits on record_stream events, free on one stream (or one was never used), and cached by
-    one region, or one by the pool and the other by a region whose cap leaves room."""
+    one region, or one by the pool and the other by a region (not a private pool's) whose cap
+    leaves room."""
     cdef RegionCache* rc
     if not (b.state == FREE and a.extra_events == NULL and b.extra_events == NULL
             and (same_stream(a.stream, b.stream) or is_no_stream(a.stream)
@@ -120,8 +121,11 @@ cdef inline bint sg_joinable(Block* a, Block* b) noexcept nogil:
         return True
     if a.region.cache != NULL and b.region.cache != NULL:
         return False                    # two regions' blocks stay apart
-    # A region's block takes in the pool's, within the region's cap.
+    # A region's block takes in the pool's, within the region's cap; a private pool's does
+    # not: it keeps what it allocated, no more.
     rc = <RegionCache*>(a.region.cache if a.region.cache != NULL else b.region.cache)
+    if rc.held:
+        return False
     return not rc.max_cached_bytes or \
         rc.cached_bytes + (b.size if a.region.cache != NULL else a.size) <= rc.max_cached_bytes
 

@@ -1,16 +1,19 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The compiled part of ``gpupool.torch``: the C entry points of PyTorch's pluggable allocator
 (``torch.cuda.memory.CUDAPluggableAllocator`` looks them up by name in this extension; the
-macro CYTHON_EXTERN_C gives them C linkage), and how a failure reaches PyTorch.
+macro CYTHON_EXTERN_C gives them C linkage), how a failure reaches PyTorch, and the message
+of a failure for gpupool's C++ allocator (``src/torch_allocator.cc``).
 
 They are thin users of gpupool's C API table (``_capi.pyx``), so PyTorch's tensors come from
 the device's default pool, as Python's and C's allocations do.
 """
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy
 from libcpp.string cimport string
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool._defaults cimport pool_of
+from gpupool._driver cimport relaxed_capture
 from gpupool._pool cimport Pool
 from gpupool._status cimport GPUPOOL_OK
 from gpupool.capi cimport gpupool_api, gpupool_import
@@ -115,11 +118,17 @@ cdef PyObject* _torch_failure(int status, int device, size_t size,
 
 
 cdef public void* gpupool_torch_malloc(size_t size, int device, void* stream) noexcept nogil:
+    # PyTorch's caching allocator calls this for a MemPool's segment, during CUDA graph
+    # captures too: in the relaxed capture mode, as it does its own cudaMalloc there.
     cdef void* ptr = NULL
-    cdef int status
+    cdef int status, saved = 0
+    cdef bint relaxed
     if size == 0:
         return NULL
+    relaxed = relaxed_capture(True, &saved) == 0
     status = _api.allocate(device, size, <uintptr_t>stream, &ptr)
+    if relaxed:
+        relaxed_capture(False, &saved)
     gp_torch_failure.status = status
     if status != GPUPOOL_OK:
         gp_torch_failure.device = device
@@ -149,6 +158,22 @@ cdef public void* gpupool_torch_malloc_raising(size_t size, int device,
 cdef public void gpupool_torch_free(void* ptr, size_t size, int device,
                                     void* stream) noexcept nogil:
     _api.free(device, ptr, <uintptr_t>stream)
+
+
+cdef public int gpupool_torch_failure_message(int status, int device, size_t size, char* out,
+                                              size_t capacity) noexcept nogil:
+    """For gpupool's C++ allocator (src/torch_allocator.cc, which throws PyTorch's own
+    out-of-memory error): gpupool's message for a failed allocation, written to out
+    (NUL-terminated, cut to capacity bytes); 1 if it was out of memory (then counted in the
+    pool's num_ooms), else 0. Takes the GIL."""
+    cdef string msg
+    cdef size_t n
+    _torch_failure(status, device, size, &msg)
+    if capacity:
+        n = min(msg.size(), capacity - 1)
+        memcpy(out, msg.c_str(), n)
+        out[n] = 0
+    return status == CUDA_ERROR_OUT_OF_MEMORY
 
 
 def _set_torch_oom_type(kind):

@@ -9,22 +9,33 @@
     with torch.cuda.use_mem_pool(gpupool.torch.mempool()):
         ...                                 # or: this thread's allocations in this block
 
-Both go through PyTorch's pluggable allocator (``torch.cuda.memory.CUDAPluggableAllocator``)
-and the extension's C entry points, which allocate from ``gpupool.get_pool(device)`` for the
-device and on the stream PyTorch passes (its current stream). PyTorch is imported when one of
-these functions is called, not when this module is.
+PyTorch is imported when one of these functions is called, not when this module is.
 
 What each covers
 ----------------
-``use()`` replaces PyTorch's caching allocator: every tensor's memory is a gpupool block,
-allocated when the tensor is made and freed when it dies, so ``gpupool.Region`` applies to
-tensors as to any allocation. PyTorch runs backward on a thread of its own per device: make the
-region with ``scope="process"`` to cover gradients too. PyTorch's pluggable allocator lacks
-some of the native one's functions: ``torch.cuda.memory_stats()`` and ``memory_reserved()``
-raise (use :func:`memory_stats`), ``torch.cuda.empty_cache()`` does nothing (use
-``gpupool.get_pool().trim()``), ``Tensor.record_stream`` is ignored (keep a tensor used on a
-side stream alive until that stream's work is done), and ``torch.backends.cudnn.benchmark``
-needs ``cacheInfo``, which it does not have.
+``use()`` replaces PyTorch's caching allocator: every tensor's memory is a block of
+``gpupool.get_pool(device)``, allocated on PyTorch's current stream when the tensor is made and
+freed when it dies, so ``gpupool.Region`` applies to tensors as to any allocation. PyTorch runs
+backward on a thread of its own per device: make the region with ``scope="process"`` to cover
+gradients too. The allocator is gpupool's own C++ class (``src/torch_allocator.cc``), compiled
+on first use against the installed PyTorch (``_torch_allocator.py``; a few seconds, then
+cached), so PyTorch keeps what its own allocator offers: ``torch.cuda.memory_stats()``,
+``memory_allocated()``, ``max_memory_allocated()``, ``memory_reserved()`` and
+``reset_peak_memory_stats()`` report gpupool's counters, ``empty_cache()`` gives the pool's
+cached memory back (``Pool.trim()``), ``Tensor.record_stream`` keeps a block from other streams
+until the recorded stream's work is ordered, ``torch.backends.cudnn.benchmark`` gets its
+workspace limit, and CUDA graphs (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``)
+and ``torch.cuda.MemPool`` get private memory pools: gpupool private pools, whose memory stays
+the graph's, at the same addresses for every replay, until the graph is gone.
+
+When the C++ allocator cannot be built or loaded (no C++ compiler, no CUDA headers, an
+unexpected PyTorch), ``use()`` warns once, saying why and what to do, and falls back to
+PyTorch's pluggable allocator (``torch.cuda.memory.CUDAPluggableAllocator``) over the
+extension's C entry points: malloc and free only, so ``torch.cuda.memory_stats()`` raises (use
+:func:`memory_stats`), ``empty_cache()`` does nothing (use ``gpupool.get_pool().trim()``),
+``record_stream`` is ignored, CUDA graphs and cuDNN's benchmark fail.
+``GPUPOOL_TORCH_ALLOCATOR=pluggable`` chooses that route without the warning;
+:func:`allocator` says which one is installed.
 
 ``mempool()`` keeps PyTorch's caching allocator and gives it a ``torch.cuda.MemPool`` whose
 segments (2 MiB and up) come from gpupool; PyTorch carves tensors from them and keeps them
@@ -58,11 +69,14 @@ receives a tensor of PyTorch's own allocator from another process gets a
 
 Out of memory
 -------------
-Both ways raise :class:`OutOfMemoryError` (this module's), a subclass of both
-``torch.OutOfMemoryError`` and ``gpupool.OutOfMemoryError``, with gpupool's message (request,
-bytes in use, reserved, cached, the hard limit; its number attributes are None). Under ``use()`` the
-entry point throws a C++ exception that PyTorch's Python bindings translate (PyTorch does not
-check the pointer its global pluggable allocator returns). Under ``mempool()`` PyTorch's caching
+Under ``use()`` with gpupool's allocator, out of memory raises ``torch.OutOfMemoryError`` (in
+C++ a ``c10::OutOfMemoryError``, which PyTorch's own fallbacks, such as cuDNN's for its
+workspaces, catch) with gpupool's message: request, bytes in use, reserved, cached, the hard
+limit; :func:`last_error` gives it too. The pluggable route and ``mempool()`` raise
+:class:`OutOfMemoryError` (this module's), a subclass of both ``torch.OutOfMemoryError`` and
+``gpupool.OutOfMemoryError``, with the same message. On the pluggable route the entry point
+throws a C++ exception that PyTorch's Python bindings translate (PyTorch does not check the
+pointer its global pluggable allocator returns). Under ``mempool()`` PyTorch's caching
 allocator sees a NULL, frees its cached blocks and retries, and before raising its own error
 calls its out-of-memory observers: this module's raises gpupool's error instead
 (``torch._C._cuda_attach_out_of_memory_observer``, attached on the first ``mempool()``; where
@@ -71,20 +85,23 @@ gives gpupool's message).
 """
 
 import functools
+import os
+import warnings
 
 import gpupool
 from gpupool import _torch
 from gpupool.errors import GpupoolError, NoDeviceError
 
 # OutOfMemoryError subclasses torch's: module __getattr__ makes it on first access.
-__all__ = ["OutOfMemoryError", "last_error", "memory_stats", "mempool", "use"]  # noqa: F822
+__all__ = [  # noqa: F822
+    "OutOfMemoryError", "allocator", "last_error", "memory_stats", "mempool", "use"]
 
 _MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (see _torch.pyx)
 _MALLOC_MEMPOOL = "gpupool_torch_malloc"           # NULL on failure
 _FREE = "gpupool_torch_free"
 
 _allocators = {}        # malloc name -> CUDAPluggableAllocator; PyTorch needs it kept alive
-_installed = False      # use() swapped PyTorch's global allocator
+_installed = None       # what use() made PyTorch's allocator: "gpupool" or "pluggable"
 _observing = False      # the out-of-memory observer is attached
 _sharing = False        # the tensor reducer is registered with multiprocessing
 
@@ -95,6 +112,14 @@ _TOO_LATE = (
     "`import torch` and before any tensor is made on the GPU (torch.cuda.is_initialized() "
     "must be False), or route part of the program to gpupool with "
     "`with torch.cuda.use_mem_pool(gpupool.torch.mempool()):`.")
+
+_FALLBACK = (
+    "gpupool.torch.use(): gpupool's allocator for PyTorch is not available: {reason}. PyTorch "
+    "allocates from gpupool through its pluggable allocator instead, which offers malloc and "
+    "free only: torch.cuda.memory_stats() and memory_allocated() raise, CUDA graphs "
+    "(torch.cuda.graph, torch.compile(mode='reduce-overhead')) and "
+    "torch.backends.cudnn.benchmark fail, Tensor.record_stream is ignored. Set "
+    "GPUPOOL_TORCH_ALLOCATOR=pluggable to choose that route without this warning.")
 
 
 def __getattr__(name):
@@ -159,9 +184,11 @@ def _allocator(malloc):
 def use(pool=None):
     """Make gpupool PyTorch's CUDA allocator for the whole process.
 
-    Follows ``torch.cuda.memory.change_current_allocator``. Every CUDA tensor made afterwards
-    is a block of ``gpupool.get_pool(device)``, allocated on PyTorch's current stream and
-    freed when the tensor dies. Calling it again only changes the pool.
+    Every CUDA tensor made afterwards is a block of ``gpupool.get_pool(device)``, allocated on
+    PyTorch's current stream and freed when the tensor dies. The allocator is gpupool's C++
+    allocator, built on the first call against the installed PyTorch (then cached); where it
+    cannot be, a warning says why and PyTorch's pluggable allocator serves instead (see the
+    module's documentation and :func:`allocator`). Calling it again only changes the pool.
 
     Parameters
     ----------
@@ -178,30 +205,66 @@ def use(pool=None):
     NoDeviceError
         PyTorch was built without CUDA, or sees no device.
     TypeError, ValueError
-        ``pool`` is not a ``gpupool.Pool``, or is on a simulated device.
+        ``pool`` is not a ``gpupool.Pool``, or is on a simulated device;
+        ``GPUPOOL_TORCH_ALLOCATOR`` is neither ``gpupool`` nor ``pluggable``.
+
+    Warns
+    -----
+    RuntimeWarning
+        gpupool's allocator cannot be built or loaded here (the message says why and what to
+        do): the pluggable allocator serves instead.
 
     Notes
     -----
-    Out of memory then raises :class:`OutOfMemoryError` from the PyTorch call that
-    allocated. See the module's documentation for what PyTorch's pluggable allocator lacks
-    (``torch.cuda.memory_stats()``, ``empty_cache()``, ``record_stream``).
+    ``GPUPOOL_TORCH_ALLOCATOR=pluggable`` chooses the pluggable allocator without a warning.
+    The compiled allocator is kept in ``$GPUPOOL_CACHE_DIR`` (default ``~/.cache/gpupool``);
+    ``$CXX`` names the compiler.
     """
     global _installed
     if pool is not None:
         _check_pool(pool)
     torch = _cuda_torch()
-    if not _installed:
+    if _installed is None:
         if torch.cuda.is_initialized():
             raise GpupoolError(_TOO_LATE)
         _oom_type()
-        try:
-            torch.cuda.memory.change_current_allocator(_allocator(_MALLOC_GLOBAL))
-        except RuntimeError as exc:       # "Can't swap an already initialized allocator"
-            raise GpupoolError(_TOO_LATE) from exc
-        _installed = True
+        _installed = _install(torch)
     _share_through_gpupool(torch)
     if pool is not None:
         gpupool.set_pool(pool)
+
+
+def _install(torch):
+    """Make gpupool's C++ allocator PyTorch's, else the pluggable one; returns which."""
+    choice = os.environ.get("GPUPOOL_TORCH_ALLOCATOR") or "gpupool"
+    if choice not in ("gpupool", "pluggable"):
+        raise ValueError(f"GPUPOOL_TORCH_ALLOCATOR={choice!r}: must be 'gpupool' (gpupool's "
+                         f"allocator) or 'pluggable' (PyTorch's pluggable allocator)")
+    if choice == "gpupool":
+        from gpupool import _torch_allocator
+
+        try:
+            _torch_allocator.install(torch)
+            return "gpupool"
+        except _torch_allocator.Unavailable as exc:
+            reason = str(exc)
+        except RuntimeError as exc:
+            if "initialized" in str(exc):       # "Can't swap an already initialized allocator"
+                raise GpupoolError(_TOO_LATE) from exc
+            reason = f"PyTorch refused it ({exc})"
+        warnings.warn(_FALLBACK.format(reason=reason), RuntimeWarning, stacklevel=3)
+    try:
+        torch.cuda.memory.change_current_allocator(_allocator(_MALLOC_GLOBAL))
+    except RuntimeError as exc:       # "Can't swap an already initialized allocator"
+        raise GpupoolError(_TOO_LATE) from exc
+    return "pluggable"
+
+
+def allocator():
+    """Which allocator :func:`use` made PyTorch's: ``"gpupool"`` (gpupool's C++ allocator),
+    ``"pluggable"`` (PyTorch's pluggable allocator over gpupool's C entry points: malloc and
+    free only), or None before :func:`use`."""
+    return _installed
 
 
 def mempool(pool=None):
@@ -239,7 +302,7 @@ def mempool(pool=None):
     if pool is not None:
         _check_pool(pool)
     torch = _cuda_torch()
-    if _installed:
+    if _installed is not None:
         raise GpupoolError(
             "gpupool.torch.use() already routes every PyTorch allocation to gpupool; "
             "mempool() is for programs that keep PyTorch's own allocator")

@@ -1,6 +1,7 @@
 """The C API: tests build examples/c_extension and drive it against the simulated device (and
 the real one where there is a GPU)."""
 
+import ctypes
 import importlib.util
 import os
 import shutil
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from capi_table import Table, allocate, api, call, ptr_out, size_out, stats
 from conftest import check_invariants
 
 import gpupool
@@ -111,7 +113,7 @@ def test_regions_cache_c_allocations_made_inside_them(scratch, sim_pool):
 
 def test_abi_mismatch_is_refused(tmp_path):
     path = build(tmp_path, "-DGPUPOOL_API_VERSION=99")
-    with pytest.raises(ImportError, match="version 1 .* does not match .* version 99"):
+    with pytest.raises(ImportError, match="version 2 .* does not match .* version 99"):
         load(path)
 
 
@@ -208,3 +210,73 @@ def test_c_api_loops_on_threads_without_the_gil_keep_the_counts_exact(sim_pool):
     assert stats.in_use_bytes == 0
     assert stats.num_allocs == stats.num_frees == threads * pairs
     assert sum(m["handed"] for m in sim_pool._magazines_info()) == 0
+
+
+# Version 2 of the table, called through ctypes (tests/capi_table.py) -----------------------
+
+def test_the_table_is_laid_out_as_the_header_says():
+    table = api()
+    assert (table.version, table.size) == (2, ctypes.sizeof(Table))
+
+
+def test_free_ptr_needs_no_stream_and_finds_the_device(sim_pool):
+    stream = sim_pool.upstream.create_stream()
+    ptr = allocate(1000, 0, stream)
+    assert call("free_ptr", 5, ptr) == 0                # another device first, then device 0
+    assert sim_pool.stats().in_use_bytes == 0
+    assert allocate(1000, 0, stream) == ptr             # freed on its allocation stream
+    assert call("free_ptr", 0, ptr) == 0
+    assert call("free_ptr", 0, ptr) == 1                # not handed out any more
+    assert call("free_ptr", 0, None) == 0
+
+
+def test_stats_reach_the_cumulative_counters(sim_pool):
+    ptrs = [allocate(n) for n in (1000, 5000)]
+    call("free_ptr", 0, ptrs[0])
+    counters = sim_pool._counters()
+    assert stats() == sim_pool.stats().as_dict() | {
+        name: counters[name] for name in ("num_ooms", "allocated_bytes", "freed_bytes")}
+    assert stats()["allocated_bytes"] == 1024 + 5120 and stats()["freed_bytes"] == 1024
+    call("free_ptr", 0, ptrs[1])
+
+
+def test_trim_and_reset_peaks(sim_pool):
+    ptr = allocate(3 << 20)
+    call("free_ptr", 0, ptr)
+    released = size_out()
+    assert call("trim", 0, ctypes.byref(released)) == 0
+    assert released.value == 4 << 20 and sim_pool.stats().reserved_bytes == 0
+    assert call("trim", 0, None) == 0
+    assert sim_pool.stats().peak_in_use_bytes == 3 << 20
+    assert call("reset_peaks", 0) == 0
+    stats_now = sim_pool.stats()
+    assert (stats_now.peak_in_use_bytes, stats_now.peak_reserved_bytes) == (0, 0)
+
+
+def test_cache_info_gives_the_largest_free_block_and_the_headroom(sim):
+    pool = gpupool.Pool(upstream=sim, device=0, hard_limit="16MiB")
+    gpupool.set_pool(pool)
+    largest, headroom = size_out(), size_out()
+    assert call("cache_info", 0, ctypes.byref(largest), ctypes.byref(headroom)) == 0
+    assert (largest.value, headroom.value) == (0, 16 << 20)
+    ptr = allocate(3 << 20)                             # a 4 MiB segment, 1 MiB of it free
+    assert call("cache_info", 0, ctypes.byref(largest), ctypes.byref(headroom)) == 0
+    assert (largest.value, headroom.value) == (1 << 20, 12 << 20)
+    call("free_ptr", 0, ptr)
+    assert call("cache_info", 0, ctypes.byref(largest), ctypes.byref(headroom)) == 0
+    assert largest.value == 4 << 20
+    unlimited = gpupool.Pool(upstream=SimulatedDevice(), device=0)
+    gpupool.set_pool(unlimited)
+    assert call("cache_info", 0, ctypes.byref(largest), ctypes.byref(headroom)) == 0
+    assert headroom.value == 2 ** 64 - 1
+    assert call("cache_info", 0, None, ctypes.byref(headroom)) == 1
+
+
+def test_base_allocation_is_the_segment(sim_pool):
+    first, second = allocate(1000), allocate(1000)      # one shared 2 MiB segment
+    base, nbytes = ptr_out(), size_out()
+    assert call("base_allocation", 0, second, ctypes.byref(base), ctypes.byref(nbytes)) == 0
+    assert (base.value, nbytes.value) == (first, 2 << 20)
+    call("free_ptr", 0, second)
+    assert call("base_allocation", 0, second, ctypes.byref(base), ctypes.byref(nbytes)) == 1
+    call("free_ptr", 0, first)

@@ -18,7 +18,7 @@ _spec.loader.exec_module(check_dist)
 COMPILED = Path(gpupool._pool.__file__)     # built by this checkout's setup.py
 WHEEL_BASICS = ("gpupool/__init__.py", "gpupool/py.typed", "gpupool/capi.pxd",
                 "gpupool/include/gpupool.h", "gpupool/src/gp_lock.h",
-                "gpupool-0.1.0.dist-info/licenses/LICENSE")
+                "gpupool/src/torch_allocator.cc", "gpupool-0.1.0.dist-info/licenses/LICENSE")
 
 
 def _wheel(path, files):

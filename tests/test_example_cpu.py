@@ -14,6 +14,9 @@ SIMULATED_LINE = "train_digits: training with NumPy on gpupool's simulated devic
 
 @pytest.mark.parametrize("script, args", [("train_digits", ["--device", "gpu", "--epochs", "1"]),
                                           ("train_digits_torch", ["--epochs", "1"]),
+                                          ("train_digits_torch",
+                                           ["--epochs", "1", "--compile", "reduce-overhead",
+                                            "--cudnn-benchmark"]),
                                           ("mixed_frameworks", []),
                                           ("ipc_pipeline", ["--device", "gpu"])])
 def test_example_without_gpu_exits_2_with_one_line(run_script, script, args):

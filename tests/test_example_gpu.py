@@ -81,3 +81,17 @@ def test_ipc_pipeline_shares_batches_between_processes(run_script, upstream):
         f"ipc_pipeline: sharing batches on the GPU (upstream {upstream!r})", output
     checks = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert len(checks) == 5 and all(line.startswith("[ok] ") for line in checks), output
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_mode", ["default", "reduce-overhead"])
+def test_train_digits_torch_compiled_with_cudnn_benchmark(run_script, compile_mode):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA GPU")
+    pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
+    proc, output = run_script("examples/train_digits_torch.py", "--quiet", "--epochs", "10",
+                              "--compile", compile_mode, "--cudnn-benchmark")
+    # The same checks as the eager run's: accuracy, flat memory in the region mode, the gpupool
+    # modes' losses equal to PyTorch's allocator's under the same compiled model.
+    assert proc.returncode == 0, output

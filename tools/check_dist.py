@@ -4,7 +4,8 @@
 
     python tools/check_dist.py dist/gpupool-*.whl dist/gpupool-*.tar.gz
 
-The wheel must hold the package's Python modules, stubs, ``.pxd`` files and headers, one
+The wheel must hold the package's Python modules, stubs, ``.pxd`` files, headers and the C++
+source of its allocator for PyTorch (``src/torch_allocator.cc``, compiled on first use), one
 compiled module per ``.pyx``, none with debug info, and the license in its ``.dist-info``; no
 C++ that Cython generated (``.cpp``, ``_capi.h``), and at most ``MAX_WHEEL_BYTES``. The sdist
 must hold every ``.py``, ``.pyx``, ``.pxd``, ``.pyi`` and header of the package, the tests and
@@ -24,7 +25,8 @@ SOURCE = Path(__file__).resolve().parents[1]
 MAX_WHEEL_BYTES = 3 << 19  # 1.5 MiB: about 0.5 MiB today; 3.5 MiB with debug info
 # Patterns, relative to the checkout, of what the sdist must carry.
 SDIST_SOURCES = ("gpupool/*.py", "gpupool/*.pyx", "gpupool/*.pxd", "gpupool/*.pyi",
-                 "gpupool/py.typed", "gpupool/include/*.h", "gpupool/src/*.h", "tests/*.py",
+                 "gpupool/py.typed", "gpupool/include/*.h", "gpupool/src/*.h",
+                 "gpupool/src/*.cc", "tests/*.py", "tests/*.cc",
                  "examples/*.py", "README.md", "LICENSE", "MANIFEST.in", "setup.py",
                  "setup.cfg", "pyproject.toml")
 GENERATED = ("*.cpp", "gpupool/_capi.h")  # Cython's output; _capi.h is its public header
@@ -74,7 +76,8 @@ def check_wheel(path, pyx_modules):
         if not _matching(names, ["*.dist-info/licenses/LICENSE"]):
             problems.append("wheel: no LICENSE in its .dist-info/licenses")
         for required in ("gpupool/__init__.py", "gpupool/py.typed", "gpupool/capi.pxd",
-                         "gpupool/include/gpupool.h", "gpupool/src/gp_lock.h"):
+                         "gpupool/include/gpupool.h", "gpupool/src/gp_lock.h",
+                         "gpupool/src/torch_allocator.cc"):
             if required not in names:
                 problems.append(f"wheel: {required} is missing")
     size = Path(path).stat().st_size

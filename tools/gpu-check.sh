@@ -11,7 +11,10 @@
 #   diag      tools/diag_held_buffers.py under compute-sanitizer
 #   models    bench/real_models.py (MODELS_ARGS adds options; MODELS_TRACES=1 also records
 #             the allocation traces, returned as traces.tar)
-#   headers   PyTorch's C++ allocator headers, returned as torch-headers.tar.gz
+#   headers   PyTorch's C++ allocator headers, returned as torch-headers.tar.gz (for
+#             tests/test_torch_allocator.py's GPUPOOL_TORCH_HEADERS)
+#   torchalloc  gpupool's allocator for PyTorch: tools/torch-alloc-check.sh (logs in
+#             $OUT/torchalloc)
 # Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,11 +64,17 @@ if step headers; then
 import os, sys, tarfile, torch
 root = os.path.join(os.path.dirname(torch.__file__), "include")
 with tarfile.open(os.path.join(sys.argv[1], "torch-headers.tar.gz"), "w:gz") as tar:
-    for sub in ("c10", "torch/csrc/cuda", "ATen/cuda"):
-        tar.add(os.path.join(root, sub), arcname=sub)
+    for sub in ("c10", "torch/csrc/cuda", "ATen/cuda", "torch/headeronly",
+                "torch/csrc/api/include/torch/version.h"):
+        if os.path.exists(os.path.join(root, sub)):
+            tar.add(os.path.join(root, sub), arcname=sub)
 print("headers of torch", torch.__version__, "ABI", torch._C._GLIBCXX_USE_CXX11_ABI)
 PY
     summary "headers: $(python3 -c 'import torch; print(torch.__version__, torch.__config__.show().splitlines()[1:3])')"
+fi
+if step torchalloc; then
+    SKIP_BUILD=1 OUT="$OUT/torchalloc" bash tools/torch-alloc-check.sh > "$OUT/torchalloc.log" 2>&1
+    summary "torchalloc rc=$?: $(grep -E '^== (tests|feature)' "$OUT/torchalloc/summary.log" | tr '\n' ' ')"
 fi
 if step models; then
     timeout ${MODELS_TIMEOUT:-480} python3 bench/real_models.py --json "$OUT/real_models.json" \
