@@ -16,6 +16,9 @@ from gpupool._block cimport Block
 from gpupool._counters cimport Counters
 from gpupool._defaults cimport default_pool, pool_table
 from gpupool._driver cimport fork_flag
+from gpupool._history cimport (
+    LOG_CALLBACK_RETRY, LOG_OOM, hist_on, hist_subscribe, hist_alloc, hist_oom, hist_log,
+)
 from gpupool._pool cimport Pool, run_oom_callbacks
 from gpupool._ptrtable cimport pt_insert, pt_lookup
 from gpupool._sizes cimport MAX_NBYTES
@@ -30,6 +33,8 @@ from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
 cdef size_t STATS_FIELDS = sizeof(gpupool_stats) // sizeof(size_t)
 cdef PyObject** _pools = pool_table()
 cdef const int* FORKED = fork_flag()
+cdef int RECORDING = 0                  # the memory history's switch (_history.pxd)
+hist_subscribe(&RECORDING)
 
 
 cdef int _code(int status) noexcept nogil:
@@ -70,15 +75,31 @@ cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexce
     if r == 0:
         pt_insert(&pool.capi_blocks, b.ptr, b)
         ptr[0] = <void*>b.ptr
+        if hist_on(RECORDING):
+            hist_alloc(pool.device, pool._segments.pool_id, b.ptr, nbytes, key.handle)
     pool.unlock()
     return r
 
 
 cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
     cdef int r = _acquire(pool, nbytes, stream, ptr)
-    if r == CUDA_ERROR_OUT_OF_MEMORY and _callbacks(pool, nbytes):
-        r = _acquire(pool, nbytes, stream, ptr)
+    if r == CUDA_ERROR_OUT_OF_MEMORY:
+        if _callbacks(pool, nbytes):
+            r = _acquire(pool, nbytes, stream, ptr)
+            hist_log(LOG_CALLBACK_RETRY, pool.device, nbytes, 0, r)
+        if r == CUDA_ERROR_OUT_OF_MEMORY:
+            _out_of_memory(pool, nbytes, stream)
     return _code(r)
+
+
+cdef void _out_of_memory(Pool pool, size_t nbytes, uintptr_t stream) noexcept nogil:
+    """An allocation failed for lack of memory after the ladder: logged and, while the memory
+    history records, recorded."""
+    pool.lock()
+    if RECORDING:
+        hist_oom(pool.device, pool._segments.pool_id, nbytes, pool._oom_free_bytes(), stream)
+    pool.unlock()
+    hist_log(LOG_OOM, pool.device, nbytes, 0, CUDA_ERROR_OUT_OF_MEMORY)
 
 
 cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:

@@ -3,7 +3,8 @@ before PyTorch initializes CUDA, and an out-of-memory test should not leave its 
 
 ``python tests/torch_child.py SCENARIO`` prints one JSON object on its last line of stdout.
 Scenarios: ``train-native``, ``train-use``, ``train-mempool``, ``too-late``, ``oom-use``,
-``oom-mempool``, ``region-ptr``. Needs a GPU and a CUDA build of PyTorch.
+``oom-mempool``, ``region-ptr``, ``snapshot-use PATH``. Needs a GPU and a CUDA build of
+PyTorch.
 """
 
 import contextlib
@@ -131,6 +132,27 @@ def region_ptr():
             "misses": stats.cache_misses, "cached": stats.cached_bytes}
 
 
+def snapshot_use():
+    """Under use(), with the memory history recording: tensors kept and freed, a matmul (cuBLAS
+    workspace), a backward pass (PyTorch's autograd thread); the snapshot pickle written to
+    sys.argv[2]. Returns the kept and freed tensors' (pointer, bytes)."""
+    gpupool.torch.use()
+    gpupool.record_memory_history(max_entries=100_000)
+    kept = [torch.empty(1000, dtype=torch.uint8, device="cuda"),
+            torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")]
+    z = torch.ones(256, 256, device="cuda", requires_grad=True)
+    w = (z @ z).sum()
+    w.backward()
+    freed = [(t.data_ptr(), t.untyped_storage().nbytes()) for t in (z, w)]
+    del z, w
+    torch.cuda.synchronize()
+    gpupool.dump_snapshot(sys.argv[2])
+    pool = gpupool.get_pool(0)
+    return {"kept": [(t.data_ptr(), t.untyped_storage().nbytes()) for t in kept],
+            "freed": freed, "expandable": pool.upstream.expandable,
+            "reserved_bytes": pool.stats().reserved_bytes}
+
+
 SCENARIOS = {
     "train-native": lambda: train("native"),
     "train-use": lambda: train("use"),
@@ -139,6 +161,7 @@ SCENARIOS = {
     "oom-use": oom_use,
     "oom-mempool": oom_mempool,
     "region-ptr": region_ptr,
+    "snapshot-use": snapshot_use,
 }
 
 if __name__ == "__main__":
