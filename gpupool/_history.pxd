@@ -35,10 +35,11 @@ cdef enum LogKind:
     LOG_OOM = 6                 # out of memory returned to a C API caller
 
 # A Python frame: its code object (an index into the history's table of code objects, which
-# holds a reference to each) and line.
+# holds a reference to each) and the offset of its instruction (its line is looked up only
+# when a snapshot is made: the lookup walks the code's line table).
 cdef struct Frame:
     uint32_t code
-    int32_t line
+    int32_t lasti
 
 cdef void hist_subscribe(int* switch) noexcept nogil
 

@@ -11,9 +11,10 @@ around one), which never waits for the GIL: frames are gathered before it is tak
 
 Frames are gathered only by a thread that holds the GIL (the C API called without it gets
 none, unless its caller gathered them first: hist_gather, for PyTorch's entry points). Each
-frame is a code object and a line; code objects are interned in a table that keeps a
-reference to each until recording stops, so that entries overwritten by a thread without the
-GIL release nothing.
+frame is a code object and an instruction offset, as PyTorch's history keeps them (the line,
+which the interpreter finds by walking the code's line table, is looked up for snapshots
+only); code objects are interned in a table that keeps a reference to each until recording
+stops, so that entries overwritten by a thread without the GIL release nothing.
 
 The debug log: the pool's C-level code queues what the out-of-memory ladder and the trims did
 (hist_log, any thread, under the pool's lock) and the queue is written to
@@ -47,7 +48,7 @@ cdef extern from "Python.h" nogil:
     PyFrameObject* PyEval_GetFrame()                    # borrowed
     PyFrameObject* PyFrame_GetBack(PyFrameObject*)      # new reference
     PyCodeObject* PyFrame_GetCode(PyFrameObject*)       # new reference
-    int PyFrame_GetLineNumber(PyFrameObject*)
+    int PyCode_Addr2Line(PyCodeObject*, int)
     void Py_IncRef(PyObject*)
     void Py_DecRef(PyObject*)
 
@@ -59,6 +60,12 @@ cdef extern from "Python.h":
 cdef extern from *:
     """
     #include <vector>
+    #if PY_VERSION_HEX >= 0x030B0000
+    #define gp_frame_lasti(f) PyFrame_GetLasti(f)
+    #else
+    #include <frameobject.h>
+    #define gp_frame_lasti(f) ((f)->f_lasti * (int)sizeof(_Py_CODEUNIT))
+    #endif
     #if PY_VERSION_HEX >= 0x030D0000
     #define gp_py_finalizing() Py_IsFinalizing()
     #else
@@ -69,6 +76,7 @@ cdef extern from *:
     static thread_local int gp_hist_gathered_set = 0;
     """
     int gp_py_finalizing() nogil
+    int gp_frame_lasti(PyFrameObject*) nogil    # the instruction's offset in bytes
     vector[unsigned long long] gp_hist_gathered
     unsigned long long gp_hist_gathered_generation
     int gp_hist_gathered_set
@@ -167,7 +175,7 @@ cdef void _capture(vector[Frame]* out) noexcept nogil:
         return
     Py_IncRef(<PyObject*>f)
     while f != NULL:
-        out.push_back(Frame(_intern(PyFrame_GetCode(f)), PyFrame_GetLineNumber(f)))
+        out.push_back(Frame(_intern(PyFrame_GetCode(f)), gp_frame_lasti(f)))
         back = PyFrame_GetBack(f) if out.size() < MAX_FRAMES else NULL
         Py_DecRef(<PyObject*>f)
         f = back
@@ -220,7 +228,7 @@ cdef void _gather_with_gil() noexcept with gil:
     gp_hist_gathered.clear()
     for i in range(frames.size()):
         gp_hist_gathered.push_back((<unsigned long long>frames[i].code << 32)
-                                   | <uint32_t>frames[i].line)
+                                   | <uint32_t>frames[i].lasti)
     gp_hist_gathered_generation = _generation
     gp_hist_gathered_set = 1
 
@@ -229,19 +237,23 @@ cdef list hist_frames(vector[Frame]* frames, dict cache):
     """frames as PyTorch's frame dicts ``{"filename", "line", "name"}``, innermost first; the
     same list object for the same frames (cache), so a pickle stores each once."""
     cdef size_t i
-    key = tuple([(frames[0][i].code, frames[0][i].line) for i in range(frames.size())])
+    cdef uint32_t code
+    cdef int lasti
+    key = tuple([(frames[0][i].code, frames[0][i].lasti) for i in range(frames.size())])
     found = cache.get(key)
     if found is not None:
         return found
     out = []
-    for code, line in key:
-        frame = cache.get((code, line))
+    for code, lasti in key:
+        frame = cache.get((code, lasti))
         if frame is None:
             if code >= _codes.size():       # the table was cleared since: no name to give
                 continue
             obj = <object>_codes[code]
-            frame = cache[(code, line)] = {
-                "filename": obj.co_filename, "line": line, "name": obj.co_name}
+            frame = cache[(code, lasti)] = {
+                "filename": obj.co_filename,
+                "line": PyCode_Addr2Line(<PyCodeObject*>_codes[code], lasti),
+                "name": obj.co_name}
         out.append(frame)
     cache[key] = out
     return out
