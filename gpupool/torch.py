@@ -23,8 +23,11 @@ region with ``scope="process"`` to cover gradients too. PyTorch's pluggable allo
 some of the native one's functions: ``torch.cuda.memory_stats()`` and ``memory_reserved()``
 raise (use :func:`memory_stats`), ``torch.cuda.empty_cache()`` does nothing (use
 ``gpupool.get_pool().trim()``), ``Tensor.record_stream`` is ignored (keep a tensor used on a
-side stream alive until that stream's work is done), and ``torch.backends.cudnn.benchmark``
-needs ``cacheInfo``, which it does not have.
+side stream alive until that stream's work is done), ``torch.backends.cudnn.benchmark``
+needs ``cacheInfo``, which it does not have; ``torch.cuda.memory._record_memory_history`` and
+``_snapshot`` do not apply either (use ``gpupool.record_memory_history`` and
+``gpupool.dump_snapshot``, whose pickle PyTorch's memory visualizer reads; the entry point
+gathers the Python frames of each allocation while it records).
 
 ``mempool()`` keeps PyTorch's caching allocator and gives it a ``torch.cuda.MemPool`` whose
 segments (2 MiB and up) come from gpupool; PyTorch carves tensors from them and keeps them
