@@ -40,7 +40,8 @@ def _snapshot_of(Pool pool, dict cache):
     of the RegionCache that a block belongs to (a live block allocated in the region and
     returning to it, or a block cached by it) or 0; ``regions``: ``(cache address, cached
     bytes, live bytes)`` of the pool's regions; ``counters``: the counters record. Frames
-    come as PyTorch's frame dicts (``cache``: shared, see hist_frames)."""
+    come as PyTorch's frame dicts (``cache``: shared, see hist_frames). Raises GpupoolError
+    in a fork() child (the pool's lock may have been held at the fork)."""
     cdef vector[BlockRow] rows
     cdef vector[SegmentRow] segments
     cdef vector[vector[Frame]] frames
@@ -52,6 +53,8 @@ def _snapshot_of(Pool pool, dict cache):
     cdef Block* b
     cdef RegionCache* rc
     cdef size_t i, j
+    if FORKED[0]:
+        pool.raise_status(GP_FORKED, 0)
     regions = []
     frames.resize(1)                    # frames[0]: none
     pool.lock()

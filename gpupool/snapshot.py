@@ -138,6 +138,8 @@ def memory_snapshot(pool=None):
     ------
     TypeError
         ``pool`` is not a ``gpupool.Pool``.
+    GpupoolError
+        In a ``fork()`` child of a process that used gpupool (its pools cannot be read).
     """
     if pool is not None and not isinstance(pool, Pool):
         raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")

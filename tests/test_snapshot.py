@@ -621,6 +621,30 @@ def test_pytorch_memory_viz_command_line_reads_the_pickle(dumped, tmp_path):
         assert "MemoryViz.js" in out.read_text()
 
 
+# On the GPU ----------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_a_device_pool_s_snapshot_is_its_state_and_history(recording):
+    pool = gpupool.Pool(device=0)               # the default upstream: vmm where it can
+    keep = [pool.allocate(n) for n in (1000, 3 * MIB, 300 * KIB)]
+    gone = pool.allocate(64 * MIB)
+    del gone
+    pool.trim()
+    again = pool.allocate(5 * MIB)
+    snapshot = gpupool.memory_snapshot(pool)
+    stats = check_invariants(pool)
+    assert sum(s["total_size"] for s in snapshot["segments"]) == stats.reserved_bytes
+    assert sum(s["allocated_size"] for s in snapshot["segments"]) == stats.in_use_bytes
+    assert all(s["is_expandable"] == pool.upstream.expandable for s in snapshot["segments"])
+    live = {b["address"] for b in blocks_of(snapshot) if b["state"] == "active_allocated"}
+    assert live == {b.ptr for b in keep + [again]}
+    actions = {e["action"] for e in trace_of(snapshot)}
+    grown = {"segment_map", "segment_unmap"} if pool.upstream.expandable else \
+        {"segment_alloc", "segment_free"}
+    assert grown <= actions
+    assert replay_as_the_visualizer(snapshot) > 0
+
+
 # On the GPU: PyTorch under gpupool.torch.use() -------------------------------------------
 
 @pytest.mark.gpu
