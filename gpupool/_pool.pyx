@@ -802,7 +802,7 @@ cdef class Pool(BlockOwner):
         Returns
         -------
         int
-            Bytes released.
+            Bytes released (also logged to the ``"gpupool"`` logger at DEBUG).
         """
         cdef int r
         if FORKED[0]:
