@@ -15,8 +15,8 @@ from pathlib import Path
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ["_driver", "_upstream", "_dlpack", "_buffer", "_pool", "_defaults", "_region",
-           "_capi", "_torch", "_cupy", "_ipc"]
+MODULES = ["_driver", "_upstream", "_dlpack", "_buffer", "_history", "_pool", "_defaults",
+           "_region", "_capi", "_torch", "_cupy", "_ipc"]
 
 
 def _header_version(include):

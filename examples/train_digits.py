@@ -25,7 +25,9 @@ scikit-learn (nothing is downloaded), with gradients from the small reverse-mode
 
 Each epoch prints the mean loss, the test accuracy and the pool's report; the end prints a table of
 test accuracy, peak bytes in use, bytes reserved after the first and the last epoch, and the median
-time of a step. ``--plot PATH`` draws the bytes reserved and in use after every step, per mode.
+time of a step. ``--plot PATH`` draws the bytes reserved and in use after every step, per mode;
+``--snapshot PATH`` records each gpupool mode's memory history and writes its memory snapshot in
+PyTorch's format (``gpupool.dump_snapshot``; open it at https://pytorch.org/memory_viz).
 
 Without a GPU
 -------------
@@ -44,6 +46,7 @@ scikit-learn::
     python examples/train_digits.py --mode region --quiet  # one mode, only the summary
     python examples/train_digits.py --device simulated     # NumPy on the simulated device
     python examples/train_digits.py --plot memory.png      # bytes reserved and in use per step
+    python examples/train_digits.py --snapshot digits.pickle  # digits-region.pickle, ...
 
 ``--device auto`` (the default) takes the GPU when there is one, else the simulated device;
 ``--device gpu`` insists on the GPU.
@@ -55,6 +58,7 @@ with ``--device gpu`` (or for the ``cupy`` mode), scikit-learn, gpupool, matplot
 """
 
 import gc
+import os
 import statistics
 import sys
 import time
@@ -88,6 +92,7 @@ MODE_TITLES = {
 }
 DEVICES = ("auto", "gpu", "simulated")
 SIMULATED_CAPACITY = 1 << 30  # bytes of host memory the simulated device holds
+SNAPSHOT_ENTRIES = 20_000  # --snapshot: the last events kept (about 2 MB of pickle)
 PROG = "train_digits"
 
 
@@ -202,6 +207,14 @@ class GpupoolMemory(Memory):
 
     def print_status(self):
         self._gpupool.pool_status(pool=self.pool)
+
+    def record_history(self):
+        self._gpupool.record_memory_history(max_entries=SNAPSHOT_ENTRIES)
+
+    def dump_snapshot(self, path):
+        """Write the pool's memory snapshot (PyTorch's format) and stop recording."""
+        self._gpupool.dump_snapshot(path, self.pool)
+        self._gpupool.record_memory_history(None)
 
     def print_summary(self):
         if self.region is None:
@@ -368,13 +381,30 @@ def train(memory, data, args, backend):
     )
 
 
-def run_mode(mode, backend, data, args):
+def run_mode(mode, backend, data, args, snapshot=None):
+    """Train one mode; ``snapshot``: where to write its memory snapshot (gpupool modes)."""
     memory = make_memory(mode, backend)
+    snapshot = snapshot if isinstance(memory, GpupoolMemory) else None
+    if snapshot:
+        memory.record_history()
     print(f"== {mode}: {MODE_TITLES[mode]} ==")
     result = train(memory, data, args, backend)
     memory.print_summary()
+    if snapshot:
+        memory.dump_snapshot(snapshot)
+        print(f"Memory snapshot for PyTorch's visualizer (https://pytorch.org/memory_viz):"
+              f" {snapshot}")
     memory.close()
     return result
+
+
+def snapshot_path(path, mode, several):
+    """Where --snapshot writes a mode's snapshot: path, with the mode before its extension
+    when several modes run."""
+    if not several:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}-{mode}{ext or '.pickle'}"
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -404,6 +434,9 @@ def parse_args(argv):
                         " auto (default): the GPU when there is one")
     p.add_argument("--plot", metavar="PATH",
                    help="write a plot of the bytes reserved and in use after every step")
+    p.add_argument("--snapshot", metavar="PATH",
+                   help="record each gpupool mode's memory history and write its memory snapshot"
+                        " (PyTorch's format; with several modes, PATH gets the mode's name)")
     return p.parse_args(argv)
 
 
@@ -416,7 +449,9 @@ def run(args):
         raise SetupError(f"the {modes[0]} mode needs a GPU and CuPy; on the {backend.name}"
                          f" --mode is one of {', '.join(backend.modes)} or all")
     data = load_data()
-    results = [run_mode(mode, backend, data, args) for mode in modes]
+    results = [run_mode(mode, backend, data, args,
+                        args.snapshot and snapshot_path(args.snapshot, mode, len(modes) > 1))
+               for mode in modes]
     print_table(results, args.epochs)
     if pyplot is not None:
         _plot.save_memory_plot(pyplot, results, args.plot,

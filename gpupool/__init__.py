@@ -32,6 +32,7 @@ from gpupool.errors import (
 )
 from gpupool.interop import as_buffer
 from gpupool.ipc import IpcHandle, open_ipc
+from gpupool.snapshot import dump_snapshot, memory_snapshot, record_memory_history
 from gpupool.stats import PoolStats, RegionStats, format_status
 
 __version__ = "0.1.0"
@@ -54,11 +55,14 @@ __all__ = [
     "RegionStats",
     "allocate",
     "as_buffer",
+    "dump_snapshot",
     "get_include",
     "get_pool",
+    "memory_snapshot",
     "on_oom",
     "open_ipc",
     "pool_status",
+    "record_memory_history",
     "set_pool",
     "remove_oom_callback",
     "size_class",

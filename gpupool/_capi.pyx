@@ -22,6 +22,9 @@ from gpupool._counters cimport Counters
 from gpupool._defaults cimport MAX_DEVICES, default_pool, pool_table
 from gpupool._driver cimport fork_flag
 from gpupool._freelist cimport fl_each
+from gpupool._history cimport (
+    LOG_CALLBACK_RETRY, LOG_OOM, hist_on, hist_subscribe, hist_alloc, hist_oom, hist_log,
+)
 from gpupool._pool cimport Pool, run_oom_callbacks, region_try_push, region_pop
 from gpupool._privatepool cimport PrivatePool, pp_allocate_at, pp_end
 from gpupool._ptrtable cimport pt_insert, pt_lookup
@@ -43,6 +46,8 @@ from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
 cdef size_t STATS_FIELDS = sizeof(gpupool_stats) // sizeof(size_t)
 cdef PyObject** _pools = pool_table()
 cdef const int* FORKED = fork_flag()
+cdef int RECORDING = 0                  # the memory history's switch (_history.pxd)
+hist_subscribe(&RECORDING)
 
 
 cdef int _code(int status) noexcept nogil:
@@ -90,6 +95,8 @@ cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexce
     if r == 0:
         pt_insert(&pool.capi_blocks, b.ptr, b)
         ptr[0] = <void*>b.ptr
+        if hist_on(RECORDING):
+            hist_alloc(pool.device, pool._segments.pool_id, b.ptr, nbytes, key.handle)
     pool.unlock()
     return r
 
@@ -103,8 +110,12 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
             ptr[0] = <void*>b.ptr
             return 0
     r = _acquire(pool, nbytes, stream, ptr)
-    if r == CUDA_ERROR_OUT_OF_MEMORY and _callbacks(pool, nbytes):
-        r = _acquire(pool, nbytes, stream, ptr)
+    if r == CUDA_ERROR_OUT_OF_MEMORY:
+        if _callbacks(pool, nbytes):
+            r = _acquire(pool, nbytes, stream, ptr)
+            hist_log(LOG_CALLBACK_RETRY, pool.device, nbytes, 0, r)
+        if r == CUDA_ERROR_OUT_OF_MEMORY:
+            _out_of_memory(pool, nbytes, stream)
     return _code(r)
 
 
@@ -115,6 +126,16 @@ cdef Block* _lookup(Pool pool, uintptr_t ptr, bint remove) noexcept nogil:
     if b == NULL:
         b = pool.mag_find_handed_locked(ptr, remove)
     return b
+
+
+cdef void _out_of_memory(Pool pool, size_t nbytes, uintptr_t stream) noexcept nogil:
+    """An allocation failed for lack of memory after the ladder: logged and, while the memory
+    history records, recorded."""
+    pool.lock()
+    if RECORDING:
+        hist_oom(pool.device, pool._segments.pool_id, nbytes, pool._oom_free_bytes(), stream)
+    pool.unlock()
+    hist_log(LOG_OOM, pool.device, nbytes, 0, CUDA_ERROR_OUT_OF_MEMORY)
 
 
 cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:

@@ -10,6 +10,7 @@ from gpupool._buffer cimport BlockOwner
 from gpupool._counters cimport Counters
 from gpupool._freelist cimport FreeLists
 from gpupool._magazine cimport Magazine, gp_lock
+from gpupool._history cimport LogKind
 from gpupool._ptrtable cimport PtrTable
 from gpupool._regioncache cimport RegionCache
 from gpupool._segments cimport Segments
@@ -59,9 +60,11 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void region_leave(self, RegionCache* rc) noexcept nogil
     cdef void region_drain(self, RegionCache* rc) noexcept nogil
     cdef size_t trim_locked(self) noexcept nogil
+    cdef void trim_logged(self, LogKind kind, size_t bound) noexcept nogil
     cdef int merge_streams_locked(self, size_t* moved) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
     cdef object _oom_error(self, size_t nbytes)
+    cdef size_t _oom_free_bytes(self) noexcept nogil
     cdef object allocate_key(self, object nbytes, StreamKey stream)
 
     # Magazines (_magazine.pxd).

@@ -19,7 +19,7 @@ from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool._block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED, HELD
-from gpupool._buffer cimport BlockOwner, new_buffer
+from gpupool._buffer cimport BlockOwner, DeviceBuffer, new_buffer
 from gpupool._counters cimport count_acquired, count_released
 from gpupool._driver cimport fork_flag
 from gpupool._freelist cimport fl_each, fl_has_exact
@@ -27,6 +27,11 @@ from gpupool._magazine cimport (
     Magazine, MAG_SLOTS, MAG_HANDED, mg_find, mg_remove, mg_find_handed, mg_unhand,
 )
 from gpupool._handoff cimport use_key
+from gpupool._history cimport (
+    LogKind, LOG_LADDER_NOTHING, LOG_LADDER_TRIM, LOG_LADDER_REGIONS, LOG_CALLBACK_RETRY,
+    LOG_SOFT_TRIM, LOG_STREAM_TRIM, hist_on, hist_subscribe, register_pool, hist_alloc,
+    hist_free, hist_oom, hist_log, hist_flush_log,
+)
 from gpupool._regioncache cimport (
     RegionCache, rc_link, rc_detach, rc_own, rc_disown, rc_freed_into, rc_drain,
     rc_return_unused,
@@ -74,6 +79,11 @@ def _default_upstream(int device):
 
 _oom_callbacks = []
 cdef const int* FORKED = fork_flag()
+# This module's copy of the memory history's switch (_history.pxd): nonzero while it records
+# (magazines are passed by then, so that every allocation and free is recorded).
+cdef int RECORDING = 0
+hist_subscribe(&RECORDING)
+_logger = logging.getLogger("gpupool")
 # Blocks up to this size are parked, and held in threads' magazines (_magazine.pxd). Parked
 # and held blocks go to the free lists when a request finds no free block of its exact size
 # (so a cut sees the whole free memory). On the recorded traces (bench/fragmentation.py,
@@ -137,6 +147,7 @@ cdef class Pool(BlockOwner):
     def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None):
         from gpupool._ordinals import check_ordinal
         from gpupool.limits import resolve_limits
+        self._segments.recording = &RECORDING
         device = check_ordinal(device)
         if upstream is None:
             upstream = os.environ.get("GPUPOOL_UPSTREAM") or None   # empty: unset
@@ -155,12 +166,13 @@ cdef class Pool(BlockOwner):
         else:
             raise TypeError(f"upstream must be 'driver', 'async', 'vmm' or an Upstream "
                             f"object, got {type(upstream).__name__}")
-        self.device = self.upstream.device
+        self.device = self._segments.device = self.upstream.device
         self._segments.hard_limit, self._soft_limit = resolve_limits(
             hard_limit, soft_limit, lambda: self.mem_info()[1])
         # A stream-ordered upstream keeps freed memory up to the soft limit for regrowth.
         self.upstream.raise_error(self.upstream.set_release_threshold(self._soft_limit),
                                   "set_release_threshold")
+        self._segments.pool_id = register_pool(self)
 
     def __dealloc__(self):
         # Buffers and regions hold references to their pool, so only free lists remain.
@@ -238,6 +250,8 @@ cdef class Pool(BlockOwner):
             return GP_REENTRANT
         self.lock()
         r = self.acquire_locked(nbytes, s, out)
+        if hist_on(RECORDING) and r == 0:
+            hist_alloc(self.device, self._segments.pool_id, out[0].ptr, nbytes, s.handle)
         self.unlock()
         return r
 
@@ -254,7 +268,7 @@ cdef class Pool(BlockOwner):
             if self._order.wanted.size() > WANTED_MAX:
                 # Many streams hold blocks that others want and never allocate again (most
                 # likely destroyed): one synchronize frees their blocks for every stream.
-                self.trim_locked()
+                self.trim_logged(LOG_STREAM_TRIM, WANTED_MAX)
             elif so_is_wanted(&self._order, s):
                 # s is allocating, so it is alive: another stream waits for its free blocks,
                 # whose events are recorded now (and those of blocks its thread lets go below).
@@ -320,7 +334,7 @@ cdef class Pool(BlockOwner):
                 rc.hits += 1
         self.count_taken(b.size)
         if grew and self._soft_limit and self.counters.reserved > self._soft_limit:
-            self.trim_locked()          # only growth moves reserved above the limit
+            self.trim_logged(LOG_SOFT_TRIM, self._soft_limit)   # only growth crosses it
         out[0] = b
         return 0
 
@@ -384,17 +398,21 @@ cdef class Pool(BlockOwner):
         """The upstream is out of memory for a request of size bytes on s (made through cache
         owner): give back this pool's cache and grow again, then every region's."""
         cdef int r = CUDA_ERROR_OUT_OF_MEMORY
-        cdef size_t i
+        cdef size_t i, released
+        if not self.counters.cached:
+            hist_log(LOG_LADDER_NOTHING, self.device, size, 0, r)
         if self.counters.cached:
             self.counters.oom_retries += 1
-            self.trim_locked()
+            released = self.trim_locked()
             r = self._grow_once(size, s, owner)
+            hist_log(LOG_LADDER_TRIM, self.device, size, released, r)
         if r == CUDA_ERROR_OUT_OF_MEMORY and self.counters.cached:
             self.counters.oom_retries += 1
             for i in range(self._regions.size()):
                 rc_drain(self._regions[i])
-            self.trim_locked()
+            released = self.trim_locked()
             r = self._grow_once(size, s, owner)
+            hist_log(LOG_LADDER_REGIONS, self.device, size, released, r)
         return r
 
     cdef int _grow_once(self, size_t size, StreamKey s, void* owner) noexcept nogil:
@@ -463,7 +481,7 @@ cdef class Pool(BlockOwner):
         cdef Magazine* m
         cdef Block* b = NULL
         cdef int i
-        if self._wanted_any or nbytes > MAG_MAX:
+        if self._wanted_any or nbytes > MAG_MAX or RECORDING:
             return NULL
         t = gp_this_thread()
         if t.magazines[0].pool == <void*>self:
@@ -583,7 +601,7 @@ cdef class Pool(BlockOwner):
         the pool's lock when it has room. False: b is not for a magazine (a region's, used
         on other streams, large) or the thread has none: the shared path."""
         cdef Magazine* m
-        if b.size > MAG_MAX or b.region.cache != NULL or b.extra_streams != NULL:
+        if b.size > MAG_MAX or b.region.cache != NULL or b.extra_streams != NULL or RECORDING:
             return False
         m = self.thread_magazine(True)
         if m == NULL:
@@ -769,6 +787,14 @@ cdef class Pool(BlockOwner):
     cdef object raise_status(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
             self.counters.num_ooms += 1
+            if RECORDING:
+                self.lock()
+                hist_oom(self.device, self._segments.pool_id, nbytes, self._oom_free_bytes(),
+                         0)
+                self.unlock()
+            hist_flush_log()
+            _logger.debug("gpupool: out of memory on device %d for %d B after the ladder: "
+                          "raising OutOfMemoryError", self.device, nbytes)
             raise self._oom_error(nbytes)
         if status == GP_FORKED:
             raise GpupoolError(FORK_MESSAGE)
@@ -794,6 +820,12 @@ cdef class Pool(BlockOwner):
             f"gpupool.pool_status() shows the device's free memory.",
             requested_bytes=nbytes, in_use_bytes=c.in_use, reserved_bytes=c.reserved,
             cached_bytes=c.cached, limit_bytes=limit)
+
+    cdef size_t _oom_free_bytes(self) noexcept nogil:
+        """What the pool may still reserve under its hard limit (0 without one), for the
+        memory history's out-of-memory entry: as for the error, no driver call is made."""
+        cdef size_t limit = self._segments.hard_limit, reserved = self.counters.reserved
+        return limit - reserved if limit > reserved else 0
 
     def _oom_message(self, size_t nbytes):
         """The message of the OutOfMemoryError of a failed request of ``nbytes`` (for
@@ -824,6 +856,8 @@ cdef class Pool(BlockOwner):
     cdef void release_locked(self, Block* b, StreamKey s) noexcept nogil:
         cdef size_t i, size = b.size
         cdef uintptr_t e
+        if hist_on(RECORDING):
+            hist_free(self.device, self._segments.pool_id, b.ptr, size, s.handle)
         b.stream = s
         b.holder = NULL
         if b.extra_streams != NULL:
@@ -935,6 +969,10 @@ cdef class Pool(BlockOwner):
         return sg_trim(&self._segments, self.upstream, &self.counters, &self._order,
                        &self._free)
 
+    cdef void trim_logged(self, LogKind kind, size_t bound) noexcept nogil:
+        """trim_locked for a reason the debug log names (kind; bound: the limit crossed)."""
+        hist_log(kind, self.device, bound, self.trim_locked(), 0)
+
     cdef int merge_streams_locked(self, size_t* moved) noexcept nogil:
         cdef int r = self.upstream.synchronize()
         if r != 0:
@@ -991,15 +1029,20 @@ cdef class Pool(BlockOwner):
         cdef Block* b = NULL
         cdef RegionCache* rc
         cdef int r
+        cdef bint retried = False
         if type(nbytes) is int and 0 < <object>nbytes <= MAX_NBYTES:
             n = nbytes
         else:
             n = check_nbytes(nbytes)
             if n == 0:
                 return new_buffer(self, NULL, 0, key)
-        r = self.acquire(n, key, &b)
-        if r == CUDA_ERROR_OUT_OF_MEMORY and run_oom_callbacks(self, n):
+        while True:             # one call of acquire, which the compiler then inlines
             r = self.acquire(n, key, &b)
+            if retried:
+                hist_log(LOG_CALLBACK_RETRY, self.device, n, 0, r)
+            if r != CUDA_ERROR_OUT_OF_MEMORY or retried or not run_oom_callbacks(self, n):
+                break
+            retried = True      # after the on_oom callbacks, once
         if r != 0:
             self.raise_status(r, n)
         buf = new_buffer(self, b, n, key)
@@ -1218,7 +1261,7 @@ cdef class Pool(BlockOwner):
         Returns
         -------
         int
-            Bytes released.
+            Bytes released (also logged to the ``"gpupool"`` logger at DEBUG).
         """
         cdef int r
         if FORKED[0]:
@@ -1226,7 +1269,11 @@ cdef class Pool(BlockOwner):
         self.lock()
         released = self.trim_locked()
         r = self.upstream.trim()
+        reserved = self.counters.reserved
         self.unlock()
+        hist_flush_log()
+        _logger.debug("gpupool: trim released %d B on device %d (%d B reserved now)",
+                      released, self.device, reserved)
         self.upstream.raise_error(r, "trim")
         return released
 
@@ -1303,6 +1350,9 @@ cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1:
     if not _oom_callbacks:
         return False
     pool.counters.oom_retries += 1
+    hist_flush_log()
+    _logger.debug("gpupool: out of memory on device %d for %d B: step 3, running %d on_oom "
+                  "callbacks, then retrying", pool.device, nbytes, len(_oom_callbacks))
     for callback in list(_oom_callbacks):
         try:
             callback(nbytes)
@@ -1353,3 +1403,6 @@ def remove_oom_callback(callback):
         raise ValueError(f"{callback!r} is not an on_oom callback: gpupool.remove_oom_callback "
                          f"takes a callable registered with gpupool.on_oom "
                          f"({len(_oom_callbacks)} registered now)") from None
+
+
+include "_snapshot.pxi"

@@ -27,11 +27,13 @@ cimport cython
 
 import contextlib
 import gc
+import itertools
 import os
 import sys
 import threading
 import time
 import warnings
+import weakref
 
 from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
 from gpupool.interface import read_cai
@@ -53,6 +55,10 @@ _LIBRARY_DIRS = tuple(
 # Per thread, the regions entered there with `with region:`, innermost last: an exit must be
 # the innermost one's.
 _entered = threading.local()
+# Every Region alive, by the address of its cache: (its id, a weak reference), for the memory
+# snapshot, which finds regions' blocks by their cache (gpupool.snapshot).
+cdef dict _by_cache = {}
+_region_ids = itertools.count(1)
 
 
 cdef list _entered_here():
@@ -173,8 +179,12 @@ cdef class Region:
             self._on_alloc = self._record_site
             self.rc.on_alloc = <PyObject*>self._on_alloc
         self.pool.region_register(self.rc)
+        _by_cache[<uintptr_t>self.rc] = (next(_region_ids), weakref.ref(self))
 
     def __dealloc__(self):
+        registry = _by_cache
+        if self.rc != NULL and registry is not None:
+            registry.pop(<uintptr_t>self.rc, None)
         if self.rc != NULL:
             if self.pool is not None:
                 self.pool.region_unregister(self.rc)
@@ -415,6 +425,16 @@ cdef class Region:
         name = f" {self._name!r}" if self._name else ""
         return (f"<gpupool.Region{name} on_exit={self.on_exit!r} scope={self.scope!r} "
                 f"entries={self.entries} cached={self.rc.cached_bytes}>")
+
+
+def _regions_by_cache():
+    """``{cache address: (region id, name or None)}`` of every Region alive."""
+    found = {}
+    for key, (region_id, ref) in list(_by_cache.items()):
+        region = ref()
+        if region is not None:
+            found[key] = (region_id, (<Region>region)._name)
+    return found
 
 
 def _data_pointer(obj):

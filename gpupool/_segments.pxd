@@ -17,8 +17,10 @@
 # * A plain segment whose CUDA IPC handle another process holds open stays (sg_imported):
 #   freeing memory an importer has mapped is undefined behaviour in CUDA IPC (_ipc.pyx).
 # Everything here runs under the pool's lock; the counters of reserved and cached bytes are
-# kept here (Counters); region tags of free blocks are kept with _regioncache.pxd's functions.
-from libc.stdint cimport uintptr_t
+# kept here (Counters); region tags of free blocks are kept with _regioncache.pxd's functions;
+# each segment event (growth, mapping, unmapping, giving back) is noted for the memory history
+# (sg_note, _history.pxd).
+from libc.stdint cimport uintptr_t, uint32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 from libcpp.vector cimport vector
@@ -27,6 +29,10 @@ from gpupool._block cimport Block, Segment, LIVE, FREE, UNMAPPED
 from gpupool._counters cimport Counters, count_reserved, count_returned
 from gpupool._freelist cimport FreeLists, fl_put, fl_unbin, fl_each
 from gpupool._ipcslot cimport gp_ipc_opened, gp_ipc_release
+from gpupool._history cimport (
+    HistAction, ACT_SEGMENT_ALLOC, ACT_SEGMENT_FREE, ACT_SEGMENT_MAP,
+    ACT_SEGMENT_UNMAP, hist_segment,
+)
 from gpupool._regioncache cimport RegionCache, rc_own, rc_disown
 from gpupool._streamorder cimport StreamOrder, so_drop_events, so_unbind_all
 from gpupool._streams cimport StreamKey, same_stream, is_no_stream, no_stream
@@ -50,6 +56,16 @@ cdef cppclass Segments:
     Segment* head               # every segment of the pool
     vector[Block*] spare        # block records to reuse (cutting and joining allocate none)
     size_t hard_limit           # bytes the pool may reserve; 0: no limit
+    int* recording              # the memory history's switch (_pool's copy: hist_subscribe)
+    int device                  # the pool's device and id, for the memory history
+    uint32_t pool_id
+
+
+cdef inline void sg_note(Segments* sg, HistAction action, uintptr_t addr, size_t nbytes,
+                         StreamKey s) noexcept nogil:
+    """A segment event, for the memory history while it records."""
+    if sg.recording[0]:
+        hist_segment(sg.device, sg.pool_id, action, addr, nbytes, s.handle)
 
 
 cdef inline size_t round_up(size_t n, size_t step) noexcept nogil:
@@ -198,6 +214,7 @@ cdef inline int sg_upstream_alloc(Segments* sg, Upstream up, Counters* c, size_t
     r = up.alloc(nbytes, s.handle, ptr)
     if r == 0:
         count_reserved(c, nbytes)
+        sg_note(sg, ACT_SEGMENT_ALLOC, ptr[0], nbytes, s)
     return r
 
 
@@ -256,6 +273,7 @@ cdef inline int sg_allocate(Segments* sg, Upstream up, Counters* c, StreamOrder*
             sg_drop_segment(sg, seg)
         up.free(ptr)
         count_returned(c, nbytes)
+        sg_note(sg, ACT_SEGMENT_FREE, ptr, nbytes, s)
         return CUDA_ERROR_OUT_OF_MEMORY
     if up.stream_ordered:
         b.stream = s
@@ -285,14 +303,16 @@ cdef inline int sg_grow_plain(Segments* sg, Upstream up, Counters* c, StreamOrde
 
 
 cdef inline int sg_map(Segments* sg, Upstream up, Counters* c, uintptr_t va,
-                       size_t nbytes) noexcept nogil:
-    """Map nbytes (whole pages) of reserved address space at va; counted as reserved."""
+                       size_t nbytes, StreamKey s) noexcept nogil:
+    """Map nbytes (whole pages) of reserved address space at va, in a segment of stream s;
+    counted as reserved."""
     cdef int r
     if sg.hard_limit and c.reserved + nbytes > sg.hard_limit:
         return CUDA_ERROR_OUT_OF_MEMORY
     r = up.map(va, nbytes)
     if r == 0:
         count_reserved(c, nbytes)
+        sg_note(sg, ACT_SEGMENT_MAP, va, nbytes, s)
     return r
 
 
@@ -347,7 +367,7 @@ cdef inline int sg_fill_hole(Segments* sg, Upstream up, Counters* c, StreamOrder
         seg = seg.next
     if best == NULL:
         return 1
-    r = sg_map(sg, up, c, best.ptr, best.size)
+    r = sg_map(sg, up, c, best.ptr, best.size, s)
     if r != 0:
         return r
     best.state = FREE
@@ -393,7 +413,7 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
         tail = NULL
         have = 0
         need = round_up(size, up.granularity)
-    r = sg_map(sg, up, c, seg.base + seg.nbytes, need)
+    r = sg_map(sg, up, c, seg.base + seg.nbytes, need, s)
     if r != 0:
         if fresh:                       # an empty range is given back at once
             up.unreserve(seg.base)
@@ -410,6 +430,7 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
         if b == NULL:
             up.unmap(seg.base + seg.nbytes, need)
             count_returned(c, need)
+            sg_note(sg, ACT_SEGMENT_UNMAP, seg.base + seg.nbytes, need, s)
             return CUDA_ERROR_OUT_OF_MEMORY
         if seg.last != NULL:
             sg_insert_after(seg.last, b)
@@ -458,6 +479,7 @@ cdef inline size_t sg_unmap_free(Segments* sg, Upstream up, Counters* c, StreamO
         fl_put(fl, b)
         return 0
     count_returned(c, hi - lo)
+    sg_note(sg, ACT_SEGMENT_UNMAP, lo, hi - lo, seg.stream)
     if hi < b.ptr + b.size:             # the partial page after the pages stays free
         rest = sg_record(sg, hi, b.ptr + b.size - hi, seg)
         if rest != NULL:
@@ -548,6 +570,7 @@ cdef inline size_t sg_trim(Segments* sg, Upstream up, Counters* c, StreamOrder* 
             sg_forget_export(seg)
             up.free(seg.base)
             count_returned(c, seg.nbytes)
+            sg_note(sg, ACT_SEGMENT_FREE, seg.base, seg.nbytes, seg.stream)
             sg_drop_segment(sg, seg)
             sg_retire(sg, so, b)
         else:
@@ -583,6 +606,7 @@ cdef inline void sg_release_all(Segments* sg, Upstream up, StreamOrder* so) noex
             if seg.va_bytes and b.state == UNMAPPED:
                 if b.ptr > start:
                     up.unmap(start, b.ptr - start)
+                    sg_note(sg, ACT_SEGMENT_UNMAP, start, b.ptr - start, seg.stream)
                 start = b.ptr + b.size
             so_drop_events(so, b)
             free(b)
@@ -590,9 +614,12 @@ cdef inline void sg_release_all(Segments* sg, Upstream up, StreamOrder* so) noex
         if seg.va_bytes:
             if seg.base + seg.nbytes > start:
                 up.unmap(start, seg.base + seg.nbytes - start)
+                sg_note(sg, ACT_SEGMENT_UNMAP, start, seg.base + seg.nbytes - start,
+                        seg.stream)
             up.unreserve(seg.base)
         elif not sg_imported(seg):
             up.free(seg.base)
+            sg_note(sg, ACT_SEGMENT_FREE, seg.base, seg.nbytes, seg.stream)
         # else: left allocated for the importers that hold it open (it goes with the process)
         sg_forget_export(seg)
         sg.head = seg.next

@@ -14,6 +14,7 @@ from libcpp.string cimport string
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool._defaults cimport pool_of
 from gpupool._driver cimport relaxed_capture
+from gpupool._history cimport hist_on, hist_subscribe, hist_gather, hist_gathered_done
 from gpupool._pool cimport Pool
 from gpupool._status cimport GPUPOOL_OK
 from gpupool.capi cimport gpupool_api, gpupool_import
@@ -21,6 +22,8 @@ from gpupool.capi cimport gpupool_api, gpupool_import
 from gpupool.errors import GpupoolError, OutOfMemoryError
 
 cdef const gpupool_api* _api = gpupool_import()
+cdef int RECORDING = 0                  # the memory history's switch (_history.pxd)
+hist_subscribe(&RECORDING)
 
 # PyTorch calls a malloc from two places, which treat
 # a failure differently, hence two mallocs sharing one free:
@@ -35,7 +38,10 @@ cdef const gpupool_api* _api = gpupool_import()
 #   There PyTorch does not check the pointer (a NULL becomes a tensor at address 0), so a
 #   failure is thrown as a C++ exception that PyTorch's Python bindings translate into a
 #   Python exception: a torch::PyTorchError, whose virtual python_type() and what() name the
-#   type and message. No PyTorch lock is held there, so the message is built at once.
+#   type and message. No PyTorch lock is held there, so the message is built at once, and
+#   while the memory history records, the Python frames of the allocation are gathered
+#   (taking the GIL, which PyTorch released: PyTorch's own history does the same) for the
+#   history's entry. Frees, which PyTorch may make under its lock, get none.
 
 cdef extern from *:
     """
@@ -85,7 +91,7 @@ cdef extern from *:
     GpTorchFailure gp_torch_failure
     void gp_torch_throw(const string& msg, PyObject* type) nogil
     void* gp_torch_call(torch_malloc_fn f, size_t size, int device, void* stream,
-                        PyObject** type, string* msg)
+                        PyObject** type, string* msg) nogil
 
 _torch_oom_type = OutOfMemoryError      # gpupool.torch sets a torch.OutOfMemoryError subclass
 _torch_last_error = None
@@ -147,9 +153,14 @@ cdef public void* gpupool_torch_malloc_raising(size_t size, int device,
                                                void* stream) noexcept nogil:
     cdef void* ptr = NULL
     cdef int status
+    cdef bint gathered = False
     if size == 0:
         return NULL
+    if hist_on(RECORDING):
+        gathered = hist_gather()
     status = _api.allocate(device, size, <uintptr_t>stream, &ptr)
+    if gathered:
+        hist_gathered_done()
     if status != GPUPOOL_OK:
         _throw_torch_failure(status, device, size)
     return ptr
@@ -202,24 +213,40 @@ def _torch_last_failure():
     return _torch_last_error
 
 
-def _torch_malloc_checked(size_t size, int device=0, uintptr_t stream=0):
+def _torch_malloc_checked(size_t size, int device=0, uintptr_t stream=0, bint gil=True):
     """Call ``gpupool_torch_malloc_raising`` as PyTorch's Python bindings do: a failure thrown
-    as a C++ exception is raised as the Python type it names. Returns the pointer (for tests;
-    free it with ``_torch_free``)."""
+    as a C++ exception is raised as the Python type it names (``gil`` False: called without
+    the GIL, as PyTorch does). Returns the pointer (for tests; free it with ``_torch_free``)."""
     cdef string msg
     cdef PyObject* kind = NULL
-    cdef void* ptr = gp_torch_call(gpupool_torch_malloc_raising, size, device, <void*>stream,
-                                   &kind, &msg)
+    cdef void* ptr
+    if gil:
+        ptr = gp_torch_call(gpupool_torch_malloc_raising, size, device, <void*>stream, &kind,
+                            &msg)
+    else:
+        with nogil:
+            ptr = gp_torch_call(gpupool_torch_malloc_raising, size, device, <void*>stream,
+                                &kind, &msg)
     if kind != NULL:
         raise (<object>kind)(msg.decode())
     return <uintptr_t>ptr
 
 
-def _torch_malloc(size_t size, int device=0, uintptr_t stream=0):
-    """Call ``gpupool_torch_malloc`` (NULL on failure) and return the pointer (for tests)."""
-    return <uintptr_t>gpupool_torch_malloc(size, device, <void*>stream)
+def _torch_malloc(size_t size, int device=0, uintptr_t stream=0, bint gil=True):
+    """Call ``gpupool_torch_malloc`` (NULL on failure) and return the pointer (for tests;
+    ``gil`` False: called without the GIL, as PyTorch does)."""
+    cdef void* ptr
+    if gil:
+        return <uintptr_t>gpupool_torch_malloc(size, device, <void*>stream)
+    with nogil:
+        ptr = gpupool_torch_malloc(size, device, <void*>stream)
+    return <uintptr_t>ptr
 
 
-def _torch_free(uintptr_t ptr, size_t size=0, int device=0, uintptr_t stream=0):
-    """Call ``gpupool_torch_free`` (for tests)."""
-    gpupool_torch_free(<void*>ptr, size, device, <void*>stream)
+def _torch_free(uintptr_t ptr, size_t size=0, int device=0, uintptr_t stream=0, bint gil=True):
+    """Call ``gpupool_torch_free`` (for tests; ``gil`` as for ``_torch_malloc``)."""
+    if gil:
+        gpupool_torch_free(<void*>ptr, size, device, <void*>stream)
+    else:
+        with nogil:
+            gpupool_torch_free(<void*>ptr, size, device, <void*>stream)

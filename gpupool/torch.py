@@ -36,6 +36,10 @@ extension's C entry points: malloc and free only, so ``torch.cuda.memory_stats()
 ``record_stream`` is ignored, CUDA graphs and cuDNN's benchmark fail.
 ``GPUPOOL_TORCH_ALLOCATOR=pluggable`` chooses that route without the warning;
 :func:`allocator` says which one is installed.
+``torch.cuda.memory._record_memory_history`` and ``_snapshot`` do not apply: use
+``gpupool.record_memory_history`` and ``gpupool.dump_snapshot``, whose pickle PyTorch's memory
+visualizer reads (the entry point gathers the Python frames of each allocation while it
+records).
 
 ``mempool()`` keeps PyTorch's caching allocator and gives it a ``torch.cuda.MemPool`` whose
 segments (2 MiB and up) come from gpupool; PyTorch carves tensors from them and keeps them

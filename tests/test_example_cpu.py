@@ -3,6 +3,7 @@ between two processes on the simulated device; the GPU-only examples (and --devi
 with one line, no traceback."""
 
 import os
+import pickle
 
 import pytest
 from conftest import REPO
@@ -92,6 +93,27 @@ def test_train_digits_simulated_as_asked(run_script):
     (line,) = proc.stderr.splitlines()
     assert line.startswith("train_digits: check failed: region: test accuracy "), output
     assert line.endswith(" is below 0.95"), output
+
+
+def test_train_digits_writes_a_memory_snapshot(run_script, tmp_path):
+    pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
+    path = tmp_path / "digits.pickle"
+    proc, output = run_script("examples/train_digits.py", "--device", "simulated", "--epochs",
+                              "1", "--mode", "region", "--quiet", "--snapshot", str(path),
+                              timeout=300)
+    assert proc.returncode == 1, output         # one epoch: accuracy below 0.95, as above
+    assert f"Memory snapshot for PyTorch's visualizer (https://pytorch.org/memory_viz): {path}" \
+        in proc.stdout.splitlines(), output
+    snapshot = pickle.loads(path.read_bytes())
+    trace = snapshot["device_traces"][0]
+    assert [e["action"] for e in trace[:2]] == ["segment_alloc", "alloc"]
+    assert sum(e["action"] == "alloc" for e in trace) > 1000
+    assert any(f["filename"].endswith("autograd.py") for e in trace for f in e["frames"])
+    [region] = snapshot["regions"]
+    assert region["cached_bytes"] > 0
+    assert sum(s["total_size"] for s in snapshot["segments"]) == 2 << 20
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    assert "total_reserved: 2.0MiB" in memory_viz.segsum(snapshot)
 
 
 def test_train_digits_cupy_mode_needs_a_gpu(run_script):

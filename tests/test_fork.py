@@ -65,6 +65,8 @@ if pid == 0:
         "inherited buffer's export": refused(buf.__dlpack__),
         "inherited buffer's interface": refused(lambda: buf.__cuda_array_interface__),
         "pickling an inherited buffer": refused(lambda: __import__("pickle").dumps(buf)),
+        "memory snapshot": refused(lambda: gpupool.memory_snapshot(pool)),
+        "memory snapshot of every pool": refused(gpupool.memory_snapshot),
     }
     del buf, inside, region, pool
     gc.collect()

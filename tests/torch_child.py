@@ -3,12 +3,13 @@ before PyTorch initializes CUDA, and an out-of-memory test should not leave its 
 
 ``python tests/torch_child.py SCENARIO`` prints one JSON object on its last line of stdout.
 Scenarios: ``train-native``, ``train-use``, ``train-mempool``, ``too-late``, ``oom-use``,
-``oom-mempool``, ``region-ptr``, and ``FEATURE-MODE`` for each PyTorch feature of issue 14
-(``FEATURES``: cudnn-benchmark, compile, reduce-overhead, graph, autocast-loader, stats,
-record-stream, mempool-object) under MODE ``use`` (``gpupool.torch.use()``), ``mempool``
-(inside ``torch.cuda.use_mem_pool(gpupool.torch.mempool())``) or ``native`` (PyTorch's own
-allocator). ``GPUPOOL_TORCH_ALLOCATOR`` in the environment chooses ``use()``'s allocator. Needs
-a GPU and a CUDA build of PyTorch.
+``oom-mempool``, ``region-ptr``, ``snapshot-use PATH``, and ``FEATURE-MODE`` for each PyTorch
+feature of issue 14 (``FEATURES``: cudnn-benchmark, compile, reduce-overhead, graph,
+autocast-loader, stats, record-stream, mempool-object) under MODE ``use``
+(``gpupool.torch.use()``), ``mempool`` (inside
+``torch.cuda.use_mem_pool(gpupool.torch.mempool())``) or ``native`` (PyTorch's own allocator).
+``GPUPOOL_TORCH_ALLOCATOR`` in the environment chooses ``use()``'s allocator. Needs a GPU and a
+CUDA build of PyTorch.
 """
 
 import contextlib
@@ -419,6 +420,27 @@ def run_feature(name):
         return {"ok": False, "error": describe(exc)}
 
 
+def snapshot_use():
+    """Under use(), with the memory history recording: tensors kept and freed, a matmul (cuBLAS
+    workspace), a backward pass (PyTorch's autograd thread); the snapshot pickle written to
+    sys.argv[2]. Returns the kept and freed tensors' (pointer, bytes)."""
+    gpupool.torch.use()
+    gpupool.record_memory_history(max_entries=100_000)
+    kept = [torch.empty(1000, dtype=torch.uint8, device="cuda"),
+            torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")]
+    z = torch.ones(256, 256, device="cuda", requires_grad=True)
+    w = (z @ z).sum()
+    w.backward()
+    freed = [(t.data_ptr(), t.untyped_storage().nbytes()) for t in (z, w)]
+    del z, w
+    torch.cuda.synchronize()
+    gpupool.dump_snapshot(sys.argv[2])
+    pool = gpupool.get_pool(0)
+    return {"kept": [(t.data_ptr(), t.untyped_storage().nbytes()) for t in kept],
+            "freed": freed, "expandable": pool.upstream.expandable,
+            "reserved_bytes": pool.stats().reserved_bytes}
+
+
 SCENARIOS = {
     "train-native": lambda: train("native"),
     "train-use": lambda: train("use"),
@@ -427,6 +449,7 @@ SCENARIOS = {
     "oom-use": oom_use,
     "oom-mempool": oom_mempool,
     "region-ptr": region_ptr,
+    "snapshot-use": snapshot_use,
 }
 
 if __name__ == "__main__":

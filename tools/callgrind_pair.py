@@ -4,9 +4,11 @@ Two paths: the C API (``bench/_capi_loop.c``'s loop, no GIL) and ``Pool.allocate
 (``buf = allocate(n); del buf``). Each is run under ``valgrind --tool=callgrind`` twice, with
 ``--pairs`` and with no pairs (the same start-up and warm-up), and the difference of the two
 totals is divided by the number of pairs, so start-up costs cancel. Counts are repeatable for
-the same build on any machine (they do not depend on load). Run::
+the same build on any machine (they do not depend on load). ``--history`` runs the pairs with
+the memory history recording (``gpupool.record_memory_history``): ``python`` with Python
+frames, ``none`` without. Run::
 
-    python tools/callgrind_pair.py [--pairs 200000] [--nbytes 1048576]
+    python tools/callgrind_pair.py [--pairs 200000] [--nbytes 1048576] [--history python]
 """
 
 import argparse
@@ -27,6 +29,9 @@ from gpupool.testing import SimulatedDevice
 pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 34))
 gpupool.set_pool(pool, device=0)
 nbytes, pairs, path = {nbytes}, int(sys.argv[1]), {path!r}
+if {history!r} != "off":
+    gpupool.record_memory_history(max_entries=1000, stacks=None if {history!r} == "none"
+                                  else "python")
 for _ in range(100):                     # warm up: the block is cached after the first
     del_me = pool.allocate(nbytes)
     del del_me
@@ -65,11 +70,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=200_000)
     p.add_argument("--nbytes", type=int, default=1 << 20)
+    p.add_argument("--history", choices=("off", "python", "none"), default="off",
+                   help="memory history: off (default), with Python frames, without")
     args = p.parse_args(argv)
     for path in ("capi", "python"):
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(CHILD.format(bench=BENCH, nbytes=args.nbytes, path=path,
-                                 loop_c=os.path.join(BENCH, "_capi_loop.c")))
+                                 loop_c=os.path.join(BENCH, "_capi_loop.c"),
+                                 history=args.history))
         try:
             # The extension is built in the first run; build it once outside the counts.
             instructions(f.name, 0)
@@ -78,7 +86,8 @@ def main(argv=None):
         finally:
             os.unlink(f.name)
         print(f"{path:7} {(total - base) / args.pairs:8.1f} instructions per pair "
-              f"({args.nbytes} B, legacy stream, {args.pairs:,} pairs)")
+              f"({args.nbytes} B, legacy stream, {args.pairs:,} pairs, memory history "
+              f"{args.history})")
     return 0
 
 
