@@ -46,7 +46,8 @@ cdef enum:
     MAG_HANDED = 16             # C API blocks taken from it and not yet freed
 
 cdef cppclass Magazine:
-    gp_spin mutex
+    char _pad_front[64]         # no cache line shared with a neighbour on the heap: each
+    gp_spin mutex               # thread writes its own magazine on every call
     void* pool                  # NULL once the pool is gone (the thread then deletes it)
     bint orphan                 # its thread exited (the pool deletes it)
     Block* blocks[MAG_SLOTS]    # state HELD, oldest first
@@ -62,6 +63,7 @@ cdef cppclass Magazine:
     size_t frees
     size_t allocated_bytes
     size_t freed_bytes
+    char _pad_back[64]
 
 
 cdef inline int mg_find(Magazine* m, size_t size, StreamKey s) noexcept nogil:

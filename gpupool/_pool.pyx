@@ -440,7 +440,7 @@ cdef class Pool(BlockOwner):
                 empty = i
             elif slots[i].pool == NULL and empty < 0:
                 empty = i
-        if not make or FORKED[0]:
+        if not make or FORKED[0] or not gp_thread_alive():
             return NULL
         if empty < 0:
             # Every slot taken: those of pools that are gone are free again.

@@ -24,6 +24,7 @@ cdef extern from "gp_magazine.h" nogil:
     gp_thread* gp_this_thread()
     void (*gp_magazine_exit_hook)(void*) noexcept nogil
     void gp_arm_reaper()
+    bint gp_thread_alive()
     char gp_uncached_marker
 
 # Pushed by uncached() (and by a region skipping its first entry): regions below it on the

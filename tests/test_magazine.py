@@ -280,3 +280,17 @@ def test_a_pool_the_collector_clears_lets_go_of_the_threads_magazines():
         pool.allocate(1000).close()
         assert [m["blocks"] for m in pool._magazines_info()] == [1]
         check_invariants(pool)
+
+
+def test_a_snapshot_shows_held_blocks_free_and_counts_them_as_the_statistics_do():
+    from gpupool.snapshot import memory_snapshot
+    pool = gpupool.Pool(upstream=SimulatedDevice())
+    kept = pool.allocate(MiB)
+    pool.allocate(4096).close()                         # held in this thread's magazine
+    assert [m["blocks"] for m in pool._magazines_info()] == [1]
+    segments = memory_snapshot(pool)["segments"]
+    blocks = [b for s in segments for b in s["blocks"]]
+    allocated = sum(s["allocated_size"] for s in segments)
+    assert allocated == pool.stats().in_use_bytes == MiB
+    assert [b["state"] for b in blocks if b["size"] == 4096] == ["inactive"]
+    kept.close()
