@@ -7,9 +7,19 @@
 # pool's lock.
 #
 # Whatever reaches across threads takes the pool's lock and then each magazine's (the only
-# order: pool, then magazine) and flushes it into the free lists: growth (before the pool
-# grows, so a block held by a thread serves another's request first), trims, stream merges,
-# the out-of-memory ladder, limits. Statistics read every magazine under its lock.
+# order: pool, then magazine) and flushes it into the free lists: trims, stream merges,
+# statistics (which read every magazine), and the out of memory path: when the upstream has no
+# memory for a request, every thread's held blocks go to the free lists before the ladder, so
+# a block one thread holds serves another's request first. Before then they stay with their
+# threads (a request that finds no free block grows the pool, as tcmalloc's thread caches do:
+# taking them would have threads that use them steal each other's blocks at every miss). The
+# calling thread's own held blocks go back before the pool grows for it, and, when a request
+# of it finds no free block of its exact size, those it could serve cut and those two such
+# requests have passed by (so that a cut sees the free memory, while a thread cycling through
+# a few sizes keeps them). A stream another stream waits for gives its thread's held blocks up
+# the next time it allocates (so that they get their events: _streamorder.pxd); regions'
+# blocks, blocks used on other streams (record_stream) and, while the memory history records,
+# every block take the shared path.
 #
 # Counting. The pool's counters count a magazine's blocks as in use (the shared path does not
 # see the magazine), the magazine counts them as held: bytes in use are the counters' less
