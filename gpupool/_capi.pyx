@@ -139,23 +139,30 @@ cdef void _out_of_memory(Pool pool, size_t nbytes, uintptr_t stream) noexcept no
 
 
 cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
-    cdef Block* b
-    cdef bint done
     cdef StreamKey key = key_of(pool.upstream, stream)
     if key.tag == BAD_STREAM_TAG:
         key.tag = 0                                 # a free never fails: keyed by handle alone
-    if pool.mag_free_handed(<uintptr_t>ptr, key, &done):
+    return _free_as(pool, <uintptr_t>ptr, key)
+
+
+cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
+    """Free the C API block at ptr as last used on key's stream (key.tag BAD_STREAM_TAG: on
+    its block's own stream): through the thread's magazine when it handed the block out, else
+    found under the pool's lock (in its table, or another thread's magazine)."""
+    cdef Block* b
+    cdef bint done
+    if pool.mag_free_handed(ptr, key, &done):
         return GPUPOOL_OK                           # its thread's magazine handed it out
     if pool._holder == current_thread():
         # From inside the pool's upstream call: the lock is this thread's; release defers.
-        b = _lookup(pool, <uintptr_t>ptr, True)
+        b = _lookup(pool, ptr, True)
     else:
         pool.lock()
-        b = _lookup(pool, <uintptr_t>ptr, True)
+        b = _lookup(pool, ptr, True)
         pool.unlock()
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
-    pool.release(b, key)                            # the thread's magazine, or the pool
+    pool.release(b, b.stream if key.tag == BAD_STREAM_TAG else key)
     return GPUPOOL_OK
 
 
@@ -254,20 +261,7 @@ cdef const char* capi_error_string(int code) noexcept nogil:
 
 cdef int _free_found(Pool pool, void* ptr) noexcept nogil:
     """Free ptr, as last used on its block's stream, if pool's C API handed it out."""
-    cdef Block* b
-    cdef bint done
-    if pool.mag_free_handed(<uintptr_t>ptr, StreamKey(0, BAD_STREAM_TAG), &done):
-        return GPUPOOL_OK                           # its thread's magazine handed it out
-    if pool._holder == current_thread():
-        b = _lookup(pool, <uintptr_t>ptr, True)     # inside the upstream call: deferred
-    else:
-        pool.lock()
-        b = _lookup(pool, <uintptr_t>ptr, True)
-        pool.unlock()
-    if b == NULL:
-        return GPUPOOL_ERROR_INVALID_VALUE
-    pool.release(b, b.stream)
-    return GPUPOOL_OK
+    return _free_as(pool, <uintptr_t>ptr, StreamKey(0, BAD_STREAM_TAG))
 
 
 cdef int _trim(Pool pool, size_t* released) noexcept nogil:

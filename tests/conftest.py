@@ -122,3 +122,17 @@ def run_script():
         return proc, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
     return run
+
+
+class Worker:
+    """A long-lived thread that runs what it is given, in turn (its magazines are its own)."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+        self._executor = ThreadPoolExecutor(1)
+
+    def __call__(self, fn, *args):
+        return self._executor.submit(fn, *args).result(timeout=60)
+
+    def exit(self):
+        self._executor.shutdown(wait=True)

@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import check_invariants
+from conftest import Worker, check_invariants
 
 import gpupool
 from gpupool.testing import SimulatedDevice
@@ -20,19 +20,6 @@ def on_thread(fn, *args):
     """fn(*args) on a new thread that then exits; its result."""
     with ThreadPoolExecutor(1) as worker:
         return worker.submit(fn, *args).result(timeout=60)
-
-
-class Worker:
-    """One long-lived thread that runs what it is given, in turn."""
-
-    def __init__(self):
-        self._executor = ThreadPoolExecutor(1)
-
-    def __call__(self, fn, *args):
-        return self._executor.submit(fn, *args).result(timeout=60)
-
-    def exit(self):
-        self._executor.shutdown(wait=True)
 
 
 class BlockingDevice(SimulatedDevice):

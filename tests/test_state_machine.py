@@ -9,8 +9,7 @@ over a stream-ordered upstream (as the "async" one), where memory also exists fo
 only behind its allocation on the stream that allocated it.
 """
 
-from concurrent.futures import ThreadPoolExecutor
-
+from conftest import Worker
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -163,19 +162,6 @@ class PoolMachine(RuleBasedStateMachine):
 
 class OrderedPoolMachine(PoolMachine):
     stream_ordered = True
-
-
-class Worker:
-    """A thread that runs what it is given, in turn (its magazines are its own)."""
-
-    def __init__(self):
-        self._executor = ThreadPoolExecutor(1)
-
-    def __call__(self, fn, *args):
-        return self._executor.submit(fn, *args).result(timeout=60)
-
-    def exit(self):
-        self._executor.shutdown(wait=True)
 
 
 class ThreadedPoolMachine(PoolMachine):
