@@ -66,6 +66,8 @@ def choose_device(wanted):
     """("gpu", cupy) or ("simulated", None), with the reason for the simulated device."""
     import gpupool
 
+    if wanted == "simulated":
+        return "simulated", "--device simulated was asked for"
     why = None
     try:
         gpupool.get_pool(0)

@@ -18,6 +18,7 @@ from gpupool._streamorder cimport StreamOrder
 from gpupool._streams cimport StreamKey
 
 cdef enum:
+    WANTED_FAST = 8             # wanted streams the fast path checks one by one
     PARK_SLOTS = 8              # freed blocks held aside for a request of their exact size
 
 
@@ -37,11 +38,15 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef Counters counters              # a magazine's blocks count as in use (_magazine.pxd)
     cdef vector[Magazine*] _magazines   # every thread's magazine for this pool
     cdef size_t _bound                  # bytes in use plus every magazine's credit
-    cdef bint _wanted_any               # a stream waits for another's blocks (racy read)
+    # The wanted streams (_streamorder.pxd) as the fast path reads them, without the lock
+    # (copied at each unlock): their threads take the shared path, which answers them.
+    cdef int _nwanted                   # WANTED_FAST + 1: more than WANTED_FAST
+    cdef StreamKey _wanted[WANTED_FAST]
     cdef size_t _soft_limit             # 0: none
     cdef object __weakref__
 
     cdef void lock(self) noexcept nogil
+    cdef void _copy_wanted(self) noexcept nogil
     cdef void _wait(self) noexcept nogil
     cdef void unlock(self) noexcept nogil
     cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil

@@ -217,9 +217,22 @@ cdef class Pool(BlockOwner):
             b = self._deferred.back()
             self._deferred.pop_back()
             self.release_locked(b, b.stream)
-        self._wanted_any = not self._order.wanted.empty()
+        if self._nwanted or not self._order.wanted.empty():
+            self._copy_wanted()
         self._holder = 0
         self._mutex.unlock()
+
+    cdef void _copy_wanted(self) noexcept nogil:
+        """Under the pool's lock: publish the wanted streams to the fast path (mag_take). A
+        racy read may see a half-written key: then a wanted stream's request goes the fast
+        way once (its answer waits for the next), or another stream's the shared way."""
+        cdef size_t i, n = self._order.wanted.size()
+        if n > WANTED_FAST:
+            self._nwanted = WANTED_FAST + 1
+            return
+        for i in range(n):
+            self._wanted[i] = self._order.wanted[i]
+        self._nwanted = <int>n
 
     # Allocation -----------------------------------------------------------------------
 
@@ -481,8 +494,14 @@ cdef class Pool(BlockOwner):
         cdef Magazine* m
         cdef Block* b = NULL
         cdef int i
-        if self._wanted_any or nbytes > MAG_MAX or RECORDING:
+        if nbytes > MAG_MAX or RECORDING:
             return NULL
+        if self._nwanted:
+            if self._nwanted > WANTED_FAST:
+                return NULL
+            for i in range(self._nwanted):
+                if same_stream(self._wanted[i], s):
+                    return NULL                 # its blocks are wanted: the shared path
         t = gp_this_thread()
         if t.magazines[0].pool == <void*>self:
             m = <Magazine*>t.magazines[0].magazine

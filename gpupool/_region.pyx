@@ -49,9 +49,21 @@ _POLICIES = ("detach", "invalidate")
 _SCOPES = ("thread", "process")
 POISON = 0xFF                   # every float of a poisoned block reads as NaN
 LEAK_ENTRIES = 3                # consecutive growths of bytes alive at exit before a warning
-# Frames of these packages are skipped when tracing where an escaping buffer was allocated.
-_LIBRARY_DIRS = tuple(
-    os.sep + name + os.sep for name in ("gpupool", "cupy", "cupy_backends", "numba", "torch"))
+# Frames of these packages are skipped when tracing where an escaping buffer was allocated:
+# the folders they are installed in (not any folder of that name: a user's checkout of
+# gpupool, or a project folder called torch, is the user's code).
+_LIBRARIES = ("gpupool", "cupy", "cupy_backends", "numba", "torch")
+
+
+def _library_dirs():
+    """The install folders of the libraries of _LIBRARIES imported so far."""
+    dirs = []
+    for name in _LIBRARIES:
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    return tuple(dirs)
 # Per thread, the regions entered there with `with region:`, innermost last: an exit must be
 # the innermost one's.
 _entered = threading.local()
@@ -322,8 +334,13 @@ cdef class Region:
                 later <= earlier for earlier, later in zip(self._escapes, self._escapes[1:])):
             return 0
         self._escapes.clear()
-        where = (f" Allocated at: {', '.join(sorted(set(sites)))}." if sites else
-                 " Use Region(trace=True) to see where they were allocated.")
+        if sites:
+            where = f" Allocated at: {', '.join(sorted(set(sites)))}."
+        elif self.trace:
+            where = (" No allocation site outside gpupool and the array libraries was found "
+                     "for them.")
+        else:
+            where = " Use Region(trace=True) to see where they were allocated."
         warnings.warn(
             f"gpupool region {self._name or repr(self)}: bytes of buffers alive at exit grew "
             f"for {LEAK_ENTRIES} consecutive entries (now {format_bytes(self.live_at_exit_bytes)}"
@@ -333,7 +350,8 @@ cdef class Region:
 
     def _record_site(self, ptr):
         frame = sys._getframe(0)      # the innermost Python frame (Cython adds none)
-        while frame is not None and any(d in frame.f_code.co_filename for d in _LIBRARY_DIRS):
+        libraries = _library_dirs()
+        while frame is not None and frame.f_code.co_filename.startswith(libraries):
             frame = frame.f_back
         if frame is not None:
             self._sites[ptr] = f"{frame.f_code.co_filename}:{frame.f_lineno}"

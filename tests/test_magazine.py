@@ -31,12 +31,37 @@ class BlockingDevice(SimulatedDevice):
         super().__init__(**kw)
         self.hold, self.inside, self.go = False, threading.Event(), threading.Event()
 
+    timed_out = False
+
     def _event_record(self, event, stream):
         if self.hold:
             self.inside.set()
             if not self.go.wait(10):
+                self.timed_out = True
                 raise RuntimeError("nobody said go: the other thread waited for the lock")
         return super()._event_record(event, stream)
+
+
+def retake_while_locked(sim, pool, nbytes, **kw):
+    """Allocate nbytes (kw: on a stream) while another thread holds the pool's lock (inside
+    an event record of a free); returns the buffer and whether it came without waiting."""
+    side = sim.create_stream()
+    other = pool.allocate(8192)
+    other.record_stream(side)
+    sim.hold, sim.timed_out = True, False
+    sim.inside.clear()
+    sim.go.clear()
+    freer = threading.Thread(target=other.close)        # records an event under the lock
+    freer.start()
+    try:
+        assert sim.inside.wait(10)                      # the freer holds the pool's lock now
+        buf = pool.allocate(nbytes, **kw)
+        without_waiting = not sim.timed_out             # else it came after the freer gave up
+    finally:
+        sim.go.set()
+        freer.join(60)
+        sim.hold = False
+    return buf, without_waiting
 
 
 def test_a_retake_of_the_same_size_is_the_same_block_and_counts_exactly():
@@ -62,35 +87,34 @@ def test_a_retake_of_the_same_size_is_the_same_block_and_counts_exactly():
 def test_a_thread_retakes_its_block_while_another_holds_the_pools_lock():
     sim = BlockingDevice()
     pool = gpupool.Pool(upstream=sim)
-    side = sim.create_stream()
-    other = pool.allocate(8192)
-    other.record_stream(side)
+    pool.allocate(64 * MiB).close()                     # memory to cut from: no growth below
     buf = pool.allocate(4096)
     ptr = buf.ptr
-    buf.close()                                 # into this thread's magazine
-    sim.hold = True
-    errors = []
-
-    def free_other():
-        try:
-            other.close()                       # records an event under the pool's lock
-        except BaseException as exc:            # pragma: no cover - reported below
-            errors.append(exc)
-
-    freer = threading.Thread(target=free_other)
-    freer.start()
-    try:
-        assert sim.inside.wait(10)              # the freer holds the pool's lock now
-        # This thread's retake needs no lock: it completes while the freer waits (had it
-        # waited for the lock, the freer's event record would time out and fail).
-        again = pool.allocate(4096)
-        assert again.ptr == ptr and not sim.go.is_set()
-    finally:
-        sim.go.set()
-        freer.join(60)
-    sim.hold = False
-    assert errors == [] and sim.errors == []
+    buf.close()                                         # into this thread's magazine
+    # Without magazines the retake would wait for the pool's lock until the freer gave up.
+    again, without_waiting = retake_while_locked(sim, pool, 4096)
+    assert again.ptr == ptr and without_waiting
     again.close()
+    assert sim.errors == []
+    check_invariants(pool)
+
+
+def test_a_wanted_stream_does_not_keep_other_streams_from_their_magazines():
+    # A stream whose blocks another waits for (one that may never allocate again: destroyed,
+    # say) takes the shared path, which answers it; other streams keep their magazines.
+    sim = BlockingDevice()
+    pool = gpupool.Pool(upstream=sim)
+    dead, side = sim.create_stream(), sim.create_stream()
+    pool.allocate(2 * MiB, stream=dead).close()
+    sim.launch(dead)                                    # work queued on it after the free
+    pool.allocate(2 * MiB, stream=side).close()         # waits for dead's block: dead wanted
+    buf = pool.allocate(4096)
+    ptr = buf.ptr
+    buf.close()
+    again, without_waiting = retake_while_locked(sim, pool, 4096)
+    assert again.ptr == ptr and without_waiting
+    again.close()
+    sim.complete(dead)
     check_invariants(pool)
 
 

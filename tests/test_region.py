@@ -1,5 +1,6 @@
 """Regions on the simulated device: cached steps, working-set peak, exit policies."""
 
+import re
 import threading
 
 import pytest
@@ -416,6 +417,22 @@ def test_leak_warning_names_the_allocation_site(pool):
     with region:
         pass
     assert region.stats().live_at_exit_bytes == 0
+
+
+def test_leak_sites_in_a_folder_named_like_a_library_are_the_users(pool, tmp_path):
+    # A user's project (or a checkout of gpupool) in a folder called gpupool or torch is the
+    # user's code: only the libraries' install folders are skipped.
+    user_file = tmp_path / "gpupool" / "torch" / "train.py"
+    source = "def step(pool, kept):\n    kept.append(pool.allocate(300 * 1024))\n"
+    namespace = {}
+    exec(compile(source, str(user_file), "exec"), namespace)
+    region = gpupool.Region(pool=pool, trace=True)
+    kept = []
+    with pytest.warns(ResourceWarning, match=re.escape(f"{user_file}:2")):
+        for _ in range(5):
+            with region:
+                namespace["step"](pool, kept)
+    kept.clear()
 
 
 def test_no_leak_warning_for_a_steady_step(pool, recwarn):
