@@ -287,7 +287,7 @@ cdef int _cache_info(Pool pool, size_t* largest, size_t* headroom) noexcept nogi
     bytes left under the hard limit."""
     cdef vector[Block*] blocks
     cdef RegionCache* rc
-    cdef size_t i, limit = pool._segments.hard_limit
+    cdef size_t i, held, limit = pool._segments.hard_limit
     pool.lock()
     pool.flush_parked()
     pool.mag_flush_mine()               # the caller's held blocks, joined, as its request sees
@@ -297,8 +297,9 @@ cdef int _cache_info(Pool pool, size_t* largest, size_t* headroom) noexcept nogi
         rc = <RegionCache*>blocks[i].region.cache
         if (rc == NULL or rc_lends(rc)) and blocks[i].size > largest[0]:
             largest[0] = blocks[i].size
-    if pool.largest_held() > largest[0]:
-        largest[0] = pool.largest_held()            # another thread's: served under pressure
+    held = pool.largest_held()                      # another thread's: served under pressure
+    if held > largest[0]:
+        largest[0] = held
     if not limit:
         headroom[0] = SIZE_MAX
     else:

@@ -86,6 +86,7 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void _mag_flush(self, Magazine* m) noexcept nogil
     cdef bint _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil
     cdef bint mag_flush_mine(self) noexcept nogil
+    cdef bint _mag_reap(self) noexcept nogil
     cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil
     cdef void _mag_give_up(self, StreamKey s) noexcept nogil
     cdef bint mag_flush_all(self) noexcept nogil

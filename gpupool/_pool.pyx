@@ -310,8 +310,9 @@ cdef class Pool(BlockOwner):
             # Idle regions' cached blocks serve before the pool grows: a region never costs
             # memory that the pool alone would not.
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
-        if b == NULL and self.mag_flush_mine():
-            # The calling thread's held blocks serve before the pool grows.
+        if b == NULL and self._mag_reap() + self.mag_flush_mine():
+            # The calling thread's held blocks, and exited threads', serve before the pool
+            # grows.
             if answered:
                 so_mark_blocks(&self._order, self.upstream, &self._free, s)
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
@@ -583,6 +584,28 @@ cdef class Pool(BlockOwner):
         m.mutex.unlock()
         return True
 
+    cdef bint _mag_reap(self) noexcept nogil:
+        """Under the pool's lock: the magazines of threads that exited go to the free lists and
+        are deleted (those still listing C API blocks once these are freed). Returns whether
+        any block moved."""
+        cdef Magazine* m
+        cdef bint moved = False
+        cdef size_t k = 0
+        while k < self._magazines.size():
+            m = self._magazines[k]
+            if m.orphan:                        # set once, under its lock, by its thread's exit
+                m.mutex.lock()
+                moved = moved or m.nblocks > 0
+                self._mag_flush(m)
+                if m.nhanded == 0:
+                    m.mutex.unlock()
+                    del m
+                    self._magazines.erase(self._magazines.begin() + k)
+                    continue
+                m.mutex.unlock()
+            k += 1
+        return moved
+
     cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil:
         """Under the pool's lock, before the pool grows for size bytes on s: a block another
         thread holds that would fit, on another stream, makes that stream wanted, as a free
@@ -687,7 +710,7 @@ cdef class Pool(BlockOwner):
             done[0] = True
             if s.tag == BAD_STREAM_TAG:
                 s = b.stream
-            if m.nblocks < MAG_SLOTS and b.extra_streams == NULL:
+            if m.nblocks < MAG_SLOTS and b.extra_streams == NULL and not RECORDING:
                 self._mag_hold(m, b, s)
                 b = NULL
         m.mutex.unlock()
@@ -1106,6 +1129,7 @@ cdef class Pool(BlockOwner):
         cdef RegionCache* rc
         problems, tagged, counted = [], {}, {}
         self.lock()
+        self._mag_reap()
         while seg != NULL:
             pos, b, holes = seg.base, seg.first, 0
             prev = NULL
@@ -1184,6 +1208,7 @@ cdef class Pool(BlockOwner):
         """The counters record as a dict (bytes and counts), read under the lock (and every
         thread's magazine's)."""
         self.lock()
+        self._mag_reap()                # exited threads' magazines: not read again and again
         c = self.counters_view()
         self.unlock()
         return c

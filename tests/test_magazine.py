@@ -305,3 +305,58 @@ def test_a_snapshot_shows_held_blocks_free_and_counts_them_as_the_statistics_do(
     assert allocated == pool.stats().in_use_bytes == MiB
     assert [b["state"] for b in blocks if b["size"] == 4096] == ["inactive"]
     kept.close()
+
+
+def test_threads_that_come_and_go_leave_their_blocks_to_the_next_ones():
+    # A thread per request: each exited thread's held block serves the next thread's request
+    # (its magazine reaped before the pool grows), so reserved memory stays one block's.
+    sim = SimulatedDevice(capacity=4 << 30)
+    pool = gpupool.Pool(upstream=sim)
+
+    def work():
+        pool.allocate(8 * MiB).close()
+
+    for _ in range(40):
+        on_thread(work)
+        deadline = time.monotonic() + 10                # its thread-local destructors run
+        while not all(m["orphan"] for m in pool._magazines_info()) and \
+                time.monotonic() < deadline:
+            time.sleep(0.001)
+    stats = check_invariants(pool)
+    assert stats.reserved_bytes <= 2 * 8 * MiB and stats.num_allocs == 40
+    assert len(pool._magazines_info()) <= 1             # exited threads' magazines deleted
+
+
+def test_a_dead_threads_per_thread_stream_keeps_no_other_stream_from_its_magazine():
+    sim = BlockingDevice()
+    pool = gpupool.Pool(upstream=sim)
+    on_thread(lambda: pool.allocate(16 * MiB, stream=2).close())   # its per-thread stream
+    time.sleep(0.05)                                    # its thread-local destructors run
+    big = pool.allocate(12 * MiB)                       # waits for it in vain: it is wanted
+    buf = pool.allocate(4096)
+    ptr = buf.ptr
+    buf.close()
+    again, without_waiting = retake_while_locked(sim, pool, 4096)
+    assert again.ptr == ptr and without_waiting
+    again.close()
+    big.close()
+    check_invariants(pool)
+
+
+def test_a_c_api_free_through_a_magazine_is_recorded_in_the_memory_history(default_pools):
+    from capi_table import allocate, call
+    sim = SimulatedDevice()
+    pool = gpupool.Pool(upstream=sim, device=0)
+    gpupool.set_pool(pool)
+    ptr = allocate(1000)
+    call("free", 0, ptr, 0)
+    ptr = allocate(1000)                                # taken back: listed as handed
+    assert pool._magazines_info()[0]["handed"] == 1
+    gpupool.record_memory_history("all")
+    try:
+        call("free", 0, ptr, 0)
+        trace = gpupool.memory_snapshot(pool)["device_traces"][0]
+    finally:
+        gpupool.record_memory_history(None)
+    assert [e["action"] for e in trace if e["addr"] == ptr][:1] == ["free_requested"]
+    check_invariants(pool)
