@@ -64,6 +64,8 @@ def _library_dirs():
         if path:
             dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
     return tuple(dirs)
+
+
 # Per thread, the regions entered there with `with region:`, innermost last: an exit must be
 # the innermost one's.
 _entered = threading.local()
