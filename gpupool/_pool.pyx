@@ -588,23 +588,7 @@ cdef class Pool(BlockOwner):
         """Under the pool's lock: the magazines of threads that exited go to the free lists and
         are deleted (those still listing C API blocks once these are freed). Returns whether
         any block moved."""
-        cdef Magazine* m
-        cdef bint moved = False
-        cdef size_t k = 0
-        while k < self._magazines.size():
-            m = self._magazines[k]
-            if m.orphan:                        # set once, under its lock, by its thread's exit
-                m.mutex.lock()
-                moved = moved or m.nblocks > 0
-                self._mag_flush(m)
-                if m.nhanded == 0:
-                    m.mutex.unlock()
-                    del m
-                    self._magazines.erase(self._magazines.begin() + k)
-                    continue
-                m.mutex.unlock()
-            k += 1
-        return moved
+        return self._mag_sweep(True)
 
     cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil:
         """Under the pool's lock, before the pool grows for size bytes on s: a block another
@@ -754,11 +738,20 @@ cdef class Pool(BlockOwner):
     cdef bint mag_flush_all(self) noexcept nogil:
         """Under the pool's lock: every thread's held blocks to the free lists; magazines
         of exited threads are deleted. Returns whether any block moved."""
+        return self._mag_sweep(False)
+
+    cdef bint _mag_sweep(self, bint exited_only) noexcept nogil:
+        """Flush every magazine (exited_only: those of exited threads, whose flag is set once,
+        under its lock, by the thread's exit) and delete those of exited threads that list no
+        C API block."""
         cdef Magazine* m
         cdef bint moved = False
         cdef size_t k = 0
         while k < self._magazines.size():
             m = self._magazines[k]
+            if exited_only and not m.orphan:
+                k += 1
+                continue
             m.mutex.lock()
             moved = moved or m.nblocks > 0
             self._mag_flush(m)
