@@ -1370,6 +1370,8 @@ cdef void magazine_thread_exit(void* p) noexcept nogil:
     it when it next flushes), or deleted if its pool is gone."""
     cdef Magazine* m = <Magazine*>p
     cdef bint gone
+    if FORKED[0]:
+        return          # a fork() child: a lock may have been held at the fork; leave it all
     m.mutex.lock()
     gone = m.pool == NULL
     m.orphan = True
