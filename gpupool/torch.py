@@ -394,8 +394,9 @@ def _rebuild_tensor(handle, cls, dtype, size, stride, offset, requires_grad):
 
 
 def _refusing_rebuild(rebuild):
-    """PyTorch's ``rebuild_cuda_tensor``, whose failure in the pluggable allocator (it cannot
-    open CUDA IPC handles: getIpcDevPtr) becomes an error that says what to do."""
+    """PyTorch's ``rebuild_cuda_tensor``, whose failure under ``use()`` (neither gpupool's
+    allocator nor the pluggable one opens CUDA IPC handles: getIpcDevPtr) becomes an error that
+    says what to do."""
 
     @functools.wraps(rebuild)
     def rebuild_cuda_tensor(*args, **kwargs):
@@ -405,8 +406,8 @@ def _refusing_rebuild(rebuild):
             if "getIpcDevPtr" not in str(exc):
                 raise
             raise gpupool.IpcError(
-                "this process allocates CUDA memory through gpupool.torch.use(), and "
-                "PyTorch's pluggable allocator cannot open the CUDA IPC handle of a tensor "
+                "this process allocates CUDA memory through gpupool.torch.use(), whose "
+                "allocator cannot open the CUDA IPC handle of a tensor "
                 "that another process shared from PyTorch's own allocator. Make the sender "
                 "allocate through gpupool (gpupool.torch.use() or mempool() there: its "
                 "tensors then travel as gpupool IPC handles), or use mempool() here instead "

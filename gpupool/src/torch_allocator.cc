@@ -398,7 +398,9 @@ class GpupoolAllocator final : public cca::CUDAAllocator {
   }
 
   std::shared_ptr<void> getIpcDevPtr(std::string /*handle*/) override {
-    TORCH_CHECK(false, kNoIpc);
+    // "getIpcDevPtr" names the failure as the pluggable allocator's does: gpupool.torch turns
+    // either into an IpcError saying what to do (_refusing_rebuild).
+    TORCH_CHECK(false, "getIpcDevPtr: ", kNoIpc);
   }
 
   void recordHistory(bool enabled, cca::CreateContextFn /*context_recorder*/,
