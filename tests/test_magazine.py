@@ -64,6 +64,16 @@ def retake_while_locked(sim, pool, nbytes, **kw):
     return buf, without_waiting
 
 
+def assert_retake_needs_no_lock(sim, pool, nbytes=4096):
+    """A block this thread frees comes back while another thread holds the pool's lock."""
+    buf = pool.allocate(nbytes)
+    ptr = buf.ptr
+    buf.close()
+    again, without_waiting = retake_while_locked(sim, pool, nbytes)
+    assert again.ptr == ptr and without_waiting
+    again.close()
+
+
 def test_a_retake_of_the_same_size_is_the_same_block_and_counts_exactly():
     pool = gpupool.Pool(upstream=SimulatedDevice())
     buf = pool.allocate(3000)
@@ -108,12 +118,7 @@ def test_a_wanted_stream_does_not_keep_other_streams_from_their_magazines():
     pool.allocate(2 * MiB, stream=dead).close()
     sim.launch(dead)                                    # work queued on it after the free
     pool.allocate(2 * MiB, stream=side).close()         # waits for dead's block: dead wanted
-    buf = pool.allocate(4096)
-    ptr = buf.ptr
-    buf.close()
-    again, without_waiting = retake_while_locked(sim, pool, 4096)
-    assert again.ptr == ptr and without_waiting
-    again.close()
+    assert_retake_needs_no_lock(sim, pool)
     sim.complete(dead)
     check_invariants(pool)
 
@@ -333,12 +338,7 @@ def test_a_dead_threads_per_thread_stream_keeps_no_other_stream_from_its_magazin
     on_thread(lambda: pool.allocate(16 * MiB, stream=2).close())   # its per-thread stream
     time.sleep(0.05)                                    # its thread-local destructors run
     big = pool.allocate(12 * MiB)                       # waits for it in vain: it is wanted
-    buf = pool.allocate(4096)
-    ptr = buf.ptr
-    buf.close()
-    again, without_waiting = retake_while_locked(sim, pool, 4096)
-    assert again.ptr == ptr and without_waiting
-    again.close()
+    assert_retake_needs_no_lock(sim, pool)
     big.close()
     check_invariants(pool)
 
