@@ -188,6 +188,13 @@ cdef class Pool(BlockOwner):
         if self.upstream is None:
             return
         self._mutex.lock()
+        if self._segments.head != NULL and (self.upstream.expandable
+                                            or self.upstream.stream_ordered):
+            # Queued work may still use freed blocks: unmapping pages (cuMemUnmap) does not
+            # wait for it as cuMemFree does, nor does a stream-ordered free wait for other
+            # streams' work. (A failure: the context is gone, and its work with it.)
+            if self.upstream.synchronize() != 0:
+                self.upstream.clear_error()
         sg_release_all(&self._segments, self.upstream, &self._order)
         for i in range(self._order.events.size()):
             self.upstream.event_destroy(self._order.events[i])

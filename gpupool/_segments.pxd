@@ -186,15 +186,22 @@ cdef inline void sg_split(Segments* sg, StreamOrder* so, FreeLists* fl, Block* b
                           StreamKey s, RegionCache* owner) noexcept nogil:
     """Cut a block just taken for stream s (out of the free lists; its earlier work is ordered
     before s's next) to size; the rest becomes a free block cached by owner (NULL: the
-    pool), free on s (or for any stream, if the block was never used)."""
+    pool), free on s (or for any stream, if the block was never used). The events b still
+    has (s's own block: so_take keeps them) pass to the rest, whose earlier work they mark
+    for other streams; the block taken drops them."""
     cdef Block* rest
     if b.size - size < BLOCK_ALIGN or size % BLOCK_ALIGN:
-        return                          # (an exact request under a hard limit serves whole)
+        so_drop_events(so, b)           # (an exact request under a hard limit serves whole)
+        return
     rest = sg_record(sg, b.ptr + size, b.size - size, b.segment)
     if rest == NULL:
-        return                          # no host memory: the block serves whole
+        so_drop_events(so, b)           # no host memory: the block serves whole
+        return
     if not is_no_stream(b.stream):
         rest.stream = s
+    rest.event, b.event = b.event, 0
+    rest.extra_events = b.extra_events
+    b.extra_events = NULL
     rest.state = FREE
     b.state = LIVE                      # not joinable with rest
     b.size = size

@@ -164,7 +164,10 @@ cdef inline Block* so_take(StreamOrder* so, Upstream up, FreeLists* fl, size_t n
                 if b != NULL and (best == NULL or b.size < best.size):
                     best, where, found = b, bin, j
             if best != NULL:
-                so_drop_events(so, best)        # its earlier work is ordered before s's next
+                # Another stream's block: its earlier work is ordered before s's next. s's own
+                # keeps its events for the rest that a cut leaves free (sg_split).
+                if not same_stream(best.stream, s):
+                    so_drop_events(so, best)
                 fl_erase(fl, c, where, found)
                 return best
         c = fl_next_class(fl, c + 1)

@@ -22,8 +22,9 @@ from gpupool.capi cimport gpupool_api, gpupool_import
 from gpupool.errors import GpupoolError, OutOfMemoryError
 
 cdef const gpupool_api* _api = gpupool_import()
-cdef int RECORDING = 0                  # the memory history's switch (_history.pxd)
-hist_subscribe(&RECORDING)
+# The memory history's switch (_history.pxd), read by gpupool's C++ allocator too.
+cdef public int gpupool_torch_recording = 0
+hist_subscribe(&gpupool_torch_recording)
 
 # PyTorch calls a malloc from two places, which treat
 # a failure differently, hence two mallocs sharing one free:
@@ -149,18 +150,28 @@ cdef void _throw_torch_failure(int status, int device, size_t size) noexcept nog
     gp_torch_throw(msg, kind)
 
 
+cdef public int gpupool_torch_allocate_gathering(int device, size_t size, uintptr_t stream,
+                                                 void** ptr) noexcept nogil:
+    """The C API's allocate for PyTorch's global allocator entry points (no lock of PyTorch's
+    held, the GIL not held): while the memory history records, the calling thread's Python
+    frames are gathered first (taking the GIL), for the allocation's entries."""
+    cdef bint gathered = False
+    cdef int status
+    if hist_on(gpupool_torch_recording):
+        gathered = hist_gather()
+    status = _api.allocate(device, size, stream, ptr)
+    if gathered:
+        hist_gathered_done()
+    return status
+
+
 cdef public void* gpupool_torch_malloc_raising(size_t size, int device,
                                                void* stream) noexcept nogil:
     cdef void* ptr = NULL
     cdef int status
-    cdef bint gathered = False
     if size == 0:
         return NULL
-    if hist_on(RECORDING):
-        gathered = hist_gather()
-    status = _api.allocate(device, size, <uintptr_t>stream, &ptr)
-    if gathered:
-        hist_gathered_done()
+    status = gpupool_torch_allocate_gathering(device, size, <uintptr_t>stream, &ptr)
     if status != GPUPOOL_OK:
         _throw_torch_failure(status, device, size)
     return ptr

@@ -253,6 +253,23 @@ def _library(path):
                           f"rebuild, or check that PyTorch's CUDA libraries load") from None
 
 
+def install_into(library):
+    """Call the loaded library's ``gpupool_torch_install`` with gpupool.torch's hooks (its
+    failure message, its allocate that gathers Python frames for the memory history, and
+    the history's switch). Raises RuntimeError with the library's reason if it refuses."""
+    hooks = ctypes.CDLL(_torch.__file__)
+    error = ctypes.create_string_buffer(2048)
+    library.gpupool_torch_install.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                              ctypes.c_char_p, ctypes.c_size_t]
+    status = library.gpupool_torch_install(
+        ctypes.cast(hooks.gpupool_torch_failure_message, ctypes.c_void_p),
+        ctypes.cast(hooks.gpupool_torch_allocate_gathering, ctypes.c_void_p),
+        ctypes.addressof(ctypes.c_int.in_dll(hooks, "gpupool_torch_recording")),
+        error, len(error))
+    if status != 0:
+        raise RuntimeError(error.value.decode(errors="replace"))
+
+
 def install(torch):
     """Build (if needed), load and make gpupool's allocator PyTorch's CUDA allocator.
 
@@ -266,11 +283,6 @@ def install(torch):
         PyTorch refused it (its CUDA allocator is initialized already).
     """
     library = _library(build(torch))
-    describe = ctypes.cast(ctypes.CDLL(_torch.__file__).gpupool_torch_failure_message,
-                           ctypes.c_void_p)
-    error = ctypes.create_string_buffer(2048)
-    library.gpupool_torch_install.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
-    if library.gpupool_torch_install(describe, error, len(error)) != 0:
-        raise RuntimeError(error.value.decode(errors="replace"))
+    install_into(library)
     library.gpupool_torch_built_for.restype = ctypes.c_char_p
     return library.gpupool_torch_built_for().decode()

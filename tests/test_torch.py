@@ -372,7 +372,7 @@ def test_memory_statistics_and_controls(torch, mode):
     assert out["snapshot"] == "list" and out["raw_alloc"], out
     if mode == "use":
         assert out["stats"] == out["gpupool_stats"], out       # gpupool's counters
-        assert out["stats"]["allocated_bytes.all.current"] == out["pool"]["in_use_bytes"]
+        assert out["stats"]["allocated_bytes.all.current"] == out["in_use_bytes"], out
         assert out["released"] >= 16 * MiB, out                 # empty_cache trimmed the pool
         assert out["total"] == out["gpupool_total"], out
 
@@ -386,11 +386,12 @@ def test_record_stream_keeps_a_block_from_the_default_stream(torch, mode):
 
 @pytest.mark.gpu
 def test_record_stream_is_ignored_by_the_pluggable_allocator(torch):
-    # The failure record_stream prevents, shown on the fallback (which ignores it): the block
-    # is handed to the default stream at once and overwritten before the side stream reads it.
+    # What record_stream prevents, shown on the fallback (which ignores it): the block is
+    # handed to the default stream at once, while the side stream has yet to read it. (Whether
+    # the default stream's write then lands first is a race: not asserted.)
     out = child("record-stream-use", "pluggable")
     assert out["ok"] and out["allocator"] == "pluggable", out
-    assert out["reused_address"] and out["sum"] != out["expected"], out
+    assert out["reused_address"], out
 
 
 @pytest.mark.gpu

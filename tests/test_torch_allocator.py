@@ -291,17 +291,11 @@ class Harness:
     def __init__(self, path):
         import ctypes
 
-        from gpupool import _torch
-
         self.c = ctypes
         self.lib = ctypes.PyDLL(str(path))
+        self.nogil = ctypes.CDLL(str(path))     # the same library; calls release the GIL
         self.lib.h_error.restype = ctypes.c_char_p
-        describe = ctypes.cast(ctypes.CDLL(_torch.__file__).gpupool_torch_failure_message,
-                               ctypes.c_void_p)
-        error = ctypes.create_string_buffer(1024)
-        self.lib.gpupool_torch_install.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
-                                                   ctypes.c_size_t]
-        assert self.lib.gpupool_torch_install(describe, error, len(error)) == 0, error.value
+        ta.install_into(self.lib)
         self.call("h_init")
 
     def call(self, name, *args):
@@ -380,6 +374,26 @@ def test_tensors_come_from_gpupool_and_go_back_when_they_die(harness, device):
     name = harness.c.create_string_buffer(32)
     harness.call("h_name", name, harness.c.c_size_t(32))
     assert name.value == b"gpupool"
+
+
+def test_while_the_history_records_an_allocation_without_the_gil_has_python_frames(harness,
+                                                                                    device):
+    # PyTorch calls its allocator with the GIL released: the allocator gathers the calling
+    # thread's frames (taking the GIL) while the memory history records, and only then.
+    out = harness.c.c_size_t()
+    harness.lib.h_set_stream(harness.c.c_size_t(0))
+    gpupool.record_memory_history(max_entries=1000)
+    try:
+        assert harness.nogil.h_allocate(harness.c.c_size_t(3000), harness.c.byref(out)) == 0
+        ptr = out.value
+        harness.drop(ptr)
+        trace = gpupool.memory_snapshot(device)["device_traces"][0]
+    finally:
+        gpupool.record_memory_history(None)
+    [alloc] = [e for e in trace if e["action"] == "alloc"]
+    assert alloc["addr"] == ptr and alloc["size"] == 3000
+    assert alloc["frames"][0]["name"] == (
+        "test_while_the_history_records_an_allocation_without_the_gil_has_python_frames")
 
 
 def test_device_stats_are_gpupool_s_counters(harness, device):

@@ -219,6 +219,44 @@ def test_a_block_freed_on_a_busy_stream_reaches_another_only_behind_its_event(vp
     del wall
 
 
+
+def test_a_stream_that_cuts_its_own_marked_block_keeps_the_event_on_the_rest(vpool, vsim):
+    # The GPU test's order: a's free block is its segment's free end, and a's next request
+    # is cut from that very block (the one its event was recorded on).
+    a, b = vsim.create_stream(), vsim.create_stream()
+    small = vpool.allocate(256, stream=a)
+    x = vpool.allocate(4 * PAGE, stream=a)
+    ptr = x.ptr
+    vsim.launch(a)
+    del x
+    first = vpool.allocate(4 * PAGE, stream=b)      # no event on x yet: b's own segment
+    assert not ptr <= first.ptr < ptr + 4 * PAGE
+    del small
+    kept = vpool.allocate(256, stream=a)            # a allocates: an event marks its work
+    assert [args[1] for args in vsim.calls_named("event_record")] == [a]
+    y = vpool.allocate(4 * PAGE, stream=b)          # the rest of a's block, behind that event
+    assert y.ptr == ptr
+    assert [args[0] for args in vsim.calls_named("stream_wait_event")] == [b]
+    assert vsim.ordered(b, a, vsim._queued[a])
+    del kept, first, y
+
+
+
+def test_a_pool_s_end_waits_for_queued_work_before_unmapping(vsim):
+    # cuMemUnmap does not wait for the device's work as cuMemFree does: a kernel still
+    # running on a freed block would fault on the unmapped pages.
+    pool = gpupool.Pool(upstream=vsim)
+    s = vsim.create_stream()
+    x = pool.allocate(PAGE, stream=s)
+    vsim.launch(s)                                  # still running when the pool ends
+    del x
+    vsim.calls.clear()
+    del pool
+    gc.collect()
+    assert names(vsim, "synchronize", "unmap", "unreserve")[:2] == ["synchronize", "unmap"]
+    assert vsim.errors == []
+
+
 # (7) The out-of-memory ladder -------------------------------------------------------------
 
 def test_out_of_memory_unmaps_free_pages_and_the_retry_maps_elsewhere():

@@ -344,6 +344,7 @@ def feature_stats(mode):
         if mode != "native":
             ours = gpupool.torch.memory_stats(0)            # the same moment
             out["gpupool_stats"] = {k: ours[k] for k in STAT_KEYS}
+            out["in_use_bytes"] = gpupool.get_pool(0).stats().in_use_bytes
         free_before, total = torch.cuda.mem_get_info()
         del x
         torch.cuda.synchronize()
@@ -387,8 +388,10 @@ def feature_record_stream(mode):
 def feature_mempool_object(mode):
     """A torch.cuda.MemPool of gpupool's allocator's private pools: use_mem_pool routes this
     thread's allocations to it, use_count counts its users, its memory returns at its end."""
-    with routed(mode):
-        pool = torch.cuda.MemPool()
+    # Under mode mempool, gpupool's MemPool is the one tested: PyTorch cannot free a MemPool
+    # made inside another's use_mem_pool (an internal assert in its emptyCache).
+    with routed(mode) if mode != "mempool" else contextlib.nullcontext():
+        pool = gpupool.torch.mempool() if mode == "mempool" else torch.cuda.MemPool()
         counts = [pool.use_count()]
         with torch.cuda.use_mem_pool(pool):
             x = torch.ones(MiB, device="cuda")

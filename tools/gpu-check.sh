@@ -3,6 +3,9 @@
 # (default: all but traces and diag), logs to $OUT (at most 8 files come back: the build log
 # only when the build fails, the plots as one tar), summary last.
 #   tests     the whole test suite (TESTS names files instead)
+#   parts     the whole suite as six lanes run side by side (separate processes, one log
+#             each, failures named with -rfE, returned as parts.tar): a crash or a hang in
+#             one lane leaves the others' summaries; the device-memory checks run after
 #   memcheck  the GPU tests under compute-sanitizer memcheck (PyTorch's and JAX's left out:
 #             MEMCHECK_K selects, MEMCHECK_TESTS names files)
 #   example   the main job (examples/train_digits.py)
@@ -41,6 +44,44 @@ summary "build ok"
 if step tests; then
     timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -rs ${TESTS:-tests} > "$OUT/tests.log" 2>&1
     summary "test suite (all tests, rc=$?): $(tail -1 "$OUT/tests.log")"
+fi
+if step parts; then
+    # Six lanes side by side; the tests that read the device's free memory (cuMemGetInfo),
+    # which the other lanes change, run alone after them. The host-only harness of
+    # test_torch_allocator.py gets a process of its own (it crashed one on the H200).
+    mkdir -p /tmp/gpupool-parts && rm -f /tmp/gpupool-parts/*
+    lane() {    # lane NAME PYTEST-ARGS...: one pytest process, its log, its last line
+        timeout ${PARTS_TIMEOUT:-480} python3 -m pytest -q -rfEs -p no:randomly -p no:cacheprovider \
+            --durations=10 "${@:2}" > "/tmp/gpupool-parts/$1.log" 2>&1
+        echo "rc=$?" >> "/tmp/gpupool-parts/$1.log"
+    }
+    alone="1000_export_open_close"
+    harness="come_from_gpupool or stats_are_gpupool or out_of_memory_is_pytorch or \
+empty_cache_trims or base_allocation_and or capture_s_allocations or mempool_counts or \
+stream_uses_waits or checkpointed or history_records"
+    first=(); second=()
+    for f in tests/test_*.py; do
+        case $(basename "$f") in
+            test_torch.py|test_torch_allocator.py|test_ipc_gpu.py|test_example_gpu.py) ;;
+            test_[a-m]*) first+=("$f") ;;
+            *) second+=("$f") ;;
+        esac
+    done
+    lane a-m "${first[@]}" &
+    lane n-z "${second[@]}" &
+    lane torch tests/test_torch.py &
+    (lane torch_allocator tests/test_torch_allocator.py -k "not ($harness)";
+     lane harness -v tests/test_torch_allocator.py -k "$harness") &
+    lane ipc_gpu tests/test_ipc_gpu.py -k "not $alone" &
+    lane example_gpu tests/test_example_gpu.py &
+    wait
+    lane alone tests/test_ipc_gpu.py -k "$alone"
+    for f in /tmp/gpupool-parts/*.log; do
+        summary "$(basename "$f" .log): $(grep -E ' in [0-9.]+s' "$f" | tail -1) $(tail -1 "$f")"
+    done
+    (cd /tmp/gpupool-parts && tar cf "$OUT/parts.tar" *.log)
+    grep -hE "^(FAILED|ERROR)|Fatal Python|Timeout" /tmp/gpupool-parts/*.log | head -40
+    grep -h -A25 "native frames" /tmp/gpupool-parts/*.log | head -30
 fi
 if step memcheck; then
     GPUPOOL_UNDER_SANITIZER=1 GPUPOOL_STRESS_OPS=2000 timeout 400 compute-sanitizer --tool memcheck \
@@ -90,7 +131,7 @@ fi
 if step bench; then
     # real_models.py has a step of its own (models): about 8 minutes.
     BENCH=${BENCH:-alloc_latency,cross_stream,capi_latency,threads,trace_replay,fragmentation,region_memory,ipc}
-    timeout 480 python3 bench/run_all.py --out /tmp/gpupool-bench --only "$BENCH" \
+    timeout ${BENCH_TIMEOUT:-480} python3 bench/run_all.py --out /tmp/gpupool-bench --only "$BENCH" \
         ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
     summary "bench rc=$?"
     cat /tmp/gpupool-bench/*.txt > "$OUT/bench-tables.txt" 2>/dev/null

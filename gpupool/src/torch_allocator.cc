@@ -69,6 +69,16 @@ constexpr int kMaxDevices = 64;  // the devices gpupool's C-level pool table cov
 // the GIL.
 using DescribeFn = int (*)(int status, int device, size_t size, char* out, size_t capacity);
 
+// gpupool.torch's allocate that gathers the calling thread's Python frames first while the
+// memory history records (gpupool_torch_allocate_gathering in _torch.pyx), and the history's
+// switch (gpupool_torch_recording: nonzero while it records).
+using GatheringFn = int (*)(int device, size_t size, uintptr_t stream, void** ptr);
+struct Hooks {
+  DescribeFn describe = nullptr;
+  GatheringFn allocate_gathering = nullptr;
+  const int* recording = nullptr;
+};
+
 // A private memory pool of PyTorch's (a CUDA graph's, a MemPool's) on one device.
 struct PrivatePool {
   void* handle = nullptr;  // the C API's private pool
@@ -107,8 +117,9 @@ void gp_delete(void* ptr);
 
 class GpupoolAllocator final : public cca::CUDAAllocator {
  public:
-  GpupoolAllocator(const gpupool_api* api, DescribeFn describe)
-      : api_(api), describe_(describe) {
+  GpupoolAllocator(const gpupool_api* api, const Hooks& hooks)
+      : api_(api), describe_(hooks.describe), allocate_gathering_(hooks.allocate_gathering),
+        recording_(hooks.recording != nullptr ? hooks.recording : &kNotRecording) {
     for (auto& seen : seen_) seen.store(false, std::memory_order_relaxed);
   }
 
@@ -118,9 +129,12 @@ class GpupoolAllocator final : public cca::CUDAAllocator {
     if (size == 0) return nullptr;
     note_device(device);
     void* ptr = nullptr;
+    auto s = reinterpret_cast<uintptr_t>(stream);
     int status = C10_UNLIKELY(routes_.load(std::memory_order_acquire) != 0)
         ? malloc_routed(device, size, stream, &ptr)
-        : api_->allocate(device, size, reinterpret_cast<uintptr_t>(stream), &ptr);
+        : C10_UNLIKELY(*recording_ != 0 && allocate_gathering_ != nullptr)
+        ? allocate_gathering_(device, size, s, &ptr)
+        : api_->allocate(device, size, s, &ptr);
     if (C10_UNLIKELY(status != GPUPOOL_OK)) ptr = retry_or_throw(status, device, size, stream);
     return ptr;
   }
@@ -344,6 +358,15 @@ class GpupoolAllocator final : public cca::CUDAAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = pools_.find({device, mempool_id});
     return it == pools_.end() ? 0 : it->second.use_count;
+  }
+
+  void setUseOnOOM(c10::DeviceIndex /*device*/, MempoolId_t /*mempool_id*/,
+                   bool use_on_oom) override {
+    // A MemPool's memory serves only its own allocations (what use_on_oom=False asks; its
+    // destructor asks it too). Its free blocks go back to the pool at emptyCache.
+    TORCH_CHECK(!use_on_oom,
+                "gpupool: a MemPool's memory does not serve other allocations on out of memory "
+                "(MemPool(use_on_oom=True)); torch.cuda.empty_cache() returns its free memory");
   }
 
   bool checkPoolLiveAllocations(
@@ -631,8 +654,11 @@ class GpupoolAllocator final : public cca::CUDAAllocator {
     return !ended.empty();
   }
 
+  static constexpr int kNotRecording = 0;
   const gpupool_api* api_;
   DescribeFn describe_;
+  GatheringFn allocate_gathering_;
+  const int* recording_;
   int device_count_ = 0;
   bool initialized_ = false;
   std::atomic<int> routes_{0};         // allocation routes to private pools, every device
@@ -662,10 +688,12 @@ void copy_message(const char* text, char* out, size_t capacity) {
 }  // namespace
 
 // Makes gpupool's allocator PyTorch's current CUDA allocator. Called with the GIL held
-// (ctypes.PyDLL); `describe` is gpupool_torch_failure_message. Returns 0, or 1 with the reason
-// in `error`.
+// (ctypes.PyDLL); `describe`, `allocate_gathering` and `recording` are _torch.pyx's
+// gpupool_torch_failure_message, gpupool_torch_allocate_gathering and gpupool_torch_recording
+// (NULL: none). Returns 0, or 1 with the reason in `error`.
 extern "C" __attribute__((visibility("default"))) int gpupool_torch_install(
-    void* describe, char* error, size_t capacity) {
+    void* describe, void* allocate_gathering, const int* recording, char* error,
+    size_t capacity) {
   try {
     if (installed != nullptr) return 0;
     const gpupool_api* api = gpupool_import();
@@ -674,7 +702,11 @@ extern "C" __attribute__((visibility("default"))) int gpupool_torch_install(
       copy_message("gpupool's C API could not be imported (rebuild gpupool)", error, capacity);
       return 1;
     }
-    auto* allocator = new GpupoolAllocator(api, reinterpret_cast<DescribeFn>(describe));
+    Hooks hooks;
+    hooks.describe = reinterpret_cast<DescribeFn>(describe);
+    hooks.allocate_gathering = reinterpret_cast<GatheringFn>(allocate_gathering);
+    hooks.recording = recording;
+    auto* allocator = new GpupoolAllocator(api, hooks);
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(
         std::shared_ptr<cca::CUDAAllocator>(allocator, [](cca::CUDAAllocator*) {}));
     installed = allocator;
