@@ -91,8 +91,11 @@ def test_the_linked_library_exports_its_two_entry_points(torch, toolchain, tmp_p
                                  text=True, timeout=60).stdout
     except OSError:
         pytest.skip("no nm here")
-    strong = sorted(line.split()[-1] for line in listing.splitlines() if " T " in line)
-    assert strong == ["gpupool_torch_built_for", "gpupool_torch_install"], listing
+    strong = [line.split()[-1] for line in listing.splitlines() if " T " in line]
+    # (A compiler that links its C++ runtime in statically exports the runtime's functions
+    # too, as the H200 machine's does: only gpupool's own names are checked.)
+    ours = sorted(name for name in strong if "gpupool" in name.lower())
+    assert ours == ["gpupool_torch_built_for", "gpupool_torch_install"], listing
 
 
 def _symbols(path):
@@ -344,6 +347,14 @@ def harness(torch, toolchain, tmp_path_factory):
     # -Bsymbolic: the stand-ins, not a CUDA build's libc10_cuda loaded already, serve it.
     status, errors = compile_source([*command, "-Wl,-Bsymbolic"])
     assert status == 0, errors
+    if "__cxa_throw" in _symbols(out):
+        # The compiler linked its C++ runtime in statically (the H200 machine's does), and
+        # -Bsymbolic binds the harness to that copy while PyTorch's libraries use the
+        # process's: two C++ runtimes share exceptions and objects, and the process crashed
+        # there (a segmentation fault at the first allocation). The real allocator is tested
+        # on such a machine by tests/test_torch.py.
+        pytest.skip("this compiler links its C++ runtime into the harness statically; "
+                    "-Bsymbolic would mix two C++ runtimes in one process")
     return Harness(out)
 
 
