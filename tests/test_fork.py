@@ -47,9 +47,20 @@ buf = pool.allocate(100)
 region = gpupool.Region(pool=pool, on_exit="invalidate", debug=True)
 region.__enter__()
 inside = pool.allocate(5000)          # invalidating it at exit would poison it on the device
+calls_out, calls_in = os.pipe()
 pid = os.fork()
 if pid == 0:
     before = len(sim.calls)
+
+
+    class Reported(list):
+        # The child's upstream calls, each also written to the parent as it happens: the
+        # calls of its exit (finalizers, atexit, the interpreter's teardown) are seen too.
+        def append(self, call):
+            os.write(calls_in, call[0].encode() + b"\\n")
+            list.append(self, call)
+
+    sim.calls = Reported(sim.calls)
     region.__exit__(None, None, None)  # the child leaves the block without touching its blocks
     checks = {
         "inherited pool": refused(lambda: pool.allocate(100)),
@@ -75,6 +86,9 @@ if pid == 0:
     sys.exit(0 if all(checks.values()) else 1)   # a normal exit: finalizers and atexit run
 _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0
+os.close(calls_in)
+with os.fdopen(calls_out, "rb") as reported:
+    assert reported.read() == b"", "the child's exit called the upstream"
 region.__exit__(None, None, None)
 assert inside.closed and pool.allocate(100).nbytes == 100     # the parent goes on
 print("parent ok")
