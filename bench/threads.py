@@ -8,7 +8,8 @@ together (median of the repetitions), and how it scales with the threads. Run::
 
 gpupool's Python API holds the GIL except while it waits for the pool's mutex, so its Python
 threads take turns; the ``gp.capi`` column runs the same pairs through the C API in a C loop
-without the GIL (a helper compiled at run time; skipped if that fails). Columns whose framework
+without the GIL (a helper compiled at run time; skipped if that fails), and ``gp.capi.pts``
+on each thread's per-thread default stream instead of a created one. Columns whose framework
 is missing (CuPy, PyTorch) are skipped and say why.
 """
 
@@ -129,9 +130,15 @@ def make_gpupool(ctx):
     return Made(work_for, pool.trim, pool)
 
 
-def make_gpupool_capi(ctx):
-    """``api->allocate`` + ``api->free`` in a C loop without the GIL, the thread's stream."""
-    pool, streams = ctx.new_pool(), ctx.streams(max(THREADS))
+PER_THREAD_STREAM = 2          # CU_STREAM_PER_THREAD: each thread's own default stream
+
+
+def make_gpupool_capi(ctx, per_thread=False):
+    """``api->allocate`` + ``api->free`` in a C loop without the GIL, the thread's stream: a
+    stream created for it, or (per_thread) its per-thread default stream, whose key needs no
+    driver call (a created stream's is looked up with ``cuStreamGetId`` at every call)."""
+    pool = ctx.new_pool()
+    streams = [PER_THREAD_STREAM] * max(THREADS) if per_thread else ctx.streams(max(THREADS))
     ctx.gpupool.set_pool(pool)
     try:
         helper = _cext.build("gpupool_bench_loop", [os.path.join(HERE, "_capi_loop.c")])
@@ -144,6 +151,10 @@ def make_gpupool_capi(ctx):
         return lambda ops: loop(sizes, ops, 0, stream)
 
     return Made(work_for, pool.trim, pool)
+
+
+def make_gpupool_capi_per_thread(ctx):
+    return make_gpupool_capi(ctx, per_thread=True)
 
 
 def make_cupy(ctx):
@@ -201,6 +212,8 @@ COLUMNS = [
     Column("gp", "gpupool pool.allocate(n, stream) + del (Python API)", make_gpupool),
     Column("gp.capi", "gpupool C API allocate + free, C loop without the GIL",
            make_gpupool_capi),
+    Column("gp.capi.pts", "the same on each thread's per-thread default stream",
+           make_gpupool_capi_per_thread),
     Column("cp.alloc", "cupy.cuda.alloc, CuPy MemoryPool", make_cupy),
     Column("torch", "torch.empty uint8 + del, caching allocator", make_torch),
     Column("drv.async", "cuMemAllocAsync + cuMemFreeAsync (Python layer)", make_driver_async),
