@@ -291,19 +291,28 @@ cdef Entry* _append(int device, HistAction action, uint32_t pool, uintptr_t addr
     return e
 
 
+cdef bint _lock_recording(vector[Frame]* frames) noexcept nogil:
+    """For an entry: gather the calling code's frames (before the lock: it never waits for
+    the GIL), then take the history's lock. Returns whether it still records; frames
+    gathered before a restart of the recording are dropped. The caller gives the lock back."""
+    cdef unsigned long long generation = 0
+    _frames_here(frames, &generation)
+    _lock.lock()
+    if not _recording:
+        return False
+    if generation != _generation:
+        frames.clear()
+    return True
+
+
 cdef void hist_alloc(int device, uint32_t pool, uintptr_t addr, size_t nbytes,
                      uintptr_t stream) noexcept nogil:
     cdef vector[Frame] frames
-    cdef unsigned long long generation = 0
     cdef Live* live
     cdef Entry* e
     if not _recording:
         return
-    _frames_here(&frames, &generation)
-    _lock.lock()
-    if _recording:
-        if generation != _generation:
-            frames.clear()
+    if _lock_recording(&frames):
         live = &_live[addr]
         live.requested = nbytes
         live.frames = frames
@@ -316,16 +325,11 @@ cdef void hist_alloc(int device, uint32_t pool, uintptr_t addr, size_t nbytes,
 cdef void hist_free(int device, uint32_t pool, uintptr_t addr, size_t size,
                     uintptr_t stream) noexcept nogil:
     cdef vector[Frame] frames
-    cdef unsigned long long generation = 0
     cdef size_t requested = size
     cdef Entry* e
     if not _recording:
         return
-    _frames_here(&frames, &generation)
-    _lock.lock()
-    if _recording:
-        if generation != _generation:
-            frames.clear()
+    if _lock_recording(&frames):
         found = _live.find(addr)
         if found != _live.end():
             requested = deref(found).second.requested
@@ -343,15 +347,10 @@ cdef void hist_free(int device, uint32_t pool, uintptr_t addr, size_t size,
 cdef void hist_segment(int device, uint32_t pool, HistAction action, uintptr_t addr,
                        size_t nbytes, uintptr_t stream) noexcept nogil:
     cdef vector[Frame] frames
-    cdef unsigned long long generation = 0
     cdef Entry* e
     if not _recording:
         return
-    _frames_here(&frames, &generation)
-    _lock.lock()
-    if _recording:
-        if generation != _generation:
-            frames.clear()
+    if _lock_recording(&frames):
         if action == ACT_SEGMENT_ALLOC:
             _segment_frames[addr] = frames
         elif action == ACT_SEGMENT_FREE:
@@ -365,15 +364,10 @@ cdef void hist_segment(int device, uint32_t pool, HistAction action, uintptr_t a
 cdef void hist_oom(int device, uint32_t pool, size_t nbytes, size_t free_bytes,
                    uintptr_t stream) noexcept nogil:
     cdef vector[Frame] frames
-    cdef unsigned long long generation = 0
     cdef Entry* e
     if not _recording:
         return
-    _frames_here(&frames, &generation)
-    _lock.lock()
-    if _recording and _trace:
-        if generation != _generation:
-            frames.clear()
+    if _lock_recording(&frames) and _trace:
         e = _append(device, ACT_OOM, pool, free_bytes, nbytes, stream)
         e.frames = frames
     _lock.unlock()
