@@ -124,6 +124,25 @@ def run_script():
     return run
 
 
+def threads_together(target, args_of):
+    """Run target(*args) on one thread per entry of args_of, all at once; wait for them."""
+    import threading
+    workers = [threading.Thread(target=target, args=args) for args in args_of]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+
+
+def check_balanced(pool, pairs):
+    """After pairs allocations, each freed: the pool's invariants hold, nothing is in use and
+    the counts agree. Returns the pool's stats."""
+    stats = check_invariants(pool)
+    assert stats.in_use_bytes == 0
+    assert stats.num_allocs == stats.num_frees == pairs
+    return stats
+
+
 class Worker:
     """A long-lived thread that runs what it is given, in turn (its magazines are its own)."""
 

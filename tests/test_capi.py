@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from capi_table import Table, allocate, api, call, ptr_out, size_out, stats
-from conftest import check_invariants
+from conftest import check_balanced, check_invariants, threads_together
 
 import gpupool
 from gpupool.testing import SimulatedDevice
@@ -190,7 +190,6 @@ def test_a_block_a_thread_took_from_its_magazine_is_freed_by_pointer_on_any_thre
 
 
 def test_c_api_loops_on_threads_without_the_gil_keep_the_counts_exact(sim_pool):
-    import threading
     sys.path.insert(0, str(EXAMPLE.parent.parent / "bench"))
     try:
         import _cext
@@ -201,14 +200,8 @@ def test_c_api_loops_on_threads_without_the_gil_keep_the_counts_exact(sim_pool):
     finally:
         sys.path.pop(0)
     sizes, pairs, threads = [256, 4096, 70_000, 1 << 20, 16 << 20], 5000, 4
-    workers = [threading.Thread(target=loop.loop, args=(sizes, pairs)) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(120)
-    stats = check_invariants(sim_pool)
-    assert stats.in_use_bytes == 0
-    assert stats.num_allocs == stats.num_frees == threads * pairs
+    threads_together(loop.loop, [(sizes, pairs)] * threads)
+    check_balanced(sim_pool, threads * pairs)
     assert sum(m["handed"] for m in sim_pool._magazines_info()) == 0
 
 

@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import Worker, check_invariants
+from conftest import Worker, check_balanced, check_invariants, threads_together
 
 import gpupool
 from gpupool.testing import SimulatedDevice
@@ -249,14 +249,8 @@ def test_threads_allocating_at_once_keep_the_counts_exact(threads):
         for buf in kept:
             buf.close()
 
-    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(120)
-    stats = check_invariants(pool)
-    assert stats.in_use_bytes == 0
-    assert stats.num_allocs == stats.num_frees == threads * rounds
+    threads_together(run, [(k,) for k in range(threads)])
+    stats = check_balanced(pool, threads * rounds)
     counters = pool._counters()
     assert counters["allocated_bytes"] == counters["freed_bytes"]
     assert stats.cache_hits + stats.cache_misses == stats.num_allocs
