@@ -124,6 +124,16 @@ def run_script():
     return run
 
 
+def simulated_default_pool(hard_limit):
+    """For a fixture (``yield from``): device 0's default pool on a 64 MiB simulated device
+    under a hard limit of hard_limit bytes; after the test, the device saw no misuse."""
+    sim = SimulatedDevice(capacity=64 << 20)
+    pool = gpupool.Pool(upstream=sim, device=0, hard_limit=hard_limit)
+    gpupool.set_pool(pool)
+    yield pool
+    assert sim.errors == []
+
+
 def threads_together(target, args_of):
     """Run target(*args) on one thread per entry of args_of, all at once; wait for them."""
     import threading

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import simulated_default_pool
 
 import gpupool
 import gpupool.torch
 from gpupool import _torch
-from gpupool.testing import SimulatedDevice
 
 CHILD = Path(__file__).resolve().parent / "torch_child.py"
 MiB = 1 << 20
@@ -30,11 +30,7 @@ def torch():
 @pytest.fixture
 def limited():
     """Device 0's default pool: the simulated device, 4 MiB hard limit."""
-    sim = SimulatedDevice(capacity=64 * MiB)
-    pool = gpupool.Pool(upstream=sim, device=0, hard_limit=4 * MiB)
-    gpupool.set_pool(pool)
-    yield pool
-    assert sim.errors == []
+    yield from simulated_default_pool(4 * MiB)
 
 
 def run_python(code_or_path, *args, env=None):

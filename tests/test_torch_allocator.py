@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import simulated_default_pool
 
 import gpupool.torch
 from gpupool import _torch_allocator as ta
@@ -361,13 +362,7 @@ def harness(torch, toolchain, tmp_path_factory):
 @pytest.fixture
 def device():
     """Device 0's default pool: the simulated device, 64 MiB, hard limit 32 MiB."""
-    from gpupool.testing import SimulatedDevice
-
-    sim = SimulatedDevice(capacity=64 * MiB)
-    pool = gpupool.Pool(upstream=sim, device=0, hard_limit=32 * MiB)
-    gpupool.set_pool(pool)
-    yield pool
-    assert sim.errors == []
+    yield from simulated_default_pool(32 * MiB)
 
 
 def test_tensors_come_from_gpupool_and_go_back_when_they_die(harness, device):
