@@ -1,8 +1,11 @@
 /* Benchmark helper built by bench/threads.py at run time (bench/_cext.py): a loop of cached
  * allocate + free pairs through gpupool's C API (gpupool.h), run without the GIL, so that
- * several Python threads calling it at once run in parallel. */
+ * several Python threads calling it at once run in parallel; and a loop of the two driver
+ * calls that a created stream's key costs gpupool (key_loop), for comparison. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
 #include <time.h>
 #include <gpupool.h>
 
@@ -58,8 +61,53 @@ static PyObject* loop(PyObject* self, PyObject* args) {
     return PyFloat_FromDouble(n ? ns / (double)n : 0.0);
 }
 
+/* The driver functions of a created stream's key (gpupool/_upstream.pyx, stream_id), found
+ * in libcuda at run time: no CUDA headers or toolkit needed. */
+typedef int (*is_capturing_fn)(uintptr_t stream, int* status);
+typedef int (*get_id_fn)(uintptr_t stream, unsigned long long* id);
+
+/* key_loop(n, stream) -> ns per lookup: n times cuStreamIsCapturing + cuStreamGetId on
+ * `stream` (a created stream's handle), without the GIL, timed in C. */
+static PyObject* key_loop(PyObject* self, PyObject* args) {
+    static is_capturing_fn is_capturing;
+    static get_id_fn get_id;
+    Py_ssize_t n;
+    unsigned long long stream, id = 0;
+    int status = 0, code = 0;
+    struct timespec t0, t1;
+    if (!PyArg_ParseTuple(args, "nK", &n, &stream))
+        return NULL;
+    if (get_id == NULL) {
+        void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (lib == NULL)
+            lib = dlopen("libcuda.so.1", RTLD_NOW);
+        if (lib != NULL) {
+            is_capturing = (is_capturing_fn)dlsym(lib, "cuStreamIsCapturing");
+            get_id = (get_id_fn)dlsym(lib, "cuStreamGetId");
+        }
+        if (is_capturing == NULL || get_id == NULL) {
+            get_id = NULL;
+            return PyErr_Format(PyExc_OSError, "libcuda.so.1 with cuStreamGetId not found");
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (Py_ssize_t i = 0; i < n && code == 0; i++) {
+        code = is_capturing((uintptr_t)stream, &status);
+        if (code == 0)
+            code = get_id((uintptr_t)stream, &id);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    Py_END_ALLOW_THREADS
+    if (code != 0)
+        return PyErr_Format(PyExc_RuntimeError, "CUresult %d from the stream lookup", code);
+    double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
+    return PyFloat_FromDouble(n ? ns / (double)n : 0.0);
+}
+
 static PyMethodDef methods[] = {
     {"loop", loop, METH_VARARGS, "loop(sizes, n, device=0, stream=0) -> ns per pair"},
+    {"key_loop", key_loop, METH_VARARGS, "key_loop(n, stream) -> ns per stream lookup"},
     {NULL, NULL, 0, NULL},
 };
 

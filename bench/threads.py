@@ -157,6 +157,27 @@ def make_gpupool_capi_per_thread(ctx):
     return make_gpupool_capi(ctx, per_thread=True)
 
 
+def make_driver_key(ctx):
+    """``cuStreamIsCapturing`` + ``cuStreamGetId`` on the thread's created stream in a C loop
+    without the GIL: the driver's part of a ``gp.capi`` pair (one lookup, at the allocate),
+    to see whether it scales with threads."""
+    if ctx.simulated:
+        raise Skip("needs the driver")
+    streams = ctx.streams(max(THREADS))
+    try:
+        helper = _cext.build("gpupool_bench_loop", [os.path.join(HERE, "_capi_loop.c")])
+    except Exception as exc:  # no compiler, say: the column is skipped
+        raise Skip(f"C helper not built: {str(exc).splitlines()[0]}") from exc
+    helper.key_loop(1, streams[0])                      # finds libcuda, or raises
+
+    def work_for(i):
+        ctx.driver()                    # the context is current per thread
+        loop, stream = helper.key_loop, streams[i]
+        return lambda ops: loop(ops, stream)
+
+    return Made(work_for, lambda: None)
+
+
 def make_cupy(ctx):
     """``x = cupy.cuda.alloc(n); del x`` on CuPy's default MemoryPool, the thread's stream
     current (``cupy.cuda.ExternalStream``)."""
@@ -214,6 +235,8 @@ COLUMNS = [
            make_gpupool_capi),
     Column("gp.capi.pts", "the same on each thread's per-thread default stream",
            make_gpupool_capi_per_thread),
+    Column("drv.key", "cuStreamIsCapturing + cuStreamGetId: gp.capi's driver calls per pair",
+           make_driver_key),
     Column("cp.alloc", "cupy.cuda.alloc, CuPy MemoryPool", make_cupy),
     Column("torch", "torch.empty uint8 + del, caching allocator", make_torch),
     Column("drv.async", "cuMemAllocAsync + cuMemFreeAsync (Python layer)", make_driver_async),

@@ -37,7 +37,8 @@ from gpupool._status cimport (
     GP_REENTRANT,
 )
 from gpupool._streams cimport (
-    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, key_of, stream_key,
+    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, free_key, key_of,
+    resolved_free_key, stream_key,
     refused_stream_status,
 )
 
@@ -139,16 +140,15 @@ cdef void _out_of_memory(Pool pool, size_t nbytes, uintptr_t stream) noexcept no
 
 
 cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
-    cdef StreamKey key = key_of(pool.upstream, stream)
-    if key.tag == BAD_STREAM_TAG:
-        key.tag = 0                                 # a free never fails: keyed by handle alone
-    return _free_as(pool, <uintptr_t>ptr, key)
+    # A created stream's key is looked up only when it is not the block's own (free_key).
+    return _free_as(pool, <uintptr_t>ptr, free_key(stream))
 
 
 cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
     """Free the C API block at ptr as last used on key's stream (key.tag BAD_STREAM_TAG: on
-    its block's own stream): through the thread's magazine when it handed the block out, else
-    found under the pool's lock (in its table, or another thread's magazine)."""
+    its block's own stream; OWN_HANDLE_TAG: resolved against the block, resolved_free_key):
+    through the thread's magazine when it handed the block out, else found under the pool's
+    lock (in its table, or another thread's magazine)."""
     cdef Block* b
     cdef bint done
     if pool.mag_free_handed(ptr, key, &done):
@@ -162,7 +162,7 @@ cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
         pool.unlock()
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
-    pool.release(b, b.stream if key.tag == BAD_STREAM_TAG else key)
+    pool.release(b, resolved_free_key(pool.upstream, key, b.stream))
     return GPUPOOL_OK
 
 

@@ -46,7 +46,8 @@ from gpupool._streamorder cimport (
     WANTED_MAX, so_event, so_take, so_mark_blocks, so_mark_stream, so_is_wanted,
 )
 from gpupool._streams cimport (
-    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, same_stream, stream_key,
+    StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, STREAM_PER_THREAD, current_thread,
+    resolved_free_key, same_stream, stream_key,
     created_stream_key, refused_stream_status, stream_handle,
 )
 from gpupool._upstream cimport Upstream, DriverUpstream, AsyncUpstream, VmmUpstream
@@ -683,7 +684,9 @@ cdef class Pool(BlockOwner):
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
         """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
         (held when it may be, else through the shared path) and set done. False: not done.
-        s.tag == BAD_STREAM_TAG: as last used on the block's own stream."""
+        s.tag == BAD_STREAM_TAG: as last used on the block's own stream; OWN_HANDLE_TAG:
+        resolved against the block (resolved_free_key), a driver call, if any, made after
+        the magazine's lock is let go and the block given to the shared path."""
         cdef gp_thread* t = gp_this_thread()
         cdef Magazine* m
         cdef Block* b = NULL
@@ -699,14 +702,16 @@ cdef class Pool(BlockOwner):
         if i >= 0:
             b = mg_unhand(m, i)
             done[0] = True
-            if s.tag == BAD_STREAM_TAG:
+            if s.tag == BAD_STREAM_TAG or (s.tag == OWN_HANDLE_TAG and
+                                           s.handle == b.stream.handle):
                 s = b.stream
-            if m.nblocks < MAG_SLOTS and b.extra_streams == NULL and not RECORDING:
+            if (s.tag != OWN_HANDLE_TAG and m.nblocks < MAG_SLOTS and
+                    b.extra_streams == NULL and not RECORDING):
                 self._mag_hold(m, b, s)
                 b = NULL
         m.mutex.unlock()
         if b != NULL:
-            self.release(b, s)
+            self.release(b, resolved_free_key(self.upstream, s, b.stream))
         return done[0]
 
     cdef Block* mag_find_handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil:

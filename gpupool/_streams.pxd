@@ -27,9 +27,13 @@ cdef enum:
 cdef extern from *:
     """
     #define GP_HANDLE_MAX ((uintptr_t)0xFFFFFFFFFFFFFFFFull)
+    #define GP_OWN_HANDLE_TAG ((uintptr_t)0xFFFFFFFFFFFFFFFEull)
     """
     uintptr_t HANDLE_MAX "GP_HANDLE_MAX"
     uintptr_t BAD_STREAM_TAG "GP_HANDLE_MAX"
+    # A free's key not yet looked up (a created stream's handle): the block's own key when its
+    # stream has that handle, else the driver's (free_key, resolved_free_key).
+    uintptr_t OWN_HANDLE_TAG "GP_OWN_HANDLE_TAG"
 
 
 cdef inline uintptr_t current_thread() noexcept nogil:
@@ -73,6 +77,34 @@ cdef inline StreamKey key_of(Upstream upstream, uintptr_t handle) noexcept nogil
     if handle <= STREAM_PER_THREAD:
         return stream_key(handle)
     return created_stream_key(upstream, handle)
+
+
+cdef inline StreamKey free_key(uintptr_t handle) noexcept nogil:
+    """The key a free on this handle names, without a driver call: the default streams' keys
+    at once; a created stream's is resolved against the freed block (resolved_free_key)."""
+    if handle <= STREAM_PER_THREAD:
+        return stream_key(handle)
+    return StreamKey(handle, OWN_HANDLE_TAG)
+
+
+cdef inline StreamKey resolved_free_key(Upstream upstream, StreamKey s,
+                                        StreamKey own) noexcept nogil:
+    """The stream a block whose key is own was last used on, freed as s names it:
+    BAD_STREAM_TAG, own; a created stream's handle (OWN_HANDLE_TAG), own when own has that
+    handle (no driver call: a free on the block's allocation stream, the common case), else
+    the driver's key (a handle it refuses: keyed by the handle alone). A handle that a
+    destroyed stream left to a new one resolves to the old key: blocks under it wait for a
+    trim or merge_streams(), never a wrong hand-out."""
+    if s.tag == BAD_STREAM_TAG:
+        return own
+    if s.tag != OWN_HANDLE_TAG:
+        return s
+    if own.handle == s.handle:
+        return own
+    s = created_stream_key(upstream, s.handle)
+    if s.tag == BAD_STREAM_TAG:
+        s.tag = 0                                   # a free never fails
+    return s
 
 
 cdef inline int refused_stream_status(Upstream upstream, uintptr_t handle) noexcept nogil:

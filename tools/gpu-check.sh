@@ -17,7 +17,9 @@
 #   headers   PyTorch's C++ allocator headers, returned as torch-headers.tar.gz (for
 #             tests/test_torch_allocator.py's GPUPOOL_TORCH_HEADERS)
 #   torchalloc  gpupool's allocator for PyTorch: tools/torch-alloc-check.sh (logs in
-#             $OUT/torchalloc)
+#             $OUT/torchalloc; TORCHALLOC_STEPS its steps, default table,tests,models)
+#   profile   tools/profile_threads.py: the C API loop on 1 and 8 threads, under perf
+#             where the machine has it (perf.txt)
 # Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -114,8 +116,26 @@ PY
     summary "headers: $(python3 -c 'import torch; print(torch.__version__, torch.__config__.show().splitlines()[1:3])')"
 fi
 if step torchalloc; then
-    SKIP_BUILD=1 OUT="$OUT/torchalloc" bash tools/torch-alloc-check.sh > "$OUT/torchalloc.log" 2>&1
+    SKIP_BUILD=1 OUT="$OUT/torchalloc" STEPS=${TORCHALLOC_STEPS:-table,tests,models} \
+        bash tools/torch-alloc-check.sh > "$OUT/torchalloc.log" 2>&1
     summary "torchalloc rc=$?: $(grep -E '^== (tests|feature)' "$OUT/torchalloc/summary.log" | tr '\n' ' ')"
+fi
+if step profile; then
+    # Issue 18: the C API loop of bench/threads.py on 1 and 8 threads, created streams and
+    # per-thread default streams, under perf where the machine has it (perf.txt: by shared
+    # object and symbol).
+    for args in "--threads 1" "--threads 8" "--threads 8 --per-thread"; do
+        timeout 60 python3 tools/profile_threads.py $args >> "$OUT/profile.log" 2>&1
+    done
+    if command -v perf > /dev/null; then
+        timeout 90 perf record -q -g -o /tmp/perf.data python3 tools/profile_threads.py \
+            --threads 8 >> "$OUT/profile.log" 2>&1
+        timeout 90 perf report -i /tmp/perf.data --stdio --no-children --sort dso,symbol \
+            2> /dev/null | grep -v "^$" | head -150 > "$OUT/perf.txt"
+    else
+        echo "no perf on this machine" >> "$OUT/profile.log"
+    fi
+    summary "profile: $(grep -h 'M pairs' "$OUT/profile.log" | tr '\n' ' ')"
 fi
 if step models; then
     timeout ${MODELS_TIMEOUT:-480} python3 bench/real_models.py --json "$OUT/real_models.json" \
@@ -125,7 +145,8 @@ if step models; then
     [ -n "${MODELS_TRACES:-}" ] && (cd /tmp/gpupool-traces && tar cf "$OUT/traces.tar" *.npz)
 fi
 if step example; then
-    timeout 300 python3 examples/train_digits.py --device gpu --quiet > "$OUT/example.log" 2>&1
+    timeout 300 python3 examples/train_digits.py --device gpu --quiet \
+        --plot "$OUT/train_digits.png" > "$OUT/example.log" 2>&1
     summary "examples/train_digits.py rc=$?"
 fi
 if step bench; then
