@@ -20,7 +20,8 @@
 #             $OUT/torchalloc; TORCHALLOC_STEPS its steps, default table,tests,models)
 #   profile   tools/profile_threads.py: the C API loop on 1 and 8 threads, under perf
 #             where the machine has it (perf.txt)
-# Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first.
+# Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first;
+# SKIP_BUILD=1 skips the build (an earlier run on the same machine made it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpupool-gpu-check}
@@ -37,7 +38,9 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.log"
 python3 -c "import sys, cuda.bindings, Cython; print(sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__, 'Cython', Cython.__version__)" | tee -a "$OUT/summary.log"
 
-if ! python3 -m pip install --no-build-isolation --no-deps -e . > /tmp/gpupool-build.log 2>&1; then
+if [ -n "${SKIP_BUILD:-}" ]; then
+    :   # built by an earlier run of this script on this machine
+elif ! python3 -m pip install --no-build-isolation --no-deps -e . > /tmp/gpupool-build.log 2>&1; then
     cp /tmp/gpupool-build.log "$OUT/build.log"; tail -40 "$OUT/build.log"; summary "build FAILED"
     exit 1
 fi
