@@ -10,12 +10,9 @@
 # order: pool, then magazine) and flushes it into the free lists: trims, stream merges,
 # statistics (which read every magazine), and the out of memory path: when the upstream has no
 # memory for a request, every thread's held blocks go to the free lists before the ladder, so
-# a block one thread holds serves another's request first. Before the pool grows for a
-# request, the smallest block another thread holds on the request's stream that fits goes to
-# the free lists (one block: PyTorch's backward thread frees what its forward thread asks for
-# again the next step);
-# other blocks stay with their threads (taking them all would have threads that use them
-# steal each other's blocks at every miss). The
+# a block one thread holds serves another's request first. Before then they stay with their
+# threads (a request that finds no free block grows the pool, as tcmalloc's thread caches do:
+# taking them would have threads that use them steal each other's blocks at every miss). The
 # calling thread's own held blocks go back before the pool grows for it, and, when a request
 # of it finds no free block of its exact size, those it could serve cut and those two such
 # requests have passed by (so that a cut sees the free memory, while a thread cycling through

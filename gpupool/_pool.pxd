@@ -88,7 +88,6 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef bint mag_flush_mine(self) noexcept nogil
     cdef bint _mag_reap(self) noexcept nogil
     cdef bint _mag_sweep(self, bint exited_only) noexcept nogil
-    cdef bint _mag_steal(self, size_t size, StreamKey s) noexcept nogil
     cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil
     cdef void _mag_give_up(self, StreamKey s) noexcept nogil
     cdef bint mag_flush_all(self) noexcept nogil

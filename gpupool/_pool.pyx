@@ -324,16 +324,12 @@ cdef class Pool(BlockOwner):
             if answered:
                 so_mark_blocks(&self._order, self.upstream, &self._free, s)
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
-        if b == NULL and self._mag_steal(size, s):
-            # Another thread's held block of this stream that fits: one thread's frees must
-            # not make the pool grow for another's requests (PyTorch frees in its backward
-            # thread what its forward thread allocates again the next step).
-            b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
         if b == NULL:
             self._mag_want(size, s)
             r = self._grow_once(size, s, <void*>rc)
             if r == CUDA_ERROR_OUT_OF_MEMORY and self.mag_flush_all():
-                # Out of memory: every block threads hold in their magazines serves first.
+                # Out of memory: the blocks threads hold in their magazines serve first
+                # (before then they stay with their threads, which use them).
                 b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
         if b == NULL:
             if r == CUDA_ERROR_OUT_OF_MEMORY:
@@ -601,35 +597,6 @@ cdef class Pool(BlockOwner):
         are deleted (those still listing C API blocks once these are freed). Returns whether
         any block moved."""
         return self._mag_sweep(True)
-
-    cdef bint _mag_steal(self, size_t size, StreamKey s) noexcept nogil:
-        """Under the pool's lock, before the pool grows for size bytes on s: the smallest
-        block another thread holds on s that fits goes to the free lists (joined); whether
-        one did. Only one, of the stream's own: its holder misses it once at most, and no
-        other block of that thread moves."""
-        cdef Magazine* m
-        cdef Magazine* owner = NULL
-        cdef Magazine* mine = self.thread_magazine(False)
-        cdef size_t k, best = 0
-        cdef int i, found = -1
-        for k in range(self._magazines.size()):
-            m = self._magazines[k]
-            if m == mine or m.nblocks == 0:
-                continue
-            m.mutex.lock()
-            for i in range(m.nblocks):
-                if m.blocks[i].size >= size and same_stream(m.blocks[i].stream, s) and \
-                        (owner == NULL or m.blocks[i].size < best):
-                    if owner != NULL and owner != m:
-                        owner.mutex.unlock()
-                    owner, best, found = m, m.blocks[i].size, i
-            if owner != m:
-                m.mutex.unlock()
-        if owner == NULL:
-            return False
-        self._mag_drop(owner, found)
-        owner.mutex.unlock()
-        return True
 
     cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil:
         """Under the pool's lock, before the pool grows for size bytes on s: a block another

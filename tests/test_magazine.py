@@ -140,49 +140,6 @@ def test_a_block_held_by_one_thread_serves_another_before_the_pool_grows():
     worker.exit()
 
 
-def test_another_threads_held_block_of_the_stream_serves_before_the_pool_grows():
-    # Memory to spare: PyTorch's backward thread frees what its forward thread allocates
-    # again the next step; the freed block must not make the pool grow.
-    sim = SimulatedDevice(capacity=64 * MiB)
-    pool = gpupool.Pool(upstream=sim)
-    worker = Worker()
-
-    def allocate_then_free():
-        bufs = [pool.allocate(n) for n in (2 * MiB, 4 * MiB)]
-        ptrs = [b.ptr for b in bufs]
-        for b in bufs:
-            b.close()
-        return ptrs
-
-    ptrs = worker(allocate_then_free)
-    assert pool._magazines_info()[0]["blocks"] == 2     # both held by the worker
-    grown = pool.stats().upstream_allocs
-    buf = pool.allocate(3 * MiB)                        # this thread: no block of its own
-    assert pool.stats().upstream_allocs == grown        # no growth:
-    assert ptrs[1] <= buf.ptr < ptrs[1] + 4 * MiB       # cut from the smallest that fits,
-    assert pool._magazines_info()[0]["blocks"] == 1     # and the worker keeps the other
-    check_invariants(pool)
-    buf.close()
-    worker.exit()
-
-
-def test_another_threads_held_block_of_another_stream_is_not_taken_at_once():
-    sim = SimulatedDevice(capacity=64 * MiB)
-    pool = gpupool.Pool(upstream=sim)
-    side = sim.create_stream()
-    worker = Worker()
-    worker(lambda: pool.allocate(2 * MiB, stream=side).close())
-    grown = pool.stats().upstream_allocs
-    sim.launch(side)                                    # the worker's stream still busy
-    buf = pool.allocate(2 * MiB)                        # the legacy stream: not that block
-    assert pool.stats().upstream_allocs == grown + 1
-    assert pool._magazines_info()[0]["blocks"] == 1
-    sim.complete()
-    check_invariants(pool)
-    buf.close()
-    worker.exit()
-
-
 def test_a_thread_that_exits_leaves_its_blocks_to_the_pool():
     sim = SimulatedDevice(capacity=8 * MiB)
     pool = gpupool.Pool(upstream=sim)
