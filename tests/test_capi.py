@@ -45,9 +45,19 @@ def scratch(tmp_path_factory):
 pytestmark = pytest.mark.usefixtures("default_pools")
 
 
+class CountingDevice(SimulatedDevice):
+    """A simulated device that counts its stream ID lookups (cuStreamGetId)."""
+
+    lookups = 0
+
+    def _stream_id(self, stream):
+        self.lookups += 1
+        return super()._stream_id(stream)
+
+
 @pytest.fixture
 def sim_pool():
-    sim = SimulatedDevice()
+    sim = CountingDevice()
     pool = gpupool.Pool(upstream=sim, device=0)
     gpupool.set_pool(pool)
     yield pool
@@ -275,28 +285,9 @@ def test_base_allocation_is_the_segment(sim_pool):
     call("free_ptr", 0, first)
 
 
-class CountingDevice(SimulatedDevice):
-    """A simulated device that counts its stream ID lookups (cuStreamGetId)."""
-
-    lookups = 0
-
-    def _stream_id(self, stream):
-        self.lookups += 1
-        return super()._stream_id(stream)
-
-
-@pytest.fixture
-def counting_pool():
-    sim = CountingDevice()
-    pool = gpupool.Pool(upstream=sim, device=0)
-    gpupool.set_pool(pool)
-    yield pool
-    assert sim.errors == []
-
-
 def test_a_free_on_the_blocks_own_created_stream_asks_the_driver_nothing(scratch,
-                                                                         counting_pool):
-    sim = counting_pool.upstream
+                                                                         sim_pool):
+    sim = sim_pool.upstream
     stream = sim.create_stream()
     ptr = scratch.allocate(1000, 0, stream)
     assert sim.lookups == 1                         # the allocation looks the stream up
@@ -305,14 +296,14 @@ def test_a_free_on_the_blocks_own_created_stream_asks_the_driver_nothing(scratch
     assert scratch.allocate(1000, 0, stream) == ptr     # and filed it under the stream's key
     assert sim.lookups == 2
     scratch.free(ptr, 0, stream)
-    check_invariants(counting_pool)
+    check_invariants(sim_pool)
 
 
 BIG = 16 << 20      # a block of its own (not cut from a slab), so the one of its size class
 
 
-def test_a_free_on_another_created_stream_is_looked_up_and_keyed_by_it(scratch, counting_pool):
-    sim = counting_pool.upstream
+def test_a_free_on_another_created_stream_is_looked_up_and_keyed_by_it(scratch, sim_pool):
+    sim = sim_pool.upstream
     first, second = sim.create_stream(), sim.create_stream()
     ptr = scratch.allocate(BIG, 0, first)
     sim.launch(second)                              # work still running on the second stream
@@ -321,12 +312,12 @@ def test_a_free_on_another_created_stream_is_looked_up_and_keyed_by_it(scratch, 
     assert scratch.allocate(BIG, 0, first) != ptr  # not the first stream's at once
     assert scratch.allocate(BIG, 0, second) == ptr     # the second stream's own block
     sim.complete()
-    check_invariants(counting_pool)
+    check_invariants(sim_pool)
 
 
 def test_a_handle_reused_by_a_new_stream_does_not_hand_the_old_streams_block_out(
-        scratch, counting_pool):
-    sim = counting_pool.upstream
+        scratch, sim_pool):
+    sim = sim_pool.upstream
     old = sim.create_stream()
     ptr = scratch.allocate(BIG, 0, old)
     sim.launch(old)                                 # a kernel still using the block
@@ -336,8 +327,8 @@ def test_a_handle_reused_by_a_new_stream_does_not_hand_the_old_streams_block_out
     other = scratch.allocate(BIG, 0, new)
     assert other != ptr                             # so the new stream does not get it
     sim.complete()                                  # the old work done, and
-    assert counting_pool.merge_streams() == 1       # the block made free for every stream:
+    assert sim_pool.merge_streams() == 1       # the block made free for every stream:
     assert scratch.allocate(BIG, 0, new) == ptr    # not lost
     scratch.free(ptr, 0, new)
     scratch.free(other, 0, new)
-    check_invariants(counting_pool)
+    check_invariants(sim_pool)
