@@ -6,6 +6,7 @@ pool through gpupool's C API capsule.
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,10 +46,14 @@ def build(name, sources):
                            "--build-temp", os.path.join(tmp, "build")], cwd=tmp,
                           capture_output=True, text=True)
     if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"building {name} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
     path = next(os.path.join(tmp, f) for f in os.listdir(tmp)
                 if f.startswith(name) and f.endswith((".so", ".pyd")))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # loaded: the mapping outlives the file
     return module

@@ -159,7 +159,8 @@ def choose_device(device):
         except SetupError as exc:
             if device == "gpu":
                 raise
-            reason = f"because {exc}"
+            # The reason alone: the advice after it (use the simulated device) is taken here.
+            reason = f"because {str(exc).split('; gpupool needs')[0]}"
     print(f"{PROG}: training with NumPy on gpupool's simulated device (host memory), {reason}",
           flush=True)
     return Simulated()
