@@ -13,6 +13,7 @@ on each thread's per-thread default stream instead of a created one. Columns who
 is missing (CuPy, PyTorch) are skipped and say why.
 """
 
+import functools
 import os
 import sys
 import threading
@@ -133,6 +134,15 @@ def make_gpupool(ctx):
 PER_THREAD_STREAM = 2          # CU_STREAM_PER_THREAD: each thread's own default stream
 
 
+@functools.cache
+def _loop_helper():
+    """bench/_capi_loop.c, built once for every column that uses it; Skip if it cannot be."""
+    try:
+        return _cext.build("gpupool_bench_loop", [os.path.join(HERE, "_capi_loop.c")])
+    except Exception as exc:  # no compiler, say: the column is skipped
+        raise Skip(f"C helper not built: {str(exc).splitlines()[0]}") from exc
+
+
 def make_gpupool_capi(ctx, per_thread=False):
     """``api->allocate`` + ``api->free`` in a C loop without the GIL, the thread's stream: a
     stream created for it, or (per_thread) its per-thread default stream, whose key needs no
@@ -140,10 +150,7 @@ def make_gpupool_capi(ctx, per_thread=False):
     pool = ctx.new_pool()
     streams = [PER_THREAD_STREAM] * max(THREADS) if per_thread else ctx.streams(max(THREADS))
     ctx.gpupool.set_pool(pool)
-    try:
-        helper = _cext.build("gpupool_bench_loop", [os.path.join(HERE, "_capi_loop.c")])
-    except Exception as exc:  # no compiler, say: the column is skipped
-        raise Skip(f"C helper not built: {str(exc).splitlines()[0]}") from exc
+    helper = _loop_helper()
     sizes = tuple(SIZES)
 
     def work_for(i):
@@ -164,10 +171,7 @@ def make_driver_key(ctx):
     if ctx.simulated:
         raise Skip("needs the driver")
     streams = ctx.streams(max(THREADS))
-    try:
-        helper = _cext.build("gpupool_bench_loop", [os.path.join(HERE, "_capi_loop.c")])
-    except Exception as exc:  # no compiler, say: the column is skipped
-        raise Skip(f"C helper not built: {str(exc).splitlines()[0]}") from exc
+    helper = _loop_helper()
     helper.key_loop(1, streams[0])                      # finds libcuda, or raises
 
     def work_for(i):

@@ -685,8 +685,9 @@ cdef class Pool(BlockOwner):
         """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
         (held when it may be, else through the shared path) and set done. False: not done.
         s.tag == BAD_STREAM_TAG: as last used on the block's own stream; OWN_HANDLE_TAG:
-        resolved against the block (resolved_free_key), a driver call, if any, made after
-        the magazine's lock is let go and the block given to the shared path."""
+        resolved against the block (resolved_free_key); should that take a driver call (the
+        free names another stream), it is made after the magazine's lock is let go, and the
+        block is then freed as any other (release)."""
         cdef gp_thread* t = gp_this_thread()
         cdef Magazine* m
         cdef Block* b = NULL

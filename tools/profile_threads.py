@@ -1,11 +1,17 @@
-"""Where a C API allocate + free pair spends its time when threads run it together (issue 18).
+"""Where a C API allocate + free pair goes when threads run it together (issue 18).
 
-Runs bench/_capi_loop.c's loop (the pairs of ``bench/threads.py``'s ``gp.capi`` column) on
-``--threads`` threads, each on a stream of its own (created, or ``--per-thread``: each thread's
-per-thread default stream), for ``--seconds``, and prints ns per pair and million pairs per
-second. Meant to run under ``perf record -g`` (tools/gpu-check.sh, step ``profile``)::
+Each of ``--threads`` threads runs the loop of ``bench/_capi_loop.c`` (the pairs of
+``bench/threads.py``'s ``gp.capi`` column: 256 B, 4 KiB, 64 KiB, 1 MiB and 16 MiB in turn) on a
+stream of its own, created or (``--per-thread``) its per-thread default stream, for
+``--seconds``, in a fresh pool. Each run prints the pairs per second of all threads together
+and, read while the threads are still alive, the share of each thread's requests that its
+magazine could not serve (``Pool._magazines_info()``'s ``misses``): a thread whose share stays
+high takes the pool's lock at almost every request. On 2026-12-01 such threads, in most runs
+one or two of eight, were why 8 threads moved fewer pairs per second than 4 on the H200.
+Meant to run under ``perf record -g`` too (tools/gpu-check.sh, step ``profile``)::
 
-    python tools/profile_threads.py --threads 8 [--per-thread] [--seconds 3]
+    python tools/profile_threads.py [--simulated] [--threads 8] [--per-thread]
+                                    [--seconds 3] [--runs 1]
 """
 
 import argparse
@@ -18,49 +24,66 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "bench"))
 
 import _cext  # noqa: E402
+import _peers  # noqa: E402
 
 SIZES = (256, 4 << 10, 64 << 10, 1 << 20, 16 << 20)
 PER_THREAD_STREAM = 2
+BATCH = 20_000
+
+
+def run(helper, ctx, args):
+    """One run in a fresh pool: (million pairs per second together, each thread's miss %)."""
+    pool = ctx.new_pool()
+    ctx.gpupool.set_pool(pool)
+    streams = ([PER_THREAD_STREAM] * args.threads if args.per_thread
+               else ctx.streams(args.threads))
+    done, go = threading.Barrier(args.threads + 1), threading.Event()
+    pairs = [0] * args.threads
+
+    def work(i):
+        end = time.perf_counter() + args.seconds
+        while time.perf_counter() < end:
+            helper.loop(SIZES, BATCH, 0, streams[i])
+            pairs[i] += BATCH
+        done.wait()
+        go.wait()                       # alive: its magazine is not yet an exited thread's
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(args.threads)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    done.wait()
+    seconds = time.perf_counter() - start
+    misses = [100 * m["misses"] / max(sum(pairs) / args.threads, 1)
+              for m in pool._magazines_info()]
+    go.set()
+    for w in workers:
+        w.join()
+    return sum(pairs) / seconds / 1e6, misses
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--runs", type=int, default=1)
     p.add_argument("--per-thread", action="store_true")
+    p.add_argument("--simulated", action="store_true",
+                   help="on gpupool's simulated device (no GPU; miss shares, not GPU speed)")
     args = p.parse_args(argv)
-
-    from cuda.bindings import driver
-
-    import gpupool
-    pool = gpupool.Pool(device=0)
-    gpupool.set_pool(pool)
+    ctx, reason = _peers.make_context(args.simulated, ())
+    if ctx is None:
+        sys.exit(f"profile_threads: {reason}")
     helper = _cext.build("gpupool_bench_loop", [os.path.join(HERE, "..", "bench",
                                                              "_capi_loop.c")])
-    flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
-    streams = ([PER_THREAD_STREAM] * args.threads if args.per_thread else
-               [int(driver.cuStreamCreate(flags)[1]) for _ in range(args.threads)])
-    for s in streams:
-        helper.loop(SIZES, 10_000, 0, s)                # warm: every size cached
-    results = [0.0] * args.threads
-    batch = 200_000
-
-    def work(i):
-        end, pairs, ns = time.perf_counter() + args.seconds, 0, 0.0
-        while time.perf_counter() < end:
-            ns += helper.loop(SIZES, batch, 0, streams[i]) * batch
-            pairs += batch
-        results[i] = ns / pairs
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(args.threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    ns = sorted(results)[len(results) // 2]
     kind = "per-thread default streams" if args.per_thread else "created streams"
-    print(f"{args.threads} threads on {kind}: {ns:.1f} ns per pair per thread (median), "
-          f"{args.threads * 1e3 / ns:.2f} M pairs/s together")
+    stuck = 0
+    for _ in range(args.runs):
+        rate, misses = run(helper, ctx, args)
+        stuck += max(misses, default=0) > 1
+        print(f"{args.threads} threads on {kind}: {rate:.2f} M pairs/s together; misses per "
+              f"thread, % of its requests: {' '.join(f'{m:.2f}' for m in misses)}")
+    print(f"{stuck} of {args.runs} runs had a thread missing more than 1% of its requests")
 
 
 if __name__ == "__main__":
