@@ -156,7 +156,8 @@ def make_context(simulated, frameworks=("cupy", "torch", "numba_cuda")):
     if simulated:
         from gpupool.testing import SimulatedDevice
 
-        return Context(gpupool, sim=SimulatedDevice(capacity=4 << 30)), None
+        # Expandable, as the GPU's default upstream (vmm) is.
+        return Context(gpupool, sim=SimulatedDevice(capacity=4 << 30, virtual_memory=True)), None
     _, reason = _common.gpu_pool()
     if reason is not None:
         return None, reason

@@ -16,7 +16,10 @@
 # calling thread's own held blocks go back before the pool grows for it, and, when a request
 # of it finds no free block of its exact size, those it could serve cut and those two such
 # requests have passed by (so that a cut sees the free memory, while a thread cycling through
-# a few sizes keeps them). A stream another stream waits for gives its thread's held blocks up
+# a few sizes keeps them); but a small request (up to 1 MiB) leaves a held block of 8 times
+# its size or more, and the pool grows for it instead (a page at most): a thread cycling
+# through small and large sizes on one expandable segment would otherwise cut and join at
+# every request (_pool.pyx, _mag_keeps). A stream another stream waits for gives its thread's held blocks up
 # the next time it allocates (so that they get their events: _streamorder.pxd); regions'
 # blocks, blocks used on other streams (record_stream) and, while the memory history records,
 # every block take the shared path.
@@ -73,6 +76,12 @@ cdef cppclass Magazine:
     size_t frees
     size_t allocated_bytes
     size_t freed_bytes
+    # Why its thread's requests took the shared path while it held blocks (diagnostics, not
+    # folded): other streams' blocks wanted, no held block of the size on the stream, or one
+    # but too little credit.
+    size_t wanted
+    size_t no_block
+    size_t no_credit
     char _pad_back[64]
 
 

@@ -18,7 +18,7 @@ from gpupool._streamorder cimport StreamOrder
 from gpupool._streams cimport StreamKey
 
 cdef enum:
-    WANTED_FAST = 8             # wanted streams the fast path checks one by one
+    WANTED_FAST = 64            # wanted streams the fast path tells exactly (more: the mask)
     PARK_SLOTS = 8              # freed blocks held aside for a request of their exact size
 
 
@@ -33,15 +33,23 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef Block* _parked[PARK_SLOTS]     # the blocks freed last, oldest first (PARKED)
     cdef int _nparked
     cdef vector[RegionCache*] _regions  # caches of this pool's regions, for the ladder
-    cdef RegionCache* _process_region   # entered with scope="process": covers every thread
     cdef PtrTable capi_blocks           # blocks handed out by the C API, by pointer
     cdef Counters counters              # a magazine's blocks count as in use (_magazine.pxd)
     cdef vector[Magazine*] _magazines   # every thread's magazine for this pool
     cdef size_t _bound                  # bytes in use plus every magazine's credit
+    # What every thread's fast path (the magazines) reads, on cache lines of their own, off
+    # those the shared path writes (the bound, the counters): a locked request does not take
+    # them from the other threads' caches.
+    cdef char _pad_hot[64]
+    cdef RegionCache* _process_region   # entered with scope="process": covers every thread
     # The wanted streams (_streamorder.pxd) as the fast path reads them, without the lock
-    # (copied at each unlock): their threads take the shared path, which answers them.
-    cdef int _nwanted                   # WANTED_FAST + 1: more than WANTED_FAST
+    # (copied at each unlock): their threads take the shared path, which answers them. The
+    # mask has each one's bit (wanted_bit): a stream whose bit is clear is not wanted, at
+    # one load; one whose bit is set is looked for in the list.
+    cdef unsigned long long _wanted_mask
+    cdef int _nwanted                   # WANTED_FAST + 1: more than WANTED_FAST (the mask)
     cdef StreamKey _wanted[WANTED_FAST]
+    cdef char _pad_cold[64]
     cdef size_t _soft_limit             # 0: none
     cdef object __weakref__
 
@@ -79,6 +87,7 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil
     cdef Block* mag_find_handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil
     cdef void _deferred_magazine(self, Magazine* m) noexcept nogil
+    cdef bint _is_wanted_fast(self, StreamKey s) noexcept nogil
     cdef Block* _mag_take_locked(self, size_t size, StreamKey s) noexcept nogil
     cdef void _mag_hold(self, Magazine* m, Block* b, StreamKey s) noexcept nogil
     cdef void _mag_drop(self, Magazine* m, int i) noexcept nogil
@@ -86,6 +95,7 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void _mag_flush(self, Magazine* m) noexcept nogil
     cdef bint _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil
     cdef bint mag_flush_mine(self) noexcept nogil
+    cdef bint _mag_flush_mine_for(self, size_t size) noexcept nogil
     cdef bint _mag_reap(self) noexcept nogil
     cdef bint _mag_sweep(self, bint exited_only) noexcept nogil
     cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil

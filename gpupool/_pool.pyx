@@ -16,6 +16,8 @@ is released while waiting). A free made by the thread that holds the lock (a gar
 collection run by a Python upstream, say) is deferred until that thread unlocks.
 """
 from libc.stdint cimport uintptr_t
+from libcpp.algorithm cimport sort
+from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool._block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED, HELD
@@ -94,6 +96,25 @@ _logger = logging.getLogger("gpupool")
 cdef size_t PARK_MAX = 64 << 20
 cdef size_t MAG_MAX = 64 << 20
 cdef size_t MAG_AGE = 2
+# A small request (at most MAG_SMALL bytes: PyTorch's small-pool bound) leaves the calling
+# thread's held blocks of MAG_KEEP times its size or more where they are (_mag_keeps).
+cdef size_t MAG_SMALL = 1 << 20
+cdef size_t MAG_KEEP = 8
+
+
+cdef inline int wanted_bit(StreamKey s) noexcept nogil:
+    """The stream's bit in the pool's wanted mask (Fibonacci hashing of its key)."""
+    return <int>(((s.handle ^ (s.tag << 1)) * 0x9E3779B97F4A7C15ULL) >> 58)
+
+
+cdef inline bint _mag_keeps(Block* b, size_t size) noexcept nogil:
+    """Whether a request of size bytes leaves held block b in its thread's magazine: a small
+    request does not break a block of MAG_KEEP times its size or more; the pool grows for it
+    instead (a page at most), or, out of memory, every magazine is flushed first. Without
+    this, a thread cycling through 256 B .. 16 MiB on an expandable segment (one range per
+    stream) cut the small blocks from its 16 MiB one and joined them back for the next
+    16 MiB request: every request took the pool's lock (issue 18)."""
+    return size <= MAG_SMALL and b.size >= MAG_KEEP * size
 
 include "_regionstack.pxi"
 
@@ -235,12 +256,13 @@ cdef class Pool(BlockOwner):
         racy read may see a half-written key: then a wanted stream's request goes the fast
         way once (its answer waits for the next), or another stream's the shared way."""
         cdef size_t i, n = self._order.wanted.size()
-        if n > WANTED_FAST:
-            self._nwanted = WANTED_FAST + 1
-            return
+        cdef unsigned long long mask = 0
         for i in range(n):
-            self._wanted[i] = self._order.wanted[i]
-        self._nwanted = <int>n
+            mask |= 1ULL << wanted_bit(self._order.wanted[i])
+            if i < WANTED_FAST:
+                self._wanted[i] = self._order.wanted[i]
+        self._wanted_mask = mask
+        self._nwanted = <int>n if n <= WANTED_FAST else WANTED_FAST + 1
 
     # Allocation -----------------------------------------------------------------------
 
@@ -318,9 +340,9 @@ cdef class Pool(BlockOwner):
             # Idle regions' cached blocks serve before the pool grows: a region never costs
             # memory that the pool alone would not.
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
-        if b == NULL and self._mag_reap() + self.mag_flush_mine():
-            # The calling thread's held blocks, and exited threads', serve before the pool
-            # grows.
+        if b == NULL and self._mag_reap() + self._mag_flush_mine_for(size):
+            # The calling thread's held blocks (but those a small request leaves), and exited
+            # threads', serve before the pool grows.
             if answered:
                 so_mark_blocks(&self._order, self.upstream, &self._free, s)
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
@@ -478,6 +500,7 @@ cdef class Pool(BlockOwner):
         m.nblocks = m.nhanded = 0
         m.misses = 0
         m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
+        m.wanted = m.no_block = m.no_credit = 0
         if self._holder == current_thread():
             self._deferred_magazine(m)
         else:
@@ -505,12 +528,6 @@ cdef class Pool(BlockOwner):
         cdef int i
         if nbytes > MAG_MAX or RECORDING:
             return NULL
-        if self._nwanted:
-            if self._nwanted > WANTED_FAST:
-                return NULL
-            for i in range(self._nwanted):
-                if same_stream(self._wanted[i], s):
-                    return NULL                 # its blocks are wanted: the shared path
         t = gp_this_thread()
         if t.magazines[0].pool == <void*>self:
             m = <Magazine*>t.magazines[0].magazine
@@ -518,12 +535,19 @@ cdef class Pool(BlockOwner):
             m = self.thread_magazine(False)
         if m == NULL or m.nblocks == 0 or m.pool != <void*>self:
             return NULL
+        if (self._wanted_mask >> wanted_bit(s)) & 1 and self._is_wanted_fast(s):
+            m.wanted += 1
+            return NULL                         # its blocks are wanted: the shared path
         if thread_cache(t, <void*>self, self._process_region) != NULL:
             return NULL
         size = round_request(nbytes)
         if not m.mutex.try_lock():
             return NULL                         # the pool is flushing it: the shared path
         i = mg_find(m, size, s)
+        if i < 0:
+            m.no_block += 1
+        elif m.credit < size:
+            m.no_credit += 1
         if i >= 0 and m.credit >= size and (not capi or m.nhanded < MAG_HANDED):
             b = mg_remove(m, i)
             m.credit -= size
@@ -535,6 +559,17 @@ cdef class Pool(BlockOwner):
                 m.nhanded += 1
         m.mutex.unlock()
         return b
+
+    cdef bint _is_wanted_fast(self, StreamKey s) noexcept nogil:
+        """Without the lock, for a stream whose bit is in the wanted mask: whether it is in
+        the list (more than WANTED_FAST wanted: the bit alone says yes)."""
+        cdef int i
+        if self._nwanted > WANTED_FAST:
+            return True
+        for i in range(self._nwanted):
+            if same_stream(self._wanted[i], s):
+                return True
+        return False
 
     cdef Block* _mag_take_locked(self, size_t size, StreamKey s) noexcept nogil:
         """Under the pool's lock: the calling thread's held block of exactly size bytes on
@@ -564,7 +599,8 @@ cdef class Pool(BlockOwner):
         serve and the free lists hold no block of its exact size for: the magazine's blocks
         that MAG_AGE such requests have passed by go to the free lists, joined, so that a cut
         sees the free memory (blocks held while others are cut raised the recorded traces'
-        peaks), while a thread cycling through a few sizes keeps them."""
+        peaks), while a thread cycling through a few sizes keeps them; those a small request
+        leaves (_mag_keeps) stay."""
         cdef Magazine* m = self.thread_magazine(False)
         cdef bint dropped = False
         cdef int i
@@ -575,6 +611,8 @@ cdef class Pool(BlockOwner):
         i = m.nblocks
         while i:
             i -= 1
+            if _mag_keeps(m.blocks[i], size):
+                continue
             if m.blocks[i].size >= size or m.misses - m.since[i] > MAG_AGE:
                 self._mag_drop(m, i)
                 dropped = True
@@ -591,6 +629,25 @@ cdef class Pool(BlockOwner):
         self._mag_flush(m)
         m.mutex.unlock()
         return True
+
+    cdef bint _mag_flush_mine_for(self, size_t size) noexcept nogil:
+        """Under the pool's lock, before the pool grows for a request of size bytes: the
+        calling thread's held blocks to the free lists, but those a small request leaves
+        (_mag_keeps); whether any went."""
+        cdef Magazine* m = self.thread_magazine(False)
+        cdef bint dropped = False
+        cdef int i
+        if m == NULL or m.nblocks == 0:
+            return False
+        m.mutex.lock()
+        i = m.nblocks
+        while i:
+            i -= 1
+            if not _mag_keeps(m.blocks[i], size):
+                self._mag_drop(m, i)
+                dropped = True
+        m.mutex.unlock()
+        return dropped
 
     cdef bint _mag_reap(self) noexcept nogil:
         """Under the pool's lock: the magazines of threads that exited go to the free lists and
@@ -785,25 +842,39 @@ cdef class Pool(BlockOwner):
             self._settle_peak()
 
     cdef void _settle_peak(self) noexcept nogil:
-        """Under the pool's lock, when the bound passed the peak: bytes in use, exactly (every
-        magazine locked), raise the peak to them, and take back the credit above it."""
-        cdef size_t held = self._freeze(), in_use, excess, back
-        cdef size_t k
+        """Under the pool's lock, when the bound passed the peak: take back credit, from the
+        magazines with the most first, each kept locked until the end. Once the bound is back
+        at the peak, bytes in use (at most the bound) are too, at that moment, with the
+        locked magazines still: no peak went by unseen, and the other threads' magazines
+        were not stopped. If all the credit does not do, every magazine is locked by then:
+        bytes in use, exactly, raise the peak, and the credit above it goes."""
+        cdef vector[pair[size_t, size_t]] order     # (credit, index), the most last
+        cdef size_t k, j, held = 0, in_use, back
+        cdef size_t excess = self._bound - self.counters.peak_in_use     # > 0
         cdef Magazine* m
-        in_use = self.counters.in_use - held
-        if in_use > self.counters.peak_in_use:
-            self.counters.peak_in_use = in_use
-        if self._bound > self.counters.peak_in_use:
-            excess = self._bound - self.counters.peak_in_use
-            for k in range(self._magazines.size()):
+        for k in range(self._magazines.size()):
+            order.push_back(pair[size_t, size_t](self._magazines[k].credit, k))  # a hint
+        sort(order.begin(), order.end())
+        j = order.size()
+        while j and excess:
+            j -= 1
+            m = self._magazines[order[j].second]
+            m.mutex.lock()
+            back = excess if m.credit >= excess else m.credit
+            m.credit -= back
+            excess -= back
+            self._bound -= back
+        if excess:
+            # Every magazine is locked, its credit gone: the bound is bytes in use, exactly.
+            for k in range(order.size()):
                 m = self._magazines[k]
-                back = excess if m.credit >= excess else m.credit
-                m.credit -= back
-                excess -= back
-                self._bound -= back
-                if excess == 0:
-                    break
-        self._thaw()
+                self._mag_fold(m)
+                held += m.held
+            in_use = self.counters.in_use - held
+            if in_use > self.counters.peak_in_use:
+                self.counters.peak_in_use = in_use
+        for k in range(j, order.size()):
+            self._magazines[order[k].second].mutex.unlock()
 
     cdef size_t _freeze(self) noexcept nogil:
         """Under the pool's lock: lock every magazine, fold its counts; returns the bytes
@@ -1198,9 +1269,15 @@ cdef class Pool(BlockOwner):
         with ``blocks`` (held free blocks), ``held`` and ``credit`` (bytes), ``handed`` (C
         API blocks taken from it, live), ``orphan`` (its thread exited), ``allocs`` and
         ``frees`` (served by it without the pool's lock, not yet folded into the pool's
-        counters) and ``misses`` (its thread's requests it could not serve)."""
+        counters), ``misses`` (its thread's requests it could not serve, with no free block of
+        the exact size either), and why requests took the shared path while it held blocks:
+        ``wanted`` (another stream waits for blocks of its stream, or more than WANTED_FAST
+        streams are waited for and its bit is in the mask), ``no_block`` (none of the size on
+        the stream) and ``no_credit`` (one, but too little credit: the pool's peak bound);
+        and ``streams``, each held block's (size, stream handle, stream tag)."""
         cdef Magazine* m
         cdef size_t k
+        cdef int i
         out = []
         self.lock()
         for k in range(self._magazines.size()):
@@ -1208,7 +1285,10 @@ cdef class Pool(BlockOwner):
             m.mutex.lock()
             out.append({"blocks": m.nblocks, "held": m.held, "credit": m.credit,
                         "handed": m.nhanded, "orphan": bool(m.orphan), "allocs": m.allocs,
-                        "frees": m.frees, "misses": m.misses})
+                        "frees": m.frees, "misses": m.misses, "wanted": m.wanted,
+                        "no_block": m.no_block, "no_credit": m.no_credit,
+                        "streams": [(m.blocks[i].size, m.blocks[i].stream.handle,
+                                     m.blocks[i].stream.tag) for i in range(m.nblocks)]})
             m.mutex.unlock()
         self.unlock()
         return out

@@ -38,6 +38,10 @@ from gpupool._streamorder cimport StreamOrder, so_drop_events, so_unbind_all
 from gpupool._streams cimport StreamKey, same_stream, is_no_stream, no_stream
 from gpupool._upstream cimport Upstream
 
+
+cdef extern from "<stdlib.h>" nogil:
+    void* aligned_alloc(size_t alignment, size_t size)     # C11; free() gives it back
+
 cdef extern from *:
     """
     #define GP_PAGE_BYTES ((size_t)2 << 20)
@@ -85,9 +89,12 @@ cdef inline Block* sg_record(Segments* sg, uintptr_t ptr, size_t size, Segment* 
         sg.spare.pop_back()
         memset(b, 0, sizeof(Block))
     else:
-        b = <Block*>calloc(1, sizeof(Block))
+        # A record of its own cache lines: threads write their blocks' at every allocate and
+        # free (state, stream, holder), and two threads' records sharing a line slowed both.
+        b = <Block*>aligned_alloc(64, round_up(sizeof(Block), 64))
         if b == NULL:
             return NULL
+        memset(b, 0, sizeof(Block))
     b.ptr, b.size, b.segment, b.stream = ptr, size, seg, no_stream()
     return b
 

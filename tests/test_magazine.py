@@ -209,6 +209,110 @@ def test_the_peak_is_exact_when_a_held_block_is_flushed_not_retaken():
     worker.exit()
 
 
+def test_credit_comes_back_from_the_magazines_with_the_most_and_the_peak_stays_exact():
+    pool = gpupool.Pool(upstream=SimulatedDevice())
+    pool.allocate(64 * MiB).close()
+    pool.merge_streams()                                # free memory, no thread holding it
+    pool.reset_peak_stats()
+    one, four, other = Worker(), Worker(), Worker()
+    one(lambda: pool.allocate(MiB).close())             # peak 1 MiB, its credit 1 MiB
+    four(lambda: pool.allocate(4 * MiB).close())        # peak 4 MiB: all credit went
+    assert pool.stats().peak_in_use_bytes == 4 * MiB
+    one(lambda: pool.allocate(MiB).close())             # retaken beyond credit: 1 MiB of 4's
+    assert [m["credit"] for m in pool._magazines_info()[1:]] == [MiB, 3 * MiB]
+    kept = other(lambda: pool.allocate(2 * MiB))        # 2 MiB in use: 2 MiB of credit go,
+    credits = [m["credit"] for m in pool._magazines_info()[1:3]]
+    assert credits == [MiB, MiB]                        # from the magazine with the most
+    assert pool.stats().peak_in_use_bytes == 4 * MiB    # in use never went above 4 MiB
+    both = one(lambda: pool.allocate(MiB)), four(lambda: pool.allocate(4 * MiB))
+    assert pool.stats().peak_in_use_bytes == 7 * MiB    # 2 + 1 + 4, retaken: exactly
+    one(both[0].close)
+    four(both[1].close)
+    other(kept.close)
+    check_invariants(pool)
+    for worker in (one, four, other):
+        worker.exit()
+
+
+def test_many_wanted_streams_of_idle_threads_leave_other_threads_their_magazines():
+    # Ten threads hold a whole segment each on their per-thread streams; a request of this
+    # thread that finds no free block makes all ten wanted. Before, more than 8 wanted
+    # streams sent every thread's request the shared way until each of them allocated again.
+    pool = gpupool.Pool(upstream=SimulatedDevice())
+    workers = [Worker() for _ in range(10)]
+    for worker in workers:
+        worker(lambda: pool.allocate(2 * MiB, stream=2).close())   # per-thread stream
+    pool.allocate(2 * MiB).close()                  # grows; the ten streams are wanted now
+    for _ in range(100):
+        pool.allocate(2 * MiB).close()              # the legacy stream: not wanted
+    mine = [m for m in pool._magazines_info() if m["streams"][:1] == [(2 * MiB, 0, 0)]]
+    assert len(mine) == 1 and mine[0]["wanted"] == 0 and mine[0]["no_block"] == 0
+    assert all(m["wanted"] == 0 for m in pool._magazines_info())
+    check_invariants(pool)
+    for worker in workers:
+        worker.exit()
+
+
+CYCLE = [256, 4096, 64 << 10, MiB, 16 * MiB]      # bench/threads.py's sizes, in turn
+
+
+def test_a_thread_cycling_through_small_and_large_sizes_on_one_expandable_segment_hits():
+    # Issue 18: on an expandable segment (one range per stream) every small request broke
+    # the thread's held 16 MiB block, and the next 16 MiB request flushed and joined the small
+    # ones again: all requests missed the magazine and took the pool's lock.
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True))
+    for _ in range(3):
+        for n in CYCLE:
+            pool.allocate(n).close()
+    before = pool._magazines_info()[0]
+    for _ in range(50):
+        for n in CYCLE:
+            pool.allocate(n).close()
+    after = pool._magazines_info()[0]
+    assert after["blocks"] == len(CYCLE)
+    assert (after["misses"], after["no_block"]) == (before["misses"], before["no_block"])
+    stats = check_invariants(pool)
+    assert stats.peak_in_use_bytes == 16 * MiB
+    assert stats.peak_reserved_bytes <= 16 * MiB + 2 * MiB     # one page more, for the small
+
+
+def test_a_small_request_grows_the_pool_rather_than_break_a_held_block_8_times_its_size():
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True))
+    big = pool.allocate(16 * MiB)
+    ptr = big.ptr
+    big.close()                                         # held: the segment has no free byte
+    small = pool.allocate(MiB)                          # 1/16 of it: a page more
+    assert not ptr <= small.ptr < ptr + 16 * MiB
+    assert pool._magazines_info()[0]["blocks"] == 1
+    assert pool.stats().reserved_bytes == 18 * MiB
+    small.close()
+    check_invariants(pool)
+    # A larger request (above 1 MiB) is not small: the held block goes back and is cut.
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True))
+    big = pool.allocate(16 * MiB)
+    ptr = big.ptr
+    big.close()
+    other = pool.allocate(2 * MiB)
+    assert other.ptr == ptr and pool.stats().reserved_bytes == 16 * MiB
+    assert pool._magazines_info()[0]["blocks"] == 0
+    other.close()
+    check_invariants(pool)
+
+
+@pytest.mark.parametrize("virtual_memory", [True, False])
+def test_out_of_memory_a_small_request_breaks_the_held_block_it_would_leave(virtual_memory):
+    sim = SimulatedDevice(capacity=16 * MiB, virtual_memory=virtual_memory)
+    pool = gpupool.Pool(upstream=sim)
+    big = pool.allocate(16 * MiB)
+    ptr = big.ptr
+    big.close()
+    small = pool.allocate(256)                          # no page left on the device
+    assert small.ptr == ptr and pool.stats().reserved_bytes == 16 * MiB
+    assert pool._magazines_info()[0]["blocks"] == 0
+    small.close()
+    check_invariants(pool)
+
+
 def test_regions_and_record_stream_keep_their_own_rules():
     sim = SimulatedDevice()
     pool = gpupool.Pool(upstream=sim)

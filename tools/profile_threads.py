@@ -54,12 +54,14 @@ def run(helper, ctx, args):
         w.start()
     done.wait()
     seconds = time.perf_counter() - start
-    misses = [100 * m["misses"] / max(sum(pairs) / args.threads, 1)
-              for m in pool._magazines_info()]
+    per = max(sum(pairs) / args.threads, 1)
+    info = pool._magazines_info()
+    misses = [100 * m["misses"] / per for m in info]
+    credit = [100 * m["no_credit"] / per for m in info]
     go.set()
     for w in workers:
         w.join()
-    return sum(pairs) / seconds / 1e6, misses
+    return sum(pairs) / seconds / 1e6, misses, credit
 
 
 def main(argv=None):
@@ -79,12 +81,12 @@ def main(argv=None):
     kind = "per-thread default streams" if args.per_thread else "created streams"
     stuck = 0
     for _ in range(args.runs):
-        rate, misses = run(helper, ctx, args)
+        rate, misses, credit = run(helper, ctx, args)
         stuck += max(misses, default=0) > 1
         print(f"{args.threads} threads on {kind}: {rate:.2f} M pairs/s together; misses per "
-              f"thread, % of its requests: {' '.join(f'{m:.2f}' for m in misses)}")
+              f"thread, % of its requests: {' '.join(f'{m:.2f}' for m in misses)}; short of "
+              f"credit: {' '.join(f'{c:.2f}' for c in credit)}")
     print(f"{stuck} of {args.runs} runs had a thread missing more than 1% of its requests")
-
 
 if __name__ == "__main__":
     main()
