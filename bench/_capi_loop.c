@@ -1,6 +1,7 @@
 /* Benchmark helper built by bench/threads.py at run time (bench/_cext.py): a loop of cached
  * allocate + free pairs through gpupool's C API (gpupool.h), run without the GIL, so that
- * several Python threads calling it at once run in parallel; and a loop of the two driver
+ * several Python threads calling it at once run in parallel (timed per pair, or as a span on
+ * the monotonic clock that several threads' loops share); and a loop of the two driver
  * calls that a created stream's key costs gpupool (key_loop), for comparison. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -13,9 +14,14 @@
 
 static const gpupool_api* api;
 
-/* loop(sizes, n, device=0, stream=0) -> ns per pair: n allocate + free pairs on `stream`,
- * the i-th of `nbytes = sizes[i % len(sizes)]`, timed in C (CLOCK_MONOTONIC). */
-static PyObject* loop(PyObject* self, PyObject* args) {
+static long long ns_of(const struct timespec* t) {
+    return (long long)t->tv_sec * 1000000000LL + t->tv_nsec;
+}
+
+/* The pairs of loop() and loop_span(): parses (sizes, n[, device, stream]), runs n pairs
+ * without the GIL, sets *n and the CLOCK_MONOTONIC times around them; 0, or -1 with an
+ * exception set. */
+static int run_pairs(PyObject* args, Py_ssize_t* pairs, long long* t0_ns, long long* t1_ns) {
     PyObject* seq;
     Py_ssize_t n, count;
     int device = 0, code = GPUPOOL_OK;
@@ -24,14 +30,15 @@ static PyObject* loop(PyObject* self, PyObject* args) {
     struct timespec t0, t1;
     void* ptr;
     if (!PyArg_ParseTuple(args, "On|iK", &seq, &n, &device, &stream))
-        return NULL;
+        return -1;
     seq = PySequence_Fast(seq, "sizes must be a sequence of ints");
     if (seq == NULL)
-        return NULL;
+        return -1;
     count = PySequence_Fast_GET_SIZE(seq);
     if (count < 1 || count > MAX_SIZES || n < 0) {
         Py_DECREF(seq);
-        return PyErr_Format(PyExc_ValueError, "need 1 to %d sizes and n >= 0", MAX_SIZES);
+        PyErr_Format(PyExc_ValueError, "need 1 to %d sizes and n >= 0", MAX_SIZES);
+        return -1;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_ssize_t v = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i), PyExc_OverflowError);
@@ -39,7 +46,7 @@ static PyObject* loop(PyObject* self, PyObject* args) {
             Py_DECREF(seq);
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "sizes must be positive");
-            return NULL;
+            return -1;
         }
         sizes[i] = (size_t)v;
     }
@@ -53,12 +60,36 @@ static PyObject* loop(PyObject* self, PyObject* args) {
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     Py_END_ALLOW_THREADS
-    if (code != GPUPOOL_OK)
-        return PyErr_Format(code == GPUPOOL_ERROR_OUT_OF_MEMORY ? PyExc_MemoryError
-                                                                : PyExc_RuntimeError,
-                            "gpupool error %d: %s", code, api->error_string(code));
-    double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
-    return PyFloat_FromDouble(n ? ns / (double)n : 0.0);
+    if (code != GPUPOOL_OK) {
+        PyErr_Format(code == GPUPOOL_ERROR_OUT_OF_MEMORY ? PyExc_MemoryError : PyExc_RuntimeError,
+                     "gpupool error %d: %s", code, api->error_string(code));
+        return -1;
+    }
+    *pairs = n;
+    *t0_ns = ns_of(&t0);
+    *t1_ns = ns_of(&t1);
+    return 0;
+}
+
+/* loop(sizes, n, device=0, stream=0) -> ns per pair: n allocate + free pairs on `stream`,
+ * the i-th of `nbytes = sizes[i % len(sizes)]`, timed in C (CLOCK_MONOTONIC). */
+static PyObject* loop(PyObject* self, PyObject* args) {
+    Py_ssize_t n;
+    long long t0, t1;
+    if (run_pairs(args, &n, &t0, &t1) < 0)
+        return NULL;
+    return PyFloat_FromDouble(n ? (double)(t1 - t0) / (double)n : 0.0);
+}
+
+/* loop_span(sizes, n, device=0, stream=0) -> (start_ns, end_ns): the same pairs, and the
+ * CLOCK_MONOTONIC times (ns) just before the first and just after the last, so that several
+ * threads' loops can be put on one time line. */
+static PyObject* loop_span(PyObject* self, PyObject* args) {
+    Py_ssize_t n;
+    long long t0, t1;
+    if (run_pairs(args, &n, &t0, &t1) < 0)
+        return NULL;
+    return Py_BuildValue("LL", t0, t1);
 }
 
 /* The driver functions of a created stream's key (gpupool/_upstream.pyx, stream_id), found
@@ -107,6 +138,8 @@ static PyObject* key_loop(PyObject* self, PyObject* args) {
 
 static PyMethodDef methods[] = {
     {"loop", loop, METH_VARARGS, "loop(sizes, n, device=0, stream=0) -> ns per pair"},
+    {"loop_span", loop_span, METH_VARARGS,
+     "loop_span(sizes, n, device=0, stream=0) -> (start_ns, end_ns)"},
     {"key_loop", key_loop, METH_VARARGS, "key_loop(n, stream) -> ns per stream lookup"},
     {NULL, NULL, 0, NULL},
 };

@@ -29,6 +29,7 @@ class Made:
     loop: object                        # makes the timed loop: see the script's columns
     cleanup: object = None              # run after the measurements
     pool: object = None                 # the gpupool pool it draws from, if any
+    before: object = None               # run before each timed batch (untimed)
 
 
 @dataclass

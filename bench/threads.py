@@ -15,6 +15,7 @@ is missing (CuPy, PyTorch) are skipped and say why.
 
 import functools
 import os
+import statistics
 import sys
 import threading
 import time
@@ -54,6 +55,8 @@ class Team:
         self._start = threading.Barrier(count + 1)
         self._end = threading.Barrier(count + 1)
         self._ops, self._errors = 0, []
+        self._results = [None] * count
+        self.loop_rates = []            # per batch: pairs per second inside the C loops
         self._threads = [threading.Thread(target=self._main, args=(i, work_for), daemon=True,
                                           name=f"bench-{count}-{i}") for i in range(count)]
         for thread in self._threads:
@@ -72,7 +75,7 @@ class Team:
                 try:
                     if failure is not None:
                         raise failure
-                    work(self._ops)
+                    self._results[i] = work(self._ops)
                 except Exception as exc:  # reported by batch() on the main thread
                     self._errors.append(exc)
                 self._end.wait()
@@ -90,6 +93,11 @@ class Team:
         self._end.wait(BARRIER_TIMEOUT_S)
         if self._errors:
             raise self._errors[0]
+        spans = self._results           # loop_span's (start, end) of each thread, if timed so
+        if all(isinstance(v, tuple) for v in spans):
+            elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
+            if elapsed > 0:
+                self.loop_rates.append(self.count * ops * 1e9 / elapsed)
 
     def close(self):
         """Stop and join the threads (after a timed-out batch, leave them: they are daemons)."""
@@ -149,15 +157,16 @@ def make_gpupool_capi(ctx, per_thread=False):
     driver call (a created stream's is looked up with ``cuStreamGetId`` at every call)."""
     pool = ctx.new_pool()
     streams = [PER_THREAD_STREAM] * max(THREADS) if per_thread else ctx.streams(max(THREADS))
-    ctx.gpupool.set_pool(pool)
     helper = _loop_helper()
     sizes = tuple(SIZES)
 
     def work_for(i):
-        loop, stream = helper.loop, streams[i]
+        loop, stream = helper.loop_span, streams[i]
         return lambda ops: loop(sizes, ops, 0, stream)
 
-    return Made(work_for, pool.trim, pool)
+    # The C API allocates from the device's default pool: this column's, set before each of
+    # its batches (another C API column sets its own).
+    return Made(work_for, pool.trim, pool, before=lambda: ctx.gpupool.set_pool(pool))
 
 
 def make_gpupool_capi_per_thread(ctx):
@@ -258,13 +267,13 @@ def run(columns, ctx, quick):
     """
     out = {"columns": {}, "skipped": {}, "errors": {}}
     made = _peers.make_columns({c.key: c.make for c in columns}, ctx, out["skipped"])
-    cells, teams = {}, []
+    cells, teams, team_of = {}, [], {}
     plan = QUICK_PLAN if quick else PLAN
     for key in made:
         for count in THREADS:
-            team = Team(count, made[key].loop)
+            team = team_of[key, count] = Team(count, made[key].loop)
             teams.append(team)
-            cells[key, count] = Cell(team.batch, **plan)
+            cells[key, count] = Cell(team.batch, before=made[key].before, **plan)
     start = time.perf_counter()
     try:
         timings, errors = measure_rounds(cells, reps=QUICK_REPS if quick else REPS)
@@ -283,6 +292,9 @@ def run(columns, ctx, quick):
                     "ops_per_s": {"median": count * 1e9 / t.median, "min": count * 1e9 / t.max,
                                   "max": count * 1e9 / t.min},
                     "ns_per_pair": t.median, "ops_per_thread": t.ops, "reps": t.reps}
+                rates = team_of[column.key, count].loop_rates[-t.reps:]
+                if rates:
+                    results[str(count)]["loop_ops_per_s"] = statistics.median(rates)
         entry = out["columns"][column.key] = {"label": column.label, "results": results}
         _peers.close_column(made[column.key], entry)
     _common.record_errors(errors, out["errors"])
@@ -321,6 +333,18 @@ def report(out):
                       for c in THREADS],
                      "scaling: pairs per second over the same column's with 1 thread"),
     ]
+    looped = [k for k in keys if any("loop_ops_per_s" in r for r in
+                                     out["columns"][k]["results"].values())]
+    if looped:
+        def loop_rate(k, c):
+            r = out["columns"][k]["results"].get(str(c), {}).get("loop_ops_per_s")
+            one = out["columns"][k]["results"].get("1", {}).get("loop_ops_per_s")
+            return "-" if r is None else f"{r / 1e6:.2f} ({_ratio(r, one)})"
+        parts.append(format_table(
+            ["threads", *looped], [[str(c)] + [loop_rate(k, c) for k in looped] for c in THREADS],
+            "inside the C loops: million pairs per second from the first thread's first pair to "
+            "the last one's last, median (scaling over 1 thread); the tables above also count "
+            "the threads' start and end at the barriers"))
     peers = [k for k in keys if k != "gp"]
     if "gp" in keys and peers:
         parts.append(format_table(

@@ -246,6 +246,31 @@ def test_threads_script_on_the_simulated_device(tmp_path):
     assert counters["num_allocs"] > counters["cache_misses"] > 0
 
 
+def test_team_puts_the_threads_loop_spans_on_one_time_line():
+    spans = {0: (1_000, 3_000), 1: (2_000, 5_000)}      # 4 us from the first start to the last end
+    team = threads.Team(2, lambda i: (lambda ops: spans[i]))
+    try:
+        team.batch(10)
+    finally:
+        team.close()
+    assert team.loop_rates == [2 * 10 * 1e9 / 4_000]
+
+
+def test_each_c_api_column_allocates_from_its_own_pool(tmp_path, default_pools):
+    out_json = tmp_path / "t.json"
+    threads.main(["--simulated", "--quick", "--columns", "gp.capi,gp.capi.pts", "--json",
+                  str(out_json)])
+    result = json.loads(out_json.read_text())
+    if "gp.capi" in result["skipped"]:
+        pytest.skip(result["skipped"]["gp.capi"])       # no C compiler here
+    for key in ("gp.capi", "gp.capi.pts"):
+        column = result["columns"][key]
+        assert all(r["loop_ops_per_s"] > 0 for r in column["results"].values())
+        # Every pair of the column went through its own pool (warm-up, probe and reps).
+        pairs = sum(int(n) * r["ops_per_thread"] * r["reps"] for n, r in column["results"].items())
+        assert column["pool_counters"]["num_allocs"] >= pairs
+
+
 def test_ipc_script_on_the_simulated_device(tmp_path):
     out_json = tmp_path / "ipc.json"
     ipc.main(["--simulated", "--quick", "--json", str(out_json)])
