@@ -157,10 +157,13 @@ def choose_device(device):
         try:
             return Gpu()
         except SetupError as exc:
+            # The reason alone: the advice after it (use the simulated device in code) is not
+            # for this command line, whose own is --device simulated (or auto).
+            reason = str(exc).split('; gpupool needs')[0]
             if device == "gpu":
-                raise
-            # The reason alone: the advice after it (use the simulated device) is taken here.
-            reason = f"because {str(exc).split('; gpupool needs')[0]}"
+                raise SetupError(f"{reason}; run with --device auto or --device simulated to "
+                                 "train on gpupool's simulated device instead") from exc
+            reason = f"because {reason}"
     print(f"{PROG}: training with NumPy on gpupool's simulated device (host memory), {reason}",
           flush=True)
     return Simulated()

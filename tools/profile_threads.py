@@ -83,7 +83,8 @@ def main(argv=None):
     for _ in range(args.runs):
         rate, misses, credit = run(helper, ctx, args)
         stuck += max(misses, default=0) > 1
-        print(f"{args.threads} threads on {kind}: {rate:.2f} M pairs/s together; misses per "
+        threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}"
+        print(f"{threads} on {kind}: {rate:.2f} M pairs/s together; misses per "
               f"thread, % of its requests: {' '.join(f'{m:.2f}' for m in misses)}; short of "
               f"credit: {' '.join(f'{c:.2f}' for c in credit)}")
     print(f"{stuck} of {args.runs} runs had a thread missing more than 1% of its requests")
