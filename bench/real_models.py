@@ -20,6 +20,7 @@ from 128..1024. Allocators (``--columns``):
 ``gp``             ``gpupool.torch.use()`` (the default upstream, ``GPUPOOL_UPSTREAM``)
 ``gp.region``      the same with ``with gpupool.Region(scope="process"):`` per step
 ``gp.driver``...   ``gp``/``gp.region`` on one upstream: ``.driver``, ``.vmm``
+``gp.vmm.nomag``   ``gp.vmm`` with ``GPUPOOL_MAGAZINES=0`` (asked for by name only)
 =================  ================================================================
 
 RMM columns are skipped with their reason where RMM is not installed. ``--trace-dir DIR``
@@ -70,6 +71,10 @@ COLUMNS = {
                False),
     "gp.vmm.region": ("gpupool vmm upstream + region", {"GPUPOOL_UPSTREAM": "vmm"}, "gpupool",
                       True),
+    # Not a default column: the pool without the threads' magazines (issue 13: what they cost
+    # when PyTorch's autograd thread allocates while the main thread's magazine holds blocks).
+    "gp.vmm.nomag": ("gpupool.torch.use(), vmm upstream, GPUPOOL_MAGAZINES=0",
+                     {"GPUPOOL_UPSTREAM": "vmm", "GPUPOOL_MAGAZINES": "0"}, "gpupool", False),
 }
 DEFAULT_COLUMNS = ("torch", "torch.exp", "rmm.pool", "rmm.async", "gp.vmm", "gp.vmm.region",
                    "gp.driver")

@@ -100,6 +100,10 @@ cdef size_t MAG_AGE = 2
 # thread's held blocks of MAG_KEEP times its size or more where they are (_mag_keeps).
 cdef size_t MAG_SMALL = 1 << 20
 cdef size_t MAG_KEEP = 8
+# GPUPOOL_MAGAZINES=0 (read at import): no thread keeps freed blocks in a magazine; every free
+# and request takes the shared path. For memory measurements across threads (PyTorch's
+# autograd thread allocates while the main thread's magazine holds what it freed).
+cdef bint MAGAZINES = os.environ.get("GPUPOOL_MAGAZINES", "").strip() != "0"
 
 
 cdef inline int wanted_bit(StreamKey s) noexcept nogil:
@@ -692,7 +696,8 @@ cdef class Pool(BlockOwner):
         the pool's lock when it has room. False: b is not for a magazine (a region's, used
         on other streams, large) or the thread has none: the shared path."""
         cdef Magazine* m
-        if b.size > MAG_MAX or b.region.cache != NULL or b.extra_streams != NULL or RECORDING:
+        if b.size > MAG_MAX or b.region.cache != NULL or b.extra_streams != NULL or RECORDING \
+                or not MAGAZINES:
             return False
         m = self.thread_magazine(True)
         if m == NULL:

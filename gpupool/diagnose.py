@@ -26,6 +26,7 @@ __all__ = ["Device", "Facts", "describe_limit", "format_report", "gather", "main
 
 LIMIT_VARIABLES = tuple(_LIMIT_VARIABLES.values())     # as the pool reads them
 UPSTREAM_VARIABLE = "GPUPOOL_UPSTREAM"
+MAGAZINES_VARIABLE = "GPUPOOL_MAGAZINES"  # "0": no per-thread magazines (read at import)
 DEFAULT_UPSTREAM = "vmm"             # "driver" on a device without virtual memory management
 # Installed distributions worth naming in a report, when present (never imported).
 FRAMEWORKS = ("cupy-cuda13x", "cupy-cuda12x", "numba-cuda", "torch", "jax", "scikit-learn")
@@ -62,8 +63,8 @@ class Facts:
         ``cuDriverGetVersion``: 1000 * major + 10 * minor, the newest CUDA the driver runs.
     devices : list of Device
     environment : dict of str to str
-        The values of ``GPUPOOL_UPSTREAM``, ``GPUPOOL_HARD_LIMIT`` and ``GPUPOOL_SOFT_LIMIT``
-        that are set (an empty value counts as unset, as for the pool).
+        The values of ``GPUPOOL_UPSTREAM``, ``GPUPOOL_HARD_LIMIT``, ``GPUPOOL_SOFT_LIMIT`` and
+        ``GPUPOOL_MAGAZINES`` that are set (an empty value counts as unset, as for the pool).
     pools : list of (int, str)
         ``(device, text)``: each default pool's ``repr`` and ``gpupool.pool_status()``.
     """
@@ -194,7 +195,8 @@ def gather(environ=None, driver=None, pools=None):
         ("NumPy", _version("numpy") or "not installed"),
     ])
     facts.frameworks = [(name, v) for name in FRAMEWORKS if (v := _version(name))]
-    facts.environment = {name: environ[name] for name in (UPSTREAM_VARIABLE, *LIMIT_VARIABLES)
+    facts.environment = {name: environ[name] for name in (UPSTREAM_VARIABLE, *LIMIT_VARIABLES,
+                                                          MAGAZINES_VARIABLE)
                          if environ.get(name)}
     if driver is None:
         from cuda.bindings import driver
@@ -279,6 +281,10 @@ def format_report(facts):
     for name in LIMIT_VARIABLES:
         raw = facts.environment.get(name)
         lines.append(f"{name}: " + ("not set" if raw is None else describe_limit(raw, totals)))
+    if facts.environment.get(MAGAZINES_VARIABLE, "").strip() == "0":
+        lines.append(f"Magazines: off ({MAGAZINES_VARIABLE}=0)")
+    else:
+        lines.append(f"Magazines: on (the default; {MAGAZINES_VARIABLE} is not 0)")
     if not facts.pools:
         lines.append("Pools: none made in this process")
     for device, text in facts.pools:

@@ -3,6 +3,9 @@ its next request of the same size are served without the pool's lock; whatever r
 across threads (growth, trims, stream merges, statistics, thread exit, the C API's frees by
 pointer) finds the blocks a thread holds; statistics stay exact, the peak included."""
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -251,6 +254,30 @@ def test_many_wanted_streams_of_idle_threads_leave_other_threads_their_magazines
     check_invariants(pool)
     for worker in workers:
         worker.exit()
+
+
+def test_gpupool_magazines_0_turns_every_threads_magazine_off():
+    code = """
+        import os, threading
+        os.environ["GPUPOOL_MAGAZINES"] = "0"
+        import gpupool
+        import gpupool.diagnose
+        from gpupool.testing import SimulatedDevice
+        pool = gpupool.Pool(upstream=SimulatedDevice())
+        def work():
+            for n in (4096, 1 << 20, 4096):
+                pool.allocate(n).close()
+        worker = threading.Thread(target=work)
+        worker.start(); worker.join()
+        work()
+        s = pool.stats()
+        print(pool._magazines_info(), s.num_allocs, s.num_frees, s.cache_hits, s.in_use_bytes)
+        print("Magazines: off" in gpupool.diagnose.format_report(gpupool.diagnose.gather()))
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["[] 6 6 5 0", "True"]
 
 
 CYCLE = [256, 4096, 64 << 10, MiB, 16 * MiB]      # bench/threads.py's sizes, in turn
