@@ -12,7 +12,11 @@
 # memory for a request, every thread's held blocks go to the free lists before the ladder, so
 # a block one thread holds serves another's request first. Before then they stay with their
 # threads (a request that finds no free block grows the pool, as tcmalloc's thread caches do:
-# taking them would have threads that use them steal each other's blocks at every miss). The
+# taking them would have threads that use them steal each other's blocks at every miss), but
+# for a thread that made no request since the last miss of another thread looked: a request
+# that finds no free block of its exact size takes in such an idle thread's blocks held on
+# its stream, so that the cut sees them (PyTorch's main thread waits in backward() holding
+# what the forward freed while its autograd thread allocates: _pool.pyx, _mag_flush_others). The
 # calling thread's own held blocks go back before the pool grows for it, and, when a request
 # of it finds no free block of its exact size, those it could serve cut and those two such
 # requests have passed by (so that a cut sees the free memory, while a thread cycling through
@@ -67,6 +71,8 @@ cdef cppclass Magazine:
     size_t since[MAG_SLOTS]     # `misses` when each was held
     int nblocks
     size_t misses               # requests of its thread that it could not serve
+    size_t requests             # requests of its thread that looked in it (its thread's count)
+    size_t seen                 # `requests` when another thread's miss last looked (the pool's)
     Block* handed[MAG_HANDED]   # live, taken through the C API from this magazine
     int nhanded
     size_t held                 # bytes of `blocks`

@@ -337,7 +337,7 @@ cdef class Pool(BlockOwner):
             return 0
         if self._nparked and not fl_has_exact(&self._free, size, s):
             self.flush_parked()
-        if self._mag_flush_own(size, s) and answered:
+        if (self._mag_flush_own(size, s) + self._mag_flush_others(size, s)) and answered:
             so_mark_blocks(&self._order, self.upstream, &self._free, s)
         b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
         if b == NULL:
@@ -502,7 +502,7 @@ cdef class Pool(BlockOwner):
         m.pool = <void*>self
         m.orphan = False
         m.nblocks = m.nhanded = 0
-        m.misses = 0
+        m.misses = m.requests = m.seen = 0
         m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
         m.wanted = m.no_block = m.no_credit = 0
         if self._holder == current_thread():
@@ -537,7 +537,10 @@ cdef class Pool(BlockOwner):
             m = <Magazine*>t.magazines[0].magazine
         else:
             m = self.thread_magazine(False)
-        if m == NULL or m.nblocks == 0 or m.pool != <void*>self:
+        if m == NULL or m.pool != <void*>self:
+            return NULL
+        m.requests += 1                         # its thread is active (_mag_flush_others)
+        if m.nblocks == 0:
             return NULL
         if (self._wanted_mask >> wanted_bit(s)) & 1 and self._is_wanted_fast(s):
             m.wanted += 1
@@ -651,6 +654,37 @@ cdef class Pool(BlockOwner):
                 self._mag_drop(m, i)
                 dropped = True
         m.mutex.unlock()
+        return dropped
+
+    cdef bint _mag_flush_others(self, size_t size, StreamKey s) noexcept nogil:
+        """Under the pool's lock, for a request of size bytes on s that found no free block of
+        its exact size: the blocks held on s by threads that made no request since the last
+        such look go to the free lists, joined, so that the cut sees that free memory too
+        (PyTorch's autograd thread allocates the backward while the main thread, waiting,
+        holds what the forward freed, and the other way round); whether any went. Threads
+        that allocate keep theirs: taking them would have threads on one stream empty each
+        other's magazines at every miss."""
+        cdef Magazine* mine = self.thread_magazine(False)
+        cdef Magazine* m
+        cdef bint dropped = False
+        cdef size_t k
+        cdef int i
+        if fl_has_exact(&self._free, size, s):
+            return False
+        for k in range(self._magazines.size()):
+            m = self._magazines[k]
+            if m == mine or m.nblocks == 0:
+                continue
+            m.mutex.lock()
+            if m.requests == m.seen:            # idle since the last look
+                i = m.nblocks
+                while i:
+                    i -= 1
+                    if same_stream(m.blocks[i].stream, s):
+                        self._mag_drop(m, i)
+                        dropped = True
+            m.seen = m.requests
+            m.mutex.unlock()
         return dropped
 
     cdef bint _mag_reap(self) noexcept nogil:

@@ -17,6 +17,10 @@ import gpupool
 from gpupool.testing import SimulatedDevice
 
 MiB = 1 << 20
+# The calling thread's per-thread default stream: its key is the thread's own, so that two
+# threads' held blocks are on different streams (a request takes in other threads' held blocks
+# on its own stream: test_a_cut_sees_the_blocks_other_threads_hold_on_its_stream).
+PTS = 2
 
 
 def on_thread(fn, *args):
@@ -168,11 +172,12 @@ def test_a_thread_that_exits_leaves_its_blocks_to_the_pool():
 def test_trims_and_stream_merges_flush_every_threads_magazine():
     sim = SimulatedDevice()
     pool = gpupool.Pool(upstream=sim)
-    stream = sim.create_stream()
+    stream, other = sim.create_stream(), sim.create_stream()
     pool.allocate(128 * MiB, stream=stream).close()     # free memory to cut from, on stream
+    pool.allocate(128 * MiB, stream=other).close()      # and on other
     worker = Worker()
     worker(lambda: pool.allocate(MiB, stream=stream).close())
-    pool.allocate(2 * MiB, stream=stream).close()
+    pool.allocate(2 * MiB, stream=other).close()        # another stream's: the worker keeps its
     assert sum(m["blocks"] for m in pool._magazines_info()) == 2
     assert pool.merge_streams() >= 1                    # the worker's block was on stream
     assert sum(m["blocks"] for m in pool._magazines_info()) == 0
@@ -182,22 +187,78 @@ def test_trims_and_stream_merges_flush_every_threads_magazine():
     worker.exit()
 
 
+def test_a_cut_sees_the_blocks_other_threads_hold_on_its_stream():
+    # Issue 13: PyTorch's autograd thread allocates the backward while the main thread's
+    # magazine holds what the forward freed. Cut around those blocks, the backward's peak
+    # came out 570 MiB above one thread's on the recorded GPT-2 run (bench/fragmentation.py's
+    # trace, split between two threads at each step's peak).
+    sim = SimulatedDevice()
+    pool = gpupool.Pool(upstream=sim)
+    stream = sim.create_stream()
+    pool.allocate(16 * MiB, stream=stream).close()      # one free segment on stream
+    pool.merge_streams()
+    worker = Worker()
+    worker(lambda: pool.allocate(MiB, stream=stream).close())
+    held = worker(lambda: pool.allocate(MiB, stream=stream))    # from its magazine
+    ptr = held.ptr                                      # the segment's first MiB
+    worker(held.close)                                  # held in the worker's magazine
+    pool.allocate(5 * MiB, stream=stream).close()       # a miss: the worker was active
+    assert [m["blocks"] for m in pool._magazines_info()] == [1, 1]
+    buf = pool.allocate(3 * MiB, stream=stream)         # a miss: the worker is idle now
+    assert buf.ptr == ptr                               # the cut saw its block
+    assert [m["blocks"] for m in pool._magazines_info()] == [0, 0]
+    buf.close()
+    # Another stream's request leaves it: its blocks are not free for that stream yet.
+    side = sim.create_stream()
+    worker(lambda: pool.allocate(MiB, stream=stream).close())
+    pool.allocate(3 * MiB, stream=side).close()
+    pool.allocate(5 * MiB, stream=side).close()
+    assert [m["blocks"] for m in pool._magazines_info()][0] == 1
+    check_invariants(pool)
+    worker.exit()
+
+
+def test_threads_allocating_on_one_stream_keep_their_magazines_through_each_others_misses():
+    sim = SimulatedDevice()
+    pool = gpupool.Pool(upstream=sim)
+    steady, roaming = Worker(), Worker()
+    side = sim.create_stream()
+    steady(lambda: pool.allocate(8192, stream=side).close())    # held throughout (not flushed)
+    steady(lambda: pool.allocate(MiB).close())
+
+    def steadys():
+        return [m for m in pool._magazines_info()
+                if any(n == 8192 and handle == side for n, handle, _ in m["streams"])]
+
+    before = steadys()[0]["no_block"]
+    for k in range(50):                 # every request of roaming misses; steady allocates too
+        roaming(lambda k=k: pool.allocate((k + 2) * 4096).close())
+        steady(lambda: pool.allocate(MiB).close())
+    after = steadys()
+    assert len(after) == 1 and after[0]["blocks"] == 2
+    assert after[0]["no_block"] == before               # its 1 MiB block was there every time
+    check_invariants(pool)
+    steady.exit()
+    roaming.exit()
+
+
 def test_the_peak_is_exact_when_a_held_block_is_flushed_not_retaken():
     # Bytes a thread holds are free: another thread's allocation meanwhile is not a new peak
     # unless in use really went above it.
     pool = gpupool.Pool(upstream=SimulatedDevice())
     pool.allocate(128 * MiB).close()        # free memory to cut from: no flush before growth
+    pool.merge_streams()                    # for any stream
     pool.reset_peak_stats()
     worker = Worker()
-    worker(lambda: pool.allocate(MiB).close())          # the worker holds 1 MiB; peak 1 MiB
+    worker(lambda: pool.allocate(MiB, stream=PTS).close())  # the worker holds 1 MiB: peak
     assert pool.stats().peak_in_use_bytes == MiB
     big = pool.allocate(2 * MiB)                        # in use 2 MiB (the held 1 MiB is free)
     assert pool._magazines_info()[0]["blocks"] == 1
     assert pool.stats().peak_in_use_bytes == 2 * MiB
     big.close()                                         # this thread holds 2 MiB now
-    worker(lambda: pool.allocate(MiB).close())          # in use 1 MiB at most
+    worker(lambda: pool.allocate(MiB, stream=PTS).close())  # in use 1 MiB at most
     assert pool.stats().peak_in_use_bytes == 2 * MiB
-    kept = worker(lambda: pool.allocate(MiB))           # both retaken and kept: in use 3 MiB
+    kept = worker(lambda: pool.allocate(MiB, stream=PTS))   # both kept: in use 3 MiB
     big = pool.allocate(2 * MiB)
     assert pool.stats().peak_in_use_bytes == 3 * MiB
     worker(kept.close)
@@ -205,7 +266,7 @@ def test_the_peak_is_exact_when_a_held_block_is_flushed_not_retaken():
     pool.reset_peak_stats()
     assert pool.stats().peak_in_use_bytes == 0
     # After the reset no thread has credit: a retake is counted by the pool, and exactly.
-    kept = worker(lambda: pool.allocate(MiB))
+    kept = worker(lambda: pool.allocate(MiB, stream=PTS))
     assert pool.stats().peak_in_use_bytes == MiB
     worker(kept.close)
     check_invariants(pool)
@@ -218,16 +279,17 @@ def test_credit_comes_back_from_the_magazines_with_the_most_and_the_peak_stays_e
     pool.merge_streams()                                # free memory, no thread holding it
     pool.reset_peak_stats()
     one, four, other = Worker(), Worker(), Worker()
-    one(lambda: pool.allocate(MiB).close())             # peak 1 MiB, its credit 1 MiB
-    four(lambda: pool.allocate(4 * MiB).close())        # peak 4 MiB: all credit went
+    one(lambda: pool.allocate(MiB, stream=PTS).close())     # peak 1 MiB, its credit 1 MiB
+    four(lambda: pool.allocate(4 * MiB, stream=PTS).close())  # peak 4 MiB: all credit went
     assert pool.stats().peak_in_use_bytes == 4 * MiB
-    one(lambda: pool.allocate(MiB).close())             # retaken beyond credit: 1 MiB of 4's
+    one(lambda: pool.allocate(MiB, stream=PTS).close())     # beyond credit: 1 MiB of 4's
     assert [m["credit"] for m in pool._magazines_info()[1:]] == [MiB, 3 * MiB]
-    kept = other(lambda: pool.allocate(2 * MiB))        # 2 MiB in use: 2 MiB of credit go,
+    kept = other(lambda: pool.allocate(2 * MiB, stream=PTS))  # in use 2 MiB: 2 MiB of credit go,
     credits = [m["credit"] for m in pool._magazines_info()[1:3]]
     assert credits == [MiB, MiB]                        # from the magazine with the most
     assert pool.stats().peak_in_use_bytes == 4 * MiB    # in use never went above 4 MiB
-    both = one(lambda: pool.allocate(MiB)), four(lambda: pool.allocate(4 * MiB))
+    both = (one(lambda: pool.allocate(MiB, stream=PTS)),
+            four(lambda: pool.allocate(4 * MiB, stream=PTS)))
     assert pool.stats().peak_in_use_bytes == 7 * MiB    # 2 + 1 + 4, retaken: exactly
     one(both[0].close)
     four(both[1].close)
