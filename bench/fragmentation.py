@@ -78,8 +78,8 @@ def peak_reserved_two_threads(gpupool, trace):
     the step's start to its peak of live bytes on one thread (the forward), the rest on
     another (the backward, on PyTorch's autograd thread; the optimizer step goes with it here,
     the trace having no thread ids), on the expandable simulated device; peak reserved bytes.
-    On the H200, gpupool's own peak reserved bytes under PyTorch matched this replay's to
-    the MiB (issue 13)."""
+    On the H200 (2026-12-02), gpupool's own peak reserved bytes under PyTorch were within
+    10 MiB of this replay's (issue 13)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gpupool.testing import SimulatedDevice

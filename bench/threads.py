@@ -267,18 +267,17 @@ def run(columns, ctx, quick):
     """
     out = {"columns": {}, "skipped": {}, "errors": {}}
     made = _peers.make_columns({c.key: c.make for c in columns}, ctx, out["skipped"])
-    cells, teams, team_of = {}, [], {}
+    cells, team_of = {}, {}
     plan = QUICK_PLAN if quick else PLAN
     for key in made:
         for count in THREADS:
             team = team_of[key, count] = Team(count, made[key].loop)
-            teams.append(team)
             cells[key, count] = Cell(team.batch, before=made[key].before, **plan)
     start = time.perf_counter()
     try:
         timings, errors = measure_rounds(cells, reps=QUICK_REPS if quick else REPS)
     finally:
-        for team in teams:
+        for team in team_of.values():
             team.close()
     print(f"  {len(cells)} cells: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     for column in columns:

@@ -16,17 +16,17 @@
 # for a thread that made no request since the last miss of another thread looked: a request
 # that finds no free block of its exact size takes in such an idle thread's blocks held on
 # its stream, so that the cut sees them (PyTorch's main thread waits in backward() holding
-# what the forward freed while its autograd thread allocates: _pool.pyx, _mag_flush_others). The
-# calling thread's own held blocks go back before the pool grows for it, and, when a request
-# of it finds no free block of its exact size, those it could serve cut and those two such
-# requests have passed by (so that a cut sees the free memory, while a thread cycling through
-# a few sizes keeps them); but a small request (up to 1 MiB) leaves a held block of 8 times
-# its size or more, and the pool grows for it instead (a page at most): a thread cycling
+# what the forward freed while its autograd thread allocates: _pool.pyx, _mag_flush_others).
+# The calling thread's own held blocks go back before the pool grows for it, and, when a
+# request of it finds no free block of its exact size, those it could serve cut and those two
+# such requests have passed by (so that a cut sees the free memory, while a thread cycling
+# through a few sizes keeps them); but a small request (up to 1 MiB) leaves a held block of 8
+# times its size or more, and the pool grows for it instead (a page at most): a thread cycling
 # through small and large sizes on one expandable segment would otherwise cut and join at
-# every request (_pool.pyx, _mag_keeps). A stream another stream waits for gives its thread's held blocks up
-# the next time it allocates (so that they get their events: _streamorder.pxd); regions'
-# blocks, blocks used on other streams (record_stream) and, while the memory history records,
-# every block take the shared path.
+# every request (_pool.pyx, _mag_keeps). A stream another stream waits for gives its thread's
+# held blocks up the next time it allocates (so that they get their events:
+# _streamorder.pxd); regions' blocks, blocks used on other streams (record_stream) and, while
+# the memory history records, every block take the shared path.
 #
 # Counting. The pool's counters count a magazine's blocks as in use (the shared path does not
 # see the magazine), the magazine counts them as held: bytes in use are the counters' less

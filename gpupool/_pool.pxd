@@ -96,7 +96,8 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef bint _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil
     cdef bint mag_flush_mine(self) noexcept nogil
     cdef bint _mag_flush_mine_for(self, size_t size) noexcept nogil
-    cdef bint _mag_flush_others(self, size_t size, StreamKey s) noexcept nogil
+    cdef bint _mag_flush_others(self, StreamKey s) noexcept nogil
+    cdef bint _mag_drop_stream(self, Magazine* m, StreamKey s) noexcept nogil
     cdef bint _mag_reap(self) noexcept nogil
     cdef bint _mag_sweep(self, bint exited_only) noexcept nogil
     cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil

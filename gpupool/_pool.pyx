@@ -337,7 +337,8 @@ cdef class Pool(BlockOwner):
             return 0
         if self._nparked and not fl_has_exact(&self._free, size, s):
             self.flush_parked()
-        if (self._mag_flush_own(size, s) + self._mag_flush_others(size, s)) and answered:
+        if not fl_has_exact(&self._free, size, s) and \
+                (self._mag_flush_own(size, s) + self._mag_flush_others(s)) and answered:
             so_mark_blocks(&self._order, self.upstream, &self._free, s)
         b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
         if b == NULL:
@@ -603,7 +604,8 @@ cdef class Pool(BlockOwner):
 
     cdef bint _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil:
         """Under the pool's lock, for a request the calling thread's magazine could not
-        serve and the free lists hold no block of its exact size for: the magazine's blocks
+        serve and the free lists hold no block of its exact size for (the caller checks): the
+        magazine's blocks
         that MAG_AGE such requests have passed by go to the free lists, joined, so that a cut
         sees the free memory (blocks held while others are cut raised the recorded traces'
         peaks), while a thread cycling through a few sizes keeps them; those a small request
@@ -611,7 +613,7 @@ cdef class Pool(BlockOwner):
         cdef Magazine* m = self.thread_magazine(False)
         cdef bint dropped = False
         cdef int i
-        if m == NULL or m.nblocks == 0 or fl_has_exact(&self._free, size, s):
+        if m == NULL or m.nblocks == 0:
             return False
         m.mutex.lock()
         m.misses += 1
@@ -656,33 +658,25 @@ cdef class Pool(BlockOwner):
         m.mutex.unlock()
         return dropped
 
-    cdef bint _mag_flush_others(self, size_t size, StreamKey s) noexcept nogil:
-        """Under the pool's lock, for a request of size bytes on s that found no free block of
-        its exact size: the blocks held on s by threads that made no request since the last
-        such look go to the free lists, joined, so that the cut sees that free memory too
-        (PyTorch's autograd thread allocates the backward while the main thread, waiting,
-        holds what the forward freed, and the other way round); whether any went. Threads
-        that allocate keep theirs: taking them would have threads on one stream empty each
-        other's magazines at every miss."""
+    cdef bint _mag_flush_others(self, StreamKey s) noexcept nogil:
+        """Under the pool's lock, for a request on s that found no free block of its exact
+        size: the blocks held on s by threads that made no request since the last such look
+        go to the free lists, joined, so that the cut sees that free memory too (PyTorch's
+        autograd thread allocates the backward while the main thread, waiting, holds what the
+        forward freed, and the other way round); whether any went. Threads that allocate keep
+        theirs: taking them would have threads on one stream empty each other's magazines at
+        every miss."""
         cdef Magazine* mine = self.thread_magazine(False)
         cdef Magazine* m
         cdef bint dropped = False
         cdef size_t k
-        cdef int i
-        if fl_has_exact(&self._free, size, s):
-            return False
         for k in range(self._magazines.size()):
             m = self._magazines[k]
             if m == mine or m.nblocks == 0:
                 continue
             m.mutex.lock()
             if m.requests == m.seen:            # idle since the last look
-                i = m.nblocks
-                while i:
-                    i -= 1
-                    if same_stream(m.blocks[i].stream, s):
-                        self._mag_drop(m, i)
-                        dropped = True
+                dropped = self._mag_drop_stream(m, s) or dropped
             m.seen = m.requests
             m.mutex.unlock()
         return dropped
@@ -714,16 +708,23 @@ cdef class Pool(BlockOwner):
         """Under the pool's lock: stream s is wanted and allocating on the calling thread,
         whose blocks held on s go to the free lists (to get their events there)."""
         cdef Magazine* m = self.thread_magazine(False)
-        cdef int i
         if m == NULL or m.nblocks == 0:
             return
         m.mutex.lock()
-        i = m.nblocks
+        self._mag_drop_stream(m, s)
+        m.mutex.unlock()
+
+    cdef bint _mag_drop_stream(self, Magazine* m, StreamKey s) noexcept nogil:
+        """Under the pool's lock and m's: m's blocks held on s to the free lists; whether any
+        went."""
+        cdef bint dropped = False
+        cdef int i = m.nblocks
         while i:
             i -= 1
             if same_stream(m.blocks[i].stream, s):
                 self._mag_drop(m, i)
-        m.mutex.unlock()
+                dropped = True
+        return dropped
 
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil:
         """Hold freed block b (last used on s) in the calling thread's magazine, without
