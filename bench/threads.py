@@ -352,10 +352,11 @@ def report(out):
              for c in THREADS],
             "gpupool (gp) pairs per second / peer's: above 1 = gpupool faster"))
     legend = [f"each thread: allocate + free of {', '.join(format_size(n) for n in SIZES)} in "
-              "turn, on its own non-blocking stream; the GIL is released only by gp.capi's C "
+              "turn, on its own non-blocking stream (gp.capi.pts: its per-thread default "
+              "stream); the GIL is released only by gp.capi's C "
               "loop, by gpupool while it waits for its mutex, and by whatever a peer releases",
               "", "columns:"]
-    legend += [f"  {k:10} {c['label']}" for k, c in out["columns"].items()]
+    legend += [f"  {k:12} {c['label']}" for k, c in out["columns"].items()]
     legend += _common.problem_lines(out, 10, lambda n: f"with {n} threads")
     parts += [p for p in (_common.cache_lines(out), "\n".join(legend)) if p]
     return "\n\n".join(parts)
