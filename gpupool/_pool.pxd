@@ -93,9 +93,8 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void _mag_drop(self, Magazine* m, int i) noexcept nogil
     cdef void _mag_fold(self, Magazine* m) noexcept nogil
     cdef void _mag_flush(self, Magazine* m) noexcept nogil
-    cdef bint _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil
+    cdef bint _mag_flush_own(self, size_t size, bint growing) noexcept nogil
     cdef bint mag_flush_mine(self) noexcept nogil
-    cdef bint _mag_flush_mine_for(self, size_t size) noexcept nogil
     cdef bint _mag_flush_others(self, StreamKey s) noexcept nogil
     cdef bint _mag_drop_stream(self, Magazine* m, StreamKey s) noexcept nogil
     cdef bint _mag_reap(self) noexcept nogil

@@ -338,14 +338,14 @@ cdef class Pool(BlockOwner):
         if self._nparked and not fl_has_exact(&self._free, size, s):
             self.flush_parked()
         if not fl_has_exact(&self._free, size, s) and \
-                (self._mag_flush_own(size, s) + self._mag_flush_others(s)) and answered:
+                (self._mag_flush_own(size, False) + self._mag_flush_others(s)) and answered:
             so_mark_blocks(&self._order, self.upstream, &self._free, s)
         b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
         if b == NULL:
             # Idle regions' cached blocks serve before the pool grows: a region never costs
             # memory that the pool alone would not.
             b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
-        if b == NULL and self._mag_reap() + self._mag_flush_mine_for(size):
+        if b == NULL and self._mag_reap() + self._mag_flush_own(size, True):
             # The calling thread's held blocks (but those a small request leaves), and exited
             # threads', serve before the pool grows.
             if answered:
@@ -602,27 +602,29 @@ cdef class Pool(BlockOwner):
         m.mutex.unlock()
         return b
 
-    cdef bint _mag_flush_own(self, size_t size, StreamKey s) noexcept nogil:
-        """Under the pool's lock, for a request the calling thread's magazine could not
-        serve and the free lists hold no block of its exact size for (the caller checks): the
-        magazine's blocks
-        that MAG_AGE such requests have passed by go to the free lists, joined, so that a cut
-        sees the free memory (blocks held while others are cut raised the recorded traces'
-        peaks), while a thread cycling through a few sizes keeps them; those a small request
-        leaves (_mag_keeps) stay."""
+    cdef bint _mag_flush_own(self, size_t size, bint growing) noexcept nogil:
+        """Under the pool's lock, for a request of size bytes of the calling thread: its held
+        blocks go to the free lists, joined, but those a small request leaves (_mag_keeps).
+        growing: the pool grows for it next, and all the others go. Else the request found
+        neither a held nor a free block of its exact size (the caller checks), and only those
+        it could be cut from and those that MAG_AGE such requests have passed by go, so that
+        a cut sees the free memory (blocks held while others are cut raised the recorded
+        traces' peaks), while a thread cycling through a few sizes keeps them. Whether any
+        went."""
         cdef Magazine* m = self.thread_magazine(False)
         cdef bint dropped = False
         cdef int i
         if m == NULL or m.nblocks == 0:
             return False
         m.mutex.lock()
-        m.misses += 1
+        if not growing:
+            m.misses += 1
         i = m.nblocks
         while i:
             i -= 1
             if _mag_keeps(m.blocks[i], size):
                 continue
-            if m.blocks[i].size >= size or m.misses - m.since[i] > MAG_AGE:
+            if growing or m.blocks[i].size >= size or m.misses - m.since[i] > MAG_AGE:
                 self._mag_drop(m, i)
                 dropped = True
         m.mutex.unlock()
@@ -638,25 +640,6 @@ cdef class Pool(BlockOwner):
         self._mag_flush(m)
         m.mutex.unlock()
         return True
-
-    cdef bint _mag_flush_mine_for(self, size_t size) noexcept nogil:
-        """Under the pool's lock, before the pool grows for a request of size bytes: the
-        calling thread's held blocks to the free lists, but those a small request leaves
-        (_mag_keeps); whether any went."""
-        cdef Magazine* m = self.thread_magazine(False)
-        cdef bint dropped = False
-        cdef int i
-        if m == NULL or m.nblocks == 0:
-            return False
-        m.mutex.lock()
-        i = m.nblocks
-        while i:
-            i -= 1
-            if not _mag_keeps(m.blocks[i], size):
-                self._mag_drop(m, i)
-                dropped = True
-        m.mutex.unlock()
-        return dropped
 
     cdef bint _mag_flush_others(self, StreamKey s) noexcept nogil:
         """Under the pool's lock, for a request on s that found no free block of its exact
