@@ -2,7 +2,8 @@
  * allocate + free pairs through gpupool's C API (gpupool.h), run without the GIL, so that
  * several Python threads calling it at once run in parallel (timed per pair, or as a span on
  * the monotonic clock that several threads' loops share); and a loop of the two driver
- * calls that a created stream's key costs gpupool (key_loop), for comparison. */
+ * calls that a created stream's key costs gpupool (key_loop) and a loop that shares nothing
+ * (spin_loop), for comparison. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
@@ -136,11 +137,38 @@ static PyObject* key_loop(PyObject* self, PyObject* args) {
     return PyFloat_FromDouble(n ? ns / (double)n : 0.0);
 }
 
+/* spin_loop(n) -> (start_ns, end_ns): n rounds of a xorshift chain (about as many
+ * instructions as a cached pair, no memory shared between threads, no calls), without the
+ * GIL: a control whose scaling over threads is what the machine gives a loop that shares
+ * nothing. */
+static PyObject* spin_loop(PyObject* self, PyObject* args) {
+    Py_ssize_t n;
+    uint64_t x = 0x9E3779B97F4A7C15ULL;
+    static volatile uint64_t sink;
+    struct timespec t0, t1;
+    if (!PyArg_ParseTuple(args, "n", &n))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (int k = 0; k < 24; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    Py_END_ALLOW_THREADS
+    sink = x;
+    return Py_BuildValue("LL", ns_of(&t0), ns_of(&t1));
+}
+
 static PyMethodDef methods[] = {
     {"loop", loop, METH_VARARGS, "loop(sizes, n, device=0, stream=0) -> ns per pair"},
     {"loop_span", loop_span, METH_VARARGS,
      "loop_span(sizes, n, device=0, stream=0) -> (start_ns, end_ns)"},
     {"key_loop", key_loop, METH_VARARGS, "key_loop(n, stream) -> ns per stream lookup"},
+    {"spin_loop", spin_loop, METH_VARARGS, "spin_loop(n) -> (start_ns, end_ns)"},
     {NULL, NULL, 0, NULL},
 };
 

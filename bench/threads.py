@@ -9,8 +9,9 @@ together (median of the repetitions), and how it scales with the threads. Run::
 gpupool's Python API holds the GIL except while it waits for the pool's mutex, so its Python
 threads take turns; the ``gp.capi`` column runs the same pairs through the C API in a C loop
 without the GIL (a helper compiled at run time; skipped if that fails), and ``gp.capi.pts``
-on each thread's per-thread default stream instead of a created one. Columns whose framework
-is missing (CuPy, PyTorch) are skipped and say why.
+on each thread's per-thread default stream instead of a created one; ``cpu`` is a C loop that
+shares nothing, the ceiling of what the machine's cores give any column. Columns whose
+framework is missing (CuPy, PyTorch) are skipped and say why.
 """
 
 import functools
@@ -57,6 +58,7 @@ class Team:
         self._ops, self._errors = 0, []
         self._results = [None] * count
         self.loop_rates = []            # per batch: pairs per second inside the C loops
+        self.own_rates = []             # per batch: the sum of each thread's own loop's rate
         self._threads = [threading.Thread(target=self._main, args=(i, work_for), daemon=True,
                                           name=f"bench-{count}-{i}") for i in range(count)]
         for thread in self._threads:
@@ -96,8 +98,9 @@ class Team:
         spans = self._results           # loop_span's (start, end) of each thread, if timed so
         if all(isinstance(v, tuple) for v in spans):
             elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
-            if elapsed > 0:
+            if elapsed > 0 and all(end > start for start, end in spans):
                 self.loop_rates.append(self.count * ops * 1e9 / elapsed)
+                self.own_rates.append(sum(ops * 1e9 / (end - start) for start, end in spans))
 
     def close(self):
         """Stop and join the threads (after a timed-out batch, leave them: they are daemons)."""
@@ -191,6 +194,19 @@ def make_driver_key(ctx):
     return Made(work_for, lambda: None)
 
 
+def make_spin(ctx):
+    """A C loop without the GIL that shares nothing between threads (``spin_loop``: a
+    xorshift chain per pair): what the machine gives each thread, the ceiling of any
+    column's scaling."""
+    helper = _loop_helper()
+
+    def work_for(i):
+        loop = helper.spin_loop
+        return lambda ops: loop(ops)
+
+    return Made(work_for, lambda: None)
+
+
 def make_cupy(ctx):
     """``x = cupy.cuda.alloc(n); del x`` on CuPy's default MemoryPool, the thread's stream
     current (``cupy.cuda.ExternalStream``)."""
@@ -250,6 +266,8 @@ COLUMNS = [
            make_gpupool_capi_per_thread),
     Column("drv.key", "cuStreamIsCapturing + cuStreamGetId: gp.capi's driver calls per pair",
            make_driver_key),
+    Column("cpu", "a C loop sharing nothing (xorshift chain): the machine's ceiling",
+           make_spin),
     Column("cp.alloc", "cupy.cuda.alloc, CuPy MemoryPool", make_cupy),
     Column("torch", "torch.empty uint8 + del, caching allocator", make_torch),
     Column("drv.async", "cuMemAllocAsync + cuMemFreeAsync (Python layer)", make_driver_async),
@@ -291,9 +309,12 @@ def run(columns, ctx, quick):
                     "ops_per_s": {"median": count * 1e9 / t.median, "min": count * 1e9 / t.max,
                                   "max": count * 1e9 / t.min},
                     "ns_per_pair": t.median, "ops_per_thread": t.ops, "reps": t.reps}
-                rates = team_of[column.key, count].loop_rates[-t.reps:]
-                if rates:
-                    results[str(count)]["loop_ops_per_s"] = statistics.median(rates)
+                team = team_of[column.key, count]
+                if team.loop_rates:
+                    results[str(count)]["loop_ops_per_s"] = statistics.median(
+                        team.loop_rates[-t.reps:])
+                    results[str(count)]["own_ops_per_s"] = statistics.median(
+                        team.own_rates[-t.reps:])
         entry = out["columns"][column.key] = {"label": column.label, "results": results}
         _peers.close_column(made[column.key], entry)
     _common.record_errors(errors, out["errors"])
@@ -335,15 +356,23 @@ def report(out):
     looped = [k for k in keys if any("loop_ops_per_s" in r for r in
                                      out["columns"][k]["results"].values())]
     if looped:
-        def loop_rate(k, c):
-            r = out["columns"][k]["results"].get(str(c), {}).get("loop_ops_per_s")
-            one = out["columns"][k]["results"].get("1", {}).get("loop_ops_per_s")
+        def loop_rate(k, c, field):
+            r = out["columns"][k]["results"].get(str(c), {}).get(field)
+            one = out["columns"][k]["results"].get("1", {}).get(field)
             return "-" if r is None else f"{r / 1e6:.2f} ({_ratio(r, one)})"
         parts.append(format_table(
-            ["threads", *looped], [[str(c)] + [loop_rate(k, c) for k in looped] for c in THREADS],
+            ["threads", *looped],
+            [[str(c)] + [loop_rate(k, c, "loop_ops_per_s") for k in looped] for c in THREADS],
             "inside the C loops: million pairs per second from the first thread's first pair to "
             "the last one's last, median (scaling over 1 thread); the tables above also count "
             "the threads' start and end at the barriers"))
+        parts.append(format_table(
+            ["threads", *looped],
+            [[str(c)] + [loop_rate(k, c, "own_ops_per_s") for k in looped] for c in THREADS],
+            "each thread's own loop: the sum of each thread's pairs per second over its own "
+            "loop's time, median (scaling over 1 thread). Below the thread count: each "
+            "thread's pairs were slower (contention, or cores shared); above the table before: "
+            "the threads' loops did not all run at once (staggered starts, too few cores)"))
     peers = [k for k in keys if k != "gp"]
     if "gp" in keys and peers:
         parts.append(format_table(

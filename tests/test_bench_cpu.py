@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 import alloc_trace  # noqa: E402
 import fragmentation  # noqa: E402
 import ipc  # noqa: E402
+import real_models  # noqa: E402
 import region_memory  # noqa: E402
 import run_all  # noqa: E402
 import threads  # noqa: E402
@@ -254,6 +255,20 @@ def test_team_puts_the_threads_loop_spans_on_one_time_line():
     finally:
         team.close()
     assert team.loop_rates == [2 * 10 * 1e9 / 4_000]
+    # Each thread's own rate: 10 pairs in 2 us and in 3 us.
+    assert team.own_rates == [pytest.approx(10 * 1e9 / 2_000 + 10 * 1e9 / 3_000)]
+
+
+def test_threads_cpu_control_column_scales_its_own_loops(tmp_path):
+    out_json = tmp_path / "t.json"
+    threads.main(["--simulated", "--quick", "--columns", "cpu", "--json", str(out_json)])
+    result = json.loads(out_json.read_text())
+    if "cpu" in result["skipped"]:
+        pytest.skip(result["skipped"]["cpu"])           # no C compiler here
+    results = result["columns"]["cpu"]["results"]
+    assert set(results) == {"1", "2", "4", "8"}
+    assert all(r["own_ops_per_s"] >= r["loop_ops_per_s"] > 0 for r in results.values())
+    assert "each thread's own loop" in threads.report(result)
 
 
 def test_each_c_api_column_allocates_from_its_own_pool(tmp_path, default_pools):
@@ -348,3 +363,26 @@ def test_region_memory_varying_batches_are_the_same_for_every_way_and_flatness_w
         "peak_reserved": reserved}}
     assert not region_memory.summarize(record, None)["flat"]
     assert region_memory.summarize(record, None, flat_from=4)["flat"]
+
+
+def _model_run(peak, reserved, in_use, ms=10.0):
+    record = {"per_step": {"used_after": [peak] * 4, "peak": [peak] * 4, "ms": [ms] * 4,
+                           "loss": [1.0] * 4},
+              "peak_bytes": peak, "allocator_peak_reserved": reserved,
+              "allocator_peak_in_use": in_use}
+    record["summary"] = real_models.summarize(record)
+    return record
+
+
+def test_real_models_report_has_each_allocators_peak_in_use_and_the_floor():
+    out = {"models": ["gpt2"], "steps": 4, "columns": ["torch.exp", "gp.vmm"],
+           "runs": {"gpt2": {"torch.exp": _model_run(1000 * MiB, 900 * MiB, 880 * MiB),
+                             "gp.vmm": _model_run(990 * MiB, 890 * MiB, 880 * MiB)}}}
+    text = real_models.report(out)
+    assert "own peak in use" in text
+    # 880 MiB in use at once + 100 MiB outside the allocator: 0.980 of the anchor's peak.
+    assert "floor: 880 MiB in use at once + 100 outside torch.exp's allocator = 980 MiB = " \
+           "0.980 of its peak: the aim 0.95 is below it" in text
+    assert "gp.vmm           peak / torch.exp = 0.990 (target <= 1, aim 0.95): met" in text
+    out["runs"]["gpt2"]["torch.exp"] = _model_run(1000 * MiB, 900 * MiB, 800 * MiB)
+    assert "= 0.900 of its peak: the aim 0.95 is within reach" in real_models.report(out)
