@@ -292,8 +292,12 @@ def run(columns, ctx, quick):
             team = team_of[key, count] = Team(count, made[key].loop)
             cells[key, count] = Cell(team.batch, before=made[key].before, **plan)
     start = time.perf_counter()
+    magazines = {}
     try:
         timings, errors = measure_rounds(cells, reps=QUICK_REPS if quick else REPS)
+        # Read while every team's threads are alive (an exited thread's magazine is reaped).
+        magazines = {key: magazine_summary(m.pool) for key, m in made.items()
+                     if hasattr(m.pool, "_magazines_info")}
     finally:
         for team in team_of.values():
             team.close()
@@ -316,9 +320,37 @@ def run(columns, ctx, quick):
                     results[str(count)]["own_ops_per_s"] = statistics.median(
                         team.own_rates[-t.reps:])
         entry = out["columns"][column.key] = {"label": column.label, "results": results}
+        if column.key in magazines:
+            entry["magazines"] = magazines[column.key]
         _peers.close_column(made[column.key], entry)
     _common.record_errors(errors, out["errors"])
     return out
+
+
+def magazine_summary(pool):
+    """The threads' magazines of ``pool`` (``Pool._magazines_info()``), summed: ``threads``,
+    ``allocs`` (requests served by the thread's magazine, without the pool's lock) and why
+    the others took the shared path while the thread held blocks (``wanted``, ``no_block``,
+    ``no_credit``), plus ``misses`` (requests that found no held block)."""
+    info = pool._magazines_info()
+    keys = ("allocs", "misses", "wanted", "no_block", "no_credit")
+    return {"threads": len(info), **{k: sum(m[k] for m in info) for k in keys}}
+
+
+def magazine_lines(out):
+    """One line per column with a magazine summary: shares of the pool's allocations."""
+    lines = []
+    for key, column in out["columns"].items():
+        m, c = column.get("magazines"), column.get("pool_counters")
+        if not m or not c or not c["num_allocs"]:
+            continue
+        n = c["num_allocs"]
+        lines.append(f"  {key:12} {m['allocs'] / n:.3%} from the thread's magazine; shared "
+                     f"path with blocks held: {m['no_credit'] / n:.3%} short of credit, "
+                     f"{m['no_block'] / n:.3%} no block of the size, {m['wanted'] / n:.3%} "
+                     f"wanted ({m['threads']} threads' magazines)")
+    return "\n".join(["gpupool's allocations by path, every thread of every team:", *lines]) \
+        if lines else None
 
 
 # Reporting -------------------------------------------------------------------------------
@@ -387,7 +419,7 @@ def report(out):
               "", "columns:"]
     legend += [f"  {k:12} {c['label']}" for k, c in out["columns"].items()]
     legend += _common.problem_lines(out, 10, lambda n: f"with {n} threads")
-    parts += [p for p in (_common.cache_lines(out), "\n".join(legend)) if p]
+    parts += [p for p in (_common.cache_lines(out), magazine_lines(out), "\n".join(legend)) if p]
     return "\n\n".join(parts)
 
 

@@ -284,6 +284,11 @@ def test_each_c_api_column_allocates_from_its_own_pool(tmp_path, default_pools):
         # Every pair of the column went through its own pool (warm-up, probe and reps).
         pairs = sum(int(n) * r["ops_per_thread"] * r["reps"] for n, r in column["results"].items())
         assert column["pool_counters"]["num_allocs"] >= pairs
+        # Every thread of the four teams (1 + 2 + 4 + 8) made a magazine in the column's pool.
+        magazines = column["magazines"]
+        assert magazines["threads"] == 15
+        assert 0 < magazines["allocs"] <= column["pool_counters"]["num_allocs"]
+    assert "from the thread's magazine" in threads.report(result)
 
 
 def test_ipc_script_on_the_simulated_device(tmp_path):
