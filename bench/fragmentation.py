@@ -6,8 +6,10 @@ expandable one (as "vmm").
 numbers a policy could be tuned to. This script is the check against that: the same policy
 replayed over 18 synthetic traces it was not tuned on (``alloc_trace.synthetic``, seeds 0-5,
 10 layers, 3 steps, sizes scaled by 1, 3 and 8), and over the three real training runs of
-``real_models.py`` (``bench/traces-real``: ResNet-50 and GPT-2, 30 steps each, recorded on the
-H200 under PyTorch's allocator), those also with a region entered around every step. Peak
+``real_models.py`` (``bench/traces-real``: ResNet-50, GPT-2 and ViT-B/16, 30 steps each,
+recorded on the H200 under PyTorch's allocator), those also with a region entered around
+every step, on two threads, and split as PyTorch splits its pools (requests up to 1 MiB in a
+pool of their own: a model of that layout, by two pools, for the next design step). Peak
 reserved bytes depend only on the policy, not on the GPU, so the simulated device gives the
 H200's numbers (the plain column agreed with the H200's ``gp`` column to the MiB). Run::
 
@@ -32,7 +34,9 @@ KINDS = ("plain", "vmm")
 # the real runs, measured on the H200 with real_models.py on 2026-12-01: its torch.exp rows'
 # "own peak reserved" column (the first run of the day for ResNet-50 and GPT-2, the varying
 # run for GPT-2 at 128..1024; bench/RESULTS.md). The anchor the issue sets.
-EXPANDABLE_MIB = {"resnet50": 5768, "gpt2": 8306, "gpt2-varlen": 14770}
+# ViT-B/16's: 2026-12-02 (ninth session).
+EXPANDABLE_MIB = {"resnet50": 5768, "gpt2": 8306, "gpt2-varlen": 14770, "vit": 5110}
+SMALL_BYTES = 1 << 20       # PyTorch's small pool: requests up to 1 MiB
 
 
 def traces():
@@ -106,6 +110,28 @@ def peak_reserved_two_threads(gpupool, trace):
     return pool.stats().peak_reserved_bytes
 
 
+def peak_reserved_split(gpupool, trace, small=SMALL_BYTES):
+    """Replay with requests up to ``small`` bytes served by one pool and the others by a
+    second, each on its own expandable simulated device, as PyTorch keeps small blocks in
+    segments of their own; the peak of the two pools' reserved bytes together."""
+    from gpupool.testing import SimulatedDevice
+
+    sims = [SimulatedDevice(capacity=1 << 40, virtual_memory=True) for _ in range(2)]
+    pools = [gpupool.Pool(upstream=sim) for sim in sims]
+    streams = [[None] + [sim.create_stream() for _ in range(1, trace.num_streams)]
+               for sim in sims]
+    live, peak = {}, 0
+    for op, i, n, s in trace.events():
+        if op:
+            del live[i]
+            continue
+        large = int(n > small)
+        live[i] = pools[large].allocate(n, streams[large][s])
+        peak = max(peak, pools[0].stats().reserved_bytes + pools[1].stats().reserved_bytes)
+    live.clear()
+    return peak
+
+
 def run(gpupool):
     rows = {}
     for trace in traces():
@@ -117,6 +143,7 @@ def run(gpupool):
         if "step_starts" in trace.meta:
             row["vmm_region"] = peak_reserved(gpupool, trace, "vmm", region=True)
             row["vmm_threads"] = peak_reserved_two_threads(gpupool, trace)
+            row["vmm_split"] = peak_reserved_split(gpupool, trace)
     out = {"script": SCRIPT, "simulated": True, "results": rows}
     for kind in KINDS:
         ratios = [r[f"{kind}_ratio"] for name, r in rows.items()
@@ -130,15 +157,16 @@ def report(out):
     res = out["results"]
     table = format_table(
         ["trace", "peak live MiB", "plain MiB", "plain / live", "vmm MiB", "vmm / live",
-         "vmm + region MiB", "vmm, 2 threads MiB", "PyTorch exp. MiB"],
+         "vmm + region MiB", "vmm, 2 threads MiB", "vmm, split MiB", "PyTorch exp. MiB"],
         [[name, f"{r['peak_live'] / MiB:.1f}", f"{r['plain'] / MiB:.1f}",
           f"{r['plain_ratio']:.3f}x", f"{r['vmm'] / MiB:.1f}", f"{r['vmm_ratio']:.3f}x",
           f"{r['vmm_region'] / MiB:.1f}" if "vmm_region" in r else "-",
           f"{r['vmm_threads'] / MiB:.1f}" if "vmm_threads" in r else "-",
+          f"{r['vmm_split'] / MiB:.1f}" if "vmm_split" in r else "-",
           str(EXPANDABLE_MIB.get(name, "-"))] for name, r in res.items()],
         title="gpupool on the simulated device: peak reserved bytes (plain upstream, "
-              "expandable one, with a region per step, and each step's forward and backward "
-              "on two threads)")
+              "expandable one, with a region per step, each step's forward and backward on two "
+              "threads, and requests up to 1 MiB in a pool of their own)")
     lines = [table, ""]
     for kind in KINDS:
         syn = out[f"synthetic_{kind}"]

@@ -328,12 +328,14 @@ def run(columns, ctx, quick):
 
 
 def magazine_summary(pool):
-    """The threads' magazines of ``pool`` (``Pool._magazines_info()``), summed: ``threads``,
-    ``allocs`` (requests served by the thread's magazine, without the pool's lock) and why
-    the others took the shared path while the thread held blocks (``wanted``, ``no_block``,
-    ``no_credit``), plus ``misses`` (requests that found no held block)."""
+    """The threads' magazines of ``pool`` (``Pool._magazines_info()``): ``threads``, and the
+    counts of requests that took the shared path while the thread held blocks, by reason
+    (``wanted``, ``no_block``, ``no_credit``), and of ``misses`` (no held block and no free
+    block of the size either). These count from the magazine's start; its ``allocs`` do not
+    (they are folded into the pool's counters whenever those are read), so they are left
+    out. Requests with an empty magazine, or while the pool flushed it, count in none."""
     info = pool._magazines_info()
-    keys = ("allocs", "misses", "wanted", "no_block", "no_credit")
+    keys = ("misses", "wanted", "no_block", "no_credit")
     return {"threads": len(info), **{k: sum(m[k] for m in info) for k in keys}}
 
 
@@ -345,12 +347,12 @@ def magazine_lines(out):
         if not m or not c or not c["num_allocs"]:
             continue
         n = c["num_allocs"]
-        lines.append(f"  {key:12} {m['allocs'] / n:.3%} from the thread's magazine; shared "
-                     f"path with blocks held: {m['no_credit'] / n:.3%} short of credit, "
-                     f"{m['no_block'] / n:.3%} no block of the size, {m['wanted'] / n:.3%} "
-                     f"wanted ({m['threads']} threads' magazines)")
-    return "\n".join(["gpupool's allocations by path, every thread of every team:", *lines]) \
-        if lines else None
+        lines.append(f"  {key:12} {m['no_credit'] / n:.3%} short of credit, {m['no_block'] / n:.3%}"
+                     f" no held block of the size, {m['wanted'] / n:.3%} wanted; "
+                     f"{m['misses'] / n:.3%} missed ({m['threads']} threads' magazines)")
+    return "\n".join(["gpupool's requests that took the shared path while their thread held "
+                      "blocks, by reason, of all its allocations (every thread of every team):",
+                      *lines]) if lines else None
 
 
 # Reporting -------------------------------------------------------------------------------
