@@ -407,3 +407,22 @@ def test_real_models_report_has_each_allocators_peak_in_use_and_the_floor():
     assert "gp.vmm           peak / torch.exp = 0.990 (target <= 1, aim 0.95): met" in text
     out["runs"]["gpt2"]["torch.exp"] = _model_run(1000 * MiB, 900 * MiB, 800 * MiB)
     assert "= 0.900 of its peak: the aim 0.95 is within reach" in real_models.report(out)
+
+
+def test_profile_threads_keeps_idle_threads_magazines_out_of_its_workers_counts(capsys):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                                    "tools"))
+    try:
+        import profile_threads
+    finally:
+        sys.path.pop(0)
+    try:
+        threads._loop_helper()
+    except threads.Skip as exc:             # no C compiler here: the helper is not built
+        pytest.skip(str(exc))
+    profile_threads.main(["--simulated", "--threads", "2", "--idle", "3", "--per-thread",
+                          "--seconds", "0.1"])
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("2 threads (and 3 idle) on per-thread default streams")
+    # One share per worker (the idle threads' magazines are left out).
+    assert len(line.split("misses per thread, % of its requests: ")[1].split(";")[0].split()) == 2

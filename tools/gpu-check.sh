@@ -18,8 +18,9 @@
 #             tests/test_torch_allocator.py's GPUPOOL_TORCH_HEADERS)
 #   torchalloc  gpupool's allocator for PyTorch: tools/torch-alloc-check.sh (logs in
 #             $OUT/torchalloc; TORCHALLOC_STEPS its steps, default table,tests,models)
-#   profile   tools/profile_threads.py: the C API loop on 1 and 8 threads, under perf
-#             where the machine has it (perf.txt)
+#   profile   tools/profile_threads.py: the C API loop on 1 and 8 threads (and 8 beside 7
+#             idle ones), under perf where the machine has it (perf.txt)
+#   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
 # Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first;
 # SKIP_BUILD=1 skips the build (an earlier run on the same machine made it).
 set -uo pipefail
@@ -131,7 +132,8 @@ if step profile; then
     # object and symbol).
     for args in "--threads 1 --runs 2" "--threads 1 --per-thread --runs 2" \
                 "--threads 8 --runs 6 --seconds 1" \
-                "--threads 8 --per-thread --runs 6 --seconds 1"; do
+                "--threads 8 --per-thread --runs 6 --seconds 1" \
+                "--threads 8 --per-thread --idle 7 --runs 6 --seconds 1"; do
         timeout 60 python3 tools/profile_threads.py $args >> "$OUT/profile.log" 2>&1
     done
     if command -v perf > /dev/null; then
@@ -143,6 +145,10 @@ if step profile; then
         echo "no perf on this machine" >> "$OUT/profile.log"
     fi
     summary "profile: $(grep -h 'M pairs' "$OUT/profile.log" | tr '\n' ' ')"
+fi
+if step threads; then
+    timeout ${THREADS_TIMEOUT:-120} python3 bench/threads.py ${THREADS_ARGS:-} > "$OUT/threads.log" 2>&1
+    summary "threads.py rc=$?"
 fi
 if step models; then
     timeout ${MODELS_TIMEOUT:-480} python3 bench/real_models.py --json "$OUT/real_models.json" \
@@ -170,4 +176,5 @@ grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/memcheck.log 2>/dev/null | he
 [ -f "$OUT/example.log" ] && tail -12 "$OUT/example.log"
 [ -f "$OUT/models.log" ] && tail -80 "$OUT/models.log"
 [ -f "$OUT/bench-tables.txt" ] && grep -E "target|MISS|met" "$OUT/bench-tables.txt" | head -20
+[ -f "$OUT/threads.log" ] && sed -n "/^scaling/,/^columns:/p" "$OUT/threads.log"
 cat "$OUT/summary.log"

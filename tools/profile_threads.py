@@ -8,10 +8,14 @@ and, read while the threads are still alive, the share of each thread's requests
 magazine could not serve (``Pool._magazines_info()``'s ``misses``): a thread whose share stays
 high takes the pool's lock at almost every request. On 2026-12-01 such threads, in most runs
 one or two of eight, were why 8 threads moved fewer pairs per second than 4 on the H200.
+``--idle N`` first has N more threads run a short loop each on a stream of its own and then
+wait, alive, with their magazines in the pool, as ``bench/threads.py``'s other teams do (on
+2026-12-02, 8 threads on per-thread streams moved about 8x one thread's pairs alone, and 2x
+beside 7 idle teams' threads there).
 Meant to run under ``perf record -g`` too (tools/gpu-check.sh, step ``profile``)::
 
     python tools/profile_threads.py [--simulated] [--threads 8] [--per-thread]
-                                    [--seconds 3] [--runs 1]
+                                    [--seconds 3] [--runs 1] [--idle 0]
 """
 
 import argparse
@@ -29,16 +33,28 @@ import _peers  # noqa: E402
 SIZES = (256, 4 << 10, 64 << 10, 1 << 20, 16 << 20)
 PER_THREAD_STREAM = 2
 BATCH = 20_000
+IDLE_PAIRS = 2_000           # each idle thread's one loop
 
 
 def run(helper, ctx, args):
     """One run in a fresh pool: (million pairs per second together, each thread's miss %)."""
     pool = ctx.new_pool()
     ctx.gpupool.set_pool(pool)
-    streams = ([PER_THREAD_STREAM] * args.threads if args.per_thread
-               else ctx.streams(args.threads))
+    count = args.threads + args.idle
+    streams = [PER_THREAD_STREAM] * count if args.per_thread else ctx.streams(count)
     done, go = threading.Barrier(args.threads + 1), threading.Event()
     pairs = [0] * args.threads
+    idled = threading.Barrier(args.idle + 1)
+
+    def idle(i):
+        helper.loop(SIZES, IDLE_PAIRS, 0, streams[args.threads + i])
+        idled.wait()
+        go.wait()                       # alive, its magazine in the pool, until the run ends
+
+    idlers = [threading.Thread(target=idle, args=(i,)) for i in range(args.idle)]
+    for t in idlers:
+        t.start()
+    idled.wait()                        # their magazines come first in _magazines_info()
 
     def work(i):
         end = time.perf_counter() + args.seconds
@@ -55,11 +71,11 @@ def run(helper, ctx, args):
     done.wait()
     seconds = time.perf_counter() - start
     per = max(sum(pairs) / args.threads, 1)
-    info = pool._magazines_info()
+    info = pool._magazines_info()[args.idle:]
     misses = [100 * m["misses"] / per for m in info]
     credit = [100 * m["no_credit"] / per for m in info]
     go.set()
-    for w in workers:
+    for w in workers + idlers:
         w.join()
     return sum(pairs) / seconds / 1e6, misses, credit
 
@@ -70,6 +86,8 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--per-thread", action="store_true")
+    p.add_argument("--idle", type=int, default=0,
+                   help="threads that run one short loop first, then wait alive")
     p.add_argument("--simulated", action="store_true",
                    help="on gpupool's simulated device (no GPU; miss shares, not GPU speed)")
     args = p.parse_args(argv)
@@ -83,7 +101,8 @@ def main(argv=None):
     for _ in range(args.runs):
         rate, misses, credit = run(helper, ctx, args)
         stuck += max(misses, default=0) > 1
-        threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}"
+        threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}" + \
+            (f" (and {args.idle} idle)" if args.idle else "")
         print(f"{threads} on {kind}: {rate:.2f} M pairs/s together; misses per "
               f"thread, % of its requests: {' '.join(f'{m:.2f}' for m in misses)}; short of "
               f"credit: {' '.join(f'{c:.2f}' for c in credit)}")
