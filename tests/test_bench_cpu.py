@@ -409,7 +409,8 @@ def test_real_models_report_has_each_allocators_peak_in_use_and_the_floor():
     assert "= 0.900 of its peak: the aim 0.95 is within reach" in real_models.report(out)
 
 
-def test_profile_threads_keeps_idle_threads_magazines_out_of_its_workers_counts(capsys):
+def test_profile_threads_keeps_idle_threads_magazines_out_of_its_workers_counts(capsys,
+                                                                               default_pools):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
                                     "tools"))
     try:
