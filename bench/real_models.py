@@ -4,11 +4,14 @@ The ruler is the same for every allocator: device memory in use (``cuMemGetInfo`
 free) above the baseline taken once CUDA is initialized (a one-element tensor made and freed),
 sampled by a thread every half millisecond and at the end of each step's forward and backward.
 Reported per (model, allocator): the peak of that ruler over the run, the allocator's own peak
-reserved bytes where it reports them, the ruler after step 3 and after the last step, median
-ms per step (steps after the third, the GPU synchronized at each step's end) and the final
-loss (equal across a model's allocators: same seed, same data). Models (``_models.py``):
-ResNet-50 batch 64 fp32, GPT-2 small batch 8 seq 512, and GPT-2 at sequence lengths drawn
-from 128..1024. Allocators (``--columns``):
+reserved and peak in use bytes where it reports them, the ruler after step 3 and after the
+last step, median ms per step (steps after the third, the GPU synchronized at each step's
+end) and the final loss (equal across a model's allocators: same seed, same data).
+Models (``_models.py``):
+ResNet-50 batch 64 fp32, GPT-2 small batch 8 seq 512, GPT-2 at sequence lengths drawn from
+128..1024, and two the pool's policy was not tuned on: ViT-B/16 batch 32 and BERT base at
+sequence lengths drawn from 64..512. Allocators (``--columns``; by default all but ``gp``,
+``gp.region``, ``gp.driver.region`` and ``gp.vmm.nomag``):
 
 =================  ================================================================
 ``torch``          PyTorch's caching allocator
@@ -29,7 +32,10 @@ allocation trace as ``DIR/MODEL.npz`` (``alloc_trace``), step starts in its ``me
 ``trace_replay.py`` and CPU replays. Run::
 
     python bench/real_models.py [--json PATH] [--plot PATH] [--steps 30]
-        [--models resnet50,gpt2,gpt2-varlen] [--columns torch,gp,...] [--cudnn-benchmark]
+        [--models resnet50,gpt2,gpt2-varlen,vit,bert-varlen] [--columns torch,gp,...]
+        [--cudnn-benchmark]
+
+``--simulated`` skips it (it trains PyTorch models on the GPU).
 """
 
 import json
@@ -397,7 +403,8 @@ def main(argv=None):
     p = _common.parser(__doc__.splitlines()[0], columns=True)
     p.add_argument("--steps", type=int, help=f"training steps (default {STEPS}; --quick: "
                                               f"{QUICK_STEPS})")
-    p.add_argument("--models", default=",".join(_models.MODELS))
+    p.add_argument("--models", default=",".join(_models.MODELS),
+                   help=f"comma-separated, among {', '.join(_models.MODELS)} (default: all)")
     p.add_argument("--plot", metavar="PATH", help="PNG of memory over the steps")
     p.add_argument("--trace-dir", metavar="DIR",
                    help="also record each model's allocation trace on PyTorch's allocator")
