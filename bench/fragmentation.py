@@ -5,13 +5,15 @@ expandable one (as "vmm").
 ``trace_replay.py`` compares gpupool with its peers on the two small recorded traces, whose
 numbers a policy could be tuned to. This script is the check against that: the same policy
 replayed over 18 synthetic traces it was not tuned on (``alloc_trace.synthetic``, seeds 0-5,
-10 layers, 3 steps, sizes scaled by 1, 3 and 8), and over the three real training runs of
-``real_models.py`` (``bench/traces-real``: ResNet-50, GPT-2 and ViT-B/16, 30 steps each,
-recorded on the H200 under PyTorch's allocator), those also with a region entered around
-every step, on two threads, and split as PyTorch splits its pools (requests up to 1 MiB in a
-pool of their own: a model of that layout, by two pools, for the next design step). Peak
-reserved bytes depend only on the policy, not on the GPU, so the simulated device gives the
-H200's numbers (the plain column agreed with the H200's ``gp`` column to the MiB). Run::
+10 layers, 3 steps, sizes scaled by 1, 3 and 8), and over the four real training runs of
+``real_models.py`` (``bench/traces-real``: ResNet-50, GPT-2 at fixed and varying lengths and
+ViT-B/16, 30 steps each, recorded on the H200 under PyTorch's allocator), those also with a
+region entered around every step, on two threads, and split as PyTorch splits its pools
+(requests up to 1 MiB in a pool of their own: a model of that layout, by two pools, for the
+next design step). Peak reserved bytes depend on the policy and the order of requests, not on
+the GPU: the plain column agreed with the H200's ``gp`` column to the MiB, and the vmm one
+with gpupool's own peak reserved under PyTorch to the MiB on ResNet-50 and GPT-2, 38 MiB
+above it on ViT-B/16 (2026-12-02). Run::
 
     python bench/fragmentation.py [--json PATH]
 """
@@ -83,7 +85,7 @@ def peak_reserved_two_threads(gpupool, trace):
     another (the backward, on PyTorch's autograd thread; the optimizer step goes with it here,
     the trace having no thread ids), on the expandable simulated device; peak reserved bytes.
     On the H200 (2026-12-02), gpupool's own peak reserved bytes under PyTorch were within
-    10 MiB of this replay's (issue 13)."""
+    10 MiB of this replay's on ResNet-50 and GPT-2, 38 MiB below it on ViT-B/16 (issue 13)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gpupool.testing import SimulatedDevice
