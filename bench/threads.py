@@ -328,30 +328,41 @@ def run(columns, ctx, quick):
 
 
 def magazine_summary(pool):
-    """The threads' magazines of ``pool`` (``Pool._magazines_info()``): ``threads``, and the
+    """The threads' magazines of ``pool`` (``Pool._magazines_info()``): ``threads``; the
     counts of requests that took the shared path while the thread held blocks, by reason
-    (``wanted``, ``no_block``, ``no_credit``), and of ``misses`` (no held block and no free
-    block of the size either). These count from the magazine's start; its ``allocs`` do not
-    (they are folded into the pool's counters whenever those are read), so they are left
-    out. Requests with an empty magazine, or while the pool flushed it, count in none."""
+    (``wanted``, ``no_block``, ``no_credit``, ``no_hand``), with an ``empty`` magazine, or
+    with its lock lost to a sweep of the pool (``lost``; ``lost_free`` for frees); of
+    ``misses`` (no held block and no free block of the size either); and ``sweeps``, the
+    pool's sweeps over every magazine by kind (``Pool._sweep_counts()``). These count from
+    the magazine's start; its ``allocs`` do not (they are folded into the pool's counters
+    whenever those are read), so they are left out."""
     info = pool._magazines_info()
-    keys = ("misses", "wanted", "no_block", "no_credit")
-    return {"threads": len(info), **{k: sum(m[k] for m in info) for k in keys}}
+    return {"threads": len(info), **{k: sum(m[k] for m in info) for k in MAGAZINE_COUNTS},
+            "sweeps": pool._sweep_counts()}
+
+
+MAGAZINE_COUNTS = {"no_credit": "short of credit", "no_block": "no held block of the size",
+                   "no_hand": "too many C API blocks out", "wanted": "wanted",
+                   "empty": "empty magazine", "lost": "lock lost", "lost_free": "free's lock lost",
+                   "misses": "missed"}
 
 
 def magazine_lines(out):
-    """One line per column with a magazine summary: shares of the pool's allocations."""
+    """Two lines per column with a magazine summary: shares of the pool's allocations by
+    reason, and the sweeps."""
     lines = []
     for key, column in out["columns"].items():
         m, c = column.get("magazines"), column.get("pool_counters")
         if not m or not c or not c["num_allocs"]:
             continue
         n = c["num_allocs"]
-        lines.append(f"  {key:12} {m['no_credit'] / n:.3%} short of credit, {m['no_block'] / n:.3%}"
-                     f" no held block of the size, {m['wanted'] / n:.3%} wanted; "
-                     f"{m['misses'] / n:.3%} missed ({m['threads']} threads' magazines)")
-    return "\n".join(["gpupool's requests that took the shared path while their thread held "
-                      "blocks, by reason, of all its allocations (every thread of every team):",
+        lines.append(f"  {key:12} " + ", ".join(f"{m[k] / n:.3%} {label}"
+                                                for k, label in MAGAZINE_COUNTS.items()) +
+                     f" ({m['threads']} threads' magazines)")
+        lines.append(f"  {'':12} sweeps over every magazine: " +
+                     ", ".join(f"{k} {v}" for k, v in m["sweeps"].items()))
+    return "\n".join(["gpupool's requests that took the shared path, by reason, of all its "
+                      "allocations (every thread of every team):",
                       *lines]) if lines else None
 
 

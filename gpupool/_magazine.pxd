@@ -4,7 +4,8 @@
 # that exact size on the same stream is served from there, without the pool's lock: the
 # magazine has a lock of its own, which only its thread takes on that path (one uncontended
 # compare-and-swap, and a plain store to give it back), so threads no longer meet on the
-# pool's lock.
+# pool's lock. Should a sweep of the pool (below) hold it just then, the thread waits for
+# that: the shared path would wait for the same sweeper's pool lock (_pool.pyx, _mag_wait).
 #
 # Whatever reaches across threads takes the pool's lock and then each magazine's (the only
 # order: pool, then magazine) and flushes it into the free lists: trims, stream merges,
@@ -56,6 +57,7 @@ cdef extern from "gp_magazine.h" nogil:
     cppclass gp_spin:           # a magazine's: compare-and-swap, release store; spins
         void lock()
         bint try_lock()
+        bint try_lock_spin(unsigned spins)
         void unlock()
 
 cdef enum:
@@ -88,6 +90,12 @@ cdef cppclass Magazine:
     size_t wanted
     size_t no_block
     size_t no_credit
+    size_t no_hand              # one, within credit, but MAG_HANDED C API blocks out
+    # A request took the shared path with no block held (`empty`); a request (`lost`) or a
+    # free (`lost_free`) found the lock another thread's, a sweep of the pool's, and waited.
+    size_t empty
+    size_t lost
+    size_t lost_free
     char _pad_back[64]
 
 

@@ -21,6 +21,13 @@ cdef enum:
     WANTED_FAST = 64            # wanted streams the fast path tells exactly (more: the mask)
     PARK_SLOTS = 8              # freed blocks held aside for a request of their exact size
 
+cdef enum:                      # the pool's sweeps over every magazine, counted (_sweeps)
+    SWEEP_OTHERS = 0            # _mag_flush_others: a request's miss looks at idle threads'
+    SWEEP_WANT                  # _mag_want: before the pool grows
+    SWEEP_HANDED                # mag_find_handed_locked: a C API free not found in its table
+    SWEEP_SETTLE                # _settle_peak: the bound passed the peak
+    SWEEPS
+
 
 @cython.final
 cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the compiler inlines
@@ -51,6 +58,7 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef StreamKey _wanted[WANTED_FAST]
     cdef char _pad_cold[64]
     cdef size_t _soft_limit             # 0: none
+    cdef size_t _sweeps[SWEEPS]         # diagnostics (Pool._sweep_counts), under the lock
     cdef object __weakref__
 
     cdef void lock(self) noexcept nogil
@@ -87,6 +95,7 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil
     cdef Block* mag_find_handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil
     cdef void _deferred_magazine(self, Magazine* m) noexcept nogil
+    cdef bint _mag_wait(self, Magazine* m, size_t* waits) noexcept nogil
     cdef bint _is_wanted_fast(self, StreamKey s) noexcept nogil
     cdef Block* _mag_take_locked(self, size_t size, StreamKey s) noexcept nogil
     cdef void _mag_hold(self, Magazine* m, Block* b, StreamKey s) noexcept nogil

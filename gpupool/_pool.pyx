@@ -96,6 +96,9 @@ _logger = logging.getLogger("gpupool")
 cdef size_t PARK_MAX = 64 << 20
 cdef size_t MAG_MAX = 64 << 20
 cdef size_t MAG_AGE = 2
+# Pauses (x86 `pause`: 10 to 140 cycles by model) a thread waits at most for its own
+# magazine's lock while a sweep of the pool holds it, before taking the shared path (_mag_wait).
+cdef unsigned MAG_SPINS = 1024
 # A small request (at most MAG_SMALL bytes: PyTorch's small-pool bound) leaves the calling
 # thread's held blocks of MAG_KEEP times its size or more where they are (_mag_keeps).
 cdef size_t MAG_SMALL = 1 << 20
@@ -505,7 +508,7 @@ cdef class Pool(BlockOwner):
         m.nblocks = m.nhanded = 0
         m.misses = m.requests = m.seen = 0
         m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
-        m.wanted = m.no_block = m.no_credit = 0
+        m.wanted = m.no_block = m.no_credit = m.no_hand = m.empty = m.lost = m.lost_free = 0
         if self._holder == current_thread():
             self._deferred_magazine(m)
         else:
@@ -542,6 +545,7 @@ cdef class Pool(BlockOwner):
             return NULL
         m.requests += 1                         # its thread is active (_mag_flush_others)
         if m.nblocks == 0:
+            m.empty += 1
             return NULL
         if (self._wanted_mask >> wanted_bit(s)) & 1 and self._is_wanted_fast(s):
             m.wanted += 1
@@ -549,14 +553,16 @@ cdef class Pool(BlockOwner):
         if thread_cache(t, <void*>self, self._process_region) != NULL:
             return NULL
         size = round_request(nbytes)
-        if not m.mutex.try_lock():
-            return NULL                         # the pool is flushing it: the shared path
+        if not m.mutex.try_lock() and not self._mag_wait(m, &m.lost):
+            return NULL
         i = mg_find(m, size, s)
         if i < 0:
             m.no_block += 1
         elif m.credit < size:
             m.no_credit += 1
-        if i >= 0 and m.credit >= size and (not capi or m.nhanded < MAG_HANDED):
+        elif capi and m.nhanded >= MAG_HANDED:
+            m.no_hand += 1
+        else:
             b = mg_remove(m, i)
             m.credit -= size
             m.allocs += 1
@@ -567,6 +573,20 @@ cdef class Pool(BlockOwner):
                 m.nhanded += 1
         m.mutex.unlock()
         return b
+
+    cdef bint _mag_wait(self, Magazine* m, size_t* waits) noexcept nogil:
+        """The calling thread's magazine m, whose lock another thread holds: the pool's lock
+        holder, sweeping every magazine (each for a few loads and stores). Waits for it a
+        while (MAG_SPINS pauses) and counts the wait, since the shared path would wait for
+        that holder's pool lock and then sweep every magazine itself, so that other threads
+        found theirs taken in turn. Whether it got the lock: not when the calling thread holds
+        the pool's lock (a free inside an upstream call), nor when the wait ran out (the
+        sweeper may be waiting for something this thread holds, the GIL say): the shared
+        path."""
+        if self._holder == current_thread():
+            return False
+        waits[0] += 1
+        return m.mutex.try_lock_spin(MAG_SPINS)
 
     cdef bint _is_wanted_fast(self, StreamKey s) noexcept nogil:
         """Without the lock, for a stream whose bit is in the wanted mask: whether it is in
@@ -653,6 +673,7 @@ cdef class Pool(BlockOwner):
         cdef Magazine* m
         cdef bint dropped = False
         cdef size_t k
+        self._sweeps[SWEEP_OTHERS] += 1
         for k in range(self._magazines.size()):
             m = self._magazines[k]
             if m == mine or m.nblocks == 0:
@@ -677,6 +698,7 @@ cdef class Pool(BlockOwner):
         cdef Magazine* m
         cdef size_t k
         cdef int i
+        self._sweeps[SWEEP_WANT] += 1
         for k in range(self._magazines.size()):
             m = self._magazines[k]
             if m.nblocks == 0:
@@ -720,7 +742,7 @@ cdef class Pool(BlockOwner):
         m = self.thread_magazine(True)
         if m == NULL:
             return False
-        if m.mutex.try_lock():
+        if m.mutex.try_lock() or self._mag_wait(m, &m.lost_free):
             if m.nblocks < MAG_SLOTS:
                 self._mag_hold(m, b, s)
                 m.mutex.unlock()
@@ -777,7 +799,9 @@ cdef class Pool(BlockOwner):
             m = <Magazine*>t.magazines[0].magazine
         else:
             m = self.thread_magazine(False)
-        if m == NULL or m.nhanded == 0 or not m.mutex.try_lock():
+        if m == NULL or m.nhanded == 0:
+            return False
+        if not m.mutex.try_lock() and not self._mag_wait(m, &m.lost_free):
             return False
         i = mg_find_handed(m, ptr)
         if i >= 0:
@@ -802,6 +826,7 @@ cdef class Pool(BlockOwner):
         cdef Block* b = NULL
         cdef size_t k
         cdef int i
+        self._sweeps[SWEEP_HANDED] += 1
         for k in range(self._magazines.size()):
             m = self._magazines[k]
             m.mutex.lock()
@@ -875,6 +900,7 @@ cdef class Pool(BlockOwner):
         cdef size_t k, j, held = 0, in_use, back
         cdef size_t excess = self._bound - self.counters.peak_in_use     # > 0
         cdef Magazine* m
+        self._sweeps[SWEEP_SETTLE] += 1
         for k in range(self._magazines.size()):
             order.push_back(pair[size_t, size_t](self._magazines[k].credit, k))  # a hint
         sort(order.begin(), order.end())
@@ -1296,8 +1322,11 @@ cdef class Pool(BlockOwner):
         the exact size either), and why requests took the shared path while it held blocks:
         ``wanted`` (another stream waits for blocks of its stream, or more than WANTED_FAST
         streams are waited for and its bit is in the mask), ``no_block`` (none of the size on
-        the stream) and ``no_credit`` (one, but too little credit: the pool's peak bound);
-        and ``streams``, each held block's (size, stream handle, stream tag)."""
+        the stream), ``no_credit`` (one, but too little credit: the pool's peak bound) and
+        ``no_hand`` (one, but MAG_HANDED C API blocks are out); why they took it otherwise:
+        ``empty`` (it held no block), ``lost`` and ``lost_free`` (its lock was another
+        thread's at that moment: a request's, a free's); and ``streams``, each held block's
+        (size, stream handle, stream tag)."""
         cdef Magazine* m
         cdef size_t k
         cdef int i
@@ -1310,9 +1339,24 @@ cdef class Pool(BlockOwner):
                         "handed": m.nhanded, "orphan": bool(m.orphan), "allocs": m.allocs,
                         "frees": m.frees, "misses": m.misses, "wanted": m.wanted,
                         "no_block": m.no_block, "no_credit": m.no_credit,
+                        "no_hand": m.no_hand, "empty": m.empty, "lost": m.lost,
+                        "lost_free": m.lost_free,
                         "streams": [(m.blocks[i].size, m.blocks[i].stream.handle,
                                      m.blocks[i].stream.tag) for i in range(m.nblocks)]})
             m.mutex.unlock()
+        self.unlock()
+        return out
+
+    def _sweep_counts(self):
+        """How often the pool's lock holder swept every magazine, for diagnostics (issue 18):
+        a dict of counts since the pool was made, ``others`` (a request found no free block of
+        its size and looked at idle threads' magazines), ``want`` (before the pool grew),
+        ``handed`` (a C API free not in the pool's table: another thread's magazine, or its
+        own when its lock was lost) and ``settle`` (the peak bound passed: credit taken
+        back)."""
+        self.lock()
+        out = {"others": self._sweeps[SWEEP_OTHERS], "want": self._sweeps[SWEEP_WANT],
+               "handed": self._sweeps[SWEEP_HANDED], "settle": self._sweeps[SWEEP_SETTLE]}
         self.unlock()
         return out
 

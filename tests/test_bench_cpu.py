@@ -287,9 +287,11 @@ def test_each_c_api_column_allocates_from_its_own_pool(tmp_path, default_pools):
         # Every thread of the four teams (1 + 2 + 4 + 8) made a magazine in the column's pool.
         magazines = column["magazines"]
         assert magazines["threads"] == 15
-        assert set(magazines) == {"threads", "misses", "wanted", "no_block", "no_credit"}
+        assert set(magazines) == {"threads", "sweeps", *threads.MAGAZINE_COUNTS}
         assert 0 < magazines["misses"] <= column["pool_counters"]["num_allocs"]
-    assert "took the shared path while their thread held blocks" in threads.report(result)
+        assert set(magazines["sweeps"]) == {"others", "want", "handed", "settle"}
+        assert magazines["sweeps"]["want"] > 0          # the pool grew for the first requests
+    assert "took the shared path, by reason" in threads.report(result)
 
 
 def test_ipc_script_on_the_simulated_device(tmp_path):
@@ -423,7 +425,12 @@ def test_profile_threads_keeps_idle_threads_magazines_out_of_its_workers_counts(
         pytest.skip(str(exc))
     profile_threads.main(["--simulated", "--threads", "2", "--idle", "3", "--per-thread",
                           "--seconds", "0.1"])
-    line = capsys.readouterr().out.splitlines()[0]
+    line, sweeps = capsys.readouterr().out.splitlines()[:2]
     assert line.startswith("2 threads (and 3 idle) on per-thread default streams")
-    # One share per worker (the idle threads' magazines are left out).
-    assert len(line.split("misses per thread, % of its requests: ")[1].split(";")[0].split()) == 2
+    # One share per worker (the idle threads' magazines are left out), for every count.
+    shares = line.split("per thread, % of its pairs: ")[1].split("; ")
+    assert [s.rsplit(" ", 2)[0] for s in shares] == list(profile_threads.SHARES.values())
+    assert all(float(v) >= 0 for s in shares for v in s.rsplit(" ", 2)[1:])
+    # The pool grew for the workers' first requests, so it swept the magazines then.
+    counts = dict(kv.split() for kv in sweeps.split(": ")[1].split(", "))
+    assert set(counts) == {"others", "want", "handed", "settle"} and int(counts["want"]) > 0

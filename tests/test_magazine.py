@@ -547,3 +547,29 @@ def test_a_c_api_free_through_a_magazine_is_recorded_in_the_memory_history(defau
         gpupool.record_memory_history(None)
     assert [e["action"] for e in trace if e["addr"] == ptr][:1] == ["free_requested"]
     check_invariants(pool)
+
+
+def test_requests_that_find_their_magazine_empty_and_the_pools_sweeps_are_counted():
+    sim = SimulatedDevice()
+    pool = gpupool.Pool(upstream=sim)
+    assert pool._sweep_counts() == {"others": 0, "want": 0, "handed": 0, "settle": 0}
+    pool.allocate(MiB).close()          # grows: the magazines are swept first (none yet)
+    grown = pool._sweep_counts()
+    assert grown["want"] == 1
+    (mine,) = pool._magazines_info()
+    assert (mine["blocks"], mine["empty"]) == (1, 0)
+    pool.allocate(MiB).close()          # from the magazine
+    assert pool._magazines_info()[0]["empty"] == 0
+    pool.trim()                         # flushes every magazine
+    assert pool._magazines_info()[0]["blocks"] == 0
+    pool.allocate(MiB).close()          # the magazine is empty: the shared path
+    pool.allocate(MiB).close()          # held again: served there
+    (mine,) = pool._magazines_info()
+    assert (mine["empty"], mine["lost"], mine["lost_free"], mine["no_hand"]) == (1, 0, 0, 0)
+    before = pool._sweep_counts()
+    pool.allocate(64 * MiB).close()     # no block of its size: a miss looks at idle threads'
+    after = pool._sweep_counts()        # and, as the pool grows for it, at every magazine
+    assert (after["others"], after["want"], after["handed"]) == \
+        (before["others"] + 1, before["want"] + 1, 0)
+    assert after["settle"] > before["settle"]   # a new peak
+    check_invariants(pool)

@@ -19,7 +19,8 @@
 #   torchalloc  gpupool's allocator for PyTorch: tools/torch-alloc-check.sh (logs in
 #             $OUT/torchalloc; TORCHALLOC_STEPS its steps, default table,tests,models)
 #   profile   tools/profile_threads.py: the C API loop on 1 and 8 threads (and 8 beside 7
-#             idle ones), under perf where the machine has it (perf.txt)
+#             idle ones), one run under perf where the machine has it (perf.txt; PERF_ARGS
+#             its options, default 8 threads on per-thread streams beside 7 idle ones)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
 # Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first;
 # SKIP_BUILD=1 skips the build (an earlier run on the same machine made it).
@@ -138,7 +139,7 @@ if step profile; then
     done
     if command -v perf > /dev/null; then
         timeout 90 perf record -q -g -o /tmp/perf.data python3 tools/profile_threads.py \
-            --threads 8 >> "$OUT/profile.log" 2>&1
+            ${PERF_ARGS:---threads 8 --per-thread --idle 7} >> "$OUT/profile.log" 2>&1
         timeout 90 perf report -i /tmp/perf.data --stdio --no-children --sort dso,symbol \
             2> /dev/null | grep -v "^$" | head -150 > "$OUT/perf.txt"
     else

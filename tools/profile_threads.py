@@ -34,6 +34,11 @@ SIZES = (256, 4 << 10, 64 << 10, 1 << 20, 16 << 20)
 PER_THREAD_STREAM = 2
 BATCH = 20_000
 IDLE_PAIRS = 2_000           # each idle thread's one loop
+# Per working thread, % of its pairs (Pool._magazines_info()): requests that found no free block
+# of their size (misses), short of credit, and the shared path's other ways in: no held block,
+# the magazine's lock lost by a request or by a free.
+SHARES = {"misses": "misses", "no_credit": "short of credit", "empty": "empty",
+          "lost": "lock lost (request)", "lost_free": "lock lost (free)"}
 
 
 def run(helper, ctx, args):
@@ -72,12 +77,12 @@ def run(helper, ctx, args):
     seconds = time.perf_counter() - start
     per = max(sum(pairs) / args.threads, 1)
     info = pool._magazines_info()[args.idle:]
-    misses = [100 * m["misses"] / per for m in info]
-    credit = [100 * m["no_credit"] / per for m in info]
+    shares = {k: [100 * m[k] / per for m in info] for k in SHARES}
+    sweeps = pool._sweep_counts()
     go.set()
     for w in workers + idlers:
         w.join()
-    return sum(pairs) / seconds / 1e6, misses, credit
+    return sum(pairs) / seconds / 1e6, shares, sweeps
 
 
 def main(argv=None):
@@ -99,13 +104,15 @@ def main(argv=None):
     kind = "per-thread default streams" if args.per_thread else "created streams"
     stuck = 0
     for _ in range(args.runs):
-        rate, misses, credit = run(helper, ctx, args)
-        stuck += max(misses, default=0) > 1
+        rate, shares, sweeps = run(helper, ctx, args)
+        stuck += max(shares["misses"], default=0) > 1
         threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}" + \
             (f" (and {args.idle} idle)" if args.idle else "")
-        print(f"{threads} on {kind}: {rate:.2f} M pairs/s together; misses per "
-              f"thread, % of its requests: {' '.join(f'{m:.2f}' for m in misses)}; short of "
-              f"credit: {' '.join(f'{c:.2f}' for c in credit)}")
+        print(f"{threads} on {kind}: {rate:.2f} M pairs/s together; per thread, % of its "
+              "pairs: " + "; ".join(f"{label} {' '.join(f'{v:.2f}' for v in shares[key])}"
+                                    for key, label in SHARES.items()))
+        print("  sweeps over every magazine: " +
+              ", ".join(f"{key} {count}" for key, count in sweeps.items()))
     print(f"{stuck} of {args.runs} runs had a thread missing more than 1% of its requests")
 
 if __name__ == "__main__":

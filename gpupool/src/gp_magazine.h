@@ -99,6 +99,17 @@ struct gp_spin {
         }
     }
 
+    /* Its own thread, finding it taken (a sweep of the pool holds it for a few loads and
+     * stores): waits at most `spins` pauses, never yielding; whether it got it. */
+    bool try_lock_spin(unsigned spins) {
+        for (unsigned i = 0; i < spins; i++) {
+            gp_cpu_relax();
+            if (state.load(std::memory_order_relaxed) == 0 && try_lock())
+                return true;
+        }
+        return false;
+    }
+
     void unlock() { state.store(0, std::memory_order_release); }
 };
 
