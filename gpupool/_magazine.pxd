@@ -75,6 +75,7 @@ cdef cppclass Magazine:
     size_t misses               # requests of its thread that it could not serve
     size_t requests             # requests of its thread that looked in it (its thread's count)
     size_t seen                 # `requests` when another thread's miss last looked (the pool's)
+    size_t settled              # `requests` at the pool's last settle of the peak (the pool's)
     Block* handed[MAG_HANDED]   # live, taken through the C API from this magazine
     int nhanded
     size_t held                 # bytes of `blocks`

@@ -115,6 +115,7 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void reset_peaks_locked(self) noexcept nogil
     cdef size_t largest_held(self) noexcept nogil
     cdef void _settle_peak(self) noexcept nogil
+    cdef size_t _take_credit(self, Magazine* m, size_t most, size_t excess) noexcept nogil
     cdef size_t _freeze(self) noexcept nogil
     cdef void _thaw(self) noexcept nogil
     cdef Counters counters_view(self) noexcept nogil

@@ -506,7 +506,7 @@ cdef class Pool(BlockOwner):
         m.pool = <void*>self
         m.orphan = False
         m.nblocks = m.nhanded = 0
-        m.misses = m.requests = m.seen = 0
+        m.misses = m.requests = m.seen = m.settled = 0
         m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
         m.wanted = m.no_block = m.no_credit = m.no_hand = m.empty = m.lost = m.lost_free = 0
         if self._holder == current_thread():
@@ -890,40 +890,80 @@ cdef class Pool(BlockOwner):
             self._settle_peak()
 
     cdef void _settle_peak(self) noexcept nogil:
-        """Under the pool's lock, when the bound passed the peak: take back credit, from the
-        magazines with the most first, each kept locked until the end. Once the bound is back
-        at the peak, bytes in use (at most the bound) are too, at that moment, with the
-        locked magazines still: no peak went by unseen, and the other threads' magazines
-        were not stopped. If all the credit does not do, every magazine is locked by then:
-        bytes in use, exactly, raise the peak, and the credit above it goes."""
+        """Under the pool's lock, when the bound passed the peak: take back credit, each
+        magazine it takes from kept locked until the end, in the order that least has a
+        thread short of it next: the credit of threads that made no request since the last
+        settle, then other threads' credit beyond their largest held block (a retake of one
+        block never needs it), then the most credit first. Once the bound is back at the
+        peak, bytes in use (at most the bound) are too, at that moment, with the locked
+        magazines still: no peak went by unseen, and the other threads' magazines were not
+        stopped. If all the credit does not do, every magazine is locked by then: bytes in
+        use, exactly, raise the peak, and the credit above it goes. (Richest first alone had
+        8 threads cycling through 5 sizes take each other's credit at every turn: issue 18.)"""
         cdef vector[pair[size_t, size_t]] order     # (credit, index), the most last
-        cdef size_t k, j, held = 0, in_use, back
+        cdef vector[char] locked
+        cdef size_t k, j, n = self._magazines.size(), held = 0, in_use, spare, largest
         cdef size_t excess = self._bound - self.counters.peak_in_use     # > 0
         cdef Magazine* m
+        cdef int i
         self._sweeps[SWEEP_SETTLE] += 1
-        for k in range(self._magazines.size()):
-            order.push_back(pair[size_t, size_t](self._magazines[k].credit, k))  # a hint
-        sort(order.begin(), order.end())
-        j = order.size()
-        while j and excess:
-            j -= 1
-            m = self._magazines[order[j].second]
-            m.mutex.lock()
-            back = excess if m.credit >= excess else m.credit
-            m.credit -= back
-            excess -= back
-            self._bound -= back
+        locked.resize(n, 0)
+        for k in range(n):                  # idle threads' credit (requests: a hint)
+            m = self._magazines[k]
+            if excess and m.credit and m.requests == m.settled:
+                m.mutex.lock()
+                locked[k] = 1
+                excess = self._take_credit(m, m.credit, excess)
+        for k in range(n):                  # credit no single retake needs
+            m = self._magazines[k]
+            if excess and not locked[k] and m.credit:
+                m.mutex.lock()
+                locked[k] = 1
+                largest = 0
+                for i in range(m.nblocks):
+                    if m.blocks[i].size > largest:
+                        largest = m.blocks[i].size
+                spare = m.credit - largest if m.credit > largest else 0
+                excess = self._take_credit(m, spare, excess)
         if excess:
-            # Every magazine is locked, its credit gone: the bound is bytes in use, exactly.
-            for k in range(order.size()):
+            for k in range(n):
+                order.push_back(pair[size_t, size_t](self._magazines[k].credit, k))  # a hint
+            sort(order.begin(), order.end())
+            j = n
+            while j and excess:
+                j -= 1
+                k = order[j].second
                 m = self._magazines[k]
-                self._mag_fold(m)
-                held += m.held
-            in_use = self.counters.in_use - held
-            if in_use > self.counters.peak_in_use:
-                self.counters.peak_in_use = in_use
-        for k in range(j, order.size()):
-            self._magazines[order[k].second].mutex.unlock()
+                if not locked[k]:
+                    m.mutex.lock()
+                    locked[k] = 1
+                excess = self._take_credit(m, m.credit, excess)
+            if excess:
+                # Every magazine is locked, its credit gone: the bound is bytes in use,
+                # exactly.
+                for k in range(n):
+                    m = self._magazines[k]
+                    if not locked[k]:
+                        m.mutex.lock()
+                        locked[k] = 1
+                    self._mag_fold(m)
+                    held += m.held
+                in_use = self.counters.in_use - held
+                if in_use > self.counters.peak_in_use:
+                    self.counters.peak_in_use = in_use
+        for k in range(n):
+            m = self._magazines[k]
+            m.settled = m.requests
+            if locked[k]:
+                m.mutex.unlock()
+
+    cdef size_t _take_credit(self, Magazine* m, size_t most, size_t excess) noexcept nogil:
+        """Under the pool's lock and m's: up to `most` of m's credit, and no more than
+        excess, leaves the bound; the excess left."""
+        cdef size_t back = excess if most >= excess else most
+        m.credit -= back
+        self._bound -= back
+        return excess - back
 
     cdef size_t _freeze(self) noexcept nogil:
         """Under the pool's lock: lock every magazine, fold its counts; returns the bytes

@@ -273,7 +273,7 @@ def test_the_peak_is_exact_when_a_held_block_is_flushed_not_retaken():
     worker.exit()
 
 
-def test_credit_comes_back_from_the_magazines_with_the_most_and_the_peak_stays_exact():
+def test_credit_comes_back_from_idle_threads_first_and_the_peak_stays_exact():
     pool = gpupool.Pool(upstream=SimulatedDevice())
     pool.allocate(64 * MiB).close()
     pool.merge_streams()                                # free memory, no thread holding it
@@ -286,7 +286,8 @@ def test_credit_comes_back_from_the_magazines_with_the_most_and_the_peak_stays_e
     assert [m["credit"] for m in pool._magazines_info()[1:]] == [MiB, 3 * MiB]
     kept = other(lambda: pool.allocate(2 * MiB, stream=PTS))  # in use 2 MiB: 2 MiB of credit go,
     credits = [m["credit"] for m in pool._magazines_info()[1:3]]
-    assert credits == [MiB, MiB]                        # from the magazine with the most
+    # from threads that made no request since the last settle (one's retake), in turn
+    assert credits == [0, 2 * MiB]
     assert pool.stats().peak_in_use_bytes == 4 * MiB    # in use never went above 4 MiB
     both = (one(lambda: pool.allocate(MiB, stream=PTS)),
             four(lambda: pool.allocate(4 * MiB, stream=PTS)))
@@ -297,6 +298,39 @@ def test_credit_comes_back_from_the_magazines_with_the_most_and_the_peak_stays_e
     check_invariants(pool)
     for worker in (one, four, other):
         worker.exit()
+
+
+def test_credit_a_retake_of_one_block_never_needs_goes_before_a_richer_threads():
+    # Issue 18: taking the most credit first had threads cycling through a few sizes take
+    # each other's credit for their largest block at every turn, on the shared path.
+    pool = gpupool.Pool(upstream=SimulatedDevice())
+    pool.allocate(64 * MiB).close()
+    pool.merge_streams()
+    pool.reset_peak_stats()
+    small, large = Worker(), Worker()
+    kept = large(lambda: pool.allocate(8 * MiB, stream=PTS))
+
+    def both():
+        x, y = pool.allocate(MiB, stream=PTS), pool.allocate(4 * MiB, stream=PTS)
+        x.close()
+        y.close()
+
+    small(both)
+    large(kept.close)                   # peak 13 MiB; small holds 1 + 4 MiB, large 8 MiB
+
+    def credits():
+        return [m["credit"] for m in pool._magazines_info()[1:]]
+
+    assert credits() == [5 * MiB, 8 * MiB]
+    small(lambda: pool.allocate(MiB, stream=PTS).close())       # both active: within credit
+    large(lambda: pool.allocate(8 * MiB, stream=PTS).close())
+    taken = pool.allocate(MiB)          # in use 1 MiB: 1 MiB of credit goes, small's spare one
+    assert credits() == [4 * MiB, 8 * MiB]
+    assert pool.stats().peak_in_use_bytes == 13 * MiB
+    taken.close()
+    check_invariants(pool)
+    small.exit()
+    large.exit()
 
 
 def test_many_wanted_streams_of_idle_threads_leave_other_threads_their_magazines():
