@@ -36,9 +36,10 @@
 # asking the pool. A free into the magazine adds its bytes to the thread's credit, a retake
 # spends them, so in use plus all credit (the pool's `bound`) changes only on the shared path,
 # under the pool's lock; the pool keeps bound <= peak, so a retake within credit can never
-# pass the peak. When a shared acquire would lift bound above the peak, the pool locks every
-# magazine, computes bytes in use exactly, raises the peak to that and takes back credit. A
-# retake beyond credit goes the shared way.
+# pass the peak. When a shared acquire would lift bound above the peak, the pool takes back
+# credit (idle threads' first, then what no retake of one block needs, then the most:
+# _pool.pyx, _settle_peak); if all of it does not do, it locks every magazine, computes bytes
+# in use exactly and raises the peak to that. A retake beyond credit goes the shared way.
 #
 # The C API frees by pointer: the blocks a thread took from its magazine through it are listed
 # in `handed`, so that thread's free finds them without the pool's table; a free of one on
