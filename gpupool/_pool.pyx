@@ -39,13 +39,14 @@ from gpupool._regioncache cimport (
     rc_return_unused,
 )
 from gpupool._segments cimport (
-    round_request, sg_put, sg_split, sg_grow_plain, sg_extend, sg_trim, sg_merge_streams,
-    sg_release_all,
+    round_request, sg_put, sg_split, sg_split_top, sg_grow_plain, sg_extend, sg_trim,
+    sg_merge_streams, sg_release_all,
 )
-from gpupool._sizes cimport MAX_NBYTES, check_nbytes
+from gpupool._sizes cimport MAX_NBYTES, SMALL_REQUEST, check_nbytes
 from gpupool._status cimport GP_REENTRANT, GP_FORKED
 from gpupool._streamorder cimport (
-    WANTED_MAX, so_event, so_take, so_mark_blocks, so_mark_stream, so_is_wanted,
+    WANTED_MAX, so_event, so_take, so_take_small, so_under_small, so_mark_blocks,
+    so_mark_stream, so_is_wanted,
 )
 from gpupool._streams cimport (
     StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, STREAM_PER_THREAD, current_thread,
@@ -310,7 +311,7 @@ cdef class Pool(BlockOwner):
         cdef RegionCache* rc
         cdef RegionCache* owner
         cdef Block* b
-        cdef bint grew = False, answered = False
+        cdef bint grew = False, answered = False, top = False
         cdef int r
         if self._segments.hard_limit and size > self._segments.hard_limit:
             size = nbytes               # only the exact request fits under the limit
@@ -343,7 +344,11 @@ cdef class Pool(BlockOwner):
         if not fl_has_exact(&self._free, size, s) and \
                 (self._mag_flush_own(size, False) + self._mag_flush_others(s)) and answered:
             so_mark_blocks(&self._order, self.upstream, &self._free, s)
-        b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
+        if size <= SMALL_REQUEST and self.upstream.expandable:
+            b = so_take_small(&self._free, size, s, <void*>rc)
+            top = b != NULL and so_under_small(b)
+        if b == NULL:
+            b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
         if b == NULL:
             # Idle regions' cached blocks serve before the pool grows: a region never costs
             # memory that the pool alone would not.
@@ -371,7 +376,10 @@ cdef class Pool(BlockOwner):
             if b == NULL:
                 return CUDA_ERROR_OUT_OF_MEMORY
         owner = rc_disown(b)
-        sg_split(&self._segments, &self._order, &self._free, b, size, s, owner)
+        if top:
+            b = sg_split_top(&self._segments, &self._order, &self._free, b, size, s, owner)
+        else:
+            sg_split(&self._segments, &self._order, &self._free, b, size, s, owner)
         b.state = LIVE
         b.stream = s
         if grew:

@@ -1,8 +1,11 @@
 # Segments: how the pool's memory is laid out, grown, cut, joined and given back.
 #
 # * A request is rounded to 512 bytes and served by best fit from the free lists; a free
-#   block larger than the request is cut (sg_split) and the rest stays free. A freed block
-#   joins its free neighbours in its segment (sg_put), so pieces become one block again.
+#   block larger than the request is cut (sg_split) and the rest stays free. On an expandable
+#   upstream a small request (at most 1 MiB) without a near-exact fit goes just below a live
+#   small block, cut from the top of the free block there (so_take_small, sg_split_top). A
+#   freed block joins its free neighbours in its segment (sg_put), so pieces become one block
+#   again.
 # * Growth on a plain upstream ("driver", "async"): a new segment of the request rounded up to
 #   the 2 MiB page (the driver maps whole pages anyway), or, for requests up to SEGMENT_FOR,
 #   of up to SEGMENT_BYTES (an eighth of the pool's reserved bytes at most), so that small and
@@ -215,6 +218,31 @@ cdef inline void sg_split(Segments* sg, StreamOrder* so, FreeLists* fl, Block* b
     sg_insert_after(b, rest)
     rc_own(owner, rest)
     sg_put(sg, so, fl, rest)
+
+
+cdef inline Block* sg_split_top(Segments* sg, StreamOrder* so, FreeLists* fl, Block* b,
+                                size_t size, StreamKey s, RegionCache* owner) noexcept nogil:
+    """As sg_split, but the request takes b's top end (a small request placed below a small
+    block: so_take_small): the rest, from b.ptr on, stays b, free, with b's events, on s (or
+    for any stream, if b was never used) and cached by owner. Returns the block taken (b
+    itself when it serves whole)."""
+    cdef Block* top
+    if b.size - size < BLOCK_ALIGN or size % BLOCK_ALIGN:
+        so_drop_events(so, b)
+        return b
+    top = sg_record(sg, b.ptr + b.size - size, size, b.segment)
+    if top == NULL:
+        so_drop_events(so, b)           # no host memory: the block serves whole
+        return b
+    if not is_no_stream(b.stream):
+        b.stream = s
+    top.state = LIVE                    # not joinable with the rest
+    b.state = FREE
+    b.size -= size
+    sg_insert_after(b, top)
+    rc_own(owner, b)
+    sg_put(sg, so, fl, b)
+    return top
 
 
 # Growth -----------------------------------------------------------------------------------

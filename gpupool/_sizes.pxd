@@ -8,9 +8,13 @@
 cdef extern from *:
     """
     #define GP_MAX_NBYTES ((size_t)1 << 50)
+    #define GP_SMALL_REQUEST ((size_t)1 << 20)
     """
     int __builtin_clzll(unsigned long long) nogil
     size_t MAX_NBYTES "GP_MAX_NBYTES"      # requests above 1 PiB are refused as absurd
+    # A request (and a block) of at most this size is small (PyTorch's small-pool bound): on
+    # an expandable segment it is placed against other small blocks (so_take_small).
+    size_t SMALL_REQUEST "GP_SMALL_REQUEST"
 
 cdef enum:
     SMALL_STEP = 512            # class granularity up to SMALL_MAX
