@@ -9,8 +9,9 @@ last step, median ms per step (steps after the third, the GPU synchronized at ea
 end) and the final loss (equal across a model's allocators: same seed, same data).
 Models (``_models.py``):
 ResNet-50 batch 64 fp32, GPT-2 small batch 8 seq 512, GPT-2 at sequence lengths drawn from
-128..1024, and two the pool's policy was not tuned on: ViT-B/16 batch 32 and BERT base at
-sequence lengths drawn from 64..512. Allocators (``--columns``; by default all but ``gp``,
+128..1024, ViT-B/16 batch 32 (not tuned on when added; its trace set the placement of small
+blocks on 2026-12-02) and BERT base at sequence lengths drawn from 64..512 (not tuned on).
+Allocators (``--columns``; by default all but ``gp``,
 ``gp.region``, ``gp.driver.region`` and ``gp.vmm.nomag``):
 
 =================  ================================================================
