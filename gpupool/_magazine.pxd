@@ -22,7 +22,8 @@
 # request of it finds no free block of its exact size, those it could serve cut and those two
 # such requests have passed by (so that a cut sees the free memory, while a thread cycling
 # through a few sizes keeps them); but a small request (up to 1 MiB) leaves a held block of 8
-# times its size or more, and the pool grows for it instead (a page at most): a thread cycling
+# times its size or more, and the pool grows for it instead (a page at most on an expandable
+# upstream, a new segment on a plain one): a thread cycling
 # through small and large sizes on one expandable segment would otherwise cut and join at
 # every request (_pool.pyx, _mag_keeps). A stream another stream waits for gives its thread's
 # held blocks up the next time it allocates (so that they get their events:

@@ -118,7 +118,8 @@ cdef inline int wanted_bit(StreamKey s) noexcept nogil:
 cdef inline bint _mag_keeps(Block* b, size_t size) noexcept nogil:
     """Whether a request of size bytes leaves held block b in its thread's magazine: a small
     request does not break a block of MAG_KEEP times its size or more; the pool grows for it
-    instead (a page at most), or, out of memory, every magazine is flushed first. Without
+    instead (on an expandable upstream a page at most; on a plain one a new segment, up to
+    20 MiB when shared), or, out of memory, every magazine is flushed first. Without
     this, a thread cycling through 256 B .. 16 MiB on an expandable segment (one range per
     stream) cut the small blocks from its 16 MiB one and joined them back for the next
     16 MiB request: every request took the pool's lock (issue 18)."""
@@ -535,7 +536,7 @@ cdef class Pool(BlockOwner):
     cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil:
         """A block for nbytes on s from the calling thread's magazine, without the pool's
         lock: a held block of the exact size last used on s, within the thread's credit,
-        when the thread is in no region of this pool and no stream waits for blocks. NULL:
+        when the thread is in no region of this pool and its stream is not wanted. NULL:
         take the shared path. capi: list it as handed (the C API frees by pointer)."""
         cdef gp_thread* t
         cdef size_t size
