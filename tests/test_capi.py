@@ -2,6 +2,7 @@
 the real one where there is a GPU)."""
 
 import ctypes
+import gc
 import importlib.util
 import os
 import shutil
@@ -57,6 +58,7 @@ class CountingDevice(SimulatedDevice):
 
 @pytest.fixture
 def sim_pool():
+    gc.collect()    # pools of earlier tests in cycles: each holds one of this thread's 8 slots
     sim = CountingDevice()
     pool = gpupool.Pool(upstream=sim, device=0)
     gpupool.set_pool(pool)
