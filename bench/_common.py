@@ -232,7 +232,7 @@ def gpu_pool(device=0):
     try:
         return gpupool.get_pool(device), None
     except gpupool.NoDeviceError as exc:
-        return None, str(exc)
+        return None, f"no GPU ({exc})"
 
 
 def cuda_torch_or_skip(script, json_path=None):
@@ -390,7 +390,7 @@ def finish(out, start, report, json_path=None):
 
 def skip(script, reason, json_path=None):
     """Print the one-line skip message, write a skip record if asked, and exit 0."""
-    print(f"{script}: skipped: no GPU ({reason})")
+    print(f"{script}: skipped: {reason}")
     if json_path:
         write_json(json_path, {"script": script, "skipped": reason, "env": environment()})
     sys.exit(0)
