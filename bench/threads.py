@@ -330,8 +330,9 @@ def run(columns, ctx, quick):
 def magazine_summary(pool):
     """The threads' magazines of ``pool`` (``Pool._magazines_info()``): ``threads``; the
     counts of requests that took the shared path while the thread held blocks, by reason
-    (``wanted``, ``no_block``, ``no_credit``, ``no_hand``), with an ``empty`` magazine, or
-    with its lock lost to a sweep of the pool (``lost``; ``lost_free`` for frees); of
+    (``wanted``, ``no_block``, ``no_credit``, ``no_hand``) or with an ``empty`` magazine;
+    of requests and frees that found the magazine's lock held by a sweep of the pool and
+    waited for it (``lost``, ``lost_free``: the shared path only if the wait ran out); of
     ``misses`` (no held block and no free block of the size either); and ``sweeps``, the
     pool's sweeps over every magazine by kind (``Pool._sweep_counts()``). These count from
     the magazine's start; its ``allocs`` do not (they are folded into the pool's counters
@@ -343,8 +344,8 @@ def magazine_summary(pool):
 
 MAGAZINE_COUNTS = {"no_credit": "short of credit", "no_block": "no held block of the size",
                    "no_hand": "too many C API blocks out", "wanted": "wanted",
-                   "empty": "empty magazine", "lost": "lock lost", "lost_free": "free's lock lost",
-                   "misses": "missed"}
+                   "empty": "empty magazine", "lost": "waited for a sweep",
+                   "lost_free": "frees waited for a sweep", "misses": "missed"}
 
 
 def magazine_lines(out):
@@ -361,8 +362,8 @@ def magazine_lines(out):
                      f" ({m['threads']} threads' magazines)")
         lines.append(f"  {'':12} sweeps over every magazine: " +
                      ", ".join(f"{k} {v}" for k, v in m["sweeps"].items()))
-    return "\n".join(["gpupool's requests that took the shared path, by reason, of all its "
-                      "allocations (every thread of every team):",
+    return "\n".join(["gpupool's requests that took the shared path, by reason, and those that "
+                      "waited, of all its allocations (every thread of every team):",
                       *lines]) if lines else None
 
 

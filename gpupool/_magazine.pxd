@@ -115,6 +115,16 @@ cdef inline int mg_find(Magazine* m, size_t size, StreamKey s) noexcept nogil:
     return found
 
 
+cdef inline size_t mg_largest(Magazine* m) noexcept nogil:
+    """Bytes of m's largest held block (0: none)."""
+    cdef size_t largest = 0
+    cdef int i
+    for i in range(m.nblocks):
+        if m.blocks[i].size > largest:
+            largest = m.blocks[i].size
+    return largest
+
+
 cdef inline Block* mg_remove(Magazine* m, int i) noexcept nogil:
     """Take held block i out (its bytes leave `held`; credit is the caller's)."""
     cdef Block* b = m.blocks[i]

@@ -26,7 +26,7 @@ from gpupool._counters cimport count_acquired, count_released
 from gpupool._driver cimport fork_flag
 from gpupool._freelist cimport fl_each, fl_has_exact
 from gpupool._magazine cimport (
-    Magazine, MAG_SLOTS, MAG_HANDED, mg_find, mg_remove, mg_find_handed, mg_unhand,
+    Magazine, MAG_SLOTS, MAG_HANDED, mg_find, mg_largest, mg_remove, mg_find_handed, mg_unhand,
 )
 from gpupool._handoff cimport use_key
 from gpupool._history cimport (
@@ -914,7 +914,6 @@ cdef class Pool(BlockOwner):
         cdef size_t k, j, n = self._magazines.size(), held = 0, in_use, spare, largest
         cdef size_t excess = self._bound - self.counters.peak_in_use     # > 0
         cdef Magazine* m
-        cdef int i
         self._sweeps[SWEEP_SETTLE] += 1
         locked.resize(n, 0)
         for k in range(n):                  # idle threads' credit (requests: a hint)
@@ -928,10 +927,7 @@ cdef class Pool(BlockOwner):
             if excess and not locked[k] and m.credit:
                 m.mutex.lock()
                 locked[k] = 1
-                largest = 0
-                for i in range(m.nblocks):
-                    if m.blocks[i].size > largest:
-                        largest = m.blocks[i].size
+                largest = mg_largest(m)
                 spare = m.credit - largest if m.credit > largest else 0
                 excess = self._take_credit(m, spare, excess)
         if excess:
@@ -1456,16 +1452,15 @@ cdef class Pool(BlockOwner):
 
     cdef size_t largest_held(self) noexcept nogil:
         """Under the pool's lock: the largest block any thread's magazine holds."""
-        cdef size_t k, largest = 0
-        cdef int i
+        cdef size_t k, largest = 0, size
         cdef Magazine* m
         for k in range(self._magazines.size()):
             m = self._magazines[k]
             m.mutex.lock()
-            for i in range(m.nblocks):
-                if m.blocks[i].size > largest:
-                    largest = m.blocks[i].size
+            size = mg_largest(m)
             m.mutex.unlock()
+            if size > largest:
+                largest = size
         return largest
 
     def merge_streams(self):

@@ -29,16 +29,17 @@ sys.path.insert(0, os.path.join(HERE, "..", "bench"))
 
 import _cext  # noqa: E402
 import _peers  # noqa: E402
+import threads  # noqa: E402
 
 SIZES = (256, 4 << 10, 64 << 10, 1 << 20, 16 << 20)
 PER_THREAD_STREAM = 2
 BATCH = 20_000
 IDLE_PAIRS = 2_000           # each idle thread's one loop
-# Per working thread, % of its pairs (Pool._magazines_info()): requests that found no free block
-# of their size (misses), short of credit, and the shared path's other ways in: no held block,
-# the magazine's lock lost by a request or by a free.
-SHARES = {"misses": "misses", "no_credit": "short of credit", "empty": "empty",
-          "lost": "lock lost (request)", "lost_free": "lock lost (free)"}
+# Per working thread, % of its pairs (Pool._magazines_info(), labelled as bench/threads.py
+# labels them): misses, short of credit, an empty magazine, and requests and frees that waited
+# for a sweep of the pool.
+SHARES = {k: threads.MAGAZINE_COUNTS[k] for k in ("misses", "no_credit", "empty", "lost",
+                                                  "lost_free")}
 
 
 def run(helper, ctx, args):

@@ -90,17 +90,13 @@ struct gp_spin {
     }
 
     void lock() {
-        for (unsigned i = 1; !try_lock(); i++) {
-            while (state.load(std::memory_order_relaxed) != 0) {
-                gp_cpu_relax();
-                if ((i++ & 127) == 0)
-                    sched_yield();
-            }
-        }
+        while (!try_lock() && !try_lock_spin(128))
+            sched_yield();
     }
 
-    /* Its own thread, finding it taken (a sweep of the pool holds it for a few loads and
-     * stores): waits at most `spins` pauses, never yielding; whether it got it. */
+    /* Waits at most `spins` pauses for it, never yielding; whether it got it. Its own thread
+     * calls it when a sweep of the pool holds it (a few loads and stores), lock() between
+     * its yields. */
     bool try_lock_spin(unsigned spins) {
         for (unsigned i = 0; i < spins; i++) {
             gp_cpu_relax();
