@@ -332,7 +332,7 @@ def magazine_summary(pool):
     counts of requests that took the shared path while the thread held blocks, by reason
     (``wanted``, ``no_block``, ``no_credit``, ``no_hand``) or with an ``empty`` magazine;
     of requests and frees that found the magazine's lock held by a sweep of the pool and
-    waited for it (``lost``, ``lost_free``: the shared path only if the wait ran out); of
+    waited for it (``waits``, ``free_waits``: the shared path only if the wait ran out); of
     ``misses`` (no held block and no free block of the size either); and ``sweeps``, the
     pool's sweeps over every magazine by kind (``Pool._sweep_counts()``). These count from
     the magazine's start; its ``allocs`` do not (they are folded into the pool's counters
@@ -344,8 +344,8 @@ def magazine_summary(pool):
 
 MAGAZINE_COUNTS = {"no_credit": "short of credit", "no_block": "no held block of the size",
                    "no_hand": "too many C API blocks out", "wanted": "wanted",
-                   "empty": "empty magazine", "lost": "waited for a sweep",
-                   "lost_free": "frees waited for a sweep", "misses": "missed"}
+                   "empty": "empty magazine", "waits": "waited for a sweep",
+                   "free_waits": "frees waited for a sweep", "misses": "missed"}
 
 
 def magazine_lines(out):

@@ -94,11 +94,11 @@ cdef cppclass Magazine:
     size_t no_block
     size_t no_credit
     size_t no_hand              # one, within credit, but MAG_HANDED C API blocks out
-    # A request took the shared path with no block held (`empty`); a request (`lost`) or a
-    # free (`lost_free`) found the lock another thread's, a sweep of the pool's, and waited.
+    # A request took the shared path with no block held (`empty`); a request (`waits`) or a
+    # free (`free_waits`) found the lock another thread's, a sweep of the pool's, and waited.
     size_t empty
-    size_t lost
-    size_t lost_free
+    size_t waits
+    size_t free_waits
     char _pad_back[64]
 
 

@@ -517,7 +517,7 @@ cdef class Pool(BlockOwner):
         m.nblocks = m.nhanded = 0
         m.misses = m.requests = m.seen = m.settled = 0
         m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
-        m.wanted = m.no_block = m.no_credit = m.no_hand = m.empty = m.lost = m.lost_free = 0
+        m.wanted = m.no_block = m.no_credit = m.no_hand = m.empty = m.waits = m.free_waits = 0
         if self._holder == current_thread():
             self._deferred_magazine(m)
         else:
@@ -562,7 +562,7 @@ cdef class Pool(BlockOwner):
         if thread_cache(t, <void*>self, self._process_region) != NULL:
             return NULL
         size = round_request(nbytes)
-        if not m.mutex.try_lock() and not self._mag_wait(m, &m.lost):
+        if not m.mutex.try_lock() and not self._mag_wait(m, &m.waits):
             return NULL
         i = mg_find(m, size, s)
         if i < 0:
@@ -751,7 +751,7 @@ cdef class Pool(BlockOwner):
         m = self.thread_magazine(True)
         if m == NULL:
             return False
-        if m.mutex.try_lock() or self._mag_wait(m, &m.lost_free):
+        if m.mutex.try_lock() or self._mag_wait(m, &m.free_waits):
             if m.nblocks < MAG_SLOTS:
                 self._mag_hold(m, b, s)
                 m.mutex.unlock()
@@ -810,7 +810,7 @@ cdef class Pool(BlockOwner):
             m = self.thread_magazine(False)
         if m == NULL or m.nhanded == 0:
             return False
-        if not m.mutex.try_lock() and not self._mag_wait(m, &m.lost_free):
+        if not m.mutex.try_lock() and not self._mag_wait(m, &m.free_waits):
             return False
         i = mg_find_handed(m, ptr)
         if i >= 0:
@@ -1369,9 +1369,9 @@ cdef class Pool(BlockOwner):
         streams are waited for and its bit is in the mask), ``no_block`` (none of the size on
         the stream), ``no_credit`` (one, but too little credit: the pool's peak bound) and
         ``no_hand`` (one, but MAG_HANDED C API blocks are out); why they took it otherwise:
-        ``empty`` (it held no block), ``lost`` and ``lost_free`` (its lock was another
-        thread's at that moment: a request's, a free's); and ``streams``, each held block's
-        (size, stream handle, stream tag)."""
+        ``empty`` (it held no block); ``waits`` and ``free_waits`` (its lock was another
+        thread's at that moment, and a request or a free waited for it); and ``streams``, each
+        held block's (size, stream handle, stream tag)."""
         cdef Magazine* m
         cdef size_t k
         cdef int i
@@ -1384,8 +1384,8 @@ cdef class Pool(BlockOwner):
                         "handed": m.nhanded, "orphan": bool(m.orphan), "allocs": m.allocs,
                         "frees": m.frees, "misses": m.misses, "wanted": m.wanted,
                         "no_block": m.no_block, "no_credit": m.no_credit,
-                        "no_hand": m.no_hand, "empty": m.empty, "lost": m.lost,
-                        "lost_free": m.lost_free,
+                        "no_hand": m.no_hand, "empty": m.empty, "waits": m.waits,
+                        "free_waits": m.free_waits,
                         "streams": [(m.blocks[i].size, m.blocks[i].stream.handle,
                                      m.blocks[i].stream.tag) for i in range(m.nblocks)]})
             m.mutex.unlock()
@@ -1397,7 +1397,7 @@ cdef class Pool(BlockOwner):
         a dict of counts since the pool was made, ``others`` (a request found no free block of
         its size and looked at idle threads' magazines), ``want`` (before the pool grew),
         ``handed`` (a C API free not in the pool's table: another thread's magazine, or its
-        own when its lock was lost) and ``settle`` (the peak bound passed: credit taken
+        own when the wait for its lock ran out) and ``settle`` (the peak bound passed: credit taken
         back)."""
         self.lock()
         out = {"others": self._sweeps[SWEEP_OTHERS], "want": self._sweeps[SWEEP_WANT],

@@ -599,7 +599,7 @@ def test_requests_that_find_their_magazine_empty_and_the_pools_sweeps_are_counte
     pool.allocate(MiB).close()          # the magazine is empty: the shared path
     pool.allocate(MiB).close()          # held again: served there
     (mine,) = pool._magazines_info()
-    assert (mine["empty"], mine["lost"], mine["lost_free"], mine["no_hand"]) == (1, 0, 0, 0)
+    assert (mine["empty"], mine["waits"], mine["free_waits"], mine["no_hand"]) == (1, 0, 0, 0)
     before = pool._sweep_counts()
     pool.allocate(64 * MiB).close()     # no block of its size: a miss looks at idle threads'
     after = pool._sweep_counts()        # and, as the pool grows for it, at every magazine

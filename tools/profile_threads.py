@@ -38,8 +38,8 @@ IDLE_PAIRS = 2_000           # each idle thread's one loop
 # Per working thread, % of its pairs (Pool._magazines_info(), labelled as bench/threads.py
 # labels them): misses, short of credit, an empty magazine, and requests and frees that waited
 # for a sweep of the pool.
-SHARES = {k: threads.MAGAZINE_COUNTS[k] for k in ("misses", "no_credit", "empty", "lost",
-                                                  "lost_free")}
+SHARES = {k: threads.MAGAZINE_COUNTS[k] for k in ("misses", "no_credit", "empty", "waits",
+                                                  "free_waits")}
 
 
 def run(helper, ctx, args):
