@@ -23,7 +23,8 @@
 #             its options, default 8 threads on per-thread streams beside 7 idle ones)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
 # Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first;
-# SKIP_BUILD=1 skips the build (an earlier run on the same machine made it).
+# SKIP_BUILD=1 skips the build where gpupool imports (an earlier run on the same machine
+# made it); a machine started fresh between calls builds anyway.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpupool-gpu-check}
@@ -40,8 +41,8 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.log"
 python3 -c "import sys, cuda.bindings, Cython; print(sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__, 'Cython', Cython.__version__)" | tee -a "$OUT/summary.log"
 
-if [ -n "${SKIP_BUILD:-}" ]; then
-    :   # built by an earlier run of this script on this machine
+if [ -n "${SKIP_BUILD:-}" ] && python3 -c "import gpupool._pool" 2> /dev/null; then
+    :   # built by an earlier run of this script on this machine (a fresh machine builds)
 elif ! python3 -m pip install --no-build-isolation --no-deps -e . > /tmp/gpupool-build.log 2>&1; then
     cp /tmp/gpupool-build.log "$OUT/build.log"; tail -40 "$OUT/build.log"; summary "build FAILED"
     exit 1
