@@ -50,3 +50,4 @@ cdef struct Block:
     vector[StreamKey]* extra_streams    # streams added with record_stream while live
     RegionLink region
     void* holder                    # live: the DeviceBuffer that holds it (borrowed)
+    size_t used                     # the pool's allocation count when it was last live

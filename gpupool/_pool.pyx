@@ -40,6 +40,7 @@ from gpupool._regioncache cimport (
 )
 from gpupool._segments cimport (
     round_request, sg_put, sg_split, sg_split_top, sg_grow_plain, sg_extend, sg_trim,
+    sg_reclaim,
     sg_merge_streams, sg_release_all,
 )
 from gpupool._sizes cimport MAX_NBYTES, SMALL_REQUEST, check_nbytes
@@ -477,7 +478,12 @@ cdef class Pool(BlockOwner):
         return r
 
     cdef int _grow_once(self, size_t size, StreamKey s, void* owner) noexcept nogil:
+        """Grow the upstream for a request of size bytes on s (through cache owner: NULL,
+        the pool). On an expandable one, the pool's cold free pages move to the growth first
+        (sg_reclaim)."""
         if self.upstream.expandable:
+            sg_reclaim(&self._segments, self.upstream, &self.counters, &self._order,
+                       &self._free, size, s, owner)
             return sg_extend(&self._segments, self.upstream, &self.counters, &self._order,
                              &self._free, size, s, owner)
         return sg_grow_plain(&self._segments, self.upstream, &self.counters, &self._order,
@@ -773,6 +779,7 @@ cdef class Pool(BlockOwner):
         """Under m's lock: m holds b (room checked by the caller), its bytes credited."""
         b.stream = s
         b.holder = NULL
+        b.used = self.counters.num_allocs
         b.state = HELD
         m.blocks[m.nblocks] = b
         m.since[m.nblocks] = m.misses

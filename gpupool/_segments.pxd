@@ -14,7 +14,9 @@
 # * Growth on an expandable upstream ("vmm"): each stream has a segment, a range of address
 #   space reserved once, whose pages are mapped as it grows, so free space at its end joins
 #   the next request instead of fragmenting (sg_extend). A hole that a trim unmapped is mapped
-#   again first when it and its free neighbours fit the request.
+#   again first when it and its free neighbours fit the request. Before it grows, the pages
+#   of cold free blocks move to the growth when they cover it (sg_reclaim): reserved bytes
+#   do not grow for memory the pool holds in pieces too small for the request.
 # * A trim (sg_trim), after the device's work is done: plain segments wholly free go back to
 #   the upstream; in expandable segments every whole free page is unmapped.
 # * A plain segment whose CUDA IPC handle another process holds open stays (sg_imported):
@@ -58,6 +60,7 @@ cdef extern from *:
 cdef enum:
     BLOCK_ALIGN = 512           # requests are rounded to this; no block is smaller
     SEGMENT_SHARE = 8           # a shared segment is at most this share of reserved bytes
+    COLD_ALLOCS = 128           # a free block untouched by this many allocations is cold
 
 cdef cppclass Segments:
     Segment* head               # every segment of the pool
@@ -170,6 +173,8 @@ cdef inline void sg_join(Segments* sg, StreamOrder* so, Block* a, Block* b) noex
         a.event, b.event = b.event, a.event
     elif not is_no_stream(b.stream):
         so_drop_events(so, a)
+    if b.used > a.used:
+        a.used = b.used
     a.size += b.size
     sg_remove(b)
     sg_retire(sg, so, b)
@@ -212,6 +217,7 @@ cdef inline void sg_split(Segments* sg, StreamOrder* so, FreeLists* fl, Block* b
     rest.event, b.event = b.event, 0
     rest.extra_events = b.extra_events
     b.extra_events = NULL
+    rest.used = b.used
     rest.state = FREE
     b.state = LIVE                      # not joinable with rest
     b.size = size
@@ -236,6 +242,7 @@ cdef inline Block* sg_split_top(Segments* sg, StreamOrder* so, FreeLists* fl, Bl
         return b
     if not is_no_stream(b.stream):
         b.stream = s
+    top.used = b.used
     top.state = LIVE                    # not joinable with the rest
     b.state = FREE
     b.size -= size
@@ -412,6 +419,7 @@ cdef inline int sg_fill_hole(Segments* sg, Upstream up, Counters* c, StreamOrder
     r = sg_map(sg, up, c, best.ptr, best.size, s)
     if r != 0:
         return r
+    best.used = c.num_allocs
     best.state = FREE
     best.stream = s                     # joins only neighbours the request may take
     rc_own(NULL, best)
@@ -478,6 +486,7 @@ cdef inline int sg_extend(Segments* sg, Upstream up, Counters* c, StreamOrder* s
             sg_insert_after(seg.last, b)
         else:
             seg.first = seg.last = b
+        b.used = c.num_allocs
         b.state = FREE
         b.stream = s                    # joins only a free end the request may take
         rc_own(NULL, b)
@@ -558,6 +567,84 @@ cdef inline size_t sg_unmap_free(Segments* sg, Upstream up, Counters* c, StreamO
             up.unreserve(seg.base)
             sg_drop_segment(sg, seg)
     return hi - lo
+
+
+cdef inline size_t sg_whole_pages(Block* b, size_t g) noexcept nogil:
+    """Bytes of the whole pages inside block b of an expandable segment (pages are counted
+    from the segment's start)."""
+    cdef uintptr_t base = b.segment.base
+    cdef uintptr_t lo = base + round_up(b.ptr - base, g)
+    cdef uintptr_t hi = base + (b.ptr + b.size - base) // g * g
+    return hi - lo if hi > lo else 0
+
+
+cdef inline bint sg_cold(Block* b, StreamKey s, Counters* c, size_t g) noexcept nogil:
+    """Whether free block b of s's expandable segment may give its pages to s's growth: the
+    pool's (no region's), on s or never used, no record_stream events, not the segment's
+    last block (growth joins that one), holding a whole page, and untouched by the last
+    COLD_ALLOCS allocations (a step that reuses it would cut it again soon)."""
+    return (b.state == FREE and b.seg_next != NULL and b.region.cache == NULL
+            and b.extra_events == NULL
+            and (same_stream(b.stream, s) or is_no_stream(b.stream))
+            and c.num_allocs - b.used >= COLD_ALLOCS and sg_whole_pages(b, g) > 0)
+
+
+cdef inline size_t sg_reclaim(Segments* sg, Upstream up, Counters* c, StreamOrder* so,
+                              FreeLists* fl, size_t size, StreamKey s,
+                              void* owner) noexcept nogil:
+    """Before s's expandable segment grows for a request of size bytes made through cache
+    owner (NULL: the pool), move free pages instead of adding new ones: when the cold free
+    blocks of s's segments (sg_cold: the pool's, never a region's) hold at least the whole
+    pages the growth would map and s is not being captured into a CUDA graph (a synchronize
+    would invalidate the capture), synchronize the device and unmap the pages of the largest
+    of them until they cover it. The growth then maps as many new pages, at the segment's
+    end or in a hole, so the pool's reserved bytes do not grow for memory it already has in
+    pieces too small for the request (ViT-B/16: a 37.1 MiB request while 151 MiB were free,
+    the largest piece 36.9 MiB). Returns the bytes unmapped (0: nothing done, no
+    synchronize). Pages are unmapped with the device idle, as a trim does (sg_trim)."""
+    cdef Segment* seg = sg_stream_segment(sg, s)
+    cdef Block* b
+    cdef vector[Block*] cold
+    cdef size_t i, j, have = 0, need, total = 0, got = 0, g = up.granularity
+    cdef bint capturing = True
+    if seg == NULL:
+        return 0
+    b = seg.last
+    if sg_extends(b, s, owner) and b.size < size:
+        have = b.size
+    need = round_up(size - have, g)
+    seg = sg.head
+    while seg != NULL:
+        if seg.va_bytes and same_stream(seg.stream, s):
+            b = seg.first
+            while b != NULL:
+                if sg_cold(b, s, c, g):
+                    cold.push_back(b)
+                    total += sg_whole_pages(b, g)
+                b = b.seg_next
+        seg = seg.next
+    if total < need or up.stream_capturing(s.handle, &capturing) != 0 or capturing:
+        up.clear_error()                # (a failed query counts as capturing)
+        return 0
+    for i in range(1, cold.size()):     # largest first (insertion sort: a few blocks)
+        b = cold[i]
+        j = i
+        while j > 0 and cold[j - 1].size < b.size:
+            cold[j] = cold[j - 1]
+            j -= 1
+        cold[j] = b
+    if up.synchronize() != 0:
+        up.clear_error()
+        return 0
+    for i in range(cold.size()):
+        if got >= need:
+            break
+        b = cold[i]
+        fl_unbin(fl, b)
+        so_drop_events(so, b)           # its work is done
+        b.stream = no_stream()
+        got += sg_unmap_free(sg, up, c, so, fl, b)
+    return got
 
 
 cdef inline void sg_rejoin(Segments* sg, StreamOrder* so, vector[Block*]* blocks,

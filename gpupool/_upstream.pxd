@@ -35,6 +35,7 @@ cdef class Upstream:
                     uintptr_t stream) noexcept nogil
     cdef int mem_info(self, size_t* free, size_t* total) noexcept nogil
     cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil
+    cdef int stream_capturing(self, uintptr_t stream, bint* out) noexcept nogil
     cdef int set_release_threshold(self, size_t nbytes) noexcept nogil
     cdef int trim(self) noexcept nogil
     cdef int reserve(self, uintptr_t* va) noexcept nogil

@@ -102,6 +102,12 @@ cdef class Upstream:
         out[0] = 0
         return 0
 
+    cdef int stream_capturing(self, uintptr_t stream, bint* out) noexcept nogil:
+        """Whether work on the stream is being captured into a CUDA graph
+        (cuStreamIsCapturing): a device synchronize now would invalidate the capture."""
+        out[0] = False
+        return 0
+
     cdef int set_release_threshold(self, size_t nbytes) noexcept nogil:
         """Bytes of freed memory the upstream may keep for reuse (stream-ordered pools)."""
         return 0
@@ -352,6 +358,14 @@ cdef class DriverUpstream(Upstream):
         cdef int r = self._enter(&prev)
         if r == 0:
             r = self._leave(prev, drv.mem_get_info(free, total))
+        return r
+
+    cdef int stream_capturing(self, uintptr_t stream, bint* out) noexcept nogil:
+        cdef void* prev = NULL
+        cdef int r = self._enter(&prev)
+        out[0] = True
+        if r == 0:
+            r = self._leave(prev, drv.stream_is_capturing(<CUstream>stream, out))
         return r
 
     cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil:
@@ -814,7 +828,7 @@ cdef class VmmUpstream(DriverUpstream):
 cdef object _returned(Upstream upstream, str name, object value):
     """``value``, a PythonUpstream method's integer result, checked (a clear error instead of
     a float truncated to an address or a bare conversion error)."""
-    if isinstance(value, bool) and name != "_event_query" or not hasattr(value, "__index__"):
+    if isinstance(value, bool) and name not in ("_event_query", "_stream_capturing") or not hasattr(value, "__index__"):
         raise TypeError(f"{type(upstream).__name__}.{name} must return an int, got {value!r}")
     value = value.__index__()
     if not 0 <= value < 2**64:
@@ -833,7 +847,8 @@ cdef class PythonUpstream(Upstream):
     ``_stream_wait_event(stream, event)``, ``_synchronize()``,
     ``_copy(kind, dst, src, nbytes, stream)`` (kind: 1 host to device, 2 device to host,
     3 device to device), ``_memset(dst, value, nbytes, stream)`` and
-    ``_mem_info() -> (free, total)``, ``_stream_id(stream) -> int`` and ``_trim()``; an
+    ``_mem_info() -> (free, total)``, ``_stream_id(stream) -> int``, ``_trim()`` and
+    ``_stream_capturing(stream) -> bool`` (optional: without it, never); an
     expandable one (``_set_expandable``) also ``_reserve() -> int``, ``_unreserve(va)``,
     ``_map(va, nbytes)`` (raise ``MemoryError`` when out of memory) and ``_unmap(va,
     nbytes)``. Exceptions other than ``MemoryError`` reach the caller of the pool operation
@@ -935,6 +950,15 @@ cdef class PythonUpstream(Upstream):
                 # (Pool.checked_key); a free keys the stream by its handle alone.
                 r = self._call("_stream_id", (stream,), &sid, NULL)
         out[0] = sid if r == 0 else 0
+        return r
+
+    cdef int stream_capturing(self, uintptr_t stream, bint* out) noexcept nogil:
+        cdef uintptr_t answer = 0
+        cdef int r = 0
+        with gil:
+            if hasattr(self, "_stream_capturing"):
+                r = self._call("_stream_capturing", (stream,), &answer, NULL)
+        out[0] = r != 0 or answer != 0
         return r
 
     cdef int trim(self) noexcept nogil:

@@ -114,8 +114,8 @@ class SimulatedDevice(PythonUpstream):
     calls : list of (str, tuple)
         Every simulated driver call, in order: ``alloc``, ``free``, ``event_create``,
         ``event_destroy``, ``event_record``, ``event_query``, ``stream_wait_event``,
-        ``synchronize``, ``copy``, ``memset``, ``mem_info``, ``trim``; with
-        ``virtual_memory``, ``reserve``, ``unreserve``, ``map``, ``unmap``. With
+        ``synchronize``, ``copy``, ``memset``, ``mem_info``, ``trim``, ``stream_capturing``;
+        with ``virtual_memory``, ``reserve``, ``unreserve``, ``map``, ``unmap``. With
         ``stream_ordered``, ``alloc``'s arguments are ``(nbytes, stream)``.
     used : int
         Bytes currently allocated (or mapped).
@@ -123,6 +123,10 @@ class SimulatedDevice(PythonUpstream):
         The device memory that would be in use, now and at the most: allocations rounded
         up to ``page`` (mapped pages with ``virtual_memory``); what ``cuMemGetInfo`` would
         count.
+    capturing : set of int
+        Handles of the streams a test says are being captured into a CUDA graph (empty at
+        first): ``stream_capturing`` reports them, and a ``synchronize`` meanwhile is a
+        misuse (it would invalidate the capture).
     errors : list of str
         Misuses seen (a call on an unknown or destroyed stream, a free of an unknown pointer):
         each also raises, but a pool freeing from ``__dealloc__`` cannot report it, so tests
@@ -162,6 +166,7 @@ class SimulatedDevice(PythonUpstream):
         self.used = self.device_bytes = self.peak_device_bytes = 0
         self.calls = []
         self.errors = []
+        self.capturing = set()
         self._arrays = {}               # pointer -> (numpy array holding it, nbytes)
         self._handles = itertools.count(0x1000, 0x10)
         # Work on a stream is numbered; `done` is the last finished number, `queued` the last.
@@ -517,7 +522,15 @@ class SimulatedDevice(PythonUpstream):
 
     def _synchronize(self):
         self.calls.append(("synchronize", ()))
+        if self.capturing:
+            self._misuse(f"synchronize while streams {sorted(self.capturing)} are being "
+                         f"captured (the captures would be invalidated)")
         self.complete()
+
+    def _stream_capturing(self, stream):
+        self.calls.append(("stream_capturing", (stream,)))
+        self._check_stream(stream)
+        return stream in self.capturing
 
     def _check_mapped(self, ptr, nbytes, what):
         if self._ranges and any(start <= ptr < start + size

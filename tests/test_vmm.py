@@ -14,6 +14,7 @@ work too (a regression test at the end uses 64 KiB pages on a misaligned reserva
 
 import gc
 import mmap
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -229,6 +230,93 @@ def test_a_hole_left_by_a_trim_is_mapped_again_rather_than_growing_the_end(
     assert vsim.mapped(d.ptr, request)
     assert vsim.calls_named("reserve") == []
     assert check_invariants(vpool).reserved_bytes <= 6 * PAGE
+
+
+# (4b) Cold free pages move to growth --------------------------------------------------------
+
+COLD_ALLOCS = 128                       # _segments.pxd: allocations that leave a block cold
+
+
+def pieces(pool, sim, stream=None, pages=3, count=2, churn=COLD_ALLOCS):
+    """count free blocks of `pages` pages each between live pages (the segment ends with a
+    live one), then `churn` allocations that touch none of them (a 512-byte block freed and
+    taken again: parked). Returns the live buffers and the reserved bytes."""
+    live = [pool.allocate(PAGE, stream=stream)]
+    holes = []
+    for _ in range(count):
+        holes.append(pool.allocate(pages * PAGE, stream=stream))
+        live.append(pool.allocate(PAGE, stream=stream))
+    small = pool.allocate(512, stream=stream)       # in the last page's free end
+    for i, b in enumerate(live):
+        b.memset(i + 1)
+    sim.launch(0 if stream is None else stream)     # work on the blocks is pending
+    del holes
+    for _ in range(churn):
+        del small
+        small = pool.allocate(512, stream=stream)
+    live.append(small)
+    return live, pool.stats().reserved_bytes
+
+
+@pytest.mark.parametrize("stream", ["legacy", "created", "in a region"])
+def test_growth_moves_the_pages_of_cold_free_blocks_instead_of_adding_new_ones(
+        vpool, vsim, stream):
+    s = vsim.create_stream() if stream == "created" else None
+    live, reserved = pieces(vpool, vsim, s)
+    assert vpool.stats().cached_bytes >= 6 * PAGE
+    vsim.calls.clear()
+    with gpupool.Region(pool=vpool, collect=None) if stream == "in a region" else nullcontext():
+        big = vpool.allocate(5 * PAGE, stream=s)    # fits no free block: the segment grows
+    # The device synchronized, then the two pieces' pages went, then 5 new pages came at the
+    # end: reserved bytes fell by a page instead of growing by 5.
+    assert names(vsim, "synchronize", "unmap", "map") == ["synchronize", "unmap", "unmap", "map"]
+    stats = check_invariants(vpool)
+    assert stats.reserved_bytes == reserved - PAGE == vsim.device_bytes
+    assert stats.peak_reserved_bytes == reserved
+    assert vsim.mapped(big.ptr, 5 * PAGE)
+    for i, b in enumerate(live[:-1]):               # the live blocks' pages stay
+        assert vsim.mapped(b.ptr, PAGE) and (b.copy_to_host() == i + 1).all()
+    big.memset(9)
+    assert (big.copy_to_host() == 9).all()
+
+
+def test_after_pages_moved_the_pieces_serve_and_a_trim_gives_back_as_before(vpool, vsim):
+    # After the pages moved, a request that fits a remaining piece takes it, and a trim
+    # still gives every free page back.
+    live, reserved = pieces(vpool, vsim)
+    big = vpool.allocate(5 * PAGE)
+    again = vpool.allocate(3 * PAGE)                # the holes are unmapped: one is mapped
+    assert vsim.mapped(again.ptr, 3 * PAGE)
+    del big, again
+    vpool.trim()
+    assert check_invariants(vpool).reserved_bytes == vsim.device_bytes
+    assert vpool.stats().reserved_bytes <= (len(live) + 1) * PAGE
+
+
+@pytest.mark.parametrize("case", ["recent", "too_few", "capturing", "region", "other_stream"])
+def test_growth_adds_pages_when_no_cold_free_pages_cover_it(vpool, vsim, case):
+    s = vsim.create_stream() if case == "other_stream" else None
+    churn = COLD_ALLOCS // 2 if case == "recent" else COLD_ALLOCS
+    if case == "region":                            # the pieces are the region's cache
+        with gpupool.Region(pool=vpool, collect=None):
+            live, reserved = pieces(vpool, vsim, s, churn=0)
+        live, reserved = live + pieces(vpool, vsim, s, count=0, churn=churn)[0], \
+            vpool.stats().reserved_bytes
+    else:
+        live, reserved = pieces(vpool, vsim, s, churn=churn)
+    request = 7 * PAGE if case == "too_few" else 5 * PAGE
+    vsim.calls.clear()
+    if case == "capturing":
+        vsim.capturing.add(0)                       # the legacy stream's handle
+    big = vpool.allocate(request)                   # other_stream: on the legacy stream
+    vsim.capturing.clear()
+    # Nothing moved: no synchronize (a capture would have been invalidated), no unmap.
+    assert names(vsim, "synchronize", "unmap") == []
+    assert vpool.stats().peak_reserved_bytes > reserved
+    assert vsim.mapped(big.ptr, request)
+    if case == "capturing":
+        assert ("stream_capturing", (0,)) in vsim.calls
+    check_invariants(vpool)
 
 
 # (5) A segment per stream --------------------------------------------------------------------

@@ -77,6 +77,32 @@ def test_trim_gives_whole_free_pages_back_to_the_device(pool):
     assert (again.copy_to_host()[::MIB] == 1).all()
 
 
+def test_growth_moves_cold_free_pages_and_the_live_pages_keep_their_data(pool):
+    g = pool.upstream.granularity
+    live = [pool.allocate(g)]
+    holes = []
+    for _ in range(2):                              # two free pieces of 3 pages between
+        holes.append(pool.allocate(3 * g))          # live pages: 6 free pages, no 5 in one
+        live.append(pool.allocate(g))
+    small = pool.allocate(512)
+    for i, buf in enumerate(live):
+        buf.memset(i + 1)
+    del holes
+    for _ in range(200):                            # allocations that leave them cold
+        del small
+        small = pool.allocate(512)
+    reserved, used = pool.stats().reserved_bytes, device_used(pool)
+    big = pool.allocate(5 * g)                      # the 6 pages move: one fewer mapped
+    assert pool.stats().reserved_bytes == reserved - g
+    assert pool.stats().peak_reserved_bytes == reserved
+    assert device_used(pool) <= used
+    big.memset(9)
+    assert (big.copy_to_host()[::4096] == 9).all()
+    for i, buf in enumerate(live):
+        assert (buf.copy_to_host() == i + 1).all()
+    del small
+
+
 def test_a_block_freed_on_a_busy_stream_reaches_another_only_behind_its_work(pool):
     cupy = pytest.importorskip("cupy")
     slow = cupy.RawKernel(r"""
