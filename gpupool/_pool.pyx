@@ -779,7 +779,7 @@ cdef class Pool(BlockOwner):
         """Under m's lock: m holds b (room checked by the caller), its bytes credited."""
         b.stream = s
         b.holder = NULL
-        b.used = self.counters.num_allocs
+        b.used = self.counters.num_allocs   # last live now (sg_reclaim's cold blocks)
         b.state = HELD
         m.blocks[m.nblocks] = b
         m.since[m.nblocks] = m.misses
@@ -1100,6 +1100,7 @@ cdef class Pool(BlockOwner):
             del b.extra_streams
             b.extra_streams = NULL
         rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
+        b.used = self.counters.num_allocs   # last live now (sg_reclaim's cold blocks)
         self._park(b)                       # may put a parked block: size was kept above
         count_released(&self.counters, size)
         self._bound -= size

@@ -828,7 +828,8 @@ cdef class VmmUpstream(DriverUpstream):
 cdef object _returned(Upstream upstream, str name, object value):
     """``value``, a PythonUpstream method's integer result, checked (a clear error instead of
     a float truncated to an address or a bare conversion error)."""
-    if isinstance(value, bool) and name not in ("_event_query", "_stream_capturing") or not hasattr(value, "__index__"):
+    if isinstance(value, bool) and name not in ("_event_query", "_stream_capturing") or \
+            not hasattr(value, "__index__"):
         raise TypeError(f"{type(upstream).__name__}.{name} must return an int, got {value!r}")
     value = value.__index__()
     if not 0 <= value < 2**64:
