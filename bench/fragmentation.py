@@ -5,20 +5,23 @@ expandable one (as "vmm").
 ``trace_replay.py`` compares gpupool with its peers on the two small recorded traces, whose
 numbers a policy could be tuned to. This script is the check against that: the same policy
 replayed over 18 synthetic traces it was not tuned on (``alloc_trace.synthetic``, seeds 0-5,
-10 layers, 3 steps, sizes scaled by 1, 3 and 8), and over the four real training runs of
-``real_models.py`` (``bench/traces-real``: ResNet-50, GPT-2 at fixed and varying lengths and
-ViT-B/16, 30 steps each, recorded on the H200 under PyTorch's allocator), those also with a
-region entered around every step, on two threads, and split as PyTorch splits its pools
-(requests up to 1 MiB in a pool of their own: a model of that layout, by two pools, for the
-next design step). Peak reserved bytes depend on the policy and the order of requests, not on
-the GPU: the plain column agreed with the H200's ``gp`` column to the MiB, and the vmm one
-with gpupool's own peak reserved under PyTorch to the MiB on ResNet-50 and GPT-2, 38 MiB
-above it on ViT-B/16 (2026-12-02). Run::
+10 layers, 3 steps, sizes scaled by 1, 3 and 8), and over the five real training runs of
+``real_models.py`` (``bench/traces-real``: ResNet-50, GPT-2 at fixed and varying lengths,
+ViT-B/16 and BERT base at varying lengths, 30 steps each, recorded on the H200 under PyTorch's
+allocator), those also with a region entered around every step, with no magazines
+(``GPUPOOL_MAGAZINES=0``, in a child process: the policy a region's requests follow, since
+they pass magazines by), on two threads, and split as PyTorch splits its pools (requests up
+to 1 MiB in a pool of their own: a model of that layout, by two pools). Peak reserved bytes
+depend on the policy and the order of requests, not on the GPU: the plain column agreed with
+the H200's ``gp`` column to the MiB, and the vmm one with gpupool's own peak reserved under
+PyTorch to the MiB on ResNet-50 and GPT-2, 38 MiB above it on ViT-B/16 (2026-12-02). Run::
 
     python bench/fragmentation.py [--json PATH]
 """
 
+import json
 import os
+import subprocess
 import sys
 import time
 from itertools import pairwise
@@ -37,7 +40,9 @@ KINDS = ("plain", "vmm")
 # "own peak reserved" column (the first run of the day for ResNet-50 and GPT-2, the varying
 # run for GPT-2 at 128..1024; bench/RESULTS.md). The anchor the issue sets.
 # ViT-B/16's: 2026-12-02 (ninth session).
-EXPANDABLE_MIB = {"resnet50": 5768, "gpt2": 8306, "gpt2-varlen": 14770, "vit": 5110}
+# BERT base at varying lengths: 2026-12-02 (twelfth session; its trace recorded 2026-12-03).
+EXPANDABLE_MIB = {"resnet50": 5768, "gpt2": 8306, "gpt2-varlen": 14770, "vit": 5110,
+                  "bert-varlen": 8930}
 SMALL_BYTES = 1 << 20       # PyTorch's small pool: requests up to 1 MiB
 
 
@@ -134,8 +139,22 @@ def peak_reserved_split(gpupool, trace, small=SMALL_BYTES):
     return peak
 
 
+def peak_reserved_without_magazines():
+    """The vmm replay of each real run with GPUPOOL_MAGAZINES=0 (read at import: in a child
+    process), {name: peak reserved bytes}: the pool's policy with no thread holding freed
+    blocks aside, which a region's requests follow (they pass magazines by)."""
+    code = ("import json, sys; sys.path.insert(0, {bench!r}); import gpupool, alloc_trace, "
+            "fragmentation as f; print(json.dumps({{t.name: f.peak_reserved(gpupool, t, 'vmm') "
+            "for t in map(alloc_trace.load, alloc_trace.find(f.REAL_DIR))}}))")
+    env = dict(os.environ, GPUPOOL_MAGAZINES="0")
+    proc = subprocess.run([sys.executable, "-c", code.format(bench=os.path.dirname(REAL_DIR))],
+                          capture_output=True, text=True, env=env, check=True)
+    return json.loads(proc.stdout)
+
+
 def run(gpupool):
     rows = {}
+    nomag = peak_reserved_without_magazines()
     for trace in traces():
         live = trace.peak_live_bytes()
         row = rows[trace.name] = {"peak_live": live}
@@ -144,6 +163,8 @@ def run(gpupool):
             row[f"{kind}_ratio"] = row[kind] / live
         if "step_starts" in trace.meta:
             row["vmm_region"] = peak_reserved(gpupool, trace, "vmm", region=True)
+            if trace.name in nomag:
+                row["vmm_nomag"] = nomag[trace.name]
             row["vmm_threads"] = peak_reserved_two_threads(gpupool, trace)
             row["vmm_split"] = peak_reserved_split(gpupool, trace)
     out = {"script": SCRIPT, "simulated": True, "results": rows}
@@ -159,16 +180,18 @@ def report(out):
     res = out["results"]
     table = format_table(
         ["trace", "peak live MiB", "plain MiB", "plain / live", "vmm MiB", "vmm / live",
-         "vmm + region MiB", "vmm, 2 threads MiB", "vmm, split MiB", "PyTorch exp. MiB"],
+         "vmm + region MiB", "vmm, no magazines MiB", "vmm, 2 threads MiB", "vmm, split MiB",
+         "PyTorch exp. MiB"],
         [[name, f"{r['peak_live'] / MiB:.1f}", f"{r['plain'] / MiB:.1f}",
           f"{r['plain_ratio']:.3f}x", f"{r['vmm'] / MiB:.1f}", f"{r['vmm_ratio']:.3f}x",
           f"{r['vmm_region'] / MiB:.1f}" if "vmm_region" in r else "-",
+          f"{r['vmm_nomag'] / MiB:.1f}" if "vmm_nomag" in r else "-",
           f"{r['vmm_threads'] / MiB:.1f}" if "vmm_threads" in r else "-",
           f"{r['vmm_split'] / MiB:.1f}" if "vmm_split" in r else "-",
           str(EXPANDABLE_MIB.get(name, "-"))] for name, r in res.items()],
         title="gpupool on the simulated device: peak reserved bytes (plain upstream, "
-              "expandable one, with a region per step, each step's forward and backward on two "
-              "threads, and requests up to 1 MiB in a pool of their own)")
+              "expandable one, with a region per step, without magazines, each step's forward "
+              "and backward on two threads, and requests up to 1 MiB in a pool of their own)")
     lines = [table, ""]
     for kind in KINDS:
         syn = out[f"synthetic_{kind}"]

@@ -578,12 +578,17 @@ cdef inline size_t sg_whole_pages(Block* b, size_t g) noexcept nogil:
     return hi - lo if hi > lo else 0
 
 
-cdef inline bint sg_cold(Block* b, StreamKey s, Counters* c, size_t g) noexcept nogil:
-    """Whether free block b of s's expandable segment may give its pages to s's growth: the
-    pool's (no region's), on s or never used, no record_stream events, not the segment's
-    last block (growth joins that one), holding a whole page, and untouched by the last
-    COLD_ALLOCS allocations (a step that reuses it would cut it again soon)."""
-    return (b.state == FREE and b.seg_next != NULL and b.region.cache == NULL
+cdef inline bint sg_cold(Block* b, StreamKey s, Counters* c, size_t g,
+                         void* owner) noexcept nogil:
+    """Whether free block b of s's expandable segment may give its pages to s's growth for a
+    request made through cache owner: the pool's, or owner's when owner is a region (not a
+    private pool, whose memory a captured graph reads), on s or never used, no record_stream
+    events, not the segment's last block (growth joins that one), holding a whole page, and
+    untouched by the last COLD_ALLOCS allocations (a step that reuses it would cut it again
+    soon). Other regions' cached blocks never move."""
+    return (b.state == FREE and b.seg_next != NULL
+            and (b.region.cache == NULL or (b.region.cache == owner
+                                            and not (<RegionCache*>owner).held))
             and b.extra_events == NULL
             and (same_stream(b.stream, s) or is_no_stream(b.stream))
             and c.num_allocs - b.used >= COLD_ALLOCS and sg_whole_pages(b, g) > 0)
@@ -594,14 +599,15 @@ cdef inline size_t sg_reclaim(Segments* sg, Upstream up, Counters* c, StreamOrde
                               void* owner) noexcept nogil:
     """Before s's expandable segment grows for a request of size bytes made through cache
     owner (NULL: the pool), move free pages instead of adding new ones: when the cold free
-    blocks of s's segments (sg_cold: the pool's, never a region's) hold at least the whole
-    pages the growth would map and s is not being captured into a CUDA graph (a synchronize
-    would invalidate the capture), synchronize the device and unmap the pages of the largest
-    of them until they cover it. The growth then maps as many new pages, at the segment's
-    end or in a hole, so the pool's reserved bytes do not grow for memory it already has in
-    pieces too small for the request (ViT-B/16: a 37.1 MiB request while 151 MiB were free,
-    the largest piece 36.9 MiB). Returns the bytes unmapped (0: nothing done, no
-    synchronize). Pages are unmapped with the device idle, as a trim does (sg_trim)."""
+    blocks of s's segments (sg_cold: the pool's and the requesting region's own) hold at
+    least the whole pages the growth would map and s is not being captured into a CUDA graph
+    (a synchronize would invalidate the capture), synchronize the device and unmap the pages
+    of the largest of them until they cover it (a region's block leaves its cache). The
+    growth then maps as many new pages, at the segment's end or in a hole, so the pool's
+    reserved bytes do not grow for memory it already has in pieces too small for the request
+    (ViT-B/16: a 37.1 MiB request while 151 MiB were free, the largest piece 36.9 MiB).
+    Returns the bytes unmapped (0: nothing done, no synchronize). Pages are unmapped with the
+    device idle, as a trim does (sg_trim)."""
     cdef Segment* seg = sg_stream_segment(sg, s)
     cdef Block* b
     cdef vector[Block*] cold
@@ -618,7 +624,7 @@ cdef inline size_t sg_reclaim(Segments* sg, Upstream up, Counters* c, StreamOrde
         if seg.va_bytes and same_stream(seg.stream, s):
             b = seg.first
             while b != NULL:
-                if sg_cold(b, s, c, g):
+                if sg_cold(b, s, c, g, owner):
                     cold.push_back(b)
                     total += sg_whole_pages(b, g)
                 b = b.seg_next
@@ -641,6 +647,7 @@ cdef inline size_t sg_reclaim(Segments* sg, Upstream up, Counters* c, StreamOrde
             break
         b = cold[i]
         fl_unbin(fl, b)
+        rc_disown(b)                    # (the requesting region's: its pages leave it)
         so_drop_events(so, b)           # its work is done
         b.stream = no_stream()
         got += sg_unmap_free(sg, up, c, so, fl, b)

@@ -75,6 +75,33 @@ def test_the_ladder_and_regions_leave_a_private_pool_s_memory(sim):
     pool.allocate(2 * MiB)                              # the pool's again
 
 
+def test_growth_on_expandable_segments_leaves_a_private_pool_s_free_pages_mapped():
+    # A captured graph reads a private pool's memory: its free blocks never give their pages
+    # to growth, however long unused (the pool's and a region's own cold blocks do).
+    page = 64 * 1024
+    sim = SimulatedDevice(capacity=64 * MiB, virtual_memory=True, page=page)
+    pool = gpupool.Pool(upstream=sim, device=0)
+    gpupool.set_pool(pool)
+    handle = private_new()
+    pieces, walls = [], []
+    for _ in range(2):                                  # two 3-page pieces between live pages
+        pieces.append(private_allocate(handle, 3 * page)[1])
+        walls.append(private_allocate(handle, page)[1])
+    for ptr in pieces:
+        call("free_ptr", 0, ptr)
+    for _ in range(200):                                # pieces untouched: cold by age
+        call("free_ptr", 0, allocate(512))
+    sim.calls.clear()
+    status, big = private_allocate(handle, 5 * page)
+    assert status == 0 and big not in pieces
+    assert [name for name, _ in sim.calls if name in ("synchronize", "unmap")] == []
+    assert all(sim.mapped(ptr, 3 * page) for ptr in pieces)
+    for ptr in walls + [big]:
+        call("free_ptr", 0, ptr)
+    call("private_destroy", handle)
+    assert pool._verify() == [] and sim.errors == []
+
+
 def test_a_private_allocation_ignores_the_thread_s_region(pool):
     handle = private_new()
     region = gpupool.Region(pool=pool)

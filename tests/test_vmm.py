@@ -293,6 +293,31 @@ def test_after_pages_moved_the_pieces_serve_and_a_trim_gives_back_as_before(vpoo
     assert vpool.stats().reserved_bytes <= (len(live) + 1) * PAGE
 
 
+def test_a_regions_own_cold_cached_blocks_move_to_its_growth(vpool, vsim):
+    # The pieces are cached by the region; a later entry's request that grows the segment
+    # takes their pages (they leave the region's cache), as it would the pool's: a region per
+    # step then reserves what the pool alone would (bench/fragmentation.py).
+    region = gpupool.Region(pool=vpool, collect=None)
+    with region:
+        live, _ = pieces(vpool, vsim, churn=0)
+    for _ in range(COLD_ALLOCS):                    # the churn, outside the region
+        vpool.allocate(512)                         # (freed at once)
+    reserved = vpool.stats().reserved_bytes
+    cached = region.stats().cached_bytes
+    assert cached >= 6 * PAGE
+    vsim.calls.clear()
+    with region:
+        big = vpool.allocate(5 * PAGE)
+        assert names(vsim, "synchronize", "unmap", "map") == ["synchronize", "unmap", "unmap",
+                                                              "map"]
+        assert region.stats().cached_bytes == cached - 6 * PAGE
+    stats = check_invariants(vpool)
+    assert stats.reserved_bytes == reserved - PAGE == vsim.device_bytes
+    assert vsim.mapped(big.ptr, 5 * PAGE)
+    for i, b in enumerate(live[:3]):                # the live blocks' pages and data stay
+        assert vsim.mapped(b.ptr, PAGE) and (b.copy_to_host() == i + 1).all()
+
+
 @pytest.mark.parametrize("case", ["recent", "too_few", "capturing", "region", "other_stream"])
 def test_growth_adds_pages_when_no_cold_free_pages_cover_it(vpool, vsim, case):
     s = vsim.create_stream() if case == "other_stream" else None
