@@ -581,16 +581,13 @@ cdef inline size_t sg_whole_pages(Block* b, size_t g) noexcept nogil:
 cdef inline bint sg_cold(Block* b, StreamKey s, Counters* c, size_t g,
                          void* owner) noexcept nogil:
     """Whether free block b of s's expandable segment may give its pages to s's growth for a
-    request made through cache owner: the pool's, or owner's when owner is a region (not a
-    private pool, whose memory a captured graph reads), on s or never used, no record_stream
-    events, not the segment's last block (growth joins that one), holding a whole page, and
-    untouched by the last COLD_ALLOCS allocations (a step that reuses it would cut it again
-    soon). Other regions' cached blocks never move."""
-    return (b.state == FREE and b.seg_next != NULL
-            and (b.region.cache == NULL or (b.region.cache == owner
-                                            and not (<RegionCache*>owner).held))
-            and b.extra_events == NULL
-            and (same_stream(b.stream, s) or is_no_stream(b.stream))
+    request made through cache owner: one the growth could join (sg_extends: the pool's or
+    owner's, on s or never used, no record_stream events), not a private pool's (a captured
+    graph reads its memory), not the segment's last block (growth joins that one), holding a
+    whole page, and untouched by the last COLD_ALLOCS allocations (a step that reuses it
+    would cut it again soon). Other regions' cached blocks never move."""
+    return (sg_extends(b, s, owner) and b.seg_next != NULL
+            and (b.region.cache == NULL or not (<RegionCache*>owner).held)
             and c.num_allocs - b.used >= COLD_ALLOCS and sg_whole_pages(b, g) > 0)
 
 
