@@ -519,6 +519,13 @@ def _flat(s):
     return "yes" if s["flat"] else f"no (+{_mib(s['growth'])})"
 
 
+def _batch_text(out):
+    """'batch 256', or 'batch drawn from 64,128,256' with varying batches."""
+    if out.get("batches"):
+        return "batch drawn from " + ",".join(str(b) for b in out["batches"])
+    return f"batch {out['model']['batch']}"
+
+
 def table(out):
     """The per-way table."""
     headers = ["way", "steps", "ms/step", "peak in use", "peak reserved", "reserved @2",
@@ -532,7 +539,7 @@ def table(out):
                      _mib(s["reserved_last"]), _flat(s),
                      "-" if ratio is None else f"{ratio:.2f}x"])
     m = out["model"]
-    title = (f"{m['depth']} x {m['width']} MLP, batch {m['batch']}, float32; bytes in MiB; "
+    title = (f"{m['depth']} x {m['width']} MLP, {_batch_text(out)}, float32; bytes in MiB; "
              f"ms/step: median of steps {STEADY_FROM} to the last; WS = working set")
     return format_table(headers, rows, title)
 
@@ -547,8 +554,10 @@ def targets_text(out):
             value = (f"{t['value']:.2f}x ({out['summaries'][t['way']]['ms_median']:.3f} vs "
                      f"{out['summaries']['cupy-default']['ms_median']:.3f} ms)")
         else:
+            over = ("cupy-default" if t["target"].endswith("cupy-default's") else None)
+            den = (out["summaries"][over]["peak_reserved"] if over else ws["bytes"])
             value = f"{t['value']:.2f}x ({_mib(out['summaries'][t['way']]['peak_reserved'])} "
-            value += f"/ {_mib(ws['bytes'])} MiB)"
+            value += f"/ {_mib(den)} MiB)"
         lines.append(f"  [{'ok' if t['ok'] else 'MISS'}] {t['way']}: {t['target']}: {value}")
     if len(lines) == 1:
         lines.append("  none judged (no region way ran)")
@@ -627,7 +636,7 @@ def plot(out, path):
     ax.set_xlabel("step")
     ax.set_ylabel("reserved after the step (MiB, log scale)")
     m = out["model"]
-    ax.set_title(f"region_memory: {m['depth']} x {m['width']} MLP, batch {m['batch']}, "
+    ax.set_title(f"region_memory: {m['depth']} x {m['width']} MLP, {_batch_text(out)}, "
                  "tape in reference cycles")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
