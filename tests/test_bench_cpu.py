@@ -397,7 +397,6 @@ def test_region_memory_varying_batches_are_the_same_for_every_way_and_flatness_w
 
 
 def test_region_memory_targets_name_what_each_ratio_is_over():
-    MiB_ = region_memory.MiB
     summaries = {"cupy-default": {"peak_reserved": 400 * MiB, "ms_median": 2.0},
                  "gpupool-region": {"peak_reserved": 100 * MiB, "ms_median": 1.0}}
     out = {"working_set": {"bytes": 80 * MiB}, "summaries": summaries, "batches": [64, 256],
