@@ -14,7 +14,7 @@ they pass magazines by), on two threads, and split as PyTorch splits its pools (
 to 1 MiB in a pool of their own: a model of that layout, by two pools). Peak reserved bytes
 depend on the policy and the order of requests, not on the GPU: the plain column agreed with
 the H200's ``gp`` column to the MiB, and the vmm one with gpupool's own peak reserved under
-PyTorch to the MiB on ResNet-50 and GPT-2, 38 MiB above it on ViT-B/16 (2026-12-02). Run::
+PyTorch to the MiB on all five runs, with and without a region (2026-12-03). Run::
 
     python bench/fragmentation.py [--json PATH]
 """
