@@ -398,13 +398,10 @@ def test_region_memory_varying_batches_are_the_same_for_every_way_and_flatness_w
 
 def test_region_memory_targets_name_what_each_ratio_is_over():
     summaries = {"cupy-default": {"peak_reserved": 400 * MiB, "ms_median": 2.0},
-                 "gpupool-region": {"peak_reserved": 100 * MiB, "ms_median": 1.0}}
-    out = {"working_set": {"bytes": 80 * MiB}, "summaries": summaries, "batches": [64, 256],
-           "model": {"batch": 256},
-           "targets": [{"way": "gpupool-region", "target": "peak reserved <= 1.1x working set",
-                        "value": 1.25, "ok": False},
-                       {"way": "gpupool-region", "target": "peak reserved <= cupy-default's",
-                        "value": 0.25, "ok": True}]}
+                 "gpupool-region": {"peak_reserved": 100 * MiB, "ms_median": 1.0,
+                                    "flat_from": 2, "growth": 0, "flat": True}}
+    out = {"summaries": summaries, "batches": [64, 256], "model": {"batch": 256},
+           "targets": region_memory.targets(summaries, 80 * MiB)}
     text = region_memory.targets_text(out)
     assert "1.25x (100.0 / 80.0 MiB)" in text and "0.25x (100.0 / 400.0 MiB)" in text
     assert region_memory._batch_text(out) == "batch drawn from 64,256"
