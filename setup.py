@@ -15,8 +15,8 @@ from pathlib import Path
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ["_driver", "_upstream", "_dlpack", "_buffer", "_history", "_pool", "_defaults",
-           "_region", "_capi", "_torch", "_cupy", "_ipc"]
+# Every .pyx below gpupool/ is an extension module of its own (its dotted path its name).
+MODULES = sorted(str(p.with_suffix("")) for p in Path("gpupool").rglob("*.pyx"))
 
 
 def _header_version(include):
@@ -77,8 +77,8 @@ include = cuda_include()
 debug_info = [] if os.environ.get("GPUPOOL_DEBUG_INFO") == "1" else ["-g0"]
 extensions = [
     Extension(
-        f"gpupool.{name}",
-        [f"gpupool/{name}.pyx"],
+        name.replace("/", "."),
+        [f"{name}.pyx"],
         include_dirs=[include, "gpupool/include", "gpupool/src"],
         language="c++",
         extra_compile_args=["-O3", "-std=c++17", *debug_info],

@@ -93,7 +93,7 @@ static PyObject* loop_span(PyObject* self, PyObject* args) {
     return Py_BuildValue("LL", t0, t1);
 }
 
-/* The driver functions of a created stream's key (gpupool/_upstream.pyx, stream_id), found
+/* The driver functions of a created stream's key (gpupool/upstream/upstreams.pyx, stream_id), found
  * in libcuda at run time: no CUDA headers or toolkit needed. */
 typedef int (*is_capturing_fn)(uintptr_t stream, int* status);
 typedef int (*get_id_fn)(uintptr_t stream, unsigned long long* id);

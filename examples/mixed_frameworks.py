@@ -97,10 +97,10 @@ def torch_mempool(torch):
     try:
         from gpupool.torch import mempool
     except ImportError:
-        from gpupool import _torch
+        from gpupool.adapters import torch_entry
 
         allocator = torch.cuda.memory.CUDAPluggableAllocator(
-            _torch.__file__, "gpupool_torch_malloc", "gpupool_torch_free")
+            torch_entry.__file__, "gpupool_torch_malloc", "gpupool_torch_free")
         return torch.cuda.MemPool(allocator.allocator())
     return mempool()
 

@@ -11,11 +11,11 @@ from gpupool import (
     _capi,  # noqa: F401  (publishes the C API capsule)
     testing,
 )
-from gpupool._buffer import DeviceBuffer
-from gpupool._defaults import _pools, get_pool, set_pool  # noqa: F401  (_pools: the registry)
-from gpupool._pool import Pool, on_oom, remove_oom_callback, size_class, uncached
-from gpupool._region import Region
-from gpupool._upstream import (
+from gpupool.buffer.device_buffer import DeviceBuffer
+from gpupool.core.defaults import _pools, get_pool, set_pool  # noqa: F401  (_pools: the registry)
+from gpupool.core.pool import Pool, on_oom, remove_oom_callback, size_class, uncached
+from gpupool.region.region import Region
+from gpupool.upstream.upstreams import (
     AsyncUpstream,
     DriverUpstream,
     PythonUpstream,

@@ -6,7 +6,7 @@
 # Compile with include_dirs=[gpupool.get_include()] (and, for an editable install of gpupool,
 # cythonize(..., include_path=[folder holding the gpupool package])).
 from libc.stdint cimport uintptr_t
-from gpupool._status cimport (   # the status codes (gpupool_status.h, included by gpupool.h)
+from gpupool.driver.status cimport (   # the status codes (gpupool_status.h, included by gpupool.h)
     GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE, GPUPOOL_ERROR_OUT_OF_MEMORY,
     GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL,
 )

@@ -9,12 +9,12 @@
 
 Each allocation is a :class:`gpupool.DeviceBuffer` on CuPy's current stream, wrapped as
 ``cupy.cuda.UnownedMemory`` that keeps the buffer alive; regions apply to it as to any other
-allocation. The allocator is compiled (``gpupool._cupy``); CuPy is imported when an allocator
+allocation. The allocator is compiled (``gpupool.adapters.cupy_allocator``); CuPy is imported when an allocator
 is made, not when this module is.
 """
 
-from gpupool._cupy import CupyAllocator
-from gpupool._pool import Pool
+from gpupool.adapters.cupy_allocator import CupyAllocator
+from gpupool.core.pool import Pool
 
 __all__ = ["allocator"]
 
@@ -32,7 +32,7 @@ def allocator(pool=None):
     -------
     callable
         ``alloc(nbytes) -> cupy.cuda.MemoryPointer``, ``nbytes`` an int in bytes: the
-        ``malloc`` method of a compiled ``gpupool._cupy.CupyAllocator`` (``alloc.__self__``),
+        ``malloc`` method of a compiled ``gpupool.adapters.cupy_allocator.CupyAllocator`` (``alloc.__self__``),
         like CuPy's own ``MemoryPool().malloc``. Each call allocates through the same path as
         ``Pool.allocate``, for CuPy's current stream (``cupy.cuda.get_current_stream().ptr``),
         so the calling thread's current region caches the block; the ``DeviceBuffer`` is

@@ -71,7 +71,7 @@ def __dir__():
 
 def _manager_class():
     try:
-        from gpupool._numba_manager import GpupoolNumbaManager
+        from gpupool.adapters.numba_manager import GpupoolNumbaManager
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != "numba":
             raise

@@ -53,12 +53,16 @@ How gpupool's pools map onto it:
 import os
 import pickle
 
-from gpupool import _defaults, _history, _region
-from gpupool._pool import Pool, _snapshot_of
+from gpupool.core import defaults
+
+from gpupool.history import ring
+
+from gpupool.region import region
+from gpupool.core.pool import Pool, _snapshot_of
 
 __all__ = ["dump_snapshot", "memory_snapshot", "record_memory_history"]
 
-# Trace actions by their _history.pxd code.
+# Trace actions by their history/ring.pxd code.
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
            "segment_map", "segment_unmap", "oom")
 # The last pickle protocol that PyTorch's visualizer (its own unpickler) reads.
@@ -97,7 +101,7 @@ def record_memory_history(enabled="all", max_entries=100_000, stacks="python"):
     free). It covers every pool, made before or after the call.
     """
     if enabled is None or enabled is False:
-        _history._configure(False)
+        ring._configure(False)
         return
     if enabled is True:
         enabled = "all"
@@ -110,7 +114,7 @@ def record_memory_history(enabled="all", max_entries=100_000, stacks="python"):
         raise TypeError(f"max_entries must be an int, got {type(max_entries).__name__}")
     if max_entries < 1:
         raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-    _history._configure(True, trace=enabled == "all", stacks=stacks == "python",
+    ring._configure(True, trace=enabled == "all", stacks=stacks == "python",
                         max_entries=min(max_entries, 1 << 62))
 
 
@@ -143,12 +147,12 @@ def memory_snapshot(pool=None):
     """
     if pool is not None and not isinstance(pool, Pool):
         raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
-    _history.flush_log()
-    start = _history._last_seq()        # entries of pools not read below: up to here
-    pools = _history._live_pools()
+    ring.flush_log()
+    start = ring._last_seq()        # entries of pools not read below: up to here
+    pools = ring._live_pools()
     if pool is not None:
         pools = {pool_id: p for pool_id, p in pools.items() if p is pool}
-    regions_known = _region._regions_by_cache()
+    regions_known = region._regions_by_cache()
     cache = {}
     segments, regions, cutoff = [], [], {}
     for pool_id, p in sorted(pools.items()):
@@ -164,7 +168,7 @@ def memory_snapshot(pool=None):
                             "live_bytes": live})
         segments.extend(_segment(p.device, pool_key, names, segment)
                         for segment in pool_segments)
-    entries = _history._entries(cache)
+    entries = ring._entries(cache)
     traces = []
     for device_entries in entries:
         traces.append([_entry(e) for e in device_entries
@@ -203,7 +207,7 @@ def dump_snapshot(path, pool=None):
 
 def _pool_key(pool_id, pool):
     """The pool's segment_pool_id: (0, 0) for the device's default pool, else (0, id)."""
-    return (0, 0) if _defaults._pools.get(pool.device) is pool else (0, pool_id)
+    return (0, 0) if defaults._pools.get(pool.device) is pool else (0, pool_id)
 
 
 def _segment(device, pool_key, names, segment):

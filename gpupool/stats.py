@@ -36,7 +36,7 @@ class PoolStats:
 
     @classmethod
     def from_counters(cls, c):
-        """The view of a pool's counters record (``_counters.pxd``, as a dict)."""
+        """The view of a pool's counters record (``records/counters.pxd``, as a dict)."""
         return cls(
             in_use_bytes=c["in_use"], peak_in_use_bytes=c["peak_in_use"],
             reserved_bytes=c["reserved"], peak_reserved_bytes=c["peak_reserved"],

@@ -18,7 +18,7 @@ What each covers
 freed when it dies, so ``gpupool.Region`` applies to tensors as to any allocation. PyTorch runs
 backward on a thread of its own per device: make the region with ``scope="process"`` to cover
 gradients too. The allocator is gpupool's own C++ class (``src/torch_allocator.cc``), compiled
-on first use against the installed PyTorch (``_torch_allocator.py``; a few seconds, then
+on first use against the installed PyTorch (``adapters/torch_allocator.py``; a few seconds, then
 cached), so PyTorch keeps what its own allocator offers: ``torch.cuda.memory_stats()``,
 ``memory_allocated()``, ``max_memory_allocated()``, ``memory_reserved()`` and
 ``reset_peak_memory_stats()`` report gpupool's counters, ``empty_cache()`` gives the pool's
@@ -93,14 +93,14 @@ import os
 import warnings
 
 import gpupool
-from gpupool import _torch
+from gpupool.adapters import torch_entry
 from gpupool.errors import GpupoolError, NoDeviceError
 
 # OutOfMemoryError subclasses torch's: module __getattr__ makes it on first access.
 __all__ = [  # noqa: F822
     "OutOfMemoryError", "allocator", "last_error", "memory_stats", "mempool", "use"]
 
-_MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (see _torch.pyx)
+_MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (see adapters/torch_entry.pyx)
 _MALLOC_MEMPOOL = "gpupool_torch_malloc"           # NULL on failure
 _FREE = "gpupool_torch_free"
 
@@ -142,7 +142,7 @@ def _oom_type():
 
     OutOfMemoryError.__module__ = __name__
     OutOfMemoryError.__qualname__ = "OutOfMemoryError"
-    _torch._set_torch_oom_type(OutOfMemoryError)
+    torch_entry._set_torch_oom_type(OutOfMemoryError)
     return OutOfMemoryError
 
 
@@ -181,7 +181,7 @@ def _allocator(malloc):
         import torch
 
         allocator = _allocators[malloc] = torch.cuda.memory.CUDAPluggableAllocator(
-            _torch.__file__, malloc, _FREE)
+            torch_entry.__file__, malloc, _FREE)
     return allocator
 
 
@@ -245,12 +245,12 @@ def _install(torch):
         raise ValueError(f"GPUPOOL_TORCH_ALLOCATOR={choice!r}: must be 'gpupool' (gpupool's "
                          f"allocator) or 'pluggable' (PyTorch's pluggable allocator)")
     if choice == "gpupool":
-        from gpupool import _torch_allocator
+        from gpupool.adapters import torch_allocator
 
         try:
-            _torch_allocator.install(torch)
+            torch_allocator.install(torch)
             return "gpupool"
-        except _torch_allocator.Unavailable as exc:
+        except torch_allocator.Unavailable as exc:
             reason = str(exc)
         except RuntimeError as exc:
             if "initialized" in str(exc):       # "Can't swap an already initialized allocator"
@@ -343,7 +343,7 @@ def _reduce_tensor(tensor):
     import torch
     from torch.multiprocessing import reductions
 
-    from gpupool import _ipc
+    from gpupool.ipc import share
 
     if (tensor.device.type != "cuda" or tensor.is_nested or tensor.layout != torch.strided
             or (tensor.requires_grad and not tensor.is_leaf)):
@@ -352,12 +352,12 @@ def _reduce_tensor(tensor):
     ptr, nbytes = storage.data_ptr(), storage.nbytes()
     if not nbytes:
         return reductions.reduce_tensor(tensor)     # no memory: no handle either
-    if _ipc.is_imported(ptr):
+    if share.is_imported(ptr):
         raise gpupool.IpcError(
             "this CUDA tensor was received from another process through gpupool: it cannot be "
             "sent on (as in PyTorch); clone it first (tensor.clone())", "received")
     pool = gpupool._pools.get(tensor.device.index)
-    if pool is None or not _ipc.owns(pool, ptr, nbytes):
+    if pool is None or not share.owns(pool, ptr, nbytes):
         if _installed:
             raise gpupool.IpcError(
                 f"this CUDA tensor's memory ({nbytes} B at {ptr:#x}) is not a block of "
@@ -367,7 +367,7 @@ def _reduce_tensor(tensor):
         return reductions.reduce_tensor(tensor)
     torch.utils.hooks.warn_if_has_hooks(tensor)
     ref = reductions.StorageWeakRef(storage)
-    handle = _ipc.export_range(pool, ptr, nbytes,
+    handle = share.export_range(pool, ptr, nbytes,
                                torch.cuda.current_stream(tensor.device).cuda_stream,
                                lambda: not ref.expired())
     return _rebuild_tensor, (handle, type(tensor), tensor.dtype, tuple(tensor.size()),
@@ -380,9 +380,9 @@ def _rebuild_tensor(handle, cls, dtype, size, stride, offset, requires_grad):
     PyTorch's current stream of its device (which waits for the sender's work)."""
     import torch
 
-    from gpupool import _ipc
+    from gpupool.ipc import share
 
-    pool = _ipc._importer_pool(handle, None)
+    pool = share._importer_pool(handle, None)
     stream = torch.cuda.current_stream(pool.device)
     buf = gpupool.open_ipc(handle, stream=stream.cuda_stream, pool=pool)
     flat = torch.from_dlpack(buf)                   # uint8, the storage's bytes
@@ -431,7 +431,7 @@ def _observe_oom(torch):
 def _on_torch_oom(device, alloc_size, device_total, device_free):
     """PyTorch's caching allocator is about to raise out of memory; if gpupool refused it the
     segment (this thread's last MemPool allocation failed), raise gpupool's error instead."""
-    failure = _torch._take_torch_failure(device)
+    failure = torch_entry._take_torch_failure(device)
     if failure is not None:
         kind, message = failure
         raise kind(message)
@@ -475,4 +475,4 @@ def _device_index(device):
 
 def last_error():
     """gpupool's message for the last allocation it refused PyTorch (any thread), or None."""
-    return _torch._torch_last_failure()
+    return torch_entry._torch_last_failure()

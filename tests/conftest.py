@@ -98,7 +98,7 @@ def default_pools():
             gpupool._pools.pop(device, None)
             if device in saved:
                 gpupool._pools[device] = saved[device]
-            gpupool._defaults._forget(device)
+            gpupool.core.defaults._forget(device)
 
 
 def fresh_python(code, *flags, timeout=120):

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-import gpupool._pool
+import gpupool.core.pool
 
 _spec = importlib.util.spec_from_file_location("check_dist", REPO / "tools" / "check_dist.py")
 check_dist = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check_dist)
 
-COMPILED = Path(gpupool._pool.__file__)     # built by this checkout's setup.py
+COMPILED = Path(gpupool.core.pool.__file__)     # built by this checkout's setup.py
 WHEEL_BASICS = ("gpupool/__init__.py", "gpupool/py.typed", "gpupool/capi.pxd",
                 "gpupool/include/gpupool.h", "gpupool/src/gp_lock.h",
                 "gpupool/src/torch_allocator.cc", "gpupool-0.1.0.dist-info/licenses/LICENSE")
@@ -46,19 +46,19 @@ def test_section_names_of_a_compiled_module():
 
 def test_a_good_wheel_passes(tmp_path):
     files = dict.fromkeys(WHEEL_BASICS, b"")
-    files["gpupool/_pool.cpython-311-x86_64-linux-gnu.so"] = COMPILED.read_bytes()
-    assert check_dist.check_wheel(_wheel(tmp_path / "g.whl", files), ["_pool"]) == []
+    files["gpupool/core/pool.cpython-311-x86_64-linux-gnu.so"] = COMPILED.read_bytes()
+    assert check_dist.check_wheel(_wheel(tmp_path / "g.whl", files), ["core/pool"]) == []
 
 
 def test_wheel_problems_are_each_named(tmp_path, monkeypatch):
     files = dict.fromkeys(WHEEL_BASICS[:-1], b"")          # no LICENSE
-    files["gpupool/_pool.cpp"] = b"// generated"
-    files["gpupool/_capi.h"] = b"/* generated */"
+    files["gpupool/core/pool.cpp"] = b"// generated"
+    files["gpupool/c_api/table.h"] = b"/* generated */"
     monkeypatch.setattr(check_dist, "MAX_WHEEL_BYTES", 10)
-    problems = check_dist.check_wheel(_wheel(tmp_path / "g.whl", files), ["_pool"])
-    assert problems[:4] == ["wheel: generated source gpupool/_capi.h",
-                            "wheel: generated source gpupool/_pool.cpp",
-                            "wheel: no compiled module for gpupool/_pool.pyx",
+    problems = check_dist.check_wheel(_wheel(tmp_path / "g.whl", files), ["core/pool"])
+    assert problems[:4] == ["wheel: generated source gpupool/c_api/table.h",
+                            "wheel: generated source gpupool/core/pool.cpp",
+                            "wheel: no compiled module for gpupool/core/pool.pyx",
                             "wheel: no LICENSE in its .dist-info/licenses"]
     assert problems[4].startswith("wheel: ") and problems[4].endswith(" bytes, more than 10")
     assert len(problems) == 5
@@ -70,23 +70,23 @@ def test_a_module_with_debug_info_is_refused(tmp_path):
     at = elf.index(b".dynsym\0")
     elf[at:at + 8] = b".debugs\0"
     files = dict.fromkeys(WHEEL_BASICS, b"")
-    files["gpupool/_pool.x.so"] = bytes(elf)
-    (problem,) = check_dist.check_wheel(_wheel(tmp_path / "g.whl", files), ["_pool"])
-    assert problem == "wheel: gpupool/_pool.x.so carries debug info (.debugs)"
+    files["gpupool/core/pool.x.so"] = bytes(elf)
+    (problem,) = check_dist.check_wheel(_wheel(tmp_path / "g.whl", files), ["core/pool"])
+    assert problem == "wheel: gpupool/core/pool.x.so carries debug info (.debugs)"
 
 
 def test_sdist_against_its_checkout(tmp_path):
     source = tmp_path / "src"
-    for name in ("gpupool/_pool.pyx", "gpupool/_pool.pxd", "tests/test_x.py", "README.md"):
+    for name in ("gpupool/core/pool.pyx", "gpupool/core/pool.pxd", "tests/test_x.py", "README.md"):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_text("x")
-    complete = ["gpupool/_pool.pyx", "gpupool/_pool.pxd", "tests/test_x.py", "README.md"]
+    complete = ["gpupool/core/pool.pyx", "gpupool/core/pool.pxd", "tests/test_x.py", "README.md"]
     assert check_dist.check_sdist(_sdist(tmp_path / "a.tar.gz", complete), source) == []
     broken = _sdist(tmp_path / "b.tar.gz", complete[1:] + ["gpupool/_pool.cpp", "gpupool/_x.so"])
     assert check_dist.check_sdist(broken, source) == [
         "sdist: generated or compiled gpupool/_pool.cpp",
         "sdist: generated or compiled gpupool/_x.so",
-        "sdist: gpupool/_pool.pyx is missing"]
+        "sdist: gpupool/core/pool.pyx is missing"]
 
 
 def test_main_needs_a_wheel_and_an_sdist(capsys):

@@ -1,4 +1,4 @@
-"""The compiled CuPy allocator (gpupool.cupy, gpupool._cupy) on the simulated device, with a
+"""The compiled CuPy allocator (gpupool.cupy, gpupool.adapters.cupy_allocator) on the simulated device, with a
 fake ``cupy`` module (tests/fake_cupy.py) in sys.modules: device and pool resolution, the
 stream handed through, regions, errors as Pool.allocate raises them, and the block's return
 when CuPy drops the memory. tests/test_cupy.py runs the real CuPy on a GPU."""
@@ -40,7 +40,7 @@ def test_importing_the_adapter_does_not_import_cupy():
     code, out = run_python("""
         import sys
         import gpupool.cupy
-        assert "gpupool._cupy" in sys.modules
+        assert "gpupool.adapters.cupy_allocator" in sys.modules
         print(sorted(name for name in sys.modules if name.split(".")[0] == "cupy"))
     """)
     assert code == 0, out

@@ -18,7 +18,7 @@ from conftest import SLOW_WRITE
 from test_ipc import Child
 
 import gpupool
-from gpupool import _ipc
+from gpupool.ipc import share
 
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
@@ -85,20 +85,20 @@ def test_a_consumer_process_sees_the_final_bytes_of_a_slow_kernel(pool, slow_wri
 
 def test_1000_export_open_close_rounds_leave_both_pools_exact(pool, server):
     server.call("stats")                        # its context is made: not counted below
-    _ipc.collect()
-    slots = _ipc._stats()["used_slots"]         # other tests' exports not yet forgotten
+    share.collect()
+    slots = share._stats()["used_slots"]         # other tests' exports not yet forgotten
     before_free = pool.mem_info()[0]
     for i in range(1000):
         buf = pool.allocate(4096 + 65536 * (i % 5))
         server.call("open", "r", buf.ipc_handle(), {})
         server.call("close", "r")
         del buf
-    _ipc.collect()
+    share.collect()
     stats = pool.stats()
     assert stats.in_use_bytes == 0
     assert pool.trim() == stats.reserved_bytes and pool.stats().reserved_bytes == 0
-    _ipc.collect()
-    assert _ipc._stats()["used_slots"] <= slots     # every export of the rounds forgotten
+    share.collect()
+    assert share._stats()["used_slots"] <= slots     # every export of the rounds forgotten
     theirs = server.call("stats")
     assert theirs["ipc"]["mappings"] == 0 and theirs["ipc"]["cached_mappings"] == 0
     assert theirs["pool"]["in_use_bytes"] == 0 and theirs["pool"]["reserved_bytes"] == 0
@@ -172,7 +172,7 @@ def test_a_handle_of_a_gpu_this_process_does_not_see_is_refused(pool, server):
 
 
 def test_a_handle_opened_on_another_devices_pool_is_refused(pool, server):
-    if len(gpupool._driver.device_uuids()) < 2:
+    if len(gpupool.driver.calls.device_uuids()) < 2:
         pytest.skip("needs two GPUs")
     buf = pool.allocate(1000)
     reason, _ = server.refused("open", "x", buf.ipc_handle(), {"pool_device": 1})

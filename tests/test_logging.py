@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import gpupool
-from gpupool import _torch
+from gpupool.adapters import torch_entry
 from gpupool.testing import SimulatedDevice
 
 MIB = 1 << 20
@@ -21,7 +21,7 @@ def debug(caplog, monkeypatch):
     caplog.set_level(logging.DEBUG, logger="gpupool")
     # The ladder's messages count on_oom callbacks: only this test's (gpupool.ipc registers
     # one for the process at its first export).
-    monkeypatch.setattr(gpupool._pool, "_oom_callbacks", [])
+    monkeypatch.setattr(gpupool.core.pool, "_oom_callbacks", [])
     return caplog
 
 
@@ -154,9 +154,9 @@ def test_soft_limit_trims_say_what_they_released(debug):
 def test_c_api_calls_without_the_gil_are_logged_later(debug):
     pool = limited(4 * MIB, device=0)
     gpupool.set_pool(pool)
-    keep = _torch._torch_malloc(3 * MIB)
+    keep = torch_entry._torch_malloc(3 * MIB)
     found = []
-    worker = threading.Thread(target=lambda: found.append(_torch._torch_malloc(2 * MIB,
+    worker = threading.Thread(target=lambda: found.append(torch_entry._torch_malloc(2 * MIB,
                                                                               gil=False)))
     worker.start()
     worker.join()
@@ -166,7 +166,7 @@ def test_c_api_calls_without_the_gil_are_logged_later(debug):
         f"gpupool: out of memory on device 0 for {2 * MIB} B after the ladder: the C API "
         f"returns GPUPOOL_ERROR_OUT_OF_MEMORY")
     assert len(messages(debug)) == 3             # steps 1 and 2, then the failure
-    _torch._torch_free(keep)
+    torch_entry._torch_free(keep)
 
 
 def test_nothing_is_written_above_debug(caplog):

@@ -1,4 +1,4 @@
-"""Per-thread magazines (gpupool/_magazine.pxd) on the simulated device: a thread's free and
+"""Per-thread magazines (gpupool/core/magazine.pxd) on the simulated device: a thread's free and
 its next request of the same size are served without the pool's lock; whatever reaches
 across threads (growth, trims, stream merges, statistics, thread exit, the C API's frees by
 pointer) finds the blocks a thread holds; statistics stay exact, the peak included."""

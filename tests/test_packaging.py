@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import REPO
 
 import gpupool
-import gpupool._pool
+import gpupool.core.pool
 
 DIST = metadata.distribution("gpupool")
 
@@ -35,7 +35,7 @@ def test_extension_modules_carry_no_debug_info():
     spec = importlib.util.spec_from_file_location("check_dist", REPO / "tools" / "check_dist.py")
     check_dist = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check_dist)
-    modules = sorted(Path(gpupool._pool.__file__).parent.glob("_*.so"))
+    modules = sorted(Path(gpupool.__file__).parent.glob("**/*.so"))
     assert modules
     for module in modules:
         debug = [s for s in check_dist.section_names(module.read_bytes()) if "debug" in s]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gpupool
-from gpupool.view import BufferView
+from gpupool.buffer.view import BufferView
 
 pytestmark = pytest.mark.usefixtures("default_pools")
 

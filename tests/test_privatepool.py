@@ -1,4 +1,4 @@
-"""Private pools (_privatepool.pxd) through the C API's private_* functions, on the simulated
+"""Private pools (region/privatepool.pxd) through the C API's private_* functions, on the simulated
 device: memory a private pool allocated stays its own once freed (no other request gets it;
 trims, the out-of-memory ladder and regions leave it), its layout can be restored block by
 block (private_allocate_at), and its end gives it back to the pool."""

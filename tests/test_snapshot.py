@@ -1,4 +1,4 @@
-"""Memory snapshots (gpupool.snapshot) and the memory history (gpupool._history): the snapshot's
+"""Memory snapshots (gpupool.snapshot) and the memory history (gpupool.history.ring): the snapshot's
 segments and blocks are the pool's, traces record what the pools did with the caller's frames,
 and PyTorch's own memory_viz reads the pickle. CPU tests run on the simulated device; the GPU
 test (marked gpu) runs PyTorch under gpupool.torch.use() in a fresh process."""
@@ -18,7 +18,8 @@ import pytest
 from conftest import check_invariants
 
 import gpupool
-from gpupool import _history, _torch
+from gpupool.history import ring
+from gpupool.adapters import torch_entry
 from gpupool.testing import SimulatedDevice
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -50,7 +51,7 @@ def here():
 
 def pool_id(pool):
     """The pool's id in the memory history (its segment_pool_id is (0, id) unless default)."""
-    [found] = [i for i, p in _history._live_pools().items() if p is pool]
+    [found] = [i for i, p in ring._live_pools().items() if p is pool]
     return found
 
 
@@ -391,7 +392,7 @@ def test_max_entries_bounds_the_ring(pool):
 
 
 def test_recording_off_records_nothing(pool):
-    assert _history._settings()[0] is False
+    assert ring._settings()[0] is False
     buf = pool.allocate(1000)
     del buf
     keep = pool.allocate(2000)
@@ -410,7 +411,7 @@ def test_stopping_forgets_everything_recorded(pool):
     snapshot = gpupool.memory_snapshot(pool)
     assert trace_of(snapshot) == []
     assert all(b["frames"] == [] for b in blocks_of(snapshot))
-    assert _history._settings()[0] is False
+    assert ring._settings()[0] is False
     del keep
 
 
@@ -437,15 +438,15 @@ def test_record_memory_history_refuses_bad_arguments():
                           ({"max_entries": True}, TypeError)]:
         with pytest.raises(error):
             gpupool.record_memory_history(**kwargs)
-    assert _history._settings()[0] is False
+    assert ring._settings()[0] is False
 
 
 def test_c_api_calls_without_the_gil_have_no_frames(pool, recording):
     gpupool.set_pool(pool)
-    with_gil = _torch._torch_malloc(1000)
-    without = _torch._torch_malloc(2000, gil=False)
-    _torch._torch_free(without, gil=False)
-    _torch._torch_free(with_gil)
+    with_gil = torch_entry._torch_malloc(1000)
+    without = torch_entry._torch_malloc(2000, gil=False)
+    torch_entry._torch_free(without, gil=False)
+    torch_entry._torch_free(with_gil)
     trace = trace_of(gpupool.memory_snapshot(pool))
     frames = {(e["action"], e["addr"]): e["frames"] for e in trace}
     name = "test_c_api_calls_without_the_gil_have_no_frames"
@@ -456,8 +457,8 @@ def test_c_api_calls_without_the_gil_have_no_frames(pool, recording):
 
 def test_pytorch_s_global_entry_point_gathers_frames_without_the_gil(pool, recording):
     gpupool.set_pool(pool)
-    ptr = _torch._torch_malloc_checked(4000, gil=False)
-    _torch._torch_free(ptr, gil=False)
+    ptr = torch_entry._torch_malloc_checked(4000, gil=False)
+    torch_entry._torch_free(ptr, gil=False)
     trace = trace_of(gpupool.memory_snapshot(pool))
     [alloc] = [e for e in trace if e["action"] == "alloc"]
     assert alloc["addr"] == ptr and alloc["size"] == 4000

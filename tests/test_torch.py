@@ -14,7 +14,7 @@ from conftest import simulated_default_pool
 
 import gpupool
 import gpupool.torch
-from gpupool import _torch
+from gpupool.adapters import torch_entry
 
 CHILD = Path(__file__).resolve().parent / "torch_child.py"
 MiB = 1 << 20
@@ -90,11 +90,11 @@ def test_the_out_of_memory_error_is_torch_s_and_gpupool_s(torch):
 def test_global_entry_point_throws_gpupool_s_message(torch, limited):
     # The C++ exception is caught as PyTorch's bindings catch it (torch::PyTorchError).
     kind = gpupool.torch.OutOfMemoryError
-    ptr = _torch._torch_malloc_checked(1000, 0, 0)
+    ptr = torch_entry._torch_malloc_checked(1000, 0, 0)
     assert ptr % 256 == 0 and limited.stats().in_use_bytes == 1024
-    _torch._torch_free(ptr, 1000, 0, 0)
+    torch_entry._torch_free(ptr, 1000, 0, 0)
     with pytest.raises(kind) as info:
-        _torch._torch_malloc_checked(8 * MiB, 0, 0)
+        torch_entry._torch_malloc_checked(8 * MiB, 0, 0)
     message = str(info.value)
     assert message.startswith("gpupool: out of memory on device 0 allocating 8.000 MiB")
     assert "hard limit 4.000 MiB" in message
@@ -105,23 +105,23 @@ def test_global_entry_point_throws_gpupool_s_message(torch, limited):
 
 def test_global_entry_point_other_failures_are_gpupool_errors(limited):
     with pytest.raises(gpupool.GpupoolError, match="device 63 failed: no CUDA driver") as info:
-        _torch._torch_malloc_checked(1000, 63, 0)
+        torch_entry._torch_malloc_checked(1000, 63, 0)
     assert not isinstance(info.value, MemoryError)
     assert gpupool.torch.last_error() == str(info.value)
 
 
 def test_mempool_entry_point_returns_null_and_the_observer_raises(torch, limited):
-    assert _torch._torch_malloc(8 * MiB, 0, 0) == 0
+    assert torch_entry._torch_malloc(8 * MiB, 0, 0) == 0
     with pytest.raises(gpupool.torch.OutOfMemoryError, match="hard limit 4.000 MiB"):
         gpupool.torch._on_torch_oom(0, 8 * MiB, 80 << 30, 1 << 30)
     gpupool.torch._on_torch_oom(0, 8 * MiB, 80 << 30, 1 << 30)   # the failure was taken
-    assert _torch._torch_malloc(8 * MiB, 0, 0) == 0
+    assert torch_entry._torch_malloc(8 * MiB, 0, 0) == 0
     gpupool.torch._on_torch_oom(1, 8 * MiB, 80 << 30, 1 << 30)   # another device's: not ours
-    assert _torch._torch_malloc(8 * MiB, 0, 0) == 0
-    ptr = _torch._torch_malloc(1000, 0, 0)                          # a success clears it
+    assert torch_entry._torch_malloc(8 * MiB, 0, 0) == 0
+    ptr = torch_entry._torch_malloc(1000, 0, 0)                          # a success clears it
     assert ptr != 0
     gpupool.torch._on_torch_oom(0, 8 * MiB, 80 << 30, 1 << 30)
-    _torch._torch_free(ptr, 1000, 0, 0)
+    torch_entry._torch_free(ptr, 1000, 0, 0)
     assert limited.stats().in_use_bytes == 0
 
 

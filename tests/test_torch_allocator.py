@@ -1,4 +1,4 @@
-"""gpupool's C++ allocator for PyTorch (src/torch_allocator.cc, _torch_allocator.py) without a
+"""gpupool's C++ allocator for PyTorch (src/torch_allocator.cc, adapters/torch_allocator.py) without a
 GPU: the source compiles against the installed PyTorch's headers and against other versions'
 (GPUPOOL_TORCH_HEADERS), a version mismatch is caught at compile time, the loader names why
 it cannot build, and gpupool.torch.use() falls back to the pluggable allocator then.
@@ -19,7 +19,7 @@ import pytest
 from conftest import simulated_default_pool
 
 import gpupool.torch
-from gpupool import _torch_allocator as ta
+from gpupool.adapters import torch_allocator as ta
 
 pytestmark = pytest.mark.usefixtures("default_pools")
 

@@ -234,7 +234,7 @@ def test_a_hole_left_by_a_trim_is_mapped_again_rather_than_growing_the_end(
 
 # (4b) Cold free pages move to growth --------------------------------------------------------
 
-COLD_ALLOCS = 128                       # _segments.pxd: allocations that leave a block cold
+COLD_ALLOCS = 128                       # core/segments.pxd: allocations that leave a block cold
 
 
 def pieces(pool, sim, stream=None, pages=3, count=2, churn=COLD_ALLOCS):

@@ -7,7 +7,7 @@
 The wheel must hold the package's Python modules, stubs, ``.pxd`` files, headers and the C++
 source of its allocator for PyTorch (``src/torch_allocator.cc``, compiled on first use), one
 compiled module per ``.pyx``, none with debug info, and the license in its ``.dist-info``; no
-C++ that Cython generated (``.cpp``, ``_capi.h``), and at most ``MAX_WHEEL_BYTES``. The sdist
+C++ that Cython generated (``.cpp``, the headers of ``cdef public`` functions), and at most ``MAX_WHEEL_BYTES``. The sdist
 must hold every ``.py``, ``.pyx``, ``.pxd``, ``.pyi`` and header of the package, the tests and
 the examples they run, README.md and LICENSE; no ``.cpp`` and no compiled module.
 ``tools/check_dist.sh`` builds both and runs this. Exit status 1, one line a problem, when a
@@ -24,12 +24,13 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parents[1]
 MAX_WHEEL_BYTES = 3 << 19  # 1.5 MiB: about 0.5 MiB today; 3.5 MiB with debug info
 # Patterns, relative to the checkout, of what the sdist must carry.
-SDIST_SOURCES = ("gpupool/*.py", "gpupool/*.pyx", "gpupool/*.pxd", "gpupool/*.pyi",
+SDIST_SOURCES = ("gpupool/**/*.py", "gpupool/**/*.pyx", "gpupool/**/*.pxd", "gpupool/**/*.pyi",
+                 "gpupool/**/*.pxi",
                  "gpupool/py.typed", "gpupool/include/*.h", "gpupool/src/*.h",
-                 "gpupool/src/*.cc", "tests/*.py", "tests/*.cc",
+                 "gpupool/src/*.cc", "tests/**/*.py", "tests/**/*.cc",
                  "examples/*.py", "README.md", "LICENSE", "MANIFEST.in", "setup.py",
                  "setup.cfg", "pyproject.toml")
-GENERATED = ("*.cpp", "gpupool/_capi.h")  # Cython's output; _capi.h is its public header
+GENERATED = ("*.cpp", "gpupool/c_api/table.h", "gpupool/adapters/torch_entry.h")  # Cython's output
 
 
 def section_names(elf):
@@ -60,7 +61,7 @@ def _matching(names, patterns):
 
 def check_wheel(path, pyx_modules):
     """Problems of the wheel at ``path`` (one string each); ``pyx_modules`` are the names of
-    the package's Cython modules (``_pool``, ...)."""
+    the package's Cython modules, as paths below ``gpupool/`` (``core/pool``, ...)."""
     problems = []
     with zipfile.ZipFile(path) as wheel:
         names = wheel.namelist()
@@ -106,7 +107,8 @@ def main(argv=None):
         print("usage: python tools/check_dist.py WHEEL.whl SDIST.tar.gz", file=sys.stderr)
         return 2
     wheel, sdist = argv
-    pyx_modules = [p.stem for p in sorted(SOURCE.glob("gpupool/*.pyx"))]
+    pyx_modules = [str(p.relative_to(SOURCE / "gpupool").with_suffix(""))
+                   for p in sorted(SOURCE.glob("gpupool/**/*.pyx"))]
     problems = check_wheel(wheel, pyx_modules) + check_sdist(sdist)
     for problem in problems:
         print(f"check_dist: {problem}", file=sys.stderr)

@@ -41,7 +41,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.log"
 python3 -c "import sys, cuda.bindings, Cython; print(sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__, 'Cython', Cython.__version__)" | tee -a "$OUT/summary.log"
 
-if [ -n "${SKIP_BUILD:-}" ] && python3 -c "import gpupool._pool" 2> /dev/null; then
+if [ -n "${SKIP_BUILD:-}" ] && python3 -c "import gpupool.core.pool" 2> /dev/null; then
     :   # built by an earlier run of this script on this machine (a fresh machine builds)
 elif ! python3 -m pip install --no-build-isolation --no-deps -e . > /tmp/gpupool-build.log 2>&1; then
     cp /tmp/gpupool-build.log "$OUT/build.log"; tail -40 "$OUT/build.log"; summary "build FAILED"

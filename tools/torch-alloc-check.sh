@@ -37,7 +37,7 @@ fi
 # The allocator, built as use() builds it (the time is the first use's cost).
 python3 - > "$OUT/allocator-build.log" 2>&1 <<'PY'
 import time, torch
-from gpupool import _torch_allocator as ta
+from gpupool.adapters import torch_allocator as ta
 start = time.perf_counter()
 try:
     path = ta.build(torch)

@@ -1,10 +1,10 @@
 /* The slots of gpupool's CUDA IPC export table: 16 bytes in a file of shared memory that the
- * exporting process maps and every importer maps too (gpupool/_ipc.pyx makes the table).
+ * exporting process maps and every importer maps too (gpupool/ipc/share.pyx makes the table).
  *
  * A slot describes one export target: a buffer (its state goes RELEASED when the buffer gives
  * its block back, so a later open fails) or a segment (an upstream allocation whose IPC handle
  * was given out: `opened` counts the importers' mappings of it, and the pool does not return
- * the segment to the driver while it is above 0: _segments.pxd). Importers change `opened`
+ * the segment to the driver while it is above 0: core/segments.pxd). Importers change `opened`
  * with atomic adds, and hold a read lock (an open-file-description lock, which the kernel drops
  * when the process ends) on the slot's 16 bytes while they count in it, so the exporter can
  * forget the count of an importer that died without closing (gp_ipc_reset_opened). The

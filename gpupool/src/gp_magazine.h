@@ -1,9 +1,9 @@
 /* The calling thread's state that the pool reads on every allocation, in one thread-local
  * struct so that the hot path fetches it once: its stack of entered regions
- * (_regionstack.pxi) and its magazines (_magazine.pxd), one per pool it has freed into,
+ * (core/regionstack.pxi) and its magazines (core/magazine.pxd), one per pool it has freed into,
  * found by the pool's address. The struct is plain data (reading it costs no initialization
  * check); a second thread-local object, touched only when a magazine is made, hands the
- * thread's magazines to gp_magazine_exit_hook when the thread exits. Included by _pool.pyx
+ * thread's magazines to gp_magazine_exit_hook when the thread exits. Included by core/pool.pyx
  * alone, so there is one per thread. Also the magazines' lock. */
 #ifndef GPUPOOL_MAGAZINE_H
 #define GPUPOOL_MAGAZINE_H

@@ -2,7 +2,7 @@
 // memory comes from gpupool's C API (gpupool.h), installed by gpupool.torch.use().
 //
 // It is compiled on first use, against the installed PyTorch's headers and libraries
-// (gpupool/_torch_allocator.py), never shipped built: its virtual functions must be laid out
+// (gpupool/adapters/torch_allocator.py), never shipped built: its virtual functions must be laid out
 // as the installed PyTorch's CUDAAllocator lays them out. Where PyTorch versions differ, the
 // TORCH_VERSION_* macros choose (2.11 and 2.13 are compiled in the tests).
 //
@@ -65,12 +65,12 @@ using c10::CachingDeviceAllocator::StatType;
 constexpr int kMaxDevices = 64;  // the devices gpupool's C-level pool table covers
 
 // gpupool.torch's message for a failed allocation (gpupool_torch_failure_message in
-// _torch.pyx): writes it to out, counts an out-of-memory failure, returns 1 for one. Takes
+// adapters/torch_entry.pyx): writes it to out, counts an out-of-memory failure, returns 1 for one. Takes
 // the GIL.
 using DescribeFn = int (*)(int status, int device, size_t size, char* out, size_t capacity);
 
 // gpupool.torch's allocate that gathers the calling thread's Python frames first while the
-// memory history records (gpupool_torch_allocate_gathering in _torch.pyx), and the history's
+// memory history records (gpupool_torch_allocate_gathering in adapters/torch_entry.pyx), and the history's
 // switch (gpupool_torch_recording: nonzero while it records).
 using GatheringFn = int (*)(int device, size_t size, uintptr_t stream, void** ptr);
 struct Hooks {
@@ -688,7 +688,7 @@ void copy_message(const char* text, char* out, size_t capacity) {
 }  // namespace
 
 // Makes gpupool's allocator PyTorch's current CUDA allocator. Called with the GIL held
-// (ctypes.PyDLL); `describe`, `allocate_gathering` and `recording` are _torch.pyx's
+// (ctypes.PyDLL); `describe`, `allocate_gathering` and `recording` are adapters/torch_entry.pyx's
 // gpupool_torch_failure_message, gpupool_torch_allocate_gathering and gpupool_torch_recording
 // (NULL: none). Returns 0, or 1 with the reason in `error`.
 extern "C" __attribute__((visibility("default"))) int gpupool_torch_install(

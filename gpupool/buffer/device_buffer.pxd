@@ -1,0 +1,42 @@
+# DeviceBuffer: the framework-neutral owner of one block of device memory, and the interface
+# of what it holds memory from (BlockOwner: a Pool).
+from libc.stdint cimport uintptr_t
+from gpupool.records.block cimport Block
+from gpupool.records.ipcslot cimport gp_ipc_slot
+from gpupool.records.streams cimport StreamKey
+from gpupool.upstream.upstreams cimport Upstream
+
+cdef class BlockOwner:
+    """What a DeviceBuffer's block belongs to and goes back to (a Pool)."""
+    cdef readonly Upstream upstream     # serves the buffer's copies, memsets and events
+    cdef readonly int device
+
+    cdef void release(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef StreamKey checked_key(self, uintptr_t handle) except *
+
+cdef enum BufferState:
+    OPEN = 0
+    CLOSED = 1
+    INVALIDATED = 2
+
+cdef class DeviceBuffer:
+    cdef Block* _blk
+    cdef readonly BlockOwner pool
+    cdef uintptr_t _ptr
+    cdef size_t _nbytes
+    cdef StreamKey _stream
+    cdef BufferState _state
+    cdef object _exporter           # the exporter of wrapped memory (as_buffer); None if ours
+    cdef DeviceBuffer _base         # a wrapper's: the gpupool buffer holding the memory
+    cdef gp_ipc_slot* _ipc_slot     # exported for CUDA IPC (ipc/share.pyx): released with the block
+    cdef object __weakref__
+
+    cdef uintptr_t _live_ptr(self) except? 0
+    cdef void invalidate_locked(self) noexcept
+    cdef int _order_before(self, uintptr_t consumer) except -1
+    cdef uintptr_t _work_stream(self, object stream) except? 0xFFFFFFFFFFFFFFFF
+    cdef int _used_on(self, uintptr_t handle) except -1
+    cdef void _ipc_released(self) noexcept nogil
+
+cdef DeviceBuffer new_buffer(BlockOwner owner, Block* blk, size_t nbytes, StreamKey stream)

@@ -1,0 +1,537 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""gpupool's C API: a versioned table of C functions, published as the capsule
+``gpupool._capi._C_API`` (see include/gpupool.h).
+
+The functions run without the GIL (they take it only to create a device's default pool on
+first use and to run ``on_oom`` callbacks) and never raise: they return GPUPOOL_OK or an error
+code. Memory is served by the device's default pool (``gpupool.get_pool(device)``), so C and
+Python share one pool, and a C allocation made on a thread inside ``with region:`` is cached
+by that region. Version 2 added frees by pointer alone, trims, peak resets, the largest free
+block, the segment of a pointer, and private pools (``region/privatepool.pxd``: memory held for a
+CUDA graph). The PyTorch entry points (``adapters/torch_entry.pyx``) and gpupool's C++ allocator for PyTorch
+(``src/torch_allocator.cc``) are users of this table.
+"""
+from cpython.pycapsule cimport PyCapsule_New
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from libc.stdint cimport uintptr_t, SIZE_MAX
+from libc.stdlib cimport calloc, free
+from libcpp.vector cimport vector
+from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
+from gpupool.records.block cimport Block
+from gpupool.records.counters cimport Counters
+from gpupool.core.defaults cimport MAX_DEVICES, default_pool, pool_table
+from gpupool.driver.calls cimport fork_flag
+from gpupool.core.freelist cimport fl_each
+from gpupool.history.ring cimport (
+    LOG_CALLBACK_RETRY, LOG_OOM, hist_on, hist_subscribe, hist_alloc, hist_oom, hist_log,
+)
+from gpupool.core.pool cimport Pool, run_oom_callbacks, region_try_push, region_pop
+from gpupool.region.privatepool cimport PrivatePool, pp_allocate_at, pp_end
+from gpupool.records.ptrtable cimport pt_insert, pt_lookup
+from gpupool.core.regioncache cimport RegionCache, rc_lends
+from gpupool.core.segments cimport BLOCK_ALIGN
+from gpupool.records.sizes cimport MAX_NBYTES
+from gpupool.driver.status cimport (
+    GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE, GPUPOOL_ERROR_OUT_OF_MEMORY,
+    GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GP_FORKED,
+    GP_REENTRANT,
+)
+from gpupool.records.streams cimport (
+    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, free_key, key_of,
+    resolved_free_key, stream_key,
+    refused_stream_status,
+)
+
+from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
+
+cdef size_t STATS_FIELDS = sizeof(gpupool_stats) // sizeof(size_t)
+cdef PyObject** _pools = pool_table()
+cdef const int* FORKED = fork_flag()
+cdef int RECORDING = 0                  # the memory history's switch (history/ring.pxd)
+hist_subscribe(&RECORDING)
+
+
+cdef int _code(int status) noexcept nogil:
+    if status == 0 or status == CUDA_ERROR_OUT_OF_MEMORY or status == GP_FORKED:
+        return status
+    if status < 1000:
+        return status                       # a CUresult from the driver
+    return GPUPOOL_ERROR_INTERNAL
+
+
+cdef bint _callbacks(Pool pool, size_t nbytes) noexcept with gil:
+    try:
+        return run_oom_callbacks(pool, nbytes)
+    except Exception:
+        return False
+
+
+cdef void fill_stats(Counters* c, gpupool_stats* out) noexcept nogil:
+    """The C API's view of a pool's counters record: gpupool_stats is the record's first
+    STATS_FIELDS fields, in the record's order (tests/test_capi.py checks each against
+    Pool.stats())."""
+    cdef size_t i
+    for i in range(STATS_FIELDS):
+        (<size_t*>out)[i] = (<size_t*>c)[i]
+
+
+# The table's functions look the pool up as a borrowed PyObject* (no reference counting, so
+# no GIL) and call these, which take it typed; the casts below only change the pointer type.
+
+cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+    cdef Block* b = NULL
+    cdef int r
+    cdef StreamKey key = key_of(pool.upstream, stream)
+    if key.tag == BAD_STREAM_TAG:
+        return refused_stream_status(pool.upstream, stream)     # not a stream, or destroyed
+    if stream > STREAM_PER_THREAD:              # (the default streams tried it already)
+        b = pool.mag_take(nbytes, key, True)
+        if b != NULL:
+            ptr[0] = <void*>b.ptr
+            return 0
+    if pool._holder == current_thread():
+        return GP_REENTRANT                     # from inside the pool's own upstream call
+    pool.lock()
+    r = pool.acquire_locked(nbytes, key, &b)
+    if r == 0:
+        pt_insert(&pool.capi_blocks, b.ptr, b)
+        ptr[0] = <void*>b.ptr
+        if hist_on(RECORDING):
+            hist_alloc(pool.device, pool._segments.pool_id, b.ptr, nbytes, key.handle)
+    pool.unlock()
+    return r
+
+
+cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+    cdef Block* b
+    cdef int r
+    if stream <= STREAM_PER_THREAD:             # the thread's magazine: no pool lock
+        b = pool.mag_take(nbytes, stream_key(stream), True)
+        if b != NULL:
+            ptr[0] = <void*>b.ptr
+            return 0
+    r = _acquire(pool, nbytes, stream, ptr)
+    if r == CUDA_ERROR_OUT_OF_MEMORY:
+        if _callbacks(pool, nbytes):
+            r = _acquire(pool, nbytes, stream, ptr)
+            hist_log(LOG_CALLBACK_RETRY, pool.device, nbytes, 0, r)
+        if r == CUDA_ERROR_OUT_OF_MEMORY:
+            _out_of_memory(pool, nbytes, stream)
+    return _code(r)
+
+
+cdef Block* _lookup(Pool pool, uintptr_t ptr, bint remove) noexcept nogil:
+    """Under the pool's lock: the live C API block at ptr, from the pool's table or a
+    thread's magazine (taken off if remove); NULL if none."""
+    cdef Block* b = pt_lookup(&pool.capi_blocks, ptr, remove)
+    if b == NULL:
+        b = pool.mag_find_handed_locked(ptr, remove)
+    return b
+
+
+cdef void _out_of_memory(Pool pool, size_t nbytes, uintptr_t stream) noexcept nogil:
+    """An allocation failed for lack of memory after the ladder: logged and, while the memory
+    history records, recorded."""
+    pool.lock()
+    if RECORDING:
+        hist_oom(pool.device, pool._segments.pool_id, nbytes, pool._oom_free_bytes(), stream)
+    pool.unlock()
+    hist_log(LOG_OOM, pool.device, nbytes, 0, CUDA_ERROR_OUT_OF_MEMORY)
+
+
+cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
+    # A created stream's key is looked up only when it is not the block's own (free_key).
+    return _free_as(pool, <uintptr_t>ptr, free_key(stream))
+
+
+cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
+    """Free the C API block at ptr as last used on key's stream (key.tag BAD_STREAM_TAG: on
+    its block's own stream; OWN_HANDLE_TAG: resolved against the block, resolved_free_key):
+    through the thread's magazine when it handed the block out, else found under the pool's
+    lock (in its table, or another thread's magazine)."""
+    cdef Block* b
+    cdef bint done
+    if pool.mag_free_handed(ptr, key, &done):
+        return GPUPOOL_OK                           # its thread's magazine handed it out
+    if pool._holder == current_thread():
+        # From inside the pool's upstream call: the lock is this thread's; release defers.
+        b = _lookup(pool, ptr, True)
+    else:
+        pool.lock()
+        b = _lookup(pool, ptr, True)
+        pool.unlock()
+    if b == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    pool.release(b, resolved_free_key(pool.upstream, key, b.stream))
+    return GPUPOOL_OK
+
+
+cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
+    cdef Block* b
+    cdef StreamKey key = key_of(pool.upstream, stream)
+    if key.tag == BAD_STREAM_TAG:
+        return refused_stream_status(pool.upstream, stream)
+    pool.lock()
+    b = _lookup(pool, <uintptr_t>ptr, False)
+    pool.unlock()
+    if b == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    pool.add_stream(b, key)
+    return GPUPOOL_OK
+
+
+cdef int _get_stats(Pool pool, gpupool_stats* out) noexcept nogil:
+    cdef Counters c
+    pool.lock()
+    c = pool.counters_view()
+    pool.unlock()
+    fill_stats(&c, out)
+    return GPUPOOL_OK
+
+
+ctypedef int (*allocate_fn)(PyObject*, size_t, uintptr_t, void**) noexcept nogil
+ctypedef int (*free_fn)(PyObject*, void*, uintptr_t) noexcept nogil
+ctypedef int (*stats_fn)(PyObject*, gpupool_stats*) noexcept nogil
+cdef allocate_fn allocate_in = <allocate_fn>_allocate
+cdef free_fn free_in = <free_fn>_free
+cdef free_fn record_stream_in = <free_fn>_record_stream
+cdef stats_fn get_stats_in = <stats_fn>_get_stats
+
+
+cdef int capi_allocate(int device, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+    cdef PyObject* pool
+    if ptr == NULL or nbytes == 0 or nbytes > MAX_NBYTES:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    ptr[0] = NULL
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED
+    pool = default_pool(_pools, device)
+    if pool == NULL:
+        return GPUPOOL_ERROR_NO_DEVICE
+    return allocate_in(pool, nbytes, stream, ptr)
+
+
+cdef int capi_free(int device, void* ptr, uintptr_t stream) noexcept nogil:
+    cdef PyObject* pool
+    if ptr == NULL:
+        return GPUPOOL_OK
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED
+    pool = default_pool(_pools, device)
+    if pool == NULL:
+        return GPUPOOL_ERROR_NO_DEVICE
+    return free_in(pool, ptr, stream)
+
+
+cdef int capi_record_stream(int device, void* ptr, uintptr_t stream) noexcept nogil:
+    cdef PyObject* pool = default_pool(_pools, device)
+    if pool == NULL:
+        return GPUPOOL_ERROR_NO_DEVICE
+    return record_stream_in(pool, ptr, stream)
+
+
+cdef int capi_get_stats(int device, gpupool_stats* out) noexcept nogil:
+    cdef PyObject* pool = default_pool(_pools, device)
+    if pool == NULL:
+        return GPUPOOL_ERROR_NO_DEVICE
+    if out == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    return get_stats_in(pool, out)
+
+
+cdef const char* capi_error_string(int code) noexcept nogil:
+    if code == GPUPOOL_OK:
+        return "no error"
+    if code == GPUPOOL_ERROR_INVALID_VALUE:
+        return "invalid value: a zero or absurd size, or a pointer not from this API"
+    if code == GPUPOOL_ERROR_OUT_OF_MEMORY:
+        return "out of memory (after releasing cached blocks and running on_oom callbacks)"
+    if code == GPUPOOL_ERROR_NO_DEVICE:
+        return "no CUDA driver, or no such device"
+    if code == GPUPOOL_ERROR_FORKED:
+        return "the pool was inherited through fork() and cannot be used"
+    if code == GPUPOOL_ERROR_INTERNAL:
+        return "internal error (see the Python exception of the same call from Python)"
+    return "CUDA driver error (a CUresult: see cuGetErrorName)"
+
+
+# Version 2 -----------------------------------------------------------------------------
+# The same pattern: the table's function finds the pool (borrowed), a typed function does
+# the work under its lock. Private pools: region/privatepool.pxd.
+
+cdef int _free_found(Pool pool, void* ptr) noexcept nogil:
+    """Free ptr, as last used on its block's stream, if pool's C API handed it out."""
+    return _free_as(pool, <uintptr_t>ptr, StreamKey(0, BAD_STREAM_TAG))
+
+
+cdef int _trim(Pool pool, size_t* released) noexcept nogil:
+    cdef int r
+    pool.lock()
+    released[0] = pool.trim_locked()
+    r = pool.upstream.trim()
+    if r != 0:
+        pool.upstream.clear_error()
+    pool.unlock()
+    return _code(r)
+
+
+cdef int _reset_peaks(Pool pool) noexcept nogil:
+    pool.lock()
+    pool.reset_peaks_locked()
+    pool.unlock()
+    return GPUPOOL_OK
+
+
+cdef int _cache_info(Pool pool, size_t* largest, size_t* headroom) noexcept nogil:
+    """The largest free block any request may take (the pool's and idle regions'), and the
+    bytes left under the hard limit."""
+    cdef vector[Block*] blocks
+    cdef RegionCache* rc
+    cdef size_t i, held, limit = pool._segments.hard_limit
+    pool.lock()
+    pool.flush_parked()
+    pool.mag_flush_mine()               # the caller's held blocks, joined, as its request sees
+    fl_each(&pool._free, &blocks)
+    largest[0] = 0
+    for i in range(blocks.size()):
+        rc = <RegionCache*>blocks[i].region.cache
+        if (rc == NULL or rc_lends(rc)) and blocks[i].size > largest[0]:
+            largest[0] = blocks[i].size
+    held = pool.largest_held()                      # another thread's: served under pressure
+    if held > largest[0]:
+        largest[0] = held
+    if not limit:
+        headroom[0] = SIZE_MAX
+    else:
+        headroom[0] = limit - pool.counters.reserved if limit > pool.counters.reserved else 0
+    pool.unlock()
+    return GPUPOOL_OK
+
+
+cdef int _base_allocation(Pool pool, void* ptr, uintptr_t* base, size_t* nbytes) noexcept nogil:
+    cdef Block* b
+    pool.lock()
+    b = _lookup(pool, <uintptr_t>ptr, False)
+    if b != NULL:
+        base[0] = b.segment.base
+        nbytes[0] = b.segment.nbytes
+    pool.unlock()
+    return GPUPOOL_OK if b != NULL else GPUPOOL_ERROR_INVALID_VALUE
+
+
+cdef int _private_live(Pool pool, RegionCache* rc, uintptr_t* ptrs, size_t* sizes,
+                       size_t capacity, size_t* count) noexcept nogil:
+    cdef Block* b
+    cdef size_t n = 0
+    pool.lock()
+    b = rc.live_head
+    while b != NULL:
+        if n < capacity:
+            ptrs[n] = b.ptr
+            sizes[n] = b.size
+        n += 1
+        b = b.region.next
+    pool.unlock()
+    count[0] = n
+    return GPUPOOL_OK
+
+
+cdef int _private_allocate_at(Pool pool, RegionCache* rc, void* ptr, size_t nbytes,
+                              uintptr_t stream) noexcept nogil:
+    cdef StreamKey key = key_of(pool.upstream, stream)
+    cdef bint done
+    if key.tag == BAD_STREAM_TAG:
+        return refused_stream_status(pool.upstream, stream)
+    pool.lock()
+    pool.flush_parked()
+    done = pp_allocate_at(pool, rc, <uintptr_t>ptr, nbytes, key)
+    pool.unlock()
+    return GPUPOOL_OK if done else GPUPOOL_ERROR_INVALID_VALUE
+
+
+cdef int _private_end(Pool pool, RegionCache* rc) noexcept nogil:
+    pool.lock()
+    pp_end(rc)
+    pool.unlock()
+    return GPUPOOL_OK
+
+
+ctypedef int (*found_fn)(PyObject*, void*) noexcept nogil
+ctypedef int (*trim_fn)(PyObject*, size_t*) noexcept nogil
+ctypedef int (*pool_fn)(PyObject*) noexcept nogil
+ctypedef int (*info_fn)(PyObject*, size_t*, size_t*) noexcept nogil
+ctypedef int (*base_fn)(PyObject*, void*, uintptr_t*, size_t*) noexcept nogil
+ctypedef int (*live_fn)(PyObject*, RegionCache*, uintptr_t*, size_t*, size_t,
+                        size_t*) noexcept nogil
+ctypedef int (*at_fn)(PyObject*, RegionCache*, void*, size_t, uintptr_t) noexcept nogil
+ctypedef int (*end_fn)(PyObject*, RegionCache*) noexcept nogil
+cdef found_fn free_found_in = <found_fn>_free_found
+cdef trim_fn trim_in = <trim_fn>_trim
+cdef pool_fn reset_peaks_in = <pool_fn>_reset_peaks
+cdef info_fn cache_info_in = <info_fn>_cache_info
+cdef base_fn base_allocation_in = <base_fn>_base_allocation
+cdef live_fn private_live_in = <live_fn>_private_live
+cdef at_fn private_allocate_at_in = <at_fn>_private_allocate_at
+cdef end_fn private_end_in = <end_fn>_private_end
+
+
+cdef PyObject* _ready_pool(int device, int* status) noexcept nogil:
+    """The device's default pool for a version-2 call, or NULL with the status to return."""
+    cdef PyObject* pool
+    if FORKED[0]:
+        status[0] = GPUPOOL_ERROR_FORKED
+        return NULL
+    pool = default_pool(_pools, device)
+    status[0] = GPUPOOL_OK if pool != NULL else GPUPOOL_ERROR_NO_DEVICE
+    return pool
+
+
+cdef int capi_free_ptr(int device, void* ptr) noexcept nogil:
+    cdef PyObject* pool
+    cdef int d, status
+    if ptr == NULL:
+        return GPUPOOL_OK
+    pool = _ready_pool(device, &status)
+    if status == GPUPOOL_ERROR_FORKED:
+        return status
+    if pool != NULL and free_found_in(pool, ptr) == GPUPOOL_OK:
+        return GPUPOOL_OK
+    for d in range(MAX_DEVICES):        # another device's (only pools made already)
+        if d != device and _pools[d] != NULL and free_found_in(_pools[d], ptr) == GPUPOOL_OK:
+            return GPUPOOL_OK
+    return GPUPOOL_ERROR_INVALID_VALUE
+
+
+cdef int capi_trim(int device, size_t* released) noexcept nogil:
+    cdef int status
+    cdef size_t ignored
+    cdef PyObject* pool = _ready_pool(device, &status)
+    if pool == NULL:
+        return status
+    return trim_in(pool, released if released != NULL else &ignored)
+
+
+cdef int capi_reset_peaks(int device) noexcept nogil:
+    cdef int status
+    cdef PyObject* pool = _ready_pool(device, &status)
+    return reset_peaks_in(pool) if pool != NULL else status
+
+
+cdef int capi_cache_info(int device, size_t* largest, size_t* headroom) noexcept nogil:
+    cdef int status
+    cdef PyObject* pool
+    if largest == NULL or headroom == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    pool = _ready_pool(device, &status)
+    return cache_info_in(pool, largest, headroom) if pool != NULL else status
+
+
+cdef int capi_base_allocation(int device, void* ptr, uintptr_t* base,
+                              size_t* nbytes) noexcept nogil:
+    cdef int status
+    cdef PyObject* pool
+    if base == NULL or nbytes == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    pool = _ready_pool(device, &status)
+    return base_allocation_in(pool, ptr, base, nbytes) if pool != NULL else status
+
+
+cdef int _private_new(PyObject* pool, void** out) noexcept with gil:
+    cdef PrivatePool* pp = <PrivatePool*>calloc(1, sizeof(PrivatePool))
+    if pp == NULL:
+        return GPUPOOL_ERROR_INTERNAL
+    pp.rc = new RegionCache()
+    pp.rc.pool = <void*>pool
+    pp.rc.entered = 1                   # held entered for its whole life: never lent
+    pp.rc.held = True
+    pp.rc.entries = 1
+    Py_INCREF(<object>pool)
+    pp.pool = pool
+    out[0] = <void*>pp
+    return GPUPOOL_OK
+
+
+cdef void _private_free(PrivatePool* pp) noexcept with gil:
+    Py_DECREF(<object>pp.pool)
+    del pp.rc
+    free(pp)
+
+
+cdef int capi_private_new(int device, void** out) noexcept nogil:
+    cdef int status
+    cdef PyObject* pool
+    if out == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    out[0] = NULL
+    pool = _ready_pool(device, &status)
+    return _private_new(pool, out) if pool != NULL else status
+
+
+cdef int capi_private_allocate(void* handle, size_t nbytes, uintptr_t stream,
+                               void** ptr) noexcept nogil:
+    cdef PrivatePool* pp = <PrivatePool*>handle
+    cdef int r
+    if pp == NULL or ptr == NULL or nbytes == 0 or nbytes > MAX_NBYTES:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    ptr[0] = NULL
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED
+    # The private pool is the calling thread's innermost region for this one request.
+    if not region_try_push(pp.rc):
+        return GPUPOOL_ERROR_INTERNAL
+    r = allocate_in(pp.pool, nbytes, stream, ptr)
+    region_pop(pp.rc)
+    return r
+
+
+cdef int capi_private_live(void* handle, uintptr_t* ptrs, size_t* sizes, size_t capacity,
+                           size_t* count) noexcept nogil:
+    cdef PrivatePool* pp = <PrivatePool*>handle
+    if pp == NULL or count == NULL or (capacity and (ptrs == NULL or sizes == NULL)):
+        return GPUPOOL_ERROR_INVALID_VALUE
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED
+    return private_live_in(pp.pool, pp.rc, ptrs, sizes, capacity, count)
+
+
+cdef int capi_private_allocate_at(void* handle, void* ptr, size_t nbytes,
+                                  uintptr_t stream) noexcept nogil:
+    cdef PrivatePool* pp = <PrivatePool*>handle
+    if pp == NULL or nbytes == 0 or nbytes % BLOCK_ALIGN:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED
+    return private_allocate_at_in(pp.pool, pp.rc, ptr, nbytes, stream)
+
+
+cdef int capi_private_destroy(void* handle) noexcept nogil:
+    cdef PrivatePool* pp = <PrivatePool*>handle
+    if pp == NULL:
+        return GPUPOOL_ERROR_INVALID_VALUE
+    if FORKED[0]:
+        return GPUPOOL_ERROR_FORKED     # the parent's memory: left alone
+    private_end_in(pp.pool, pp.rc)
+    _private_free(pp)
+    return GPUPOOL_OK
+
+
+cdef gpupool_api _api
+_api.version = GPUPOOL_API_VERSION
+_api.size = sizeof(gpupool_api)
+_api.allocate = capi_allocate
+_api.free = capi_free
+_api.record_stream = capi_record_stream
+_api.get_stats = capi_get_stats
+_api.error_string = capi_error_string
+_api.free_ptr = capi_free_ptr
+_api.trim = capi_trim
+_api.reset_peaks = capi_reset_peaks
+_api.cache_info = capi_cache_info
+_api.base_allocation = capi_base_allocation
+_api.private_new = capi_private_new
+_api.private_allocate = capi_private_allocate
+_api.private_live = capi_private_live
+_api.private_allocate_at = capi_private_allocate_at
+_api.private_destroy = capi_private_destroy
+
+_C_API = PyCapsule_New(<void*>&_api, b"gpupool._capi._C_API", NULL)

@@ -1,0 +1,169 @@
+# A region's cache: the bookkeeping of the blocks a region holds.
+#
+# A region keeps no free memory of its own kind: its cached blocks are free blocks of the
+# pool's free lists tagged with the region (Block.region.cache), so they are cut, joined and
+# served by best fit exactly as the pool's are, and on the same work a region holds no more
+# than the pool alone would. While the region is entered its allocations may take its own
+# blocks and the pool's (the best fit of both); other allocations take the pool's, and the
+# region's only before the pool would grow (when the region is not entered). At exit, cached
+# blocks that the entry did not use go back to the pool (rc_return_unused).
+#
+# Here: the region's list of live blocks (their escape at exit), its list of cached blocks
+# (tagging and untagging), and its counters. The stack of entered regions is
+# core/regionstack.pxi. Everything runs under the pool's lock.
+from cpython.ref cimport PyObject
+from libc.stdint cimport uintptr_t
+from libcpp.vector cimport vector
+from gpupool.records.block cimport Block
+
+cdef cppclass RegionCache:
+    void* pool                  # the Pool it belongs to (borrowed; the Region keeps it alive)
+    Block* live_head
+    Block* cached_head          # its cached (free) blocks
+    size_t entries              # entries so far: the stamp of blocks used by this entry
+    int entered                 # threads it is entered on (0: idle, its blocks may be lent)
+    size_t live_count
+    size_t live_bytes           # bytes of its live blocks: the region's bytes in use
+    size_t escaped_bytes        # bytes of its blocks that outlived an exit and are still live
+    size_t cached_bytes
+    size_t peak_in_use_bytes
+    size_t hits                 # its allocations served from free memory
+    size_t misses               # its allocations that needed new memory
+    size_t max_cached_bytes     # 0: no cap
+    bint held                   # a private pool's (region/privatepool.pxd): joins no pool block
+    PyObject* on_alloc          # called with each new block's pointer (trace=True); borrowed
+
+
+cdef inline bint rc_lends(RegionCache* rc) noexcept nogil:
+    """Whether the region's cached blocks may serve others (before the pool grows)."""
+    return rc.entered == 0
+
+
+cdef inline void rc_link(RegionCache* rc, Block* b) noexcept nogil:
+    """b, just handed out inside the region, joins its list of live blocks."""
+    b.region.cache = <void*>rc
+    b.region.escaped = False
+    b.region.prev = NULL
+    b.region.next = rc.live_head
+    if rc.live_head != NULL:
+        rc.live_head.region.prev = b
+    rc.live_head = b
+    rc.live_count += 1
+    rc.live_bytes += b.size
+    if rc.live_bytes > rc.peak_in_use_bytes:
+        rc.peak_in_use_bytes = rc.live_bytes
+
+
+cdef inline void _unlink(Block** head, Block* b) noexcept nogil:
+    if b.region.prev != NULL:
+        b.region.prev.region.next = b.region.next
+    else:
+        head[0] = b.region.next
+    if b.region.next != NULL:
+        b.region.next.region.prev = b.region.prev
+    b.region.prev = b.region.next = NULL
+
+
+cdef inline void rc_detach(Block* b) noexcept nogil:
+    """Unlink a live block from its region (the block then returns to the pool)."""
+    cdef RegionCache* rc = <RegionCache*>b.region.cache
+    if rc == NULL:
+        return
+    _unlink(&rc.live_head, b)
+    if b.region.escaped:
+        rc.escaped_bytes -= b.size
+    else:
+        rc.live_count -= 1
+        rc.live_bytes -= b.size
+    b.region.cache = NULL
+    b.region.escaped = False
+
+
+cdef inline void rc_escape(Block* b) noexcept nogil:
+    """A live block outlived its region's exit: it stays listed (its bytes count as escaped
+    until it dies) but returns to the pool when freed."""
+    cdef RegionCache* rc = <RegionCache*>b.region.cache
+    b.region.escaped = True
+    rc.live_count -= 1
+    rc.live_bytes -= b.size
+    rc.escaped_bytes += b.size
+
+
+cdef inline void rc_own(RegionCache* rc, Block* b) noexcept nogil:
+    """Tag free block b as cached by rc (NULL: by the pool), used by rc's current entry."""
+    b.region.cache = <void*>rc
+    if rc == NULL:
+        return
+    b.region.stamp = rc.entries
+    b.region.prev = NULL
+    b.region.next = rc.cached_head
+    if rc.cached_head != NULL:
+        rc.cached_head.region.prev = b
+    rc.cached_head = b
+    rc.cached_bytes += b.size
+
+
+cdef inline RegionCache* rc_disown(Block* b) noexcept nogil:
+    """Untag a free block (it is the pool's now); returns the region that cached it."""
+    cdef RegionCache* rc = <RegionCache*>b.region.cache
+    if rc != NULL:
+        _unlink(&rc.cached_head, b)
+        rc.cached_bytes -= b.size
+        b.region.cache = NULL
+    return rc
+
+
+cdef inline RegionCache* rc_freed_into(Block* b) noexcept nogil:
+    """A live block is freed: unlinked from its region's live blocks; the region that caches
+    it now (its own, used by this entry), or NULL when it returns to the pool (it escaped an
+    exit, the region's cache is full, or it has no region)."""
+    cdef RegionCache* rc = <RegionCache*>b.region.cache
+    cdef bint escaped
+    if rc == NULL:
+        return NULL
+    escaped = b.region.escaped
+    rc_detach(b)
+    if escaped or (rc.max_cached_bytes and rc.cached_bytes + b.size > rc.max_cached_bytes):
+        return NULL
+    return rc
+
+
+cdef inline void rc_cached_blocks(RegionCache* rc, vector[Block*]* out) noexcept nogil:
+    """Append the region's cached blocks."""
+    cdef Block* b = rc.cached_head
+    while b != NULL:
+        out.push_back(b)
+        b = b.region.next
+
+
+cdef inline void rc_return_unused(RegionCache* rc) noexcept nogil:
+    """At exit: cached blocks the current entry did not use go back to the pool."""
+    cdef Block* b = rc.cached_head
+    cdef Block* nxt
+    while b != NULL:
+        nxt = b.region.next
+        if b.region.stamp != rc.entries:
+            rc_disown(b)
+        b = nxt
+
+
+cdef inline void rc_drain(RegionCache* rc) noexcept nogil:
+    """Every cached block of the region goes back to the pool."""
+    while rc.cached_head != NULL:
+        rc_disown(rc.cached_head)
+
+
+cdef inline void rc_live_blocks(RegionCache* rc, vector[Block*]* out) noexcept nogil:
+    """Append the region's live blocks (those that escaped an earlier exit included)."""
+    cdef Block* b = rc.live_head
+    while b != NULL:
+        out.push_back(b)
+        b = b.region.next
+
+
+cdef inline Block* rc_find_live(RegionCache* rc, uintptr_t ptr) noexcept nogil:
+    """The region's live block whose memory holds ptr; NULL if none."""
+    cdef Block* b = rc.live_head
+    while b != NULL and not (b.ptr <= ptr < b.ptr + b.size):
+        b = b.region.next
+    return b

@@ -1,0 +1,147 @@
+# Stream identity: how the pool tells streams apart (StreamKey), and the one helper that turns
+# a Python stream argument into a CUstream handle (stream_handle).
+#
+# The per-thread default stream has one handle value (CU_STREAM_PER_THREAD = 2) that names
+# another stream in every thread, so its key's tag is the thread; the legacy default stream is
+# handle 0 (CU_STREAM_LEGACY = 1 is folded into it), tag 0. Any other stream's tag is the
+# driver's stream ID (cuStreamGetId), unique for the process's lifetime: a handle value reused
+# by a new stream after cuStreamDestroy gives another key.
+from libc.stdint cimport uintptr_t
+from cuda.bindings.cydriver cimport CUDA_ERROR_INVALID_HANDLE
+from gpupool.upstream.upstreams cimport Upstream
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef unsigned long pthread_t
+    pthread_t pthread_self()
+
+cdef struct StreamKey:
+    uintptr_t handle
+    uintptr_t tag
+
+cdef enum:
+    STREAM_LEGACY = 1               # CU_STREAM_LEGACY, folded into handle 0
+    STREAM_PER_THREAD = 2           # CU_STREAM_PER_THREAD
+
+# The largest handle value; NO_STREAM's handle. The tag of a created stream's key when the
+# driver refused the handle (no stream ID is this value).
+cdef extern from *:
+    """
+    #define GP_HANDLE_MAX ((uintptr_t)0xFFFFFFFFFFFFFFFFull)
+    #define GP_OWN_HANDLE_TAG ((uintptr_t)0xFFFFFFFFFFFFFFFEull)
+    """
+    uintptr_t HANDLE_MAX "GP_HANDLE_MAX"
+    uintptr_t BAD_STREAM_TAG "GP_HANDLE_MAX"
+    # A free's key not yet looked up (a created stream's handle): the block's own key when its
+    # stream has that handle, else the driver's (free_key, resolved_free_key).
+    uintptr_t OWN_HANDLE_TAG "GP_OWN_HANDLE_TAG"
+
+
+cdef inline uintptr_t current_thread() noexcept nogil:
+    return <uintptr_t>pthread_self()
+
+
+cdef inline StreamKey no_stream() noexcept nogil:
+    """The key of a block never used on any stream: any stream may take it at once."""
+    return StreamKey(HANDLE_MAX, 0)
+
+
+cdef inline bint same_stream(StreamKey a, StreamKey b) noexcept nogil:
+    return a.handle == b.handle and a.tag == b.tag
+
+
+cdef inline bint is_no_stream(StreamKey a) noexcept nogil:
+    return a.handle == HANDLE_MAX and a.tag == 0
+
+
+cdef inline StreamKey stream_key(uintptr_t handle) noexcept nogil:
+    """A stream's key from its handle alone: the legacy stream (0, or CU_STREAM_LEGACY) is
+    0; the per-thread stream is tagged with the calling thread; others get tag 0."""
+    if handle <= STREAM_LEGACY:
+        return StreamKey(0, 0)
+    return StreamKey(handle, current_thread() if handle == STREAM_PER_THREAD else 0)
+
+
+cdef inline StreamKey created_stream_key(Upstream upstream, uintptr_t handle) noexcept nogil:
+    """The key of a created stream (handle > 2): it carries the driver's stream ID. A handle
+    the driver refuses (not a stream, or destroyed) gets the tag BAD_STREAM_TAG:
+    allocations refuse it, frees key it by its handle alone."""
+    cdef unsigned long long sid = 0
+    if upstream.stream_id(handle, &sid) != 0:
+        return StreamKey(handle, BAD_STREAM_TAG)
+    return StreamKey(handle, <uintptr_t>sid)
+
+
+cdef inline StreamKey key_of(Upstream upstream, uintptr_t handle) noexcept nogil:
+    """The key of the stream with this handle, as the calling thread names it; no driver call
+    for the default streams (the hot path)."""
+    if handle <= STREAM_PER_THREAD:
+        return stream_key(handle)
+    return created_stream_key(upstream, handle)
+
+
+cdef inline StreamKey free_key(uintptr_t handle) noexcept nogil:
+    """The key a free on this handle names, without a driver call: the default streams' keys
+    at once; a created stream's is resolved against the freed block (resolved_free_key)."""
+    if handle <= STREAM_PER_THREAD:
+        return stream_key(handle)
+    return StreamKey(handle, OWN_HANDLE_TAG)
+
+
+cdef inline StreamKey resolved_free_key(Upstream upstream, StreamKey s,
+                                        StreamKey own) noexcept nogil:
+    """The stream a block whose key is own was last used on, freed as s names it:
+    BAD_STREAM_TAG, own; a created stream's handle (OWN_HANDLE_TAG), own when own has that
+    handle (no driver call: a free on the block's allocation stream, the common case), else
+    the driver's key (a handle it refuses: keyed by the handle alone). A handle that a
+    destroyed stream left to a new one resolves to the old key: blocks under it wait for a
+    trim or merge_streams(), never a wrong hand-out."""
+    if s.tag == BAD_STREAM_TAG:
+        return own
+    if s.tag != OWN_HANDLE_TAG:
+        return s
+    if own.handle == s.handle:
+        return own
+    s = created_stream_key(upstream, s.handle)
+    if s.tag == BAD_STREAM_TAG:
+        s.tag = 0                                   # a free never fails
+    return s
+
+
+cdef inline int refused_stream_status(Upstream upstream, uintptr_t handle) noexcept nogil:
+    """The driver's status for a handle whose key came out bad (asked again, for the error;
+    CUDA_ERROR_INVALID_HANDLE should it now answer)."""
+    cdef unsigned long long sid = 0
+    cdef int r = upstream.stream_id(handle, &sid)
+    return r if r != 0 else CUDA_ERROR_INVALID_HANDLE
+
+
+cdef inline uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF:
+    """Raw CUstream handle of a stream given as None (0, the legacy default stream), an int
+    or a stream object: ``__cuda_stream__`` (returns ``(version, handle)``, the CUDA stream
+    protocol), PyTorch's ``.cuda_stream``, CuPy's ``.ptr``, Numba's or cuda.core's
+    ``.handle``.
+
+    Raises TypeError for anything else, ValueError for a negative or too large handle."""
+    if stream is None:
+        return 0
+    if type(stream) is not int:
+        if hasattr(stream, "__cuda_stream__"):
+            value = stream.__cuda_stream__()
+            if not (isinstance(value, tuple) and len(value) == 2):
+                raise TypeError(f"__cuda_stream__() must return (version, handle), got "
+                                f"{value!r}")
+            stream = value[1]
+        elif hasattr(stream, "cuda_stream"):
+            stream = stream.cuda_stream
+        elif hasattr(stream, "ptr"):
+            stream = stream.ptr
+        elif hasattr(stream, "handle"):
+            stream = stream.handle
+            stream = getattr(stream, "value", stream) or 0      # ctypes.c_void_p
+        if not isinstance(stream, int) or isinstance(stream, bool):
+            raise TypeError(
+                f"stream must be None, an int handle or a stream object with __cuda_stream__,"
+                f" .cuda_stream, .ptr or .handle; got {type(stream).__name__}")
+    if stream < 0 or stream >= HANDLE_MAX:
+        raise ValueError(f"invalid stream handle {stream}")
+    return <uintptr_t>stream

@@ -1,0 +1,470 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Region: a ``with`` block whose allocations are cached and handed back, at the same
+addresses, the next time the block runs, with a step's peak equal to its working set.
+
+What a region covers: allocations from its pool made by the thread that entered it, while
+it is entered (the innermost region of that pool is current). Its blocks go back to its own
+free lists whenever their buffers die, during the step or later. At exit, if some of its
+buffers are still alive, a young-generation garbage collection runs (temporaries held in
+reference cycles die there), and the survivors are detached (they return to the pool when
+they die) or invalidated, by the ``on_exit`` policy.
+"""
+from cpython.ref cimport PyObject
+from libc.stdint cimport uintptr_t
+from libcpp.pair cimport pair
+from libcpp.vector cimport vector
+from gpupool.records.block cimport Block
+from gpupool.buffer.device_buffer cimport DeviceBuffer
+from gpupool.buffer.dlpack cimport capsule_data
+from gpupool.driver.calls cimport forked
+from gpupool.core.pool cimport Pool, region_push, region_pop, uncached_marker
+from gpupool.core.regioncache cimport (
+    RegionCache, rc_detach, rc_escape, rc_live_blocks, rc_find_live,
+)
+from gpupool.records.streams cimport stream_key
+
+cimport cython
+
+import contextlib
+import gc
+import itertools
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+
+from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
+from gpupool.buffer.interface import read_cai
+from gpupool.limits import parse_limit
+from gpupool.stats import RegionStats, format_bytes
+from gpupool.buffer.view import BufferView
+
+# "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
+# collector is incremental with a young and an old generation, the young generation plus one
+# increment of the old one. Either way far cheaper than a full collection.
+_COLLECT = {"young": 1, "full": 2, None: None}
+_POLICIES = ("detach", "invalidate")
+_SCOPES = ("thread", "process")
+POISON = 0xFF                   # every float of a poisoned block reads as NaN
+LEAK_ENTRIES = 3                # consecutive growths of bytes alive at exit before a warning
+# Frames of these packages are skipped when tracing where an escaping buffer was allocated:
+# the folders they are installed in (not any folder of that name: a user's checkout of
+# gpupool, or a project folder called torch, is the user's code).
+_LIBRARIES = ("gpupool", "cupy", "cupy_backends", "numba", "torch")
+
+
+def _library_dirs():
+    """The install folders of the libraries of _LIBRARIES imported so far."""
+    dirs = []
+    for name in _LIBRARIES:
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    return tuple(dirs)
+
+
+# Per thread, the regions entered there with `with region:`, innermost last: an exit must be
+# the innermost one's.
+_entered = threading.local()
+# Every Region alive, by the address of its cache: (its id, a weak reference), for the memory
+# snapshot, which finds regions' blocks by their cache (gpupool.snapshot).
+cdef dict _by_cache = {}
+_region_ids = itertools.count(1)
+
+
+cdef list _entered_here():
+    """The calling thread's entered regions, innermost last."""
+    regions = getattr(_entered, "regions", None)
+    if regions is None:
+        regions = _entered.regions = []
+    return regions
+
+
+@cython.no_gc_clear      # __dealloc__ needs the pool to unregister from it
+cdef class Region:
+    """A cached scope of allocations.
+
+    ``Region(pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
+    skip_first=False, debug=False, trace=False, scope="thread", name=None)``
+
+    Parameters
+    ----------
+    pool : Pool, optional
+        The pool it draws from; default: ``gpupool.get_pool()`` (the current device's).
+    on_exit : {"detach", "invalidate"}
+        What happens at exit to the region's buffers still alive after the collection:
+        ``"detach"`` (they leave the region and return to the pool when they die) or
+        ``"invalidate"`` (their blocks are recycled now and any later use raises
+        ``InvalidBufferError``). Buffers passed to ``keep`` are always detached.
+    collect : {"young", "full", None}
+        Garbage collection run at exit when some of the region's buffers are still alive:
+        ``gc.collect(1)`` (default), ``gc.collect()`` or none.
+    max_cached_bytes : int or str, optional
+        Cap on the bytes the region caches; blocks beyond it go back to the pool. An int, or
+        a string as for ``Pool``'s limits (``"512MiB"``, ``"8GB"``, ``"10%"``).
+    skip_first : bool
+        Leave the first entry's allocations (library workspaces, warm-up) out of the cache:
+        they are served by the pool as if no region were entered.
+    debug : bool
+        Fill the blocks of invalidated buffers with 0xFF bytes (NaN as floats) after
+        synchronizing the device, so a consumer holding a stale raw pointer reads garbage.
+    trace : bool
+        Record where each of the region's buffers was allocated (file:line of the first
+        frame outside gpupool and the array libraries), for the leak warning.
+    scope : {"thread", "process"}
+        ``"thread"``: the region covers the entering thread. ``"process"``: while entered, it
+        also covers every other thread that has no region of its own for this pool (for
+        example PyTorch's autograd thread); one such region per pool at a time.
+    name : str, optional
+        Name used in warnings; default: the region's repr.
+
+    Warns
+    -----
+    ResourceWarning
+        When the bytes of buffers still alive at exit grow for three consecutive entries.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``on_exit`` or ``collect``.
+    GpupoolError
+        On entry, if this Region object is already entered (re-entered inside itself, or
+        entered on another thread), or in a fork() child of a process that used gpupool;
+        distinct Region objects nest freely. On exit, if it was not entered on this thread,
+        or if a region entered inside it is still entered (exit the innermost first).
+
+    Notes
+    -----
+    With ``scope="thread"`` entering makes the region current for the calling thread only;
+    allocations made by other threads are served by the pool, unless such a thread enters
+    ``region.enter_in_thread()``.
+    """
+
+    cdef RegionCache* rc
+    cdef readonly Pool pool
+    cdef readonly str on_exit
+    cdef readonly str scope
+    cdef readonly bint skip_first, debug, trace
+    cdef object _name
+    cdef object _collect
+    cdef object _active_thread
+    cdef bint _skipping
+    cdef set _kept
+    cdef dict _sites
+    cdef object _on_alloc
+    cdef list _escapes
+    cdef size_t entries, live_at_exit_bytes, collections
+    cdef double collect_seconds
+    cdef object __weakref__
+
+    def __cinit__(self, pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
+                  skip_first=False, debug=False, trace=False, scope="thread", name=None):
+        if on_exit not in _POLICIES:
+            raise ValueError(f"on_exit must be one of {_POLICIES}, got {on_exit!r}")
+        if collect not in _COLLECT:
+            raise ValueError(f"collect must be 'young', 'full' or None, got {collect!r}")
+        if scope not in _SCOPES:
+            raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
+        if pool is None:
+            from gpupool.core.defaults import get_pool
+            pool = get_pool()
+        if not isinstance(pool, Pool):
+            raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
+        if max_cached_bytes is not None:
+            # Bytes, or a limit string ("512MiB", "10%" of the device) as for Pool's limits.
+            max_cached_bytes = parse_limit(max_cached_bytes, lambda: pool.mem_info()[1])
+        self.pool = pool
+        self.on_exit = on_exit
+        self.scope = scope
+        self.skip_first = skip_first
+        self.debug = debug
+        self.trace = trace
+        self._name = name
+        self._collect = _COLLECT[collect]
+        self._kept = set()
+        self._sites = {}
+        self._escapes = []
+        self.rc = new RegionCache()
+        self.rc.max_cached_bytes = max_cached_bytes or 0
+        if trace:
+            self._on_alloc = self._record_site
+            self.rc.on_alloc = <PyObject*>self._on_alloc
+        self.pool.region_register(self.rc)
+        _by_cache[<uintptr_t>self.rc] = (next(_region_ids), weakref.ref(self))
+
+    def __dealloc__(self):
+        registry = _by_cache
+        if self.rc != NULL and registry is not None:
+            registry.pop(<uintptr_t>self.rc, None)
+        if self.rc != NULL:
+            if self.pool is not None:
+                self.pool.region_unregister(self.rc)
+            del self.rc
+            self.rc = NULL
+
+    def __enter__(self):
+        if forked():
+            raise GpupoolError(FORK_MESSAGE)
+        if self._active_thread is not None:
+            raise GpupoolError(
+                "this Region is already entered (nested, or on another thread); use one "
+                "Region object per scope and per thread")
+        self._skipping = self.skip_first and self.entries == 0
+        region_push(uncached_marker() if self._skipping else self.rc)
+        if self.scope == "process" and not self._skipping:
+            if not self.pool.region_set_process(self.rc, True):
+                region_pop(self.rc)
+                raise GpupoolError(
+                    "another Region with scope='process' is entered on this pool")
+        if not self._skipping:
+            self.pool.region_enter(self.rc, True)
+        self._active_thread = threading.get_ident()
+        _entered_here().append(self)
+        self.entries += 1
+        self._kept.clear()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._check_exit()
+        _entered_here().pop()
+        region_pop(uncached_marker() if self._skipping else self.rc)
+        if forked():
+            # A fork() inside the block: the child leaves it without touching the blocks,
+            # which are the parent's (no collection, no exit policy, no driver call).
+            self._active_thread = None
+            return False
+        try:
+            if self._skipping:
+                return False
+            if self.scope == "process":
+                self.pool.region_set_process(self.rc, False)
+            if self.rc.live_count and self._collect is not None:
+                # The traceback of an exception raised in the block holds its frames, and so
+                # the step's temporaries: drop our references before collecting.
+                exc = tb = None
+                start = time.perf_counter()
+                if self._collect == 1:
+                    gc.collect(1)
+                else:
+                    gc.collect()
+                self.collect_seconds += time.perf_counter() - start
+                self.collections += 1
+            self._settle()
+        finally:
+            if not self._skipping:
+                self.pool.region_leave(self.rc)
+            self._active_thread = None
+        return False
+
+    cdef int _check_exit(self) except -1:
+        """Raise unless this exit closes the innermost region entered on this thread; the
+        region stays entered then."""
+        if self._active_thread is None:
+            raise GpupoolError(f"{self!r} exited without being entered: each Region.__exit__ "
+                               f"must follow its Region.__enter__ (use `with region:`)")
+        if self._active_thread != threading.get_ident():
+            raise GpupoolError(f"{self!r} exited on another thread than the one that entered "
+                               f"it; exit a region on its entering thread")
+        regions = _entered_here()
+        innermost = regions[len(regions) - 1] if regions else self     # (no wraparound here)
+        if innermost is not self:
+            raise GpupoolError(f"{self!r} exited while {innermost!r}, entered inside it, is "
+                               f"still entered: exit the innermost region first")
+        return 0
+
+    cdef int _settle(self) except -1:
+        """Apply on_exit to the region's buffers still alive."""
+        cdef vector[Block*] live
+        cdef vector[pair[uintptr_t, size_t]] poisoned
+        cdef Block* b
+        cdef DeviceBuffer buf
+        cdef size_t i, escaped = 0
+        cdef int status = 0
+        escaping = []
+        self.pool.lock()
+        rc_live_blocks(self.rc, &live)
+        for i in range(live.size()):
+            b = live[i]
+            if b.region.escaped:
+                escaping.append(b.ptr)                  # escaped an earlier exit
+            elif <uintptr_t>b in self._kept:
+                rc_detach(b)
+            elif self.on_exit == "detach" or b.holder == NULL:
+                escaping.append(b.ptr)
+                rc_escape(b)
+            else:
+                escaped += b.size
+                buf = <DeviceBuffer>b.holder
+                buf.invalidate_locked()
+                if self.debug:
+                    # Filled on the legacy stream once the device is idle (below), so the
+                    # block now belongs to that stream (its bytes read first: a freed block
+                    # may join a neighbour).
+                    poisoned.push_back(pair[uintptr_t, size_t](b.ptr, b.size))
+                    self.pool.release_locked(b, stream_key(0))
+                else:
+                    self.pool.release_locked(b, buf._stream)
+        escaped += self.rc.escaped_bytes
+        if not poisoned.empty():
+            status = self._poison_locked(poisoned)
+        self.pool.unlock()
+        self.pool.upstream.raise_error(status, "poisoning invalidated blocks")
+        self.live_at_exit_bytes = escaped
+        self._kept.clear()
+        self._check_leaks(escaping)
+        return 0
+
+    cdef int _poison_locked(self, vector[pair[uintptr_t, size_t]]& blocks) noexcept:
+        """Fill the (pointer, bytes) of the blocks on the legacy stream once all their work
+        is done."""
+        cdef size_t i
+        cdef int r = self.pool.upstream.synchronize()
+        for i in range(blocks.size()):
+            if r == 0:
+                r = self.pool.upstream.memset(blocks[i].first, POISON, blocks[i].second, 0)
+        return r
+
+    cdef int _check_leaks(self, list escaping) except -1:
+        self._sites = {p: self._sites[p] for p in escaping if p in self._sites}
+        sites = list(self._sites.values())
+        self._escapes.append(self.live_at_exit_bytes)
+        del self._escapes[:-LEAK_ENTRIES - 1]
+        if len(self._escapes) <= LEAK_ENTRIES or any(
+                later <= earlier for earlier, later in zip(self._escapes, self._escapes[1:])):
+            return 0
+        self._escapes.clear()
+        if sites:
+            where = f" Allocated at: {', '.join(sorted(set(sites)))}."
+        elif self.trace:
+            where = (" No allocation site outside gpupool and the array libraries was found "
+                     "for them.")
+        else:
+            where = " Use Region(trace=True) to see where they were allocated."
+        warnings.warn(
+            f"gpupool region {self._name or repr(self)}: bytes of buffers alive at exit grew "
+            f"for {LEAK_ENTRIES} consecutive entries (now {format_bytes(self.live_at_exit_bytes)}"
+            f"): buffers are escaping the step.{where}", ResourceWarning,
+            stacklevel=1)           # Cython adds no frames: this points at the `with` line
+        return 0
+
+    def _record_site(self, ptr):
+        frame = sys._getframe(0)      # the innermost Python frame (Cython adds none)
+        libraries = _library_dirs()
+        while frame is not None and frame.f_code.co_filename.startswith(libraries):
+            frame = frame.f_back
+        if frame is not None:
+            self._sites[ptr] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+    @contextlib.contextmanager
+    def enter_in_thread(self):
+        """Context manager: make this region current in the calling (worker) thread too.
+
+        Allocations made there from the region's pool are cached by the region, as those of
+        the thread that entered it. The exit policy and collection stay with that thread's
+        ``with region:``; use this only while the region is entered there.
+        """
+        region_push(self.rc)
+        self.pool.region_enter(self.rc, False)
+        try:
+            yield self
+        finally:
+            self.pool.region_leave(self.rc)
+            region_pop(self.rc)
+
+    def keep(self, obj):
+        """Exempt one buffer from the exit policy: it stays valid and leaves the region.
+
+        Parameters
+        ----------
+        obj : DeviceBuffer, BufferView or object with ``__cuda_array_interface__`` /
+                ``__dlpack__``
+            A buffer allocated in this region (or a view of one), or an array whose data
+            pointer lies inside one of the region's live blocks. An empty buffer, or an array
+            of no elements (whose pointer is not read), has no memory to keep: nothing is done.
+
+        Returns
+        -------
+        obj
+
+        Raises
+        ------
+        ValueError
+            ``obj`` is not memory of one of this region's live buffers.
+        """
+        cdef Block* b
+        cdef uintptr_t ptr
+        target = obj.buffer if isinstance(obj, BufferView) else obj
+        if isinstance(target, DeviceBuffer):
+            ptr = (<DeviceBuffer>target)._live_ptr()
+        else:
+            ptr = _data_pointer(obj)
+        if ptr == 0:
+            return obj
+        self.pool.lock()
+        b = rc_find_live(self.rc, ptr)
+        self.pool.unlock()
+        if b == NULL:
+            raise ValueError(f"{obj!r} is not memory of a live buffer of this region")
+        self._kept.add(<uintptr_t>b)
+        return obj
+
+    def release(self):
+        """Give the region's cached blocks back to the pool (buffers alive are untouched).
+
+        They stay where they are, free: other allocations may take them, and a trim gives
+        them back to the upstream."""
+        self.pool.lock()
+        self.pool.region_drain(self.rc)
+        self.pool.unlock()
+
+    def stats(self):
+        """The region's counters as a :class:`gpupool.RegionStats`."""
+        self.pool.lock()
+        stats = RegionStats(
+            entries=self.entries, cache_hits=self.rc.hits, cache_misses=self.rc.misses,
+            cached_bytes=self.rc.cached_bytes, live_at_exit_bytes=self.live_at_exit_bytes,
+            peak_in_use_bytes=self.rc.peak_in_use_bytes, collections=self.collections,
+            collect_seconds=self.collect_seconds)
+        self.pool.unlock()
+        return stats
+
+    def reset_peak_stats(self):
+        """Set the region's peak bytes in use to the bytes its live buffers hold now."""
+        self.pool.lock()
+        self.rc.peak_in_use_bytes = self.rc.live_bytes
+        self.pool.unlock()
+
+    def __reduce__(self):
+        raise not_picklable("a gpupool.Region", "make the Region in the process that runs the "
+                            "step (gpupool.Region(pool=...) there)")
+
+    def __repr__(self):
+        name = f" {self._name!r}" if self._name else ""
+        return (f"<gpupool.Region{name} on_exit={self.on_exit!r} scope={self.scope!r} "
+                f"entries={self.entries} cached={self.rc.cached_bytes}>")
+
+
+def _regions_by_cache():
+    """``{cache address: (region id, name or None)}`` of every Region alive."""
+    found = {}
+    for key, (region_id, ref) in list(_by_cache.items()):
+        region = ref()
+        if region is not None:
+            found[key] = (region_id, (<Region>region)._name)
+    return found
+
+
+def _data_pointer(obj):
+    """Device pointer of the data of an object exporting the CUDA Array Interface or DLPack;
+    0 for an array of no elements (its pointer is not read)."""
+    cai = read_cai(obj)
+    if cai is not None:
+        return cai.ptr
+    if hasattr(obj, "__dlpack__"):
+        return capsule_data(obj.__dlpack__())   # not consumed: its destructor frees it
+    raise TypeError(
+        f"keep() needs a DeviceBuffer or an object with __cuda_array_interface__ or "
+        f"__dlpack__, got {type(obj).__name__}")
