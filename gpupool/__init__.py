@@ -15,13 +15,11 @@ from gpupool.buffer.device_buffer import DeviceBuffer
 from gpupool.core.defaults import _pools, get_pool, set_pool  # noqa: F401  (_pools: the registry)
 from gpupool.core.pool import Pool, on_oom, remove_oom_callback, size_class, uncached
 from gpupool.region.region import Region
-from gpupool.upstream.upstreams import (
-    AsyncUpstream,
-    DriverUpstream,
-    PythonUpstream,
-    Upstream,
-    VmmUpstream,
-)
+from gpupool.upstream.base import Upstream
+from gpupool.upstream.driver import DriverUpstream
+from gpupool.upstream.mempool import AsyncUpstream
+from gpupool.upstream.python import PythonUpstream
+from gpupool.upstream.vmm import VmmUpstream
 from gpupool.errors import (
     CudaError,
     GpupoolError,

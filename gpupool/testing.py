@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from gpupool.upstream.upstreams import PythonUpstream
+from gpupool.upstream.python import PythonUpstream
 from gpupool.errors import CudaError, IpcError
 from gpupool.limits import parse_limit
 

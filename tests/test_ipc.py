@@ -412,7 +412,7 @@ def test_memory_of_an_upstream_without_ipc_is_refused_naming_the_alternative():
         assert info.value.reason == "not_exportable"
     with pytest.raises(ValueError, match="cannot be shareable"):
         SimulatedDevice(stream_ordered=True, shareable=True)
-    refusal = gpupool.upstream.upstreams._ASYNC_REFUSAL           # AsyncUpstream's (a GPU's) message
+    refusal = gpupool.upstream.mempool._ASYNC_REFUSAL           # AsyncUpstream's (a GPU's) message
     assert "'async'" in refusal and "upstream 'vmm'" in refusal and "'driver'" in refusal
 
 

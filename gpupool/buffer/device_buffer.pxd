@@ -4,7 +4,7 @@ from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block
 from gpupool.records.ipcslot cimport gp_ipc_slot
 from gpupool.records.streams cimport StreamKey
-from gpupool.upstream.upstreams cimport Upstream
+from gpupool.upstream.base cimport Upstream
 
 cdef class BlockOwner:
     """What a DeviceBuffer's block belongs to and goes back to (a Pool)."""

@@ -16,7 +16,7 @@ from gpupool.records.ipcslot cimport gp_ipc_release
 from gpupool.records.streams cimport (
     StreamKey, STREAM_PER_THREAD, current_thread, same_stream, stream_key, stream_handle,
 )
-from gpupool.upstream.upstreams cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
+from gpupool.upstream.base cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
 
 cimport cython
 

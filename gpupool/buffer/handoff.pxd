@@ -9,7 +9,7 @@
 # included (an event recorded on it follows their earlier work).
 from libc.stdint cimport uintptr_t
 from gpupool.records.streams cimport StreamKey, STREAM_PER_THREAD, current_thread, stream_key
-from gpupool.upstream.upstreams cimport Upstream
+from gpupool.upstream.base cimport Upstream
 
 
 cdef inline bint one_stream(StreamKey a, StreamKey b) noexcept nogil:

@@ -2,7 +2,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpupool.buffer.device_buffer import DeviceBuffer
-from gpupool.upstream.upstreams import Upstream
+from gpupool.upstream.base import Upstream
 from gpupool.stats import PoolStats
 
 Stream = int | Any | None

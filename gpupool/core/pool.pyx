@@ -54,7 +54,10 @@ from gpupool.records.streams cimport (
     resolved_free_key, same_stream, stream_key,
     created_stream_key, refused_stream_status, stream_handle,
 )
-from gpupool.upstream.upstreams cimport Upstream, DriverUpstream, AsyncUpstream, VmmUpstream
+from gpupool.upstream.base cimport Upstream
+from gpupool.upstream.driver cimport DriverUpstream
+from gpupool.upstream.mempool cimport AsyncUpstream
+from gpupool.upstream.vmm cimport VmmUpstream
 
 import logging
 import os

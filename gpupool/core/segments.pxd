@@ -41,7 +41,7 @@ from gpupool.history.ring cimport (
 from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
 from gpupool.core.streamorder cimport StreamOrder, so_drop_events, so_unbind_all
 from gpupool.records.streams cimport StreamKey, same_stream, is_no_stream, no_stream
-from gpupool.upstream.upstreams cimport Upstream
+from gpupool.upstream.base cimport Upstream
 
 
 cdef extern from "<stdlib.h>" nogil:

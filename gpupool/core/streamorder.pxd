@@ -21,7 +21,7 @@ from gpupool.records.sizes cimport SMALL_REQUEST, floor_class
 from gpupool.records.streams cimport (
     StreamKey, STREAM_PER_THREAD, same_stream, is_no_stream, no_stream, current_thread,
 )
-from gpupool.upstream.upstreams cimport Upstream
+from gpupool.upstream.base cimport Upstream
 
 cdef enum:
     WANTED_MAX = 256            # streams asked for events before a synchronize frees them all

@@ -8,7 +8,7 @@
 # by a new stream after cuStreamDestroy gives another key.
 from libc.stdint cimport uintptr_t
 from cuda.bindings.cydriver cimport CUDA_ERROR_INVALID_HANDLE
-from gpupool.upstream.upstreams cimport Upstream
+from gpupool.upstream.base cimport Upstream
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef unsigned long pthread_t

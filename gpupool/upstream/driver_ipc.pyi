@@ -1,0 +1,3 @@
+from gpupool.upstream.device import DriverDevice
+
+class DriverIpc(DriverDevice): ...

@@ -1,0 +1,6 @@
+from gpupool.upstream.driver import DriverUpstream
+
+class AsyncUpstream(DriverUpstream):
+    def __init__(self, device: int = 0, release_threshold: int = 0) -> None: ...
+    @property
+    def release_threshold(self) -> int: ...
