@@ -29,20 +29,8 @@ cdef extern from *:
 
 cdef class DriverDevice(Upstream):
     """One device's primary context, retained, and the driver's events, stream waits and
-    copies on it; the base of the driver upstreams, not used directly.
-
-    Parameters
-    ----------
-    device : int
-        Device ordinal.
-
-    Raises
-    ------
-    NoDeviceError
-        No driver, no device, or ``device`` out of range.
-    CudaError
-        Any other failure of ``cuInit`` or ``cuDevicePrimaryCtxRetain``.
-    """
+    copies on it; the base of the driver upstreams (whose docstrings give the parameter and
+    what it raises), not used directly."""
 
     def __cinit__(self, device=0, *args, **kwargs):
         from gpupool.driver.ordinals import check_ordinal

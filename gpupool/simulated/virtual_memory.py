@@ -1,0 +1,88 @@
+"""Simulated virtual memory (``SimulatedDevice(virtual_memory=True)``): ranges of host address
+space reserved as the driver reserves device address space, and pages mapped into them, as
+``gpupool.VmmUpstream`` maps device memory."""
+
+import mmap
+
+from gpupool.simulated.base import SimulatedBase
+from gpupool.simulated.host import MADV_DONTNEED, MAP_FAILED, MAP_NORESERVE, libc
+
+
+class SimulatedVirtualMemory(SimulatedBase):
+    """The reserved ranges of a ``SimulatedDevice`` and the pages mapped in them: the
+    upstream's ``_reserve``, ``_unreserve``, ``_map`` and ``_unmap``. With ``shareable`` the
+    pages are memory files (``_share_pages``, ``_unshare_pages`` of the sharing part)."""
+
+    def _init_virtual_memory(self):
+        self._ranges = {}               # reserved start -> (bytes, set of mapped page starts)
+
+    def _reserve(self):
+        size = self.va_bytes
+        self.calls.append(("reserve", (size,)))
+        va = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                       mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+        if va in (None, MAP_FAILED):
+            raise MemoryError("simulated device: no host address space for a reservation")
+        self._ranges[va] = (size, set())
+        return va
+
+    def _unreserve(self, va):
+        self.calls.append(("unreserve", (va,)))
+        if va not in self._ranges:
+            self._misuse(f"unreserve of unknown range {va:#x}")
+        size, mapped = self._ranges[va]
+        if mapped:
+            self._misuse(f"unreserve of range {va:#x} with {len(mapped)} pages still mapped")
+        libc.munmap(va, size)
+        del self._ranges[va]
+
+    def _pages(self, va, nbytes, what):
+        """The reserved range holding [va, va + nbytes) and the page starts in it."""
+        for start, (size, mapped) in self._ranges.items():
+            if start <= va and va + nbytes <= start + size:
+                if (va - start) % self.page or nbytes % self.page or nbytes == 0:
+                    self._misuse(f"{what} of {nbytes} B at {va:#x}: not whole pages")
+                return mapped, range(va, va + nbytes, self.page)
+        self._misuse(f"{what} of {nbytes} B at {va:#x}: outside every reserved range")
+
+    def _map(self, va, nbytes):
+        self.calls.append(("map", (va, nbytes)))
+        mapped, pages = self._pages(va, nbytes, "map")
+        if any(p in mapped for p in pages):
+            self._misuse(f"map of {nbytes} B at {va:#x}: a page is mapped already")
+        if self.used + nbytes > self.capacity:
+            raise MemoryError(f"simulated device out of memory: {nbytes} B to map")
+        if self.shareable:
+            self._share_pages(pages)
+        mapped.update(pages)
+        self._count(nbytes, nbytes)
+
+    def _unmap(self, va, nbytes):
+        self.calls.append(("unmap", (va, nbytes)))
+        mapped, pages = self._pages(va, nbytes, "unmap")
+        if not all(p in mapped for p in pages):
+            self._misuse(f"unmap of {nbytes} B at {va:#x}: a page is not mapped")
+        busy = self._busy_streams()
+        if busy:
+            self._misuse(f"unmap of {nbytes} B at {va:#x} while streams {busy} have work "
+                         f"pending that may use it")
+        mapped.difference_update(pages)
+        if self.shareable:
+            self._unshare_pages(va, nbytes, pages)
+        else:
+            libc.madvise(va, nbytes, MADV_DONTNEED)        # the host memory goes back too
+        self._count(-nbytes, -nbytes)
+
+    def mapped(self, va, nbytes=1):
+        """Whether [va, va + nbytes) lies in mapped pages (virtual_memory=True)."""
+        for start, (size, pages) in self._ranges.items():
+            if start <= va < start + size:
+                first = start + (va - start) // self.page * self.page   # pages from start
+                return all(p in pages for p in range(first, va + nbytes, self.page))
+        return False
+
+    def _check_mapped(self, ptr, nbytes, what):
+        if self._ranges and any(start <= ptr < start + size
+                                for start, (size, _) in self._ranges.items()) \
+                and not self.mapped(ptr, nbytes):
+            self._misuse(f"{what} of {nbytes} B at {ptr:#x}: memory not mapped")
