@@ -12,19 +12,17 @@ import re
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
-from conftest import check_invariants
+from conftest import TESTS, check_invariants
 
 import gpupool
-from gpupool.history import ring
 from gpupool.adapters import torch_entry
+from gpupool.history import ring
 from gpupool.testing import SimulatedDevice
 
 KIB, MIB = 1 << 10, 1 << 20
 PAGE = 4 * KIB
-TESTS = Path(__file__).resolve().parent
 
 pytestmark = pytest.mark.usefixtures("default_pools")
 

@@ -7,7 +7,7 @@ GPUPOOL_TORCH_HEADERS adds header trees of other PyTorch versions to compile aga
 ``VERSION=DIR`` entries separated by ``os.pathsep``, DIR holding (part of) a PyTorch include
 tree such as the ``headers`` step of tools/gpu-check.sh returns (c10, ATen/cuda,
 torch/csrc/cuda), laid over the installed PyTorch's for what it lacks. The GPU tests of the
-allocator are in tests/test_torch.py (tests/torch_child.py)."""
+allocator are in tests/adapters/test_torch.py (tests/torch_child.py)."""
 
 import os
 import subprocess
@@ -212,7 +212,7 @@ def fake_cuda_torch(torch, monkeypatch):
     monkeypatch.setattr(gpupool.torch, "_installed", None)
     monkeypatch.setattr(gpupool.torch, "_cuda_torch", lambda: fake)
     monkeypatch.setattr(gpupool.torch, "_allocator", lambda malloc: ("pluggable", malloc))
-    # Tensor sharing (tests/test_ipc.py, test_torch.py) needs the real PyTorch's classes.
+    # Tensor sharing (tests/ipc/test_ipc.py, test_torch.py) needs the real PyTorch's classes.
     monkeypatch.setattr(gpupool.torch, "_share_through_gpupool", lambda torch: None)
     return chosen
 
@@ -278,7 +278,7 @@ def test_a_bad_choice_is_refused(fake_cuda_torch, monkeypatch):
 
 
 # The allocator's logic, run on the simulated device ----------------------------------------
-# tests/torch_allocator_harness.cc includes the allocator's source with host-only stand-ins
+# tests/adapters/torch_allocator_harness.cc includes the allocator's source with host-only stand-ins
 # for the c10::cuda and CUDA runtime functions it calls: the class runs over gpupool's real C
 # API (and gpupool.torch's failure messages), on a pool of the simulated device.
 
@@ -345,9 +345,9 @@ def harness(torch, toolchain, tmp_path_factory):
         # this process, defines too. On the H200 machine the process crashed (a segmentation
         # fault at the harness's first allocation); the cause was not found (a statically
         # linked C++ runtime, which that machine's compiler uses, does not crash it with a CPU
-        # build). There tests/test_torch.py tests the real allocator under use().
+        # build). There tests/adapters/test_torch.py tests the real allocator under use().
         pytest.skip("the host-only harness needs a CPU build of PyTorch (this one has CUDA: "
-                    "tests/test_torch.py tests the real allocator)")
+                    "tests/adapters/test_torch.py tests the real allocator)")
     cxx, cuda = toolchain
     out = tmp_path_factory.mktemp("harness") / "harness.so"
     command = ta.compile_command(out, ta.torch_includes(torch), cuda, abi=ta._abi(torch),

@@ -1,7 +1,7 @@
-"""Scenarios of tests/test_ipc_gpu.py for torch.multiprocessing under gpupool.torch, each in
+"""GPU scenarios of tests/ipc/test_ipc.py for torch.multiprocessing under gpupool.torch, each in
 fresh processes (``gpupool.torch.use()`` must come before PyTorch initializes CUDA).
 
-``python tests/ipc_torch_child.py SCENARIO`` runs a producer (this process), which sends CUDA
+``python tests/ipc/ipc_torch_child.py SCENARIO`` runs a producer (this process), which sends CUDA
 tensors through a ``torch.multiprocessing`` queue, and a consumer (spawned), which checks them
 and writes into one; it prints one JSON object on its last line of stdout: ``{"checks": [4
 booleans], "error": null or [exception type, message]}``. SCENARIO is ``PRODUCER-CONSUMER``,

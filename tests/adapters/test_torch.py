@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import simulated_default_pool
+from conftest import TESTS, simulated_default_pool
 
 import gpupool
 import gpupool.torch
 from gpupool.adapters import torch_entry
 
-CHILD = Path(__file__).resolve().parent / "torch_child.py"
+CHILD = TESTS / "torch_child.py"
 MiB = 1 << 20
 
 pytestmark = pytest.mark.usefixtures("default_pools")

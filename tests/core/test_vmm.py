@@ -1,4 +1,5 @@
-"""Expandable segments (the "vmm" upstream) on the simulated device, all on CPU.
+"""Expandable segments (the "vmm" upstream) on the simulated device, and on a real device
+(marked gpu): gpupool.VmmUpstream over the driver's virtual memory API.
 
 ``SimulatedDevice(virtual_memory=True)`` records the pool's ``reserve``, ``map``, ``unmap`` and
 ``unreserve`` calls, counts mapped bytes (``device_bytes``) and records an unmap made while
@@ -678,3 +679,145 @@ def test_pages_of_a_range_not_aligned_to_the_page_size_are_found():
     buf.copy_from_host(np.ones(2 * page, np.uint8))
     assert sim.mapped(buf.ptr, buf.nbytes) and (buf.copy_to_host() == 1).all()
     assert sim.errors == []
+
+
+# On a real device (marked gpu): gpupool.VmmUpstream (upstream "vmm") over the driver's
+# virtual memory API.
+
+@pytest.fixture
+def gpu_pool():
+    gpu_pool = gpupool.Pool(device=0, upstream="vmm")
+    yield gpu_pool
+    gpu_pool.trim()
+
+
+def device_used(gpu_pool):
+    free, total = gpu_pool.mem_info()
+    return total - free
+
+
+@pytest.mark.gpu
+def test_the_upstream_maps_pages_of_its_granularity(gpu_pool):
+    upstream = gpu_pool.upstream
+    assert isinstance(upstream, gpupool.VmmUpstream) and upstream.expandable
+    assert upstream.granularity >= 64 << 10 and upstream.granularity % 512 == 0
+    assert upstream.va_bytes >= gpu_pool.mem_info()[1]
+    buf = gpu_pool.allocate(3 * MIB + 17)
+    pages = -(-(3 * MIB + 17) // upstream.granularity)
+    assert upstream.mapped_bytes == gpu_pool.stats().reserved_bytes == pages * upstream.granularity
+    del buf
+
+
+@pytest.mark.gpu
+def test_memory_of_every_size_holds_data_across_pages(gpu_pool):
+    rng = np.random.default_rng(0)
+    kept = []
+    for nbytes in (1, 256, 4097, 300_000, 3 * MIB + 5, 64 * MIB, 256 * MIB + 4096):
+        data = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        buf = gpu_pool.allocate(nbytes)
+        assert buf.ptr % 256 == 0
+        buf.copy_from_host(data)
+        kept.append((buf, data))
+    for buf, data in kept:
+        assert np.array_equal(buf.copy_to_host(), data)
+    big = gpu_pool.allocate(kept[-1][0].nbytes)
+    big.copy_from_host(kept[-1][0])                 # device to device, across pages
+    assert np.array_equal(big.copy_to_host(), kept[-1][1])
+
+
+@pytest.mark.gpu
+def test_growth_joins_the_free_end_of_the_segment(gpu_pool):
+    a = gpu_pool.allocate(64 * MIB)
+    start = a.ptr
+    del a                                           # the free end of the segment
+    b = gpu_pool.allocate(96 * MIB)                 # maps only the 32 MiB more it needs
+    assert b.ptr == start and gpu_pool.stats().reserved_bytes == 96 * MIB
+    b.memset(3)
+    assert (b.copy_to_host()[::MIB] == 3).all()
+
+
+@pytest.mark.gpu
+def test_trim_gives_whole_free_pages_back_to_the_device(gpu_pool):
+    before = device_used(gpu_pool)
+    keep = gpu_pool.allocate(8 * MIB)
+    keep.memset(5)
+    temp = gpu_pool.allocate(512 * MIB)
+    temp.memset(9)
+    assert device_used(gpu_pool) - before >= 520 * MIB
+    del temp
+    released = gpu_pool.trim()                      # synchronizes: the memset is done
+    assert released >= 512 * MIB
+    assert device_used(gpu_pool) - before < 64 * MIB
+    assert (keep.copy_to_host() == 5).all()         # a live block's pages stay mapped
+    again = gpu_pool.allocate(512 * MIB)            # maps pages again
+    again.memset(1)
+    assert (again.copy_to_host()[::MIB] == 1).all()
+
+
+@pytest.mark.gpu
+def test_growth_moves_cold_free_pages_and_the_live_pages_keep_their_data(gpu_pool):
+    g = gpu_pool.upstream.granularity
+    live = [gpu_pool.allocate(g)]
+    holes = []
+    for _ in range(2):                              # two free pieces of 3 pages between
+        holes.append(gpu_pool.allocate(3 * g))      # live pages: 6 free pages, no 5 in one
+        live.append(gpu_pool.allocate(g))
+    small = gpu_pool.allocate(512)
+    for i, buf in enumerate(live):
+        buf.memset(i + 1)
+    del holes
+    for _ in range(200):                            # allocations that leave them cold
+        del small
+        small = gpu_pool.allocate(512)
+    reserved, used = gpu_pool.stats().reserved_bytes, device_used(gpu_pool)
+    big = gpu_pool.allocate(5 * g)                  # the 6 pages move: one fewer mapped
+    assert gpu_pool.stats().reserved_bytes == reserved - g
+    assert gpu_pool.stats().peak_reserved_bytes == reserved
+    assert device_used(gpu_pool) <= used
+    big.memset(9)
+    assert (big.copy_to_host()[::4096] == 9).all()
+    for i, buf in enumerate(live):
+        assert (buf.copy_to_host() == i + 1).all()
+    del small
+
+
+@pytest.mark.gpu
+def test_a_block_freed_on_a_busy_stream_reaches_another_only_behind_its_work(gpu_pool):
+    cupy = pytest.importorskip("cupy")
+    slow = cupy.RawKernel(r"""
+    extern "C" __global__ void slow_fill(unsigned char* p, long long n, long long spins) {
+        long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+        for (long long k = 0; k < spins; ++k) __nanosleep(100);
+        for (; i < n; i += (long long)gridDim.x * blockDim.x) p[i] = 42;
+    }""", "slow_fill")
+    a = cupy.cuda.Stream(non_blocking=True)
+    b = cupy.cuda.Stream(non_blocking=True)
+    n = 8 * MIB
+    small = gpu_pool.allocate(256, stream=a.ptr)
+    buf = gpu_pool.allocate(n, stream=a.ptr)
+    ptr = buf.ptr
+    with a:
+        slow((64,), (256,), (cupy.uint64(ptr), cupy.int64(n), cupy.int64(20_000)))
+    del buf                                         # the kernel still writes it on a
+    first = gpu_pool.allocate(n, stream=b.ptr)      # a's block has no event yet: another
+    assert first.ptr != ptr
+    del small
+    kept = gpu_pool.allocate(256, stream=a.ptr)     # a allocates: an event marks its work
+    second = gpu_pool.allocate(n, stream=b.ptr)     # a's block, behind a GPU-side wait
+    assert second.ptr == ptr
+    second.memset(7, stream=b.ptr)                  # ordered after the kernel's 42s
+    assert (second.copy_to_host(stream=b.ptr) == 7).all()
+    a.synchronize()
+    del kept
+
+
+@pytest.mark.gpu
+def test_cupy_and_torch_read_vmm_memory(gpu_pool):
+    cupy = pytest.importorskip("cupy")
+    buf = gpu_pool.allocate(4 * MIB)
+    view = cupy.from_dlpack(buf.view("float32", (1 << 20,)))
+    view[:] = cupy.arange(1 << 20, dtype=cupy.float32)
+    assert float(view.sum()) == float(np.arange(1 << 20, dtype=np.float64).sum())
+    torch = pytest.importorskip("torch")
+    tensor = torch.from_dlpack(buf.view("float32", (1 << 20,)))
+    assert tensor.device.type == "cuda" and int(tensor[12345]) == 12345

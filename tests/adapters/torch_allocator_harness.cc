@@ -1,5 +1,5 @@
 // gpupool's allocator for PyTorch (src/torch_allocator.cc, included below) run without CUDA,
-// for tests/test_torch_allocator.py: the few c10::cuda and CUDA runtime functions it calls
+// for tests/adapters/test_torch_allocator.py: the few c10::cuda and CUDA runtime functions it calls
 // are defined here as host-only stand-ins (one device, streams as plain handles that the test
 // sets, captures it declares), so its logic runs over gpupool's real C API on the simulated
 // device. Built with the allocator's own compile command, linked against PyTorch's libc10,

@@ -1,8 +1,8 @@
 """Hand-offs between streams on a GPU (marked gpu), each behind a slow kernel still running:
 a DLPack consumer's stream holds the block until its kernel is done; a buffer written on one
 thread's per-thread stream is read after that work on another thread; as_buffer orders its
-stream after the array's. The CPU twins: test_dlpack.py, test_stream_identity.py,
-test_interop.py."""
+stream after the array's. The CPU twins: test_dlpack.py, records/test_stream_identity.py,
+api/test_interop.py."""
 
 import threading
 

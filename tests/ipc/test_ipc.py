@@ -1,18 +1,29 @@
 """CUDA IPC on the simulated device (CPU): the handle's bytes and pickling, the offsets of
 blocks cut from segments and pages, the export table (a given-back buffer's handle refused, a
 segment an importer holds open kept from the driver by trim), every error path, and real
-second processes that open handles (tests/ipc_child.py): ``SimulatedDevice(shareable=True)``
-memory is memfd files both processes map. tests/test_ipc_gpu.py runs the same on a GPU."""
+second processes that open handles (tests/ipc/ipc_child.py): ``SimulatedDevice(shareable=True)``
+memory is memfd files both processes map.
+
+On a GPU (marked gpu), on both upstreams that export ("driver": cuIpcGetMemHandle of the
+segment; "vmm": a POSIX file descriptor per page): the producer is this process, which writes
+with a slow kernel through CuPy; consumers are other processes (tests/ipc/ipc_child.py) reading
+through CuPy, Numba and PyTorch, which must see the kernel's final bytes; 1,000 export / open /
+close rounds leave both pools' accounting exact; every error path on the real driver;
+torch.multiprocessing under gpupool.torch (tests/ipc/ipc_torch_child.py)."""
 
 import gc
+import json
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_invariants
+from conftest import SLOW_WRITE, check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +36,16 @@ KIB, MIB = 1 << 10, 1 << 20
 PAGE = 64 * KIB
 SPAWN = multiprocessing.get_context("spawn")
 RELEASED = 2                                # gp_ipc.h's GP_IPC_RELEASED
+N = 8 * MIB                 # the GPU tests' buffer
+SPIN = 4_000_000_000        # clock cycles, about 2 s on an H200: longer than a consumer's open
+UPSTREAMS = ["driver", "vmm"]
+TORCH_CHILD = Path(__file__).resolve().parent / "ipc_torch_child.py"
+
+try:
+    import cupy  # the producer in every GPU test
+except ImportError:
+    cupy = None
+needs_cupy = pytest.mark.skipif(cupy is None, reason="could not import 'cupy'")
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd (Linux)")
 
@@ -54,7 +75,7 @@ def vpool(vsim):
 
 
 class Child:
-    """A second process (tests/ipc_child.py): ``Child(**device)`` serves commands with a pool
+    """A second process (tests/ipc/ipc_child.py): ``Child(**device)`` serves commands with a pool
     on a simulated device of its own; ``Child(target=name, **kwargs)`` runs
     ``ipc_child.name(conn, **kwargs)`` (a GPU pool, a framework consumer)."""
 
@@ -609,3 +630,256 @@ def test_many_export_open_close_rounds_leave_both_pools_exact(mpool, vpool, chil
         stats = child.call("stats")
         assert stats["ipc"]["mappings"] == 0 and stats["errors"] == []
         assert stats["pool"]["in_use_bytes"] == 0 and stats["pool"]["reserved_bytes"] == 0
+
+
+# On a GPU (marked gpu) -----------------------------------------------------------------
+
+@pytest.fixture(params=UPSTREAMS)
+def upstream(request):
+    return request.param
+
+
+@pytest.fixture
+def gpu_pool(upstream):
+    return gpupool.Pool(device=0, upstream=upstream)
+
+
+@pytest.fixture
+def server(upstream):
+    """Another process with a pool on GPU 0 on the same upstream."""
+    proc = Child(target="serve", upstream=upstream)
+    yield proc
+    proc.exit()
+
+
+@pytest.fixture
+def slow_write():
+    """``slow_write(ptr, stream)``: after about 2 s, 42 in every byte of [ptr, ptr + N)."""
+    kernel = cupy.RawKernel(SLOW_WRITE, "slow_write")
+
+    def launch(ptr, stream):
+        with stream:
+            kernel((64,), (256,), (cupy.uint64(ptr), cupy.int64(N), cupy.int64(SPIN)))
+
+    return launch
+
+
+@pytest.mark.gpu
+@needs_cupy
+@pytest.mark.parametrize("framework", ["cupy", "numba", "torch"])
+def test_a_consumer_process_sees_the_final_bytes_of_a_slow_kernel(gpu_pool, slow_write, framework):
+    if framework != "cupy":
+        pytest.importorskip("numba.cuda" if framework == "numba" else "torch")
+    reader = Child(target="consume", framework=framework)
+    try:
+        reader.call("ready")                    # its framework and CUDA are up
+        s = cupy.cuda.Stream(non_blocking=True)
+        buf = gpu_pool.allocate(N, stream=s.ptr)
+        buf.memset(0, stream=s.ptr)
+        slow_write(buf.ptr, s)                  # still running when the consumer reads
+        handle = buf.ipc_handle()               # its event: after the kernel, on s
+        reader.conn.send(("read", handle))
+        assert reader.conn.poll(60) and reader.conn.recv() == ("opened", None)
+        assert not s.done, "the kernel ended before the consumer opened: the test proves nothing"
+        reply = reader.conn.recv()
+        assert reply == ("ok", (N, N)), reply   # every byte 42: the consumer waited
+        reader.call("close")
+        del buf                                 # only now: the exporter's rule
+    finally:
+        reader.exit()
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_1000_export_open_close_rounds_leave_both_pools_exact(gpu_pool, server):
+    server.call("stats")                        # its context is made: not counted below
+    share.collect()
+    slots = share._stats()["used_slots"]         # other tests' exports not yet forgotten
+    before_free = gpu_pool.mem_info()[0]
+    for i in range(1000):
+        buf = gpu_pool.allocate(4096 + 65536 * (i % 5))
+        server.call("open", "r", buf.ipc_handle(), {})
+        server.call("close", "r")
+        del buf
+    share.collect()
+    stats = gpu_pool.stats()
+    assert stats.in_use_bytes == 0
+    assert gpu_pool.trim() == stats.reserved_bytes and gpu_pool.stats().reserved_bytes == 0
+    share.collect()
+    assert share._stats()["used_slots"] <= slots     # every export of the rounds forgotten
+    theirs = server.call("stats")
+    assert theirs["ipc"]["mappings"] == 0 and theirs["ipc"]["cached_mappings"] == 0
+    assert theirs["pool"]["in_use_bytes"] == 0 and theirs["pool"]["reserved_bytes"] == 0
+    # No page kept alive by a descriptor or a mapping: the device's free memory came back.
+    assert gpu_pool.mem_info()[0] >= before_free - 64 * MIB
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_a_segment_another_process_holds_open_stays(gpu_pool, server, upstream):
+    buf = gpu_pool.allocate(MIB)
+    buf.memset(5)
+    server.call("open", "x", buf.ipc_handle(), {})
+    reserved = gpu_pool.stats().reserved_bytes
+    del buf
+    released = gpu_pool.trim()
+    if upstream == "driver":                    # the cuMemAlloc segment is still mapped there
+        assert released == 0 and gpu_pool.stats().reserved_bytes == reserved
+    else:                                       # the importer's mapping holds the pages
+        assert gpu_pool.stats().reserved_bytes < reserved
+    assert server.call("read", "x") == b"\x05" * MIB
+    server.call("close", "x")
+    gpu_pool.trim()
+    assert gpu_pool.stats().reserved_bytes == 0
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_pages_travel_through_a_pipe_and_by_pidfd(server, upstream):
+    if upstream != "vmm":
+        pytest.skip("page descriptors are the vmm upstream's")
+    pool = gpupool.Pool(device=0, upstream="vmm")
+    buf = pool.allocate(3 * MIB)
+    buf.memset(8)
+    handle = buf.ipc_handle()
+    assert handle.kind == "posix_fd" and len(handle.fds) >= 2
+    server.call("open", "q", handle, {})
+    assert server.call("read", "q") == b"\x08" * (3 * MIB)
+    reply = server.ask("open", "p", pickle.dumps(handle), {})   # plain pickle: pidfd_getfd
+    if reply[0] == "ok":
+        assert server.call("read", "p") == b"\x08" * (3 * MIB)
+        server.call("close", "p")
+    else:                                       # a container that forbids it: said so
+        assert reply[2] == "no_descriptors" and "pidfd_getfd" in reply[3], reply
+    server.call("close", "q")
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_a_cupy_array_of_gpupool_s_allocator_is_shared_through_as_buffer(gpu_pool, server):
+    import gpupool.cupy
+
+    with cupy.cuda.using_allocator(gpupool.cupy.allocator(gpu_pool)):
+        x = cupy.full(MIB, 6, dtype=cupy.uint8)
+    handle = gpupool.as_buffer(x, pool=gpu_pool).ipc_handle()  # the DeviceBuffer behind x
+    server.call("open", "c", handle, {})
+    assert server.call("read", "c") == b"\x06" * MIB
+    server.call("close", "c")
+    del x
+
+
+# Errors on the real driver --------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_cupy
+def test_a_handle_opened_in_its_own_process_is_refused_on_a_gpu(gpu_pool):
+    buf = gpu_pool.allocate(1000)
+    with pytest.raises(gpupool.IpcError) as info:
+        gpupool.open_ipc(buf.ipc_handle())
+    assert info.value.reason == "same_process"
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_a_handle_of_a_gpu_this_process_does_not_see_is_refused(gpu_pool, server):
+    buf = gpu_pool.allocate(1000)
+    fields = buf.ipc_handle().fields()
+    fields["device_uuid"] = bytes(16)           # no GPU has it
+    reason, message = server.refused("open", "x", gpupool.IpcHandle(**fields), {})
+    assert reason == "wrong_device" and "does not see" in message
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_a_handle_opened_on_another_devices_pool_is_refused(gpu_pool, server):
+    if len(gpupool.driver.calls.device_uuids()) < 2:
+        pytest.skip("needs two GPUs")
+    buf = gpu_pool.allocate(1000)
+    reason, _ = server.refused("open", "x", buf.ipc_handle(), {"pool_device": 1})
+    assert reason == "wrong_device"
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_a_handle_opened_after_its_buffer_was_given_back_is_refused_on_a_gpu(gpu_pool, server):
+    buf = gpu_pool.allocate(1000)
+    handle = buf.ipc_handle()
+    buf.close()
+    reason, message = server.refused("open", "x", handle, {})
+    assert reason == "released" and "gave this buffer back" in message
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_a_handle_of_an_exporter_that_exited_is_refused_on_a_gpu(upstream):
+    exporter = Child(target="serve", upstream=upstream)
+    handle = exporter.call("export", "x", MIB, 3)
+    exporter.exit()
+    with pytest.raises(gpupool.IpcError) as info:
+        gpupool.open_ipc(handle)
+    assert info.value.reason == "exporter_exited"
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_garbage_and_a_corrupted_driver_handle_are_refused_without_a_crash(server):
+    reason, _ = server.refused("open", "x", b"\x00" * 200, {})
+    assert reason == "malformed"
+    pool = gpupool.Pool(device=0, upstream="driver")
+    buf = pool.allocate(1000)
+    fields = buf.ipc_handle().fields()
+    fields["mem"] = bytes(64)                   # the slots are right, the driver's handle not
+    reason, message = server.refused("open", "x", gpupool.IpcHandle(**fields), {})
+    assert reason == "open_failed" and "driver refused" in message
+    assert server.call("stats")["ipc"]["mappings"] == 0
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_memory_gpupool_does_not_own_is_refused_on_a_gpu():
+    wrapped = gpupool.as_buffer(cupy.zeros(4096, dtype=cupy.uint8))
+    with pytest.raises(gpupool.IpcError) as info:
+        wrapped.ipc_handle()
+    assert info.value.reason == "foreign_memory"
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_memory_of_the_async_upstream_is_refused_naming_the_alternatives():
+    buf = gpupool.Pool(device=0, upstream="async").allocate(1000)
+    with pytest.raises(gpupool.IpcError, match="upstream 'vmm'") as info:
+        buf.ipc_handle()
+    assert info.value.reason == "not_exportable" and "'driver'" in str(info.value)
+
+
+@pytest.mark.gpu
+@needs_cupy
+def test_vmm_pages_are_requested_shareable():
+    upstream = gpupool.VmmUpstream(0)
+    assert upstream.shareable, upstream.ipc_refusal    # the H200 supports POSIX fds
+    assert gpupool.VmmUpstream(0, shareable=False).ipc_refusal.endswith("GPUPOOL_UPSTREAM=driver")
+
+
+# torch.multiprocessing under gpupool.torch ---------------------------------------------
+
+@pytest.mark.gpu
+@needs_cupy
+@pytest.mark.parametrize("upstream_name", UPSTREAMS)
+@pytest.mark.parametrize("scenario", ["use-native", "mempool-native", "use-use", "mempool-use",
+                                      "native-use", "resend"])
+def test_torch_multiprocessing_shares_tensors_of_gpupool_memory(scenario, upstream_name):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA GPU")
+    proc = subprocess.run([sys.executable, str(TORCH_CHILD), scenario], capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "GPUPOOL_UPSTREAM": upstream_name})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    if scenario == "native-use":    # PyTorch's own handle, received under use(): said so
+        assert result["error"][0] == "IpcError" and "mempool() here" in result["error"][1]
+    elif scenario == "resend":
+        assert result["error"][0] == "IpcError" and "clone it first" in result["error"][1]
+    else:
+        assert result["error"] is None and result["checks"] == [True] * 4, result
+

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from capi_table import Table, allocate, api, call, ptr_out, size_out, stats
-from conftest import check_balanced, check_invariants, threads_together
+from conftest import REPO, check_balanced, check_invariants, threads_together
 
 import gpupool
 from gpupool.testing import SimulatedDevice
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "c_extension"
+EXAMPLE = REPO / "examples" / "c_extension"
 
 
 def build(tmp, cflags=""):
@@ -202,11 +202,10 @@ def test_a_block_a_thread_took_from_its_magazine_is_freed_by_pointer_on_any_thre
 
 
 def test_c_api_loops_on_threads_without_the_gil_keep_the_counts_exact(sim_pool):
-    sys.path.insert(0, str(EXAMPLE.parent.parent / "bench"))
+    sys.path.insert(0, str(REPO / "bench"))
     try:
         import _cext
-        loop = _cext.build("gpupool_bench_loop", [str(EXAMPLE.parent.parent / "bench" /
-                                                      "_capi_loop.c")])
+        loop = _cext.build("gpupool_bench_loop", [str(REPO / "bench" / "_capi_loop.c")])
     except Exception as exc:                        # no compiler: nothing to run
         pytest.skip(f"the C loop did not build: {exc}")
     finally:
