@@ -182,7 +182,7 @@ def test_pytorchs_failing_rebuild_under_use_names_gpupool_and_the_way_out(torch,
 
 @functools.cache
 def _recorded():
-    """Results of the children that tools/torch_feature_table.py ran already (the file named
+    """Results of the children that tools/gpu/torch_feature_table.py ran already (the file named
     by GPUPOOL_TORCH_CHILD_RESULTS), by "SCENARIO|ALLOCATOR"."""
     path = os.environ.get("GPUPOOL_TORCH_CHILD_RESULTS")
     return json.loads(Path(path).read_text()) if path else {}

@@ -5,7 +5,7 @@ it cannot build, and gpupool.torch.use() falls back to the pluggable allocator t
 
 GPUPOOL_TORCH_HEADERS adds header trees of other PyTorch versions to compile against:
 ``VERSION=DIR`` entries separated by ``os.pathsep``, DIR holding (part of) a PyTorch include
-tree such as the ``headers`` step of tools/gpu-check.sh returns (c10, ATen/cuda,
+tree such as the ``headers`` step of tools/gpu/gpu-check.sh returns (c10, ATen/cuda,
 torch/csrc/cuda), laid over the installed PyTorch's for what it lacks. The GPU tests of the
 allocator are in tests/adapters/test_torch.py (tests/torch_child.py)."""
 

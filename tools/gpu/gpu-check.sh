@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build there (no network), then the steps named in STEPS
-# (default: all but traces and diag), logs to $OUT (at most 8 files come back: the build log
+# (default: tests,memcheck,example,bench), logs to $OUT (at most 8 files come back: the build log
 # only when the build fails, the plots as one tar), summary last.
 #   tests     the whole test suite (TESTS names files instead)
 #   parts     the whole suite as six lanes run side by side (separate processes, one log
@@ -11,14 +11,13 @@
 #   example   the main job (examples/train_digits.py)
 #   bench     bench/run_all.py (BENCH=a,b limits the scripts, BENCH_ARGS adds options)
 #   traces    bench/record_trace.py: allocation traces of PyTorch training steps -> $OUT
-#   diag      tools/diag_held_buffers.py under compute-sanitizer
 #   models    bench/real_models.py (MODELS_ARGS adds options; MODELS_TRACES=1 also records
 #             the allocation traces, returned as traces.tar)
 #   headers   PyTorch's C++ allocator headers, returned as torch-headers.tar.gz (for
-#             tests/test_torch_allocator.py's GPUPOOL_TORCH_HEADERS)
-#   torchalloc  gpupool's allocator for PyTorch: tools/torch-alloc-check.sh (logs in
+#             tests/adapters/test_torch_allocator.py's GPUPOOL_TORCH_HEADERS)
+#   torchalloc  gpupool's allocator for PyTorch: tools/gpu/torch-alloc-check.sh (logs in
 #             $OUT/torchalloc; TORCHALLOC_STEPS its steps, default table,tests,models)
-#   profile   tools/profile_threads.py: the C API loop on 1 and 8 threads (and 8 beside 7
+#   profile   tools/profile/profile_threads.py: the C API loop on 1 and 8 threads (and 8 beside 7
 #             idle ones), one run under perf where the machine has it (perf.txt; PERF_ARGS
 #             its options, default 8 threads on per-thread streams beside 7 idle ones)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
@@ -26,7 +25,7 @@
 # SKIP_BUILD=1 skips the build where gpupool imports (an earlier run on the same machine
 # made it); a machine started fresh between calls builds anyway.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpupool-gpu-check}
 STEPS=${STEPS:-tests,memcheck,example,bench}
 mkdir -p "$OUT"
@@ -56,7 +55,8 @@ fi
 if step parts; then
     # Six lanes side by side; the tests that read the device's free memory (cuMemGetInfo),
     # which the other lanes change, run alone after them. The host-only harness of
-    # test_torch_allocator.py gets a process of its own (it crashed one on the H200).
+    # tests/adapters/test_torch_allocator.py gets a process of its own (it crashed one on the
+    # H200). Lanes take files by basename: test_[a-m]* and the rest, wherever they sit.
     mkdir -p /tmp/gpupool-parts && rm -f /tmp/gpupool-parts/*
     lane() {    # lane NAME PYTEST-ARGS...: one pytest process, its log, its last line
         timeout ${PARTS_TIMEOUT:-480} python3 -m pytest -q -rfEs -p no:randomly -p no:cacheprovider \
@@ -70,22 +70,22 @@ if step parts; then
 empty_cache_trims or base_allocation_and or capture_s_allocations or mempool_counts or \
 stream_uses_waits or checkpointed or history_records"
     first=(); second=()
-    for f in tests/test_*.py; do
+    for f in tests/test_*.py tests/*/test_*.py; do
         case $(basename "$f") in
-            test_torch.py|test_torch_allocator.py|test_ipc_gpu.py|test_example_gpu.py) ;;
+            test_torch.py|test_torch_allocator.py|test_ipc.py|test_examples.py) ;;
             test_[a-m]*) first+=("$f") ;;
             *) second+=("$f") ;;
         esac
     done
     lane a-m "${first[@]}" &
     lane n-z "${second[@]}" -k "not ($alone)" &
-    lane torch tests/test_torch.py &
-    (lane torch_allocator tests/test_torch_allocator.py -k "not ($harness)";
-     lane harness -v tests/test_torch_allocator.py -k "$harness") &
-    lane ipc_gpu tests/test_ipc_gpu.py -k "not ($alone)" &
-    lane example_gpu tests/test_example_gpu.py &
+    lane torch tests/adapters/test_torch.py &
+    (lane torch_allocator tests/adapters/test_torch_allocator.py -k "not ($harness)";
+     lane harness -v tests/adapters/test_torch_allocator.py -k "$harness") &
+    lane ipc tests/ipc/test_ipc.py -k "not ($alone)" &
+    lane examples tests/test_examples.py &
     wait
-    lane alone tests/test_ipc_gpu.py tests/test_vmm_gpu.py -k "$alone"
+    lane alone tests/ipc/test_ipc.py tests/core/test_vmm.py -k "$alone"
     for f in /tmp/gpupool-parts/*.log; do
         summary "$(basename "$f" .log): $(grep -E ' in [0-9.]+s' "$f" | tail -1) $(tail -1 "$f")"
     done
@@ -100,15 +100,10 @@ if step memcheck; then
         ${MEMCHECK_TESTS:-tests} > "$OUT/memcheck.log" 2>&1
     summary "GPU tests under memcheck (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E 'passed|failed' "$OUT/memcheck.log" | tail -1)"
 fi
-if step diag; then
-    timeout 120 compute-sanitizer --tool memcheck --report-api-errors no \
-        python3 tools/diag_held_buffers.py > "$OUT/diag.log" 2>&1
-    summary "diag (rc=$?): $(grep -E '^CuPy|^gpupool' "$OUT/diag.log" | tr '\n' ' ')"
-fi
 if step traces; then
     timeout 300 python3 bench/record_trace.py --out "$OUT" > "$OUT/traces.log" 2>&1
     summary "record_trace rc=$?: $(ls "$OUT"/*.npz 2>/dev/null | xargs -n1 basename | tr '\n' ' ')"
-    mkdir -p bench/traces && cp "$OUT"/*.npz bench/traces/ 2>/dev/null     # for trace_replay
+    mkdir -p bench/data && cp "$OUT"/*.npz bench/data/ 2>/dev/null         # for trace_replay
 fi
 if step headers; then
     python3 - "$OUT" <<'PY' 2>&1 | tail -2
@@ -125,21 +120,21 @@ PY
 fi
 if step torchalloc; then
     SKIP_BUILD=1 OUT="$OUT/torchalloc" STEPS=${TORCHALLOC_STEPS:-table,tests,models} \
-        bash tools/torch-alloc-check.sh > "$OUT/torchalloc.log" 2>&1
+        bash tools/gpu/torch-alloc-check.sh > "$OUT/torchalloc.log" 2>&1
     summary "torchalloc rc=$?: $(grep -E '^== (tests|feature)' "$OUT/torchalloc/summary.log" | tr '\n' ' ')"
 fi
 if step profile; then
-    # Issue 18: the C API loop of bench/threads.py on 1 and 8 threads, created streams and
+    # The C API loop of bench/threads.py on 1 and 8 threads, created streams and
     # per-thread default streams, under perf where the machine has it (perf.txt: by shared
     # object and symbol).
     for args in "--threads 1 --runs 2" "--threads 1 --per-thread --runs 2" \
                 "--threads 8 --runs 6 --seconds 1" \
                 "--threads 8 --per-thread --runs 6 --seconds 1" \
                 "--threads 8 --per-thread --idle 7 --runs 6 --seconds 1"; do
-        timeout 60 python3 tools/profile_threads.py $args >> "$OUT/profile.log" 2>&1
+        timeout 60 python3 tools/profile/profile_threads.py $args >> "$OUT/profile.log" 2>&1
     done
     if command -v perf > /dev/null; then
-        timeout 90 perf record -q -g -o /tmp/perf.data python3 tools/profile_threads.py \
+        timeout 90 perf record -q -g -o /tmp/perf.data python3 tools/profile/profile_threads.py \
             ${PERF_ARGS:---threads 8 --per-thread --idle 7} >> "$OUT/profile.log" 2>&1
         timeout 90 perf report -i /tmp/perf.data --stdio --no-children --sort dso,symbol \
             2> /dev/null | grep -v "^$" | head -150 > "$OUT/perf.txt"

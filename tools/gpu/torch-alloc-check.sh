@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# Issue 14 on the GPU machine, in one call (meant to fit 10 minutes): build gpupool, build
-# gpupool's allocator for PyTorch against the installed PyTorch, fill in the feature table
-# (tools/torch_feature_table.py: each feature under PyTorch's allocator, mempool(), use() and
-# use()'s pluggable fallback, each in a fresh process), run the tests (the compile checks, the
-# C API and private pools, tests/test_torch.py's GPU tests on the table's results, CuPy's graph
-# capture on gpupool), and train ResNet-50 with cudnn.benchmark on gpupool. Logs in $OUT
-# (default /tmp/gpupool-torchalloc); the table and the summary last.
+# gpupool's allocator for PyTorch on the GPU machine, in one call (meant to fit 10 minutes):
+# build gpupool, build the allocator against the installed PyTorch, fill in the feature table
+# (tools/gpu/torch_feature_table.py: each feature under PyTorch's allocator, mempool(), use()
+# and use()'s pluggable fallback, each in a fresh process), run the tests (the compile checks,
+# the C API and private pools, tests/adapters/test_torch.py's GPU tests on the table's
+# results, CuPy's graph capture on gpupool), and train ResNet-50 with cudnn.benchmark on
+# gpupool. Logs in $OUT (default /tmp/gpupool-torchalloc); the table and the summary last.
 #   STEPS=table,tests,models  (default) which steps run after the builds; `example` adds
 #                            examples/train_digits_torch.py compiled (reduce-overhead) with
 #                            cudnn.benchmark. The step timeouts keep the default within one
 #                            10-minute call; a step that times out leaves its log.
-#   SKIP_BUILD=1             gpupool is built already (tools/gpu-check.sh's torchalloc step)
+#   SKIP_BUILD=1             gpupool is built already (tools/gpu/gpu-check.sh's torchalloc step)
 #   TORCH_HEADERS=V=DIR      also compile against another PyTorch's headers (tests'
 #                            GPUPOOL_TORCH_HEADERS, entries separated by ':')
 #   MODELS_ARGS              replaces the ResNet-50 run's arguments; JOBS the table's children
 #                            at once (default 8)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpupool-torchalloc}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 GPUPOOL_CACHE_DIR=${GPUPOOL_CACHE_DIR:-$OUT/cache}
@@ -52,16 +52,16 @@ summary "allocator build (rc=$status): $(tail -2 "$OUT/allocator-build.log" | tr
 [ $status -ne 0 ] && cat "$OUT/allocator-build.log" "$GPUPOOL_CACHE_DIR"/torch-allocator/*.log 2>/dev/null | tail -40
 
 if step table; then
-    timeout 220 python3 tools/torch_feature_table.py --json "$OUT/torch_features.json" \
+    timeout 220 python3 tools/gpu/torch_feature_table.py --json "$OUT/torch_features.json" \
         --jobs "${JOBS:-8}" > "$OUT/table.md" 2> "$OUT/table.err"
     summary "feature table rc=$? ($(tail -1 "$OUT/table.md"))"
 fi
 if step tests; then
     GPUPOOL_TORCH_CHILD_RESULTS="$OUT/torch_features.json" \
         GPUPOOL_TORCH_HEADERS="${TORCH_HEADERS:-}" timeout 200 python3 -m pytest -q -rs \
-        -p no:cacheprovider tests/test_torch_allocator.py tests/test_privatepool.py \
-        tests/test_capi.py tests/test_torch.py \
-        "tests/test_cupy.py::test_step_captured_as_a_cuda_graph_inside_a_region_replays_like_eager_runs" \
+        -p no:cacheprovider tests/adapters/test_torch_allocator.py tests/region/test_privatepool.py \
+        tests/c_api/test_capi.py tests/adapters/test_torch.py \
+        "tests/adapters/test_cupy.py::test_step_captured_as_a_cuda_graph_inside_a_region_replays_like_eager_runs" \
         > "$OUT/tests.log" 2>&1
     summary "tests (rc=$?): $(tail -1 "$OUT/tests.log")"
 fi

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Build gpupool's sdist, then its wheel from the sdist (as pip does), check what both hold
-# (tools/check_dist.py), install the wheel with the test extra in a fresh virtual environment
-# and run the tests of the unpacked sdist against it. Needs network (pip's isolated build
+# (tools/release/check_dist.py), install the wheel with the test extra in a fresh virtual
+# environment and run the tests of the unpacked sdist against it. Needs network (pip's isolated build
 # fetches setuptools, Cython, cuda-bindings and nvidia-cuda-runtime) and a few minutes: too
 # slow for .ci/run, whose test suite checks the installed package's metadata and modules
 # instead (tests/test_packaging.py). WORK (default /tmp/gpupool-check-dist) holds everything.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 WORK=${WORK:-/tmp/gpupool-check-dist}
 rm -rf "$WORK" && mkdir -p "$WORK"
 python3 -m venv "$WORK/venv"
@@ -18,7 +18,7 @@ if ! python -m build --outdir "$WORK/dist" . > "$WORK/build.log" 2>&1; then
     exit 1
 fi
 wheel=$(ls "$WORK"/dist/*.whl) sdist=$(ls "$WORK"/dist/*.tar.gz)
-python tools/check_dist.py "$wheel" "$sdist"
+python tools/release/check_dist.py "$wheel" "$sdist"
 
 tar -xzf "$sdist" -C "$WORK"
 unpacked=$(ls -d "$WORK"/gpupool-*/)

@@ -3,9 +3,9 @@ device, CuPy replaced by the fake of tests/fake_cupy.py (cheap Python memory cla
 median and the minimum over interleaved timeit rounds. The adapter's own overhead is what
 differs between columns; the absolute numbers are not GPU numbers.
 
-    python tools/time_cupy_adapter.py                        # this tree's adapter
-    git show 9e2f086:gpupool/cupy.py > /tmp/old_cupy.py     # the last interpreted adapter
-    python tools/time_cupy_adapter.py --old /tmp/old_cupy.py # and another version's, to compare
+    python tools/profile/time_cupy_adapter.py                  # this tree's adapter
+    git show 9e2f086:gpupool/cupy.py > /tmp/old_cupy.py         # the last interpreted adapter
+    python tools/profile/time_cupy_adapter.py --old /tmp/old_cupy.py   # and another version's
 
 Columns: ``pool.allocate`` (the pool alone), then each adapter with an explicit pool
 (``allocator(pool)``) and with the default pool (``allocator()``, after ``set_pool``).
@@ -19,7 +19,7 @@ import sys
 import timeit
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from fake_cupy import FakeCupy  # noqa: E402
 

@@ -1,14 +1,16 @@
-"""Issue 14's table, filled in on a GPU: each PyTorch feature under PyTorch's allocator, under
-``gpupool.torch.mempool()``, under ``gpupool.torch.use()`` with gpupool's allocator and with the
-pluggable fallback, each in a fresh process (tests/torch_child.py FEATURE-MODE).
+"""The PyTorch feature table, filled in on a GPU: each PyTorch feature under PyTorch's
+allocator, under ``gpupool.torch.mempool()``, under ``gpupool.torch.use()`` with gpupool's
+allocator and with the pluggable fallback, each in a fresh process (tests/torch_child.py
+FEATURE-MODE).
 
 ::
 
-    python tools/torch_feature_table.py [--json PATH] [--jobs 8]
+    python tools/gpu/torch_feature_table.py [--json PATH] [--jobs 8]
 
-Prints the table (Markdown) and writes every child's result to ``--json``: tests/test_torch.py
-reads it back when ``GPUPOOL_TORCH_CHILD_RESULTS`` names that file, instead of running the same
-children again (tools/torch-alloc-check.sh does both). Exit status 0 when every cell of the
+Prints the table (Markdown) and writes every child's result to ``--json``:
+tests/adapters/test_torch.py reads it back when ``GPUPOOL_TORCH_CHILD_RESULTS`` names that
+file, instead of running the same children again (tools/gpu/torch-alloc-check.sh does both).
+Exit status 0 when every cell of the
 native, mempool and use columns is ok (the pluggable column documents what the fallback
 lacks), else 1.
 """
@@ -22,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHILD = REPO / "tests" / "torch_child.py"
 ROWS = [
     ("cudnn-benchmark", "`torch.backends.cudnn.benchmark = True` (ResNet forward + backward)"),
@@ -47,7 +49,7 @@ REQUIRED = ("native", "mempool", "use:gpupool")
 
 
 def key(scenario, allocator):
-    """The results file's key of a child (tests/test_torch.py looks it up the same way)."""
+    """The results file's key of a child (tests/adapters/test_torch.py looks it up the same way)."""
     return f"{scenario}|{allocator}"
 
 

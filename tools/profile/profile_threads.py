@@ -1,4 +1,4 @@
-"""Where a C API allocate + free pair goes when threads run it together (issue 18).
+"""Where a C API allocate + free pair goes when threads run it together.
 
 Each of ``--threads`` threads runs the loop of ``bench/_capi_loop.c`` (the pairs of
 ``bench/threads.py``'s ``gp.capi`` column: 256 B, 4 KiB, 64 KiB, 1 MiB and 16 MiB in turn) on a
@@ -6,16 +6,13 @@ stream of its own, created or (``--per-thread``) its per-thread default stream, 
 ``--seconds``, in a fresh pool. Each run prints the pairs per second of all threads together
 and, read while the threads are still alive, the share of each thread's requests that its
 magazine could not serve (``Pool._magazines_info()``'s ``misses``): a thread whose share stays
-high takes the pool's lock at almost every request. On 2026-12-01 such threads, in most runs
-one or two of eight, were why 8 threads moved fewer pairs per second than 4 on the H200.
+high takes the pool's lock at almost every request.
 ``--idle N`` first has N more threads run a short loop each on a stream of its own and then
-wait, alive, with their magazines in the pool, as ``bench/threads.py``'s other teams do (on
-2026-12-02, 8 threads on per-thread streams moved about 8x one thread's pairs alone, and 2x
-beside 7 idle teams' threads there).
-Meant to run under ``perf record -g`` too (tools/gpu-check.sh, step ``profile``)::
+wait, alive, with their magazines in the pool, as ``bench/threads.py``'s other teams do.
+Meant to run under ``perf record -g`` too (tools/gpu/gpu-check.sh, step ``profile``)::
 
-    python tools/profile_threads.py [--simulated] [--threads 8] [--per-thread]
-                                    [--seconds 3] [--runs 1] [--idle 0]
+    python tools/profile/profile_threads.py [--simulated] [--threads 8] [--per-thread]
+                                            [--seconds 3] [--runs 1] [--idle 0]
 """
 
 import argparse
@@ -24,8 +21,8 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
+sys.path.insert(0, BENCH)
 
 import _cext  # noqa: E402
 import _peers  # noqa: E402
@@ -100,8 +97,7 @@ def main(argv=None):
     ctx, reason = _peers.make_context(args.simulated, ())
     if ctx is None:
         sys.exit(f"profile_threads: {reason}")
-    helper = _cext.build("gpupool_bench_loop", [os.path.join(HERE, "..", "bench",
-                                                             "_capi_loop.c")])
+    helper = _cext.build("gpupool_bench_loop", [os.path.join(BENCH, "_capi_loop.c")])
     kind = "per-thread default streams" if args.per_thread else "created streams"
     stuck = 0
     for _ in range(args.runs):

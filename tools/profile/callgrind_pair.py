@@ -8,7 +8,7 @@ the same build on any machine (they do not depend on load). ``--history`` runs t
 the memory history recording (``gpupool.record_memory_history``): ``python`` with Python
 frames, ``none`` without. Run::
 
-    python tools/callgrind_pair.py [--pairs 200000] [--nbytes 1048576] [--history python]
+    python tools/profile/callgrind_pair.py [--pairs 200000] [--nbytes 1048576] [--history python]
 """
 
 import argparse
@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.join(os.path.dirname(HERE), "bench")
+BENCH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench")
 
 CHILD = r"""
 import sys

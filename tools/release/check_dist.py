@@ -2,7 +2,7 @@
 
 ::
 
-    python tools/check_dist.py dist/gpupool-*.whl dist/gpupool-*.tar.gz
+    python tools/release/check_dist.py dist/gpupool-*.whl dist/gpupool-*.tar.gz
 
 The wheel must hold the package's Python modules, stubs, ``.pxd`` files, headers and the C++
 source of its allocator for PyTorch (``src/torch_allocator.cc``, compiled on first use), one
@@ -10,8 +10,8 @@ compiled module per ``.pyx``, none with debug info, and the license in its ``.di
 C++ that Cython generated (``.cpp``, the headers of ``cdef public`` functions), and at most ``MAX_WHEEL_BYTES``. The sdist
 must hold every ``.py``, ``.pyx``, ``.pxd``, ``.pyi`` and header of the package, the tests and
 the examples they run, README.md and LICENSE; no ``.cpp`` and no compiled module.
-``tools/check_dist.sh`` builds both and runs this. Exit status 1, one line a problem, when a
-check fails; 0 and a summary otherwise.
+``tools/release/check_dist.sh`` builds both and runs this. Exit status 1, one line a problem,
+when a check fails; 0 and a summary otherwise.
 """
 
 import fnmatch
@@ -104,7 +104,7 @@ def check_sdist(path, source=SOURCE):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or not argv[0].endswith(".whl") or not argv[1].endswith(".tar.gz"):
-        print("usage: python tools/check_dist.py WHEEL.whl SDIST.tar.gz", file=sys.stderr)
+        print("usage: python tools/release/check_dist.py WHEEL.whl SDIST.tar.gz", file=sys.stderr)
         return 2
     wheel, sdist = argv
     pyx_modules = [str(p.relative_to(SOURCE / "gpupool").with_suffix(""))
