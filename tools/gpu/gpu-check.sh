@@ -103,7 +103,7 @@ fi
 if step traces; then
     timeout 300 python3 bench/record_trace.py --out "$OUT" > "$OUT/traces.log" 2>&1
     summary "record_trace rc=$?: $(ls "$OUT"/*.npz 2>/dev/null | xargs -n1 basename | tr '\n' ' ')"
-    mkdir -p bench/data && cp "$OUT"/*.npz bench/data/ 2>/dev/null         # for trace_replay
+    mkdir -p bench/data/traces && cp "$OUT"/*.npz bench/data/traces/ 2>/dev/null   # for trace_replay
 fi
 if step headers; then
     python3 - "$OUT" <<'PY' 2>&1 | tail -2
