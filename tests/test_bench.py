@@ -342,7 +342,7 @@ def test_fragmentation_stays_down_on_traces_the_policy_was_not_tuned_on():
     assert out["synthetic_plain"]["count"] == 18
     assert all(r[kind] >= r["peak_live"] for r in rows.values() for kind in ("plain", "vmm"))
     # Before large blocks were cut and joined the synthetic mean was 1.336x; with cutting
-    # and size classes 1.257x (bench/RESULTS.md); best fit with 512-byte rounding: 1.216x.
+    # and size classes 1.257x (bench/RESULTS.md's history); best fit with 512-byte rounding: 1.216x.
     assert out["synthetic_plain"]["mean"] < 1.25
     assert out["synthetic_vmm"]["mean"] <= out["synthetic_plain"]["mean"]
     assert "peak reserved bytes" in fragmentation.report(out)
@@ -433,7 +433,7 @@ def test_real_models_report_has_each_allocators_peak_in_use_and_the_floor():
 def test_profile_threads_keeps_idle_threads_magazines_out_of_its_workers_counts(capsys,
                                                                                default_pools):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
-                                    "tools"))
+                                    "tools", "profile"))
     try:
         import profile_threads
     finally:
