@@ -1,7 +1,8 @@
 """The compiled CuPy allocator (gpupool.cupy, gpupool.adapters.cupy_allocator) on the simulated
-device, with a fake ``cupy`` module (tests/fake_cupy.py) in sys.modules: device and pool resolution, the
-stream handed through, regions, errors as Pool.allocate raises them, and the block's return
-when CuPy drops the memory. tests/adapters/test_cupy.py runs the real CuPy on a GPU."""
+device, with a fake ``cupy`` module (tests/fake_cupy.py) in sys.modules: device and pool
+resolution, the stream handed through, regions, errors as Pool.allocate raises them, and the
+block's return when CuPy drops the memory. tests/adapters/test_cupy.py runs the real CuPy on a
+GPU."""
 
 import os
 import sys

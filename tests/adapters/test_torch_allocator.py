@@ -1,7 +1,7 @@
 """gpupool's C++ allocator for PyTorch (src/torch_allocator.cc, adapters/torch_allocator.py)
-without a GPU: the source compiles against the installed PyTorch's headers and against other versions'
-(GPUPOOL_TORCH_HEADERS), a version mismatch is caught at compile time, the loader names why
-it cannot build, and gpupool.torch.use() falls back to the pluggable allocator then.
+without a GPU: the source compiles against the installed PyTorch's headers and against other
+versions' (GPUPOOL_TORCH_HEADERS), a version mismatch is caught at compile time, the loader
+names why it cannot build, and gpupool.torch.use() falls back to the pluggable allocator then.
 
 GPUPOOL_TORCH_HEADERS adds header trees of other PyTorch versions to compile against:
 ``VERSION=DIR`` entries separated by ``os.pathsep``, DIR holding (part of) a PyTorch include

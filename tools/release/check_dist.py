@@ -8,8 +8,9 @@ The wheel must hold the package's Python modules, stubs, ``.pxd`` files, headers
 source of its allocator for PyTorch (``src/torch_allocator.cc``, compiled on first use), one
 compiled module per ``.pyx``, none with debug info, and the license in its ``.dist-info``; no
 C++ that Cython generated (``.cpp``, the headers of ``cdef public`` functions), and at most
-``MAX_WHEEL_BYTES``. The sdist must hold every ``.py``, ``.pyx``, ``.pxd``, ``.pyi`` and header of the package, the tests and
-the examples they run, README.md and LICENSE; no ``.cpp`` and no compiled module.
+``MAX_WHEEL_BYTES``. The sdist must hold every ``.py``, ``.pyx``, ``.pxd``, ``.pyi`` and header
+of the package, the tests and the examples they run, README.md and LICENSE; no ``.cpp`` and no
+compiled module.
 ``tools/release/check_dist.sh`` builds both and runs this. Exit status 1, one line a problem,
 when a check fails; 0 and a summary otherwise.
 """
