@@ -22,7 +22,7 @@ import numpy as np
 
 ALLOC, FREE = 0, 1
 FORMAT = 1
-TRACE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces")
+TRACE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "traces")
 MAX_STREAMS = 256
 
 # PyTorch memory history actions that end an allocation (free_requested: the tensor died;

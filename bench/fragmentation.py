@@ -6,7 +6,7 @@ expandable one (as "vmm").
 numbers a policy could be tuned to. This script is the check against that: the same policy
 replayed over 18 synthetic traces it was not tuned on (``alloc_trace.synthetic``, seeds 0-5,
 10 layers, 3 steps, sizes scaled by 1, 3 and 8), and over the five real training runs of
-``real_models.py`` (``bench/traces-real``: ResNet-50, GPT-2 at fixed and varying lengths,
+``real_models.py`` (``bench/data/traces-real``: ResNet-50, GPT-2 at fixed and varying lengths,
 ViT-B/16 and BERT base at varying lengths, 30 steps each, recorded on the H200 under PyTorch's
 allocator), those also with a region entered around every step, with no magazines
 (``GPUPOOL_MAGAZINES=0``, in a child process: the policy a region's requests follow, since
@@ -33,7 +33,7 @@ from _common import MiB, format_table
 
 SCRIPT = "fragmentation"
 SEEDS, SCALES = range(6), (1, 3, 8)
-REAL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces-real")
+REAL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "traces-real")
 KINDS = ("plain", "vmm")
 # PyTorch's expandable segments' own peak reserved bytes (torch.cuda.max_memory_reserved) on
 # the real runs, measured on the H200 with real_models.py on 2026-12-01: its torch.exp rows'
@@ -147,7 +147,8 @@ def peak_reserved_without_magazines():
             "fragmentation as f; print(json.dumps({{t.name: f.peak_reserved(gpupool, t, 'vmm') "
             "for t in map(alloc_trace.load, alloc_trace.find(f.REAL_DIR))}}))")
     env = dict(os.environ, GPUPOOL_MAGAZINES="0")
-    proc = subprocess.run([sys.executable, "-c", code.format(bench=os.path.dirname(REAL_DIR))],
+    bench = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", code.format(bench=bench)],
                           capture_output=True, text=True, env=env, check=True)
     return json.loads(proc.stdout)
 

@@ -21,7 +21,7 @@ Models:
   AdamW.
 
 Not part of ``run_all.py``: the traces are recorded once and committed under
-``bench/traces/``. Without PyTorch or a GPU the script prints a one-line skip and exits 0.
+``bench/data/traces/``. Without PyTorch or a GPU the script prints a one-line skip and exits 0.
 """
 
 import os
@@ -152,7 +152,7 @@ def record(torch, name, steps, max_entries):
 def main(argv=None):
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--out", default=alloc_trace.TRACE_DIR, metavar="DIR",
-                   help="folder for NAME.npz (default: bench/traces)")
+                   help="folder for NAME.npz (default: bench/data/traces)")
     p.add_argument("--steps", type=int, default=5, help="training steps per model (5)")
     p.add_argument("--models", default=",".join(MODELS),
                    help=f"comma-separated models (default: {','.join(MODELS)})")

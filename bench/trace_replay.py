@@ -1,7 +1,7 @@
 """Replay allocation traces through gpupool and its peers: peak reserved memory against the
 trace's peak live bytes, and the time a replay takes.
 
-The traces are ``bench/traces/*.npz`` (recorded from PyTorch training steps on the GPU by
+The traces are ``bench/data/traces/*.npz`` (recorded from PyTorch training steps on the GPU by
 ``bench/record_trace.py``; see ``alloc_trace.py`` for the format); when there are none the
 script says so and replays a synthetic training-like trace instead. Run::
 
@@ -477,7 +477,7 @@ def main(argv=None):
                    help="a trace file to replay (repeatable; default: every file in "
                         "--trace-dir)")
     p.add_argument("--trace-dir", default=alloc_trace.TRACE_DIR, metavar="DIR",
-                   help="folder of recorded traces (default: bench/traces)")
+                   help="folder of recorded traces (default: bench/data/traces)")
     p.add_argument("--synthetic", action="store_true",
                    help="replay the synthetic trace as well")
     p.add_argument("--columns", help=f"comma-separated allocators (default: all: "

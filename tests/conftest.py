@@ -1,5 +1,12 @@
 """Shared fixtures: a pool on the simulated device for CPU tests, skipping of GPU tests, and
-running the repository's scripts in a subprocess."""
+running the repository's scripts in a subprocess.
+
+The test files sit in folders that mirror the package's layers (tests/core/ for gpupool/core/,
+...; package-wide tests at this level), with no __init__.py: pytest imports each file by its
+basename, so basenames are unique across the folders. This folder is on sys.path (pytest puts
+it there for this file), so the shared helpers beside it (capi_table, fake_cupy, torch_child)
+import from every folder. GPU tests carry the ``gpu`` marker and sit in their CPU twin's file;
+they skip where there is no GPU."""
 
 import functools
 import os
@@ -24,12 +31,11 @@ if not hasattr(np, "row_stack"):
 
 
 # CuPy keeps one array of every step alive when run under compute-sanitizer, with its own
-# pool as with gpupool's (tools/diag_held_buffers.py shows it), so a check that reserved
-# memory stays flat across a CuPy loop cannot hold there. tools/gpu-check.sh sets this.
+# pool as with gpupool's, so a check that reserved memory stays flat across a CuPy loop cannot
+# hold there. tools/gpu/gpu-check.sh sets this.
 flat_memory_unmeasurable = pytest.mark.skipif(
     os.environ.get("GPUPOOL_UNDER_SANITIZER") == "1",
-    reason="under compute-sanitizer CuPy leaks one array per step, with its own pool too "
-           "(tools/diag_held_buffers.py)")
+    reason="under compute-sanitizer CuPy leaks one array per step, with its own pool too")
 
 
 # A CUDA kernel for GPU tests of stream order: slow_write(out, n, spin) spins for `spin` clock

@@ -1,5 +1,5 @@
 """A stand-in for the parts of CuPy that ``gpupool.cupy.allocator`` calls, for CPU tests and
-for timing the adapter without a GPU (``tools/time_cupy_adapter.py``).
+for timing the adapter without a GPU (``tools/profile/time_cupy_adapter.py``).
 
 ``FakeCupy()`` is a module object to put in ``sys.modules["cupy"]``; its current device and
 stream are plain attributes a test sets (``fake.device = 1``, ``fake.stream_ptr = handle``).

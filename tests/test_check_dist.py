@@ -1,4 +1,5 @@
-"""tools/check_dist.py on small archives made here (the real wheel and sdist: check_dist.sh)."""
+"""tools/release/check_dist.py on small archives made here (the real wheel and sdist:
+check_dist.sh)."""
 
 import importlib.util
 import io
@@ -11,7 +12,8 @@ from conftest import REPO
 
 import gpupool.core.pool
 
-_spec = importlib.util.spec_from_file_location("check_dist", REPO / "tools" / "check_dist.py")
+_spec = importlib.util.spec_from_file_location(
+    "check_dist", REPO / "tools" / "release" / "check_dist.py")
 check_dist = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check_dist)
 

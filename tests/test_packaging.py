@@ -1,5 +1,6 @@
 """What the installed distribution holds: metadata, the license, extension modules without
-debug info. (tools/check_dist.sh builds the wheel and the sdist themselves and checks them.)"""
+debug info. (tools/release/check_dist.sh builds the wheel and the sdist themselves and checks
+them.)"""
 
 import importlib.util
 from importlib import metadata
@@ -32,7 +33,8 @@ def test_the_license_comes_with_the_distribution():
 
 
 def test_extension_modules_carry_no_debug_info():
-    spec = importlib.util.spec_from_file_location("check_dist", REPO / "tools" / "check_dist.py")
+    spec = importlib.util.spec_from_file_location(
+        "check_dist", REPO / "tools" / "release" / "check_dist.py")
     check_dist = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check_dist)
     modules = sorted(Path(gpupool.__file__).parent.glob("**/*.so"))

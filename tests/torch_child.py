@@ -1,5 +1,6 @@
-"""Scenarios of tests/test_torch.py that need a fresh process (``gpupool.torch.use()`` must come
-before PyTorch initializes CUDA, and an out-of-memory test should not leave its state behind).
+"""Scenarios of tests/adapters/test_torch.py (and tests/api/test_snapshot.py) that need a fresh
+process (``gpupool.torch.use()`` must come before PyTorch initializes CUDA, and an
+out-of-memory test should not leave its state behind).
 
 ``python tests/torch_child.py SCENARIO`` prints one JSON object on its last line of stdout.
 Scenarios: ``train-native``, ``train-use``, ``train-mempool``, ``too-late``, ``oom-use``,

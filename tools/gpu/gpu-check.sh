@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build there (no network), then the steps named in STEPS
+# (default: tests,memcheck,example,bench), logs to $OUT (at most 8 files come back: the build log
+# only when the build fails, the plots as one tar), summary last.
+#   tests     the whole test suite (TESTS names files instead)
+#   parts     the whole suite as six lanes run side by side (separate processes, one log
+#             each, failures named with -rfE, returned as parts.tar): a crash or a hang in
+#             one lane leaves the others' summaries; the device-memory checks run after
+#   memcheck  the GPU tests under compute-sanitizer memcheck (PyTorch's and JAX's left out:
+#             MEMCHECK_K selects, MEMCHECK_TESTS names files)
+#   example   the main job (examples/train_digits.py)
+#   bench     bench/run_all.py (BENCH=a,b limits the scripts, BENCH_ARGS adds options)
+#   traces    bench/record_trace.py: allocation traces of PyTorch training steps -> $OUT
+#   models    bench/real_models.py (MODELS_ARGS adds options; MODELS_TRACES=1 also records
+#             the allocation traces, returned as traces.tar)
+#   headers   PyTorch's C++ allocator headers, returned as torch-headers.tar.gz (for
+#             tests/adapters/test_torch_allocator.py's GPUPOOL_TORCH_HEADERS)
+#   torchalloc  gpupool's allocator for PyTorch: tools/gpu/torch-alloc-check.sh (logs in
+#             $OUT/torchalloc; TORCHALLOC_STEPS its steps, default table,tests,models)
+#   profile   tools/profile/profile_threads.py: the C API loop on 1 and 8 threads (and 8 beside 7
+#             idle ones), one run under perf where the machine has it (perf.txt; PERF_ARGS
+#             its options, default 8 threads on per-thread streams beside 7 idle ones)
+#   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
+# Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first;
+# SKIP_BUILD=1 skips the build where gpupool imports (an earlier run on the same machine
+# made it); a machine started fresh between calls builds anyway.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/gpupool-gpu-check}
+STEPS=${STEPS:-tests,memcheck,example,bench}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+summary() { echo "== $*" | tee -a "$OUT/summary.log"; }
+step() { [[ ",$STEPS," == *",$1,"* ]]; }
+
+if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.log"
+python3 -c "import sys, cuda.bindings, Cython; print(sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__, 'Cython', Cython.__version__)" | tee -a "$OUT/summary.log"
+
+if [ -n "${SKIP_BUILD:-}" ] && python3 -c "import gpupool.core.pool" 2> /dev/null; then
+    :   # built by an earlier run of this script on this machine (a fresh machine builds)
+elif ! python3 -m pip install --no-build-isolation --no-deps -e . > /tmp/gpupool-build.log 2>&1; then
+    cp /tmp/gpupool-build.log "$OUT/build.log"; tail -40 "$OUT/build.log"; summary "build FAILED"
+    exit 1
+fi
+summary "build ok"
+
+if step tests; then
+    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -rs ${TESTS:-tests} > "$OUT/tests.log" 2>&1
+    summary "test suite (all tests, rc=$?): $(tail -1 "$OUT/tests.log")"
+fi
+if step parts; then
+    # Six lanes side by side; the tests that read the device's free memory (cuMemGetInfo),
+    # which the other lanes change, run alone after them. The host-only harness of
+    # tests/adapters/test_torch_allocator.py gets a process of its own (it crashed one on the
+    # H200). Lanes take files by basename: test_[a-m]* and the rest, wherever they sit.
+    mkdir -p /tmp/gpupool-parts && rm -f /tmp/gpupool-parts/*
+    lane() {    # lane NAME PYTEST-ARGS...: one pytest process, its log, its last line
+        timeout ${PARTS_TIMEOUT:-480} python3 -m pytest -q -rfEs -p no:randomly -p no:cacheprovider \
+            --durations=10 "${@:2}" > "/tmp/gpupool-parts/$1.log" 2>&1
+        echo "rc=$?" >> "/tmp/gpupool-parts/$1.log"
+    }
+    # Tests that read the device's used memory (cuMemGetInfo) with a tolerance that the other
+    # lanes' allocations break.
+    alone="1000_export_open_close or trim_gives_whole_free_pages_back_to_the_device"
+    harness="come_from_gpupool or stats_are_gpupool or out_of_memory_is_pytorch or \
+empty_cache_trims or base_allocation_and or capture_s_allocations or mempool_counts or \
+stream_uses_waits or checkpointed or history_records"
+    first=(); second=()
+    for f in tests/test_*.py tests/*/test_*.py; do
+        case $(basename "$f") in
+            test_torch.py|test_torch_allocator.py|test_ipc.py|test_examples.py) ;;
+            test_[a-m]*) first+=("$f") ;;
+            *) second+=("$f") ;;
+        esac
+    done
+    lane a-m "${first[@]}" &
+    lane n-z "${second[@]}" -k "not ($alone)" &
+    lane torch tests/adapters/test_torch.py &
+    (lane torch_allocator tests/adapters/test_torch_allocator.py -k "not ($harness)";
+     lane harness -v tests/adapters/test_torch_allocator.py -k "$harness") &
+    lane ipc tests/ipc/test_ipc.py -k "not ($alone)" &
+    lane examples tests/test_examples.py &
+    wait
+    lane alone tests/ipc/test_ipc.py tests/core/test_vmm.py -k "$alone"
+    for f in /tmp/gpupool-parts/*.log; do
+        summary "$(basename "$f" .log): $(grep -E ' in [0-9.]+s' "$f" | tail -1) $(tail -1 "$f")"
+    done
+    (cd /tmp/gpupool-parts && tar cf "$OUT/parts.tar" *.log)
+    grep -hE "^(FAILED|ERROR)|Fatal Python|Timeout" /tmp/gpupool-parts/*.log | head -40
+    grep -h -A25 "native frames" /tmp/gpupool-parts/*.log | head -30
+fi
+if step memcheck; then
+    GPUPOOL_UNDER_SANITIZER=1 GPUPOOL_STRESS_OPS=2000 timeout ${MEMCHECK_TIMEOUT:-400} compute-sanitizer --tool memcheck \
+        --report-api-errors no --error-exitcode 99 python3 -m pytest -q -m gpu \
+        -p no:cacheprovider -k "${MEMCHECK_K:-not torch and not jax and not mixed}" \
+        ${MEMCHECK_TESTS:-tests} > "$OUT/memcheck.log" 2>&1
+    summary "GPU tests under memcheck (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E 'passed|failed' "$OUT/memcheck.log" | tail -1)"
+fi
+if step traces; then
+    timeout 300 python3 bench/record_trace.py --out "$OUT" > "$OUT/traces.log" 2>&1
+    summary "record_trace rc=$?: $(ls "$OUT"/*.npz 2>/dev/null | xargs -n1 basename | tr '\n' ' ')"
+    mkdir -p bench/data/traces && cp "$OUT"/*.npz bench/data/traces/ 2>/dev/null   # for trace_replay
+fi
+if step headers; then
+    python3 - "$OUT" <<'PY' 2>&1 | tail -2
+import os, sys, tarfile, torch
+root = os.path.join(os.path.dirname(torch.__file__), "include")
+with tarfile.open(os.path.join(sys.argv[1], "torch-headers.tar.gz"), "w:gz") as tar:
+    for sub in ("c10", "torch/csrc/cuda", "ATen/cuda", "torch/headeronly",
+                "torch/csrc/api/include/torch/version.h"):
+        if os.path.exists(os.path.join(root, sub)):
+            tar.add(os.path.join(root, sub), arcname=sub)
+print("headers of torch", torch.__version__, "ABI", torch._C._GLIBCXX_USE_CXX11_ABI)
+PY
+    summary "headers: $(python3 -c 'import torch; print(torch.__version__, torch.__config__.show().splitlines()[1:3])')"
+fi
+if step torchalloc; then
+    SKIP_BUILD=1 OUT="$OUT/torchalloc" STEPS=${TORCHALLOC_STEPS:-table,tests,models} \
+        bash tools/gpu/torch-alloc-check.sh > "$OUT/torchalloc.log" 2>&1
+    summary "torchalloc rc=$?: $(grep -E '^== (tests|feature)' "$OUT/torchalloc/summary.log" | tr '\n' ' ')"
+fi
+if step profile; then
+    # The C API loop of bench/threads.py on 1 and 8 threads, created streams and
+    # per-thread default streams, under perf where the machine has it (perf.txt: by shared
+    # object and symbol).
+    for args in "--threads 1 --runs 2" "--threads 1 --per-thread --runs 2" \
+                "--threads 8 --runs 6 --seconds 1" \
+                "--threads 8 --per-thread --runs 6 --seconds 1" \
+                "--threads 8 --per-thread --idle 7 --runs 6 --seconds 1"; do
+        timeout 60 python3 tools/profile/profile_threads.py $args >> "$OUT/profile.log" 2>&1
+    done
+    if command -v perf > /dev/null; then
+        timeout 90 perf record -q -g -o /tmp/perf.data python3 tools/profile/profile_threads.py \
+            ${PERF_ARGS:---threads 8 --per-thread --idle 7} >> "$OUT/profile.log" 2>&1
+        timeout 90 perf report -i /tmp/perf.data --stdio --no-children --sort dso,symbol \
+            2> /dev/null | grep -v "^$" | head -150 > "$OUT/perf.txt"
+    else
+        echo "no perf on this machine" >> "$OUT/profile.log"
+    fi
+    summary "profile: $(grep -h 'M pairs' "$OUT/profile.log" | tr '\n' ' ')"
+fi
+if step threads; then
+    timeout ${THREADS_TIMEOUT:-120} python3 bench/threads.py ${THREADS_ARGS:-} > "$OUT/threads.log" 2>&1
+    summary "threads.py rc=$?"
+fi
+if step models; then
+    timeout ${MODELS_TIMEOUT:-480} python3 bench/real_models.py --json "$OUT/real_models.json" \
+        --plot "$OUT/real_models.png" ${MODELS_TRACES:+--trace-dir /tmp/gpupool-traces} \
+        ${MODELS_ARGS:-} > "$OUT/models.log" 2>&1
+    summary "real_models rc=$? ($(python3 -c 'import rmm; print("rmm", rmm.__version__)' 2>&1 | tail -1))"
+    [ -n "${MODELS_TRACES:-}" ] && (cd /tmp/gpupool-traces && tar cf "$OUT/traces.tar" *.npz)
+fi
+if step example; then
+    timeout 300 python3 examples/train_digits.py --device gpu --quiet \
+        --plot "$OUT/train_digits.png" > "$OUT/example.log" 2>&1
+    summary "examples/train_digits.py rc=$?"
+fi
+if step bench; then
+    # real_models.py has a step of its own (models): about 8 minutes.
+    BENCH=${BENCH:-alloc_latency,cross_stream,capi_latency,threads,trace_replay,fragmentation,region_memory,ipc}
+    timeout ${BENCH_TIMEOUT:-480} python3 bench/run_all.py --out /tmp/gpupool-bench --only "$BENCH" \
+        ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+    summary "bench rc=$?"
+    cat /tmp/gpupool-bench/*.txt > "$OUT/bench-tables.txt" 2>/dev/null
+    (cd /tmp/gpupool-bench && tar cf "$OUT/plots.tar" *.png 2>/dev/null)    # one file back
+fi
+
+grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/memcheck.log 2>/dev/null | head -30
+[ -f "$OUT/example.log" ] && tail -12 "$OUT/example.log"
+[ -f "$OUT/models.log" ] && tail -80 "$OUT/models.log"
+[ -f "$OUT/bench-tables.txt" ] && grep -E "target|MISS|met" "$OUT/bench-tables.txt" | head -20
+[ -f "$OUT/threads.log" ] && sed -n "/^scaling/,/^columns:/p" "$OUT/threads.log"
+cat "$OUT/summary.log"
