@@ -110,7 +110,7 @@ cdef PyObject* _torch_failure(int status, int device, size_t size,
         if status == CUDA_ERROR_OUT_OF_MEMORY and found != NULL:
             pool = <Pool>found
             pool.lock()
-            pool.counters.num_ooms += 1
+            pool._st.counters.num_ooms += 1
             pool.unlock()
             text = pool._oom_message(size)
             kind = _torch_oom_type

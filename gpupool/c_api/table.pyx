@@ -89,15 +89,15 @@ cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexce
         if b != NULL:
             ptr[0] = <void*>b.ptr
             return 0
-    if pool._holder == current_thread():
+    if pool._st.holder == current_thread():
         return GP_REENTRANT                     # from inside the pool's own upstream call
     pool.lock()
     r = pool.acquire_locked(nbytes, key, &b)
     if r == 0:
-        pt_insert(&pool.capi_blocks, b.ptr, b)
+        pt_insert(&pool._st.capi_blocks, b.ptr, b)
         ptr[0] = <void*>b.ptr
         if hist_on(RECORDING):
-            hist_alloc(pool.device, pool._segments.pool_id, b.ptr, nbytes, key.handle)
+            hist_alloc(pool.device, pool._st.segments.pool_id, b.ptr, nbytes, key.handle)
     pool.unlock()
     return r
 
@@ -123,7 +123,7 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
 cdef Block* _lookup(Pool pool, uintptr_t ptr, bint remove) noexcept nogil:
     """Under the pool's lock: the live C API block at ptr, from the pool's table or a
     thread's magazine (taken off if remove); NULL if none."""
-    cdef Block* b = pt_lookup(&pool.capi_blocks, ptr, remove)
+    cdef Block* b = pt_lookup(&pool._st.capi_blocks, ptr, remove)
     if b == NULL:
         b = pool.mag_find_handed_locked(ptr, remove)
     return b
@@ -134,7 +134,7 @@ cdef void _out_of_memory(Pool pool, size_t nbytes, uintptr_t stream) noexcept no
     history records, recorded."""
     pool.lock()
     if RECORDING:
-        hist_oom(pool.device, pool._segments.pool_id, nbytes, pool._oom_free_bytes(), stream)
+        hist_oom(pool.device, pool._st.segments.pool_id, nbytes, pool._oom_free_bytes(), stream)
     pool.unlock()
     hist_log(LOG_OOM, pool.device, nbytes, 0, CUDA_ERROR_OUT_OF_MEMORY)
 
@@ -153,7 +153,7 @@ cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
     cdef bint done
     if pool.mag_free_handed(ptr, key, &done):
         return GPUPOOL_OK                           # its thread's magazine handed it out
-    if pool._holder == current_thread():
+    if pool._st.holder == current_thread():
         # From inside the pool's upstream call: the lock is this thread's; release defers.
         b = _lookup(pool, ptr, True)
     else:
@@ -287,11 +287,11 @@ cdef int _cache_info(Pool pool, size_t* largest, size_t* headroom) noexcept nogi
     bytes left under the hard limit."""
     cdef vector[Block*] blocks
     cdef RegionCache* rc
-    cdef size_t i, held, limit = pool._segments.hard_limit
+    cdef size_t i, held, limit = pool._st.segments.hard_limit
     pool.lock()
     pool.flush_parked()
     pool.mag_flush_mine()               # the caller's held blocks, joined, as its request sees
-    fl_each(&pool._free, &blocks)
+    fl_each(&pool._st.free, &blocks)
     largest[0] = 0
     for i in range(blocks.size()):
         rc = <RegionCache*>blocks[i].region.cache
@@ -303,7 +303,7 @@ cdef int _cache_info(Pool pool, size_t* largest, size_t* headroom) noexcept nogi
     if not limit:
         headroom[0] = SIZE_MAX
     else:
-        headroom[0] = limit - pool.counters.reserved if limit > pool.counters.reserved else 0
+        headroom[0] = limit - pool._st.counters.reserved if limit > pool._st.counters.reserved else 0
     pool.unlock()
     return GPUPOOL_OK
 

@@ -8,57 +8,15 @@ from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
 from gpupool.buffer.device_buffer cimport BlockOwner
 from gpupool.records.counters cimport Counters
-from gpupool.core.freelist cimport FreeLists
-from gpupool.core.magazine cimport Magazine, gp_lock
+from gpupool.core.magazine cimport Magazine
 from gpupool.history.ring cimport LogKind
-from gpupool.records.ptrtable cimport PtrTable
 from gpupool.core.regioncache cimport RegionCache
-from gpupool.core.segments cimport Segments
-from gpupool.core.streamorder cimport StreamOrder
+from gpupool.core.state cimport PoolState
 from gpupool.records.streams cimport StreamKey
-
-cdef enum:
-    WANTED_FAST = 64            # wanted streams the fast path tells exactly (more: the mask)
-    PARK_SLOTS = 8              # freed blocks held aside for a request of their exact size
-
-cdef enum:                      # the pool's sweeps over every magazine, counted (_sweeps)
-    SWEEP_OTHERS = 0            # _mag_flush_others: a request's miss looks at idle threads'
-    SWEEP_WANT                  # _mag_want: before the pool grows
-    SWEEP_HANDED                # mag_find_handed_locked: a C API free not found in its table
-    SWEEP_SETTLE                # _settle_peak: the bound passed the peak
-    SWEEPS
-
 
 @cython.final
 cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the compiler inlines
-    cdef gp_lock _mutex                 # an atomic word: one compare-and-swap when free
-    cdef uintptr_t _holder              # thread holding _mutex, 0 when free
-    cdef vector[Block*] _deferred       # frees made by _holder while it held the lock
-    cdef FreeLists _free
-    cdef StreamOrder _order
-    cdef Segments _segments
-    cdef Block* _parked[PARK_SLOTS]     # the blocks freed last, oldest first (PARKED)
-    cdef int _nparked
-    cdef vector[RegionCache*] _regions  # caches of this pool's regions, for the ladder
-    cdef PtrTable capi_blocks           # blocks handed out by the C API, by pointer
-    cdef Counters counters              # a magazine's blocks count as in use (core/magazine.pxd)
-    cdef vector[Magazine*] _magazines   # every thread's magazine for this pool
-    cdef size_t _bound                  # bytes in use plus every magazine's credit
-    # What every thread's fast path (the magazines) reads, on cache lines of their own, off
-    # those the shared path writes (the bound, the counters): a locked request does not take
-    # them from the other threads' caches.
-    cdef char _pad_hot[64]
-    cdef RegionCache* _process_region   # entered with scope="process": covers every thread
-    # The wanted streams (core/streamorder.pxd) as the fast path reads them, without the lock
-    # (copied at each unlock): their threads take the shared path, which answers them. The
-    # mask has each one's bit (wanted_bit): a stream whose bit is clear is not wanted, at
-    # one load; one whose bit is set is looked for in the list.
-    cdef unsigned long long _wanted_mask
-    cdef int _nwanted                   # WANTED_FAST + 1: more than WANTED_FAST (the mask)
-    cdef StreamKey _wanted[WANTED_FAST]
-    cdef char _pad_cold[64]
-    cdef size_t _soft_limit             # 0: none
-    cdef size_t _sweeps[SWEEPS]         # diagnostics (Pool._sweep_counts), under the lock
+    cdef PoolState _st                  # everything below the Python API (core/state.pxd)
     cdef object __weakref__
 
     cdef void lock(self) noexcept nogil

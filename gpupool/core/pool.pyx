@@ -38,16 +38,19 @@ from gpupool.core.regioncache cimport (
     RegionCache, rc_link, rc_detach, rc_own, rc_disown, rc_freed_into, rc_drain,
     rc_return_unused,
 )
-from gpupool.core.segments cimport (
-    round_request, sg_put, sg_split, sg_split_top, sg_grow_plain, sg_extend, sg_trim,
-    sg_reclaim,
-    sg_merge_streams, sg_release_all,
+from gpupool.core.segments cimport round_request
+from gpupool.core.cutjoin cimport sg_put, sg_split, sg_split_top
+from gpupool.core.growplain cimport sg_grow_plain
+from gpupool.core.growexpand cimport sg_extend, sg_reclaim
+from gpupool.core.giveback cimport sg_trim, sg_merge_streams, sg_release_all
+from gpupool.core.state cimport (
+    PoolState, WANTED_FAST, PARK_SLOTS, SWEEP_OTHERS, SWEEP_WANT, SWEEP_HANDED, SWEEP_SETTLE,
 )
 from gpupool.records.sizes cimport MAX_NBYTES, SMALL_REQUEST, check_nbytes
 from gpupool.driver.status cimport GP_REENTRANT, GP_FORKED
 from gpupool.core.streamorder cimport (
     WANTED_MAX, so_event, so_take, so_take_small, so_under_small, so_mark_blocks,
-    so_mark_stream, so_is_wanted,
+    so_mark_stream, so_clear_wanted,
 )
 from gpupool.records.streams cimport (
     StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, STREAM_PER_THREAD, current_thread,
@@ -179,7 +182,7 @@ cdef class Pool(BlockOwner):
     def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None):
         from gpupool.driver.ordinals import check_ordinal
         from gpupool.limits import resolve_limits
-        self._segments.recording = &RECORDING
+        self._st.segments.recording = &RECORDING
         device = check_ordinal(device)
         if upstream is None:
             upstream = os.environ.get("GPUPOOL_UPSTREAM") or None   # empty: unset
@@ -198,13 +201,13 @@ cdef class Pool(BlockOwner):
         else:
             raise TypeError(f"upstream must be 'driver', 'async', 'vmm' or an Upstream "
                             f"object, got {type(upstream).__name__}")
-        self.device = self._segments.device = self.upstream.device
-        self._segments.hard_limit, self._soft_limit = resolve_limits(
+        self.device = self._st.segments.device = self.upstream.device
+        self._st.segments.hard_limit, self._st.soft_limit = resolve_limits(
             hard_limit, soft_limit, lambda: self.mem_info()[1])
         # A stream-ordered upstream keeps freed memory up to the soft limit for regrowth.
-        self.upstream.raise_error(self.upstream.set_release_threshold(self._soft_limit),
+        self.upstream.raise_error(self.upstream.set_release_threshold(self._st.soft_limit),
                                   "set_release_threshold")
-        self._segments.pool_id = register_pool(self)
+        self._st.segments.pool_id = register_pool(self)
 
     def __dealloc__(self):
         # Buffers and regions hold references to their pool, so only free lists remain.
@@ -214,30 +217,30 @@ cdef class Pool(BlockOwner):
         # Threads' magazines let go of the pool whatever else happens (the garbage collector
         # may have cleared upstream already): a thread must never take a dead pool's
         # magazine for a new pool at the same address.
-        for i in range(self._magazines.size()):
-            detach_magazine(self._magazines[i])
-        self._magazines.clear()
+        for i in range(self._st.magazines.size()):
+            detach_magazine(self._st.magazines[i])
+        self._st.magazines.clear()
         if self.upstream is None:
             return
-        self._mutex.lock()
-        if self._segments.head != NULL and (self.upstream.expandable
+        self._st.mutex.lock()
+        if self._st.segments.head != NULL and (self.upstream.expandable
                                             or self.upstream.stream_ordered):
             # Queued work may still use freed blocks: unmapping pages (cuMemUnmap) does not
             # wait for it as cuMemFree does, nor does a stream-ordered free wait for other
             # streams' work. (A failure: the context is gone, and its work with it.)
             if self.upstream.synchronize() != 0:
                 self.upstream.clear_error()
-        sg_release_all(&self._segments, self.upstream, &self._order)
-        for i in range(self._order.events.size()):
-            self.upstream.event_destroy(self._order.events[i])
-        self._mutex.unlock()
+        sg_release_all(&self._st, self.upstream)
+        for i in range(self._st.order.events.size()):
+            self.upstream.event_destroy(self._st.order.events[i])
+        self._st.mutex.unlock()
 
     # Locking --------------------------------------------------------------------------
 
     cdef void lock(self) noexcept nogil:
-        if not self._mutex.try_lock():
+        if not self._st.mutex.try_lock():
             self._wait()
-        self._holder = current_thread()
+        self._st.holder = current_thread()
 
     cdef void _wait(self) noexcept nogil:
         # A Python thread waiting for the lock lets the others run: the holder may need the
@@ -245,34 +248,34 @@ cdef class Pool(BlockOwner):
         cdef PyThreadState* state
         if PyGILState_Check():
             state = PyEval_SaveThread()
-            self._mutex.lock()
+            self._st.mutex.lock()
             PyEval_RestoreThread(state)
         else:
-            self._mutex.lock()
+            self._st.mutex.lock()
 
     cdef void unlock(self) noexcept nogil:
         cdef Block* b
-        while not self._deferred.empty():
-            b = self._deferred.back()
-            self._deferred.pop_back()
+        while not self._st.deferred.empty():
+            b = self._st.deferred.back()
+            self._st.deferred.pop_back()
             self.release_locked(b, b.stream)
-        if self._nwanted or not self._order.wanted.empty():
+        if self._st.nwanted or not self._st.order.wanted.empty():
             self._copy_wanted()
-        self._holder = 0
-        self._mutex.unlock()
+        self._st.holder = 0
+        self._st.mutex.unlock()
 
     cdef void _copy_wanted(self) noexcept nogil:
         """Under the pool's lock: publish the wanted streams to the fast path (mag_take). A
         racy read may see a half-written key: then a wanted stream's request goes the fast
         way once (its answer waits for the next), or another stream's the shared way."""
-        cdef size_t i, n = self._order.wanted.size()
+        cdef size_t i, n = self._st.order.wanted.size()
         cdef unsigned long long mask = 0
         for i in range(n):
-            mask |= 1ULL << wanted_bit(self._order.wanted[i])
+            mask |= 1ULL << wanted_bit(self._st.order.wanted[i])
             if i < WANTED_FAST:
-                self._wanted[i] = self._order.wanted[i]
-        self._wanted_mask = mask
-        self._nwanted = <int>n if n <= WANTED_FAST else WANTED_FAST + 1
+                self._st.wanted[i] = self._st.order.wanted[i]
+        self._st.wanted_mask = mask
+        self._st.nwanted = <int>n if n <= WANTED_FAST else WANTED_FAST + 1
 
     # Allocation -----------------------------------------------------------------------
 
@@ -299,12 +302,12 @@ cdef class Pool(BlockOwner):
         if b != NULL:
             out[0] = b
             return 0
-        if self._holder == current_thread():
+        if self._st.holder == current_thread():
             return GP_REENTRANT
         self.lock()
         r = self.acquire_locked(nbytes, s, out)
         if hist_on(RECORDING) and r == 0:
-            hist_alloc(self.device, self._segments.pool_id, out[0].ptr, nbytes, s.handle)
+            hist_alloc(self.device, self._st.segments.pool_id, out[0].ptr, nbytes, s.handle)
         self.unlock()
         return r
 
@@ -315,79 +318,79 @@ cdef class Pool(BlockOwner):
         cdef Block* b
         cdef bint grew = False, answered = False, top = False
         cdef int r
-        if self._segments.hard_limit and size > self._segments.hard_limit:
+        if self._st.segments.hard_limit and size > self._st.segments.hard_limit:
             size = nbytes               # only the exact request fits under the limit
-        if not self._order.wanted.empty():
-            if self._order.wanted.size() > WANTED_MAX:
+        if not self._st.order.wanted.empty():
+            if self._st.order.wanted.size() > WANTED_MAX:
                 # Many streams hold blocks that others want and never allocate again (most
                 # likely destroyed): one synchronize frees their blocks for every stream.
                 self.trim_logged(LOG_STREAM_TRIM, WANTED_MAX)
-            elif so_is_wanted(&self._order, s):
+            elif so_clear_wanted(&self._st.order, s):
                 # s is allocating, so it is alive: another stream waits for its free blocks,
                 # whose events are recorded now (and those of blocks its thread lets go below).
                 answered = True
                 self._mag_give_up(s)
-                so_mark_blocks(&self._order, self.upstream, &self._free, s)
-        rc = current_cache(<void*>self, self._process_region)
-        b = self._unpark(size, s, rc) if self._nparked else NULL
+                so_mark_blocks(&self._st, self.upstream, s)
+        rc = current_cache(<void*>self, self._st.process_region)
+        b = self._unpark(size, s, rc) if self._st.nparked else NULL
         if b == NULL and rc == NULL:
             b = self._mag_take_locked(size, s)
         if b != NULL:
             b.state = LIVE
-            self.counters.cache_hits += 1
+            self._st.counters.cache_hits += 1
             if rc != NULL:
                 rc_link(rc, b)
                 rc.hits += 1
             self.count_taken(b.size)
             out[0] = b
             return 0
-        if self._nparked and not fl_has_exact(&self._free, size, s):
+        if self._st.nparked and not fl_has_exact(&self._st.free, size, s):
             self.flush_parked()
-        if not fl_has_exact(&self._free, size, s) and \
+        if not fl_has_exact(&self._st.free, size, s) and \
                 (self._mag_flush_own(size, False) + self._mag_flush_others(s)) and answered:
-            so_mark_blocks(&self._order, self.upstream, &self._free, s)
+            so_mark_blocks(&self._st, self.upstream, s)
         if size <= SMALL_REQUEST and self.upstream.expandable:
-            b = so_take_small(&self._free, size, s, <void*>rc)
+            b = so_take_small(&self._st, size, s, <void*>rc)
             top = b != NULL and so_under_small(b)
         if b == NULL:
-            b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, False)
+            b = so_take(&self._st, self.upstream, size, s, <void*>rc, False)
         if b == NULL:
             # Idle regions' cached blocks serve before the pool grows: a region never costs
             # memory that the pool alone would not.
-            b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
+            b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
         if b == NULL and self._mag_reap() + self._mag_flush_own(size, True):
             # The calling thread's held blocks (but those a small request leaves), and exited
             # threads', serve before the pool grows.
             if answered:
-                so_mark_blocks(&self._order, self.upstream, &self._free, s)
-            b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
+                so_mark_blocks(&self._st, self.upstream, s)
+            b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
         if b == NULL:
             self._mag_want(size, s)
             r = self._grow_once(size, s, <void*>rc)
             if r == CUDA_ERROR_OUT_OF_MEMORY and self.mag_flush_all():
                 # Out of memory: the blocks threads hold in their magazines serve first
                 # (before then they stay with their threads, which use them).
-                b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
+                b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
         if b == NULL:
             if r == CUDA_ERROR_OUT_OF_MEMORY:
                 r = self._ladder(size, s, <void*>rc)
             if r != 0:
                 return r
             grew = True
-            b = so_take(&self._order, self.upstream, &self._free, size, s, <void*>rc, True)
+            b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
             if b == NULL:
                 return CUDA_ERROR_OUT_OF_MEMORY
         owner = rc_disown(b)
         if top:
-            b = sg_split_top(&self._segments, &self._order, &self._free, b, size, s, owner)
+            b = sg_split_top(&self._st, b, size, s, owner)
         else:
-            sg_split(&self._segments, &self._order, &self._free, b, size, s, owner)
+            sg_split(&self._st, b, size, s, owner)
         b.state = LIVE
         b.stream = s
         if grew:
-            self.counters.cache_misses += 1
+            self._st.counters.cache_misses += 1
         else:
-            self.counters.cache_hits += 1
+            self._st.counters.cache_hits += 1
         if rc != NULL:
             rc_link(rc, b)
             if grew:
@@ -395,8 +398,8 @@ cdef class Pool(BlockOwner):
             else:
                 rc.hits += 1
         self.count_taken(b.size)
-        if grew and self._soft_limit and self.counters.reserved > self._soft_limit:
-            self.trim_logged(LOG_SOFT_TRIM, self._soft_limit)   # only growth crosses it
+        if grew and self._st.soft_limit and self._st.counters.reserved > self._st.soft_limit:
+            self.trim_logged(LOG_SOFT_TRIM, self._st.soft_limit)   # only growth crosses it
         out[0] = b
         return 0
 
@@ -414,18 +417,18 @@ cdef class Pool(BlockOwner):
         would choose; NULL if none."""
         cdef int i, j, found = -1
         cdef Block* b
-        for i in range(self._nparked):
-            b = self._parked[i]
+        for i in range(self._st.nparked):
+            b = self._st.parked[i]
             if b.size == size and same_stream(b.stream, s) and b.extra_events == NULL and \
                     (b.region.cache == NULL or b.region.cache == <void*>rc) and \
-                    (found < 0 or b.ptr < self._parked[found].ptr):
+                    (found < 0 or b.ptr < self._st.parked[found].ptr):
                 found = i
         if found < 0:
             return NULL
-        b = self._parked[found]
-        for j in range(found, self._nparked - 1):
-            self._parked[j] = self._parked[j + 1]
-        self._nparked -= 1
+        b = self._st.parked[found]
+        for j in range(found, self._st.nparked - 1):
+            self._st.parked[j] = self._st.parked[j + 1]
+        self._st.nparked -= 1
         rc_disown(b)
         return b
 
@@ -435,43 +438,43 @@ cdef class Pool(BlockOwner):
         if b.size > PARK_MAX:
             self._put(b)
             return
-        if self._nparked == PARK_SLOTS:
-            self._put(self._parked[0])
+        if self._st.nparked == PARK_SLOTS:
+            self._put(self._st.parked[0])
             for j in range(PARK_SLOTS - 1):
-                self._parked[j] = self._parked[j + 1]
-            self._nparked -= 1
+                self._st.parked[j] = self._st.parked[j + 1]
+            self._st.nparked -= 1
         b.state = PARKED
-        self._parked[self._nparked] = b
-        self._nparked += 1
+        self._st.parked[self._st.nparked] = b
+        self._st.nparked += 1
 
     cdef void _put(self, Block* b) noexcept nogil:
         """A free (or parked) block goes into the free lists, joined with its neighbours."""
         b.state = FREE
-        sg_put(&self._segments, &self._order, &self._free, b)
+        sg_put(&self._st, b)
 
     cdef void flush_parked(self) noexcept nogil:
         """Put every parked block into the free lists."""
         cdef int i
-        for i in range(self._nparked):
-            self._put(self._parked[i])
-        self._nparked = 0
+        for i in range(self._st.nparked):
+            self._put(self._st.parked[i])
+        self._st.nparked = 0
 
     cdef int _ladder(self, size_t size, StreamKey s, void* owner) noexcept nogil:
         """The upstream is out of memory for a request of size bytes on s (made through cache
         owner): give back this pool's cache and grow again, then every region's."""
         cdef int r = CUDA_ERROR_OUT_OF_MEMORY
         cdef size_t i, released
-        if not self.counters.cached:
+        if not self._st.counters.cached:
             hist_log(LOG_LADDER_NOTHING, self.device, size, 0, r)
-        if self.counters.cached:
-            self.counters.oom_retries += 1
+        if self._st.counters.cached:
+            self._st.counters.oom_retries += 1
             released = self.trim_locked()
             r = self._grow_once(size, s, owner)
             hist_log(LOG_LADDER_TRIM, self.device, size, released, r)
-        if r == CUDA_ERROR_OUT_OF_MEMORY and self.counters.cached:
-            self.counters.oom_retries += 1
-            for i in range(self._regions.size()):
-                rc_drain(self._regions[i])
+        if r == CUDA_ERROR_OUT_OF_MEMORY and self._st.counters.cached:
+            self._st.counters.oom_retries += 1
+            for i in range(self._st.regions.size()):
+                rc_drain(self._st.regions[i])
             released = self.trim_locked()
             r = self._grow_once(size, s, owner)
             hist_log(LOG_LADDER_REGIONS, self.device, size, released, r)
@@ -482,12 +485,9 @@ cdef class Pool(BlockOwner):
         the pool). On an expandable one, the pool's cold free pages move to the growth first
         (sg_reclaim)."""
         if self.upstream.expandable:
-            sg_reclaim(&self._segments, self.upstream, &self.counters, &self._order,
-                       &self._free, size, s, owner)
-            return sg_extend(&self._segments, self.upstream, &self.counters, &self._order,
-                             &self._free, size, s, owner)
-        return sg_grow_plain(&self._segments, self.upstream, &self.counters, &self._order,
-                             &self._free, size, s)
+            sg_reclaim(&self._st, self.upstream, size, s, owner)
+            return sg_extend(&self._st, self.upstream, size, s, owner)
+        return sg_grow_plain(&self._st, self.upstream, size, s)
 
     # Magazines (core/magazine.pxd) ---------------------------------------------------------
 
@@ -524,11 +524,11 @@ cdef class Pool(BlockOwner):
         m.misses = m.requests = m.seen = m.settled = 0
         m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
         m.wanted = m.no_block = m.no_credit = m.no_hand = m.empty = m.waits = m.free_waits = 0
-        if self._holder == current_thread():
+        if self._st.holder == current_thread():
             self._deferred_magazine(m)
         else:
             self.lock()
-            self._magazines.push_back(m)
+            self._st.magazines.push_back(m)
             self.unlock()
         slots[empty].pool = <void*>self
         slots[empty].magazine = <void*>m
@@ -537,7 +537,7 @@ cdef class Pool(BlockOwner):
 
     cdef void _deferred_magazine(self, Magazine* m) noexcept nogil:
         # The thread holds the pool's lock already (a free inside an upstream call).
-        self._magazines.push_back(m)
+        self._st.magazines.push_back(m)
 
     cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil:
         """A block for nbytes on s from the calling thread's magazine, without the pool's
@@ -562,10 +562,10 @@ cdef class Pool(BlockOwner):
         if m.nblocks == 0:
             m.empty += 1
             return NULL
-        if (self._wanted_mask >> wanted_bit(s)) & 1 and self._is_wanted_fast(s):
+        if (self._st.wanted_mask >> wanted_bit(s)) & 1 and self._is_wanted_fast(s):
             m.wanted += 1
             return NULL                         # its blocks are wanted: the shared path
-        if thread_cache(t, <void*>self, self._process_region) != NULL:
+        if thread_cache(t, <void*>self, self._st.process_region) != NULL:
             return NULL
         size = round_request(nbytes)
         if not m.mutex.try_lock() and not self._mag_wait(m, &m.waits):
@@ -598,7 +598,7 @@ cdef class Pool(BlockOwner):
         the pool's lock (a free inside an upstream call), nor when the wait ran out (the
         sweeper may be waiting for something this thread holds, the GIL say): the shared
         path."""
-        if self._holder == current_thread():
+        if self._st.holder == current_thread():
             return False
         waits[0] += 1
         return m.mutex.try_lock_spin(MAG_SPINS)
@@ -607,10 +607,10 @@ cdef class Pool(BlockOwner):
         """Without the lock, for a stream whose bit is in the wanted mask: whether it is in
         the list (more than WANTED_FAST wanted: the bit alone says yes)."""
         cdef int i
-        if self._nwanted > WANTED_FAST:
+        if self._st.nwanted > WANTED_FAST:
             return True
-        for i in range(self._nwanted):
-            if same_stream(self._wanted[i], s):
+        for i in range(self._st.nwanted):
+            if same_stream(self._st.wanted[i], s):
                 return True
         return False
 
@@ -631,9 +631,9 @@ cdef class Pool(BlockOwner):
             # if any, is spent, the rest joins the bound as a shared acquire would.
             spent = size if m.credit >= size else m.credit
             m.credit -= spent
-            self.counters.in_use -= size
-            self.counters.cached += size
-            self._bound -= spent
+            self._st.counters.in_use -= size
+            self._st.counters.cached += size
+            self._st.bound -= spent
         m.mutex.unlock()
         return b
 
@@ -688,9 +688,9 @@ cdef class Pool(BlockOwner):
         cdef Magazine* m
         cdef bint dropped = False
         cdef size_t k
-        self._sweeps[SWEEP_OTHERS] += 1
-        for k in range(self._magazines.size()):
-            m = self._magazines[k]
+        self._st.sweeps[SWEEP_OTHERS] += 1
+        for k in range(self._st.magazines.size()):
+            m = self._st.magazines[k]
             if m == mine or m.nblocks == 0:
                 continue
             m.mutex.lock()
@@ -713,15 +713,15 @@ cdef class Pool(BlockOwner):
         cdef Magazine* m
         cdef size_t k
         cdef int i
-        self._sweeps[SWEEP_WANT] += 1
-        for k in range(self._magazines.size()):
-            m = self._magazines[k]
+        self._st.sweeps[SWEEP_WANT] += 1
+        for k in range(self._st.magazines.size()):
+            m = self._st.magazines[k]
             if m.nblocks == 0:
                 continue
             m.mutex.lock()
             for i in range(m.nblocks):
                 if m.blocks[i].size >= size and not same_stream(m.blocks[i].stream, s):
-                    so_mark_stream(&self._order, m.blocks[i].stream)
+                    so_mark_stream(&self._st.order, m.blocks[i].stream)
             m.mutex.unlock()
 
     cdef void _mag_give_up(self, StreamKey s) noexcept nogil:
@@ -763,7 +763,7 @@ cdef class Pool(BlockOwner):
                 m.mutex.unlock()
                 return True
             m.mutex.unlock()
-        if self._holder == current_thread():
+        if self._st.holder == current_thread():
             return False                        # inside an upstream call: deferred
         # Full (or being flushed): the oldest held block goes to the free lists.
         self.lock()
@@ -779,7 +779,7 @@ cdef class Pool(BlockOwner):
         """Under m's lock: m holds b (room checked by the caller), its bytes credited."""
         b.stream = s
         b.holder = NULL
-        b.used = self.counters.num_allocs   # last live now (sg_reclaim's cold blocks)
+        b.used = self._st.counters.num_allocs   # last live now (sg_reclaim's cold blocks)
         b.state = HELD
         m.blocks[m.nblocks] = b
         m.since[m.nblocks] = m.misses
@@ -794,9 +794,9 @@ cdef class Pool(BlockOwner):
         cdef Block* b = mg_remove(m, i)
         cdef size_t spent = b.size if m.credit >= b.size else m.credit
         m.credit -= spent
-        self._bound -= spent
-        self.counters.in_use -= b.size
-        self.counters.cached += b.size
+        self._st.bound -= spent
+        self._st.counters.in_use -= b.size
+        self._st.counters.cached += b.size
         self._put(b)
 
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
@@ -842,9 +842,9 @@ cdef class Pool(BlockOwner):
         cdef Block* b = NULL
         cdef size_t k
         cdef int i
-        self._sweeps[SWEEP_HANDED] += 1
-        for k in range(self._magazines.size()):
-            m = self._magazines[k]
+        self._st.sweeps[SWEEP_HANDED] += 1
+        for k in range(self._st.magazines.size()):
+            m = self._st.magazines[k]
             m.mutex.lock()
             i = mg_find_handed(m, ptr)
             if i >= 0:
@@ -862,11 +862,11 @@ cdef class Pool(BlockOwner):
         self._mag_fold(m)
 
     cdef void _mag_fold(self, Magazine* m) noexcept nogil:
-        self.counters.num_allocs += m.allocs
-        self.counters.cache_hits += m.allocs
-        self.counters.allocated_bytes += m.allocated_bytes
-        self.counters.num_frees += m.frees
-        self.counters.freed_bytes += m.freed_bytes
+        self._st.counters.num_allocs += m.allocs
+        self._st.counters.cache_hits += m.allocs
+        self._st.counters.allocated_bytes += m.allocated_bytes
+        self._st.counters.num_frees += m.frees
+        self._st.counters.freed_bytes += m.freed_bytes
         m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
 
     cdef bint mag_flush_all(self) noexcept nogil:
@@ -881,8 +881,8 @@ cdef class Pool(BlockOwner):
         cdef Magazine* m
         cdef bint moved = False
         cdef size_t k = 0
-        while k < self._magazines.size():
-            m = self._magazines[k]
+        while k < self._st.magazines.size():
+            m = self._st.magazines[k]
             if exited_only and not m.orphan:
                 k += 1
                 continue
@@ -892,7 +892,7 @@ cdef class Pool(BlockOwner):
             if m.orphan and m.nhanded == 0:
                 m.mutex.unlock()
                 del m
-                self._magazines.erase(self._magazines.begin() + k)
+                self._st.magazines.erase(self._st.magazines.begin() + k)
                 continue
             m.mutex.unlock()
             k += 1
@@ -900,9 +900,9 @@ cdef class Pool(BlockOwner):
 
     cdef void count_taken(self, size_t size) noexcept nogil:
         """Under the pool's lock: a block of size bytes handed out by the shared path."""
-        count_acquired(&self.counters, size)
-        self._bound += size
-        if self._bound > self.counters.peak_in_use:
+        count_acquired(&self._st.counters, size)
+        self._st.bound += size
+        if self._st.bound > self._st.counters.peak_in_use:
             self._settle_peak()
 
     cdef void _settle_peak(self) noexcept nogil:
@@ -918,19 +918,19 @@ cdef class Pool(BlockOwner):
         8 threads cycling through 5 sizes take each other's credit at every turn: issue 18.)"""
         cdef vector[pair[size_t, size_t]] order     # (credit, index), the most last
         cdef vector[char] locked
-        cdef size_t k, j, n = self._magazines.size(), held = 0, in_use, spare, largest
-        cdef size_t excess = self._bound - self.counters.peak_in_use     # > 0
+        cdef size_t k, j, n = self._st.magazines.size(), held = 0, in_use, spare, largest
+        cdef size_t excess = self._st.bound - self._st.counters.peak_in_use     # > 0
         cdef Magazine* m
-        self._sweeps[SWEEP_SETTLE] += 1
+        self._st.sweeps[SWEEP_SETTLE] += 1
         locked.resize(n, 0)
         for k in range(n):                  # idle threads' credit (requests: a hint)
-            m = self._magazines[k]
+            m = self._st.magazines[k]
             if excess and m.credit and m.requests == m.settled:
                 m.mutex.lock()
                 locked[k] = 1
                 excess = self._take_credit(m, m.credit, excess)
         for k in range(n):                  # credit no single retake needs
-            m = self._magazines[k]
+            m = self._st.magazines[k]
             if excess and not locked[k] and m.credit:
                 m.mutex.lock()
                 locked[k] = 1
@@ -939,13 +939,13 @@ cdef class Pool(BlockOwner):
                 excess = self._take_credit(m, spare, excess)
         if excess:
             for k in range(n):
-                order.push_back(pair[size_t, size_t](self._magazines[k].credit, k))  # a hint
+                order.push_back(pair[size_t, size_t](self._st.magazines[k].credit, k))  # a hint
             sort(order.begin(), order.end())
             j = n
             while j and excess:
                 j -= 1
                 k = order[j].second
-                m = self._magazines[k]
+                m = self._st.magazines[k]
                 if not locked[k]:
                     m.mutex.lock()
                     locked[k] = 1
@@ -954,17 +954,17 @@ cdef class Pool(BlockOwner):
                 # Every magazine is locked, its credit gone: the bound is bytes in use,
                 # exactly.
                 for k in range(n):
-                    m = self._magazines[k]
+                    m = self._st.magazines[k]
                     if not locked[k]:
                         m.mutex.lock()
                         locked[k] = 1
                     self._mag_fold(m)
                     held += m.held
-                in_use = self.counters.in_use - held
-                if in_use > self.counters.peak_in_use:
-                    self.counters.peak_in_use = in_use
+                in_use = self._st.counters.in_use - held
+                if in_use > self._st.counters.peak_in_use:
+                    self._st.counters.peak_in_use = in_use
         for k in range(n):
-            m = self._magazines[k]
+            m = self._st.magazines[k]
             m.settled = m.requests
             if locked[k]:
                 m.mutex.unlock()
@@ -974,7 +974,7 @@ cdef class Pool(BlockOwner):
         excess, leaves the bound; the excess left."""
         cdef size_t back = excess if most >= excess else most
         m.credit -= back
-        self._bound -= back
+        self._st.bound -= back
         return excess - back
 
     cdef size_t _freeze(self) noexcept nogil:
@@ -982,8 +982,8 @@ cdef class Pool(BlockOwner):
         they hold. _thaw unlocks them."""
         cdef size_t k, held = 0
         cdef Magazine* m
-        for k in range(self._magazines.size()):
-            m = self._magazines[k]
+        for k in range(self._st.magazines.size()):
+            m = self._st.magazines[k]
             m.mutex.lock()
             self._mag_fold(m)
             held += m.held
@@ -991,14 +991,14 @@ cdef class Pool(BlockOwner):
 
     cdef void _thaw(self) noexcept nogil:
         cdef size_t k
-        for k in range(self._magazines.size()):
-            self._magazines[k].mutex.unlock()
+        for k in range(self._st.magazines.size()):
+            self._st.magazines[k].mutex.unlock()
 
     cdef Counters counters_view(self) noexcept nogil:
         """Under the pool's lock: the counters as they are, the magazines' blocks counted as
         cached and their fast path's counts included."""
         cdef size_t held = self._freeze()
-        cdef Counters c = self.counters
+        cdef Counters c = self._st.counters
         self._thaw()
         c.in_use -= held
         c.cached += held
@@ -1006,10 +1006,10 @@ cdef class Pool(BlockOwner):
 
     cdef object raise_status(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
-            self.counters.num_ooms += 1
+            self._st.counters.num_ooms += 1
             if RECORDING:
                 self.lock()
-                hist_oom(self.device, self._segments.pool_id, nbytes, self._oom_free_bytes(),
+                hist_oom(self.device, self._st.segments.pool_id, nbytes, self._oom_free_bytes(),
                          0)
                 self.unlock()
             hist_flush_log()
@@ -1029,7 +1029,7 @@ cdef class Pool(BlockOwner):
         self.lock()
         c = self.counters_view()
         self.unlock()
-        limit = self._segments.hard_limit or None
+        limit = self._st.segments.hard_limit or None
         where = f"; hard limit {format_bytes(limit)}" if limit else ""
         return OutOfMemoryError(
             f"gpupool: out of memory on device {self.device} allocating "
@@ -1044,7 +1044,7 @@ cdef class Pool(BlockOwner):
     cdef size_t _oom_free_bytes(self) noexcept nogil:
         """What the pool may still reserve under its hard limit (0 without one), for the
         memory history's out-of-memory entry: as for the error, no driver call is made."""
-        cdef size_t limit = self._segments.hard_limit, reserved = self.counters.reserved
+        cdef size_t limit = self._st.segments.hard_limit, reserved = self._st.counters.reserved
         return limit - reserved if limit > reserved else 0
 
     def _oom_message(self, size_t nbytes):
@@ -1060,16 +1060,16 @@ cdef class Pool(BlockOwner):
             return
         if self.mag_put(b, s):
             return
-        if self._mutex.try_lock():
-            self._holder = current_thread()
-        elif self._holder == current_thread():
+        if self._st.mutex.try_lock():
+            self._st.holder = current_thread()
+        elif self._st.holder == current_thread():
             # The holder is this thread (a collection run inside the pool's upstream call).
             b.stream = s
-            self._deferred.push_back(b)
+            self._st.deferred.push_back(b)
             return
         else:
             self._wait()
-            self._holder = current_thread()
+            self._st.holder = current_thread()
         self.release_locked(b, s)
         self.unlock()
 
@@ -1077,14 +1077,14 @@ cdef class Pool(BlockOwner):
         cdef size_t i, size = b.size
         cdef uintptr_t e
         if hist_on(RECORDING):
-            hist_free(self.device, self._segments.pool_id, b.ptr, size, s.handle)
+            hist_free(self.device, self._st.segments.pool_id, b.ptr, size, s.handle)
         b.stream = s
         b.holder = NULL
         if b.extra_streams != NULL:
             for i in range(b.extra_streams.size()):
                 if same_stream(b.extra_streams[0][i], s):
                     continue
-                e = so_event(&self._order, self.upstream)
+                e = so_event(&self._st.order, self.upstream)
                 if e and self.upstream.event_record(e, b.extra_streams[0][i].handle) == 0:
                     if b.extra_events == NULL:
                         b.extra_events = new vector[uintptr_t]()
@@ -1093,17 +1093,17 @@ cdef class Pool(BlockOwner):
                     # No event: the use is ordered by a device synchronize instead (the
                     # block must not be reused before that stream's work).
                     if e:
-                        self._order.events.push_back(e)
+                        self._st.order.events.push_back(e)
                     self.upstream.clear_error()
                     if self.upstream.synchronize() != 0:
                         self.upstream.clear_error()
             del b.extra_streams
             b.extra_streams = NULL
         rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
-        b.used = self.counters.num_allocs   # last live now (sg_reclaim's cold blocks)
+        b.used = self._st.counters.num_allocs   # last live now (sg_reclaim's cold blocks)
         self._park(b)                       # may put a parked block: size was kept above
-        count_released(&self.counters, size)
-        self._bound -= size
+        count_released(&self._st.counters, size)
+        self._st.bound -= size
 
     cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
         """Record a use of the live block b on stream s (record_stream), once per stream; a
@@ -1127,7 +1127,7 @@ cdef class Pool(BlockOwner):
     cdef void region_register(self, RegionCache* rc) noexcept nogil:
         self.lock()
         rc.pool = <void*>self
-        self._regions.push_back(rc)
+        self._st.regions.push_back(rc)
         self.unlock()
 
     cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil:
@@ -1135,11 +1135,11 @@ cdef class Pool(BlockOwner):
         cdef bint ok = True
         self.lock()
         if enter:
-            ok = self._process_region == NULL
+            ok = self._st.process_region == NULL
             if ok:
-                self._process_region = rc
-        elif self._process_region == rc:
-            self._process_region = NULL
+                self._st.process_region = rc
+        elif self._st.process_region == rc:
+            self._st.process_region = NULL
         self.unlock()
         return ok
 
@@ -1147,14 +1147,14 @@ cdef class Pool(BlockOwner):
         """Forget a region: its live blocks return to the pool when freed, its cache now."""
         cdef size_t i
         self.lock()
-        if self._process_region == rc:
-            self._process_region = NULL
+        if self._st.process_region == rc:
+            self._st.process_region = NULL
         while rc.live_head != NULL:
             rc_detach(rc.live_head)
         rc_drain(rc)
-        for i in range(self._regions.size()):
-            if self._regions[i] == rc:
-                self._regions.erase(self._regions.begin() + i)
+        for i in range(self._st.regions.size()):
+            if self._st.regions[i] == rc:
+                self._st.regions.erase(self._st.regions.begin() + i)
                 break
         self.unlock()
 
@@ -1187,8 +1187,7 @@ cdef class Pool(BlockOwner):
         """Give the pool's cached memory back (sg_trim); returns the bytes given back."""
         self.mag_flush_all()
         self.flush_parked()
-        return sg_trim(&self._segments, self.upstream, &self.counters, &self._order,
-                       &self._free)
+        return sg_trim(&self._st, self.upstream)
 
     cdef void trim_logged(self, LogKind kind, size_t bound) noexcept nogil:
         """trim_locked for a reason the debug log names (kind; bound: the limit crossed)."""
@@ -1198,10 +1197,10 @@ cdef class Pool(BlockOwner):
         cdef int r = self.upstream.synchronize()
         if r != 0:
             return r
-        self._order.wanted.clear()
+        self._st.order.wanted.clear()
         self.mag_flush_all()
         self.flush_parked()
-        sg_merge_streams(&self._segments, &self._order, &self._free, moved)
+        sg_merge_streams(&self._st, moved)
         return 0
 
     # Python API -------------------------------------------------------------------------
@@ -1286,7 +1285,7 @@ cdef class Pool(BlockOwner):
         self.lock()
         self.mag_flush_all()
         self.flush_parked()
-        fl_each(&self._free, &blocks)
+        fl_each(&self._st.free, &blocks)
         found = [(blocks[i].ptr, blocks[i].size,
                   blocks[i].seg_prev != NULL or blocks[i].seg_next != NULL)
                  for i in range(blocks.size()) if blocks[i].region.cache == NULL]
@@ -1298,7 +1297,7 @@ cdef class Pool(BlockOwner):
         the parked blocks, region tags and their byte counts, and the counters. Returns the
         problems found (an empty list when all is consistent). For tests: it walks every
         block under the lock."""
-        cdef Segment* seg = self._segments.head
+        cdef Segment* seg = self._st.segments.head
         cdef Block* b
         cdef Block* prev
         cdef uintptr_t pos
@@ -1337,21 +1336,21 @@ cdef class Pool(BlockOwner):
             mapped += seg.nbytes - holes
             seg = seg.next
         c = self.counters_view()
-        for i in range(self._magazines.size()):
-            magazine_blocks += self._magazines[i].nblocks
+        for i in range(self._st.magazines.size()):
+            magazine_blocks += self._st.magazines[i].nblocks
         if nheld != magazine_blocks:
             problems.append(f"{nheld} held blocks, magazines hold {magazine_blocks}")
-        if c.peak_in_use < c.in_use or self._bound > c.peak_in_use or self._bound < c.in_use:
-            problems.append(f"bytes in use {c.in_use}, bound {self._bound}, peak "
+        if c.peak_in_use < c.in_use or self._st.bound > c.peak_in_use or self._st.bound < c.in_use:
+            problems.append(f"bytes in use {c.in_use}, bound {self._st.bound}, peak "
                             f"{c.peak_in_use}: not in use <= bound <= peak")
         if (c.reserved, c.cached, c.in_use) != (mapped, idle, live):
             problems.append(f"counters reserved/cached/in use {c.reserved}/{c.cached}/"
                             f"{c.in_use}, blocks {mapped}/{idle}/{live}")
-        if nfree != self._free.nblocks or nparked != <size_t>self._nparked:
+        if nfree != self._st.free.nblocks or nparked != <size_t>self._st.nparked:
             problems.append(f"{nfree} free and {nparked} parked blocks, lists hold "
-                            f"{self._free.nblocks} and {self._nparked}")
-        for i in range(self._regions.size()):
-            rc = self._regions[i]
+                            f"{self._st.free.nblocks} and {self._st.nparked}")
+        for i in range(self._st.regions.size()):
+            rc = self._st.regions[i]
             b = rc.cached_head
             n = 0
             while b != NULL:
@@ -1385,8 +1384,8 @@ cdef class Pool(BlockOwner):
         cdef int i
         out = []
         self.lock()
-        for k in range(self._magazines.size()):
-            m = self._magazines[k]
+        for k in range(self._st.magazines.size()):
+            m = self._st.magazines[k]
             m.mutex.lock()
             out.append({"blocks": m.nblocks, "held": m.held, "credit": m.credit,
                         "handed": m.nhanded, "orphan": bool(m.orphan), "allocs": m.allocs,
@@ -1408,8 +1407,8 @@ cdef class Pool(BlockOwner):
         own when the wait for its lock ran out) and ``settle`` (the peak bound passed: credit taken
         back)."""
         self.lock()
-        out = {"others": self._sweeps[SWEEP_OTHERS], "want": self._sweeps[SWEEP_WANT],
-               "handed": self._sweeps[SWEEP_HANDED], "settle": self._sweeps[SWEEP_SETTLE]}
+        out = {"others": self._st.sweeps[SWEEP_OTHERS], "want": self._st.sweeps[SWEEP_WANT],
+               "handed": self._st.sweeps[SWEEP_HANDED], "settle": self._st.sweeps[SWEEP_SETTLE]}
         self.unlock()
         return out
 
@@ -1451,19 +1450,19 @@ cdef class Pool(BlockOwner):
         """Under the pool's lock: the peaks of bytes in use and reserved are the current
         values (bytes in use exactly: every magazine read, their credit taken back)."""
         cdef size_t k
-        self.counters.peak_in_use = self.counters.in_use - self._freeze()
-        for k in range(self._magazines.size()):
-            self._magazines[k].credit = 0       # the bound is bytes in use again
-        self._bound = self.counters.peak_in_use
+        self._st.counters.peak_in_use = self._st.counters.in_use - self._freeze()
+        for k in range(self._st.magazines.size()):
+            self._st.magazines[k].credit = 0       # the bound is bytes in use again
+        self._st.bound = self._st.counters.peak_in_use
         self._thaw()
-        self.counters.peak_reserved = self.counters.reserved
+        self._st.counters.peak_reserved = self._st.counters.reserved
 
     cdef size_t largest_held(self) noexcept nogil:
         """Under the pool's lock: the largest block any thread's magazine holds."""
         cdef size_t k, largest = 0, size
         cdef Magazine* m
-        for k in range(self._magazines.size()):
-            m = self._magazines[k]
+        for k in range(self._st.magazines.size()):
+            m = self._st.magazines[k]
             m.mutex.lock()
             size = mg_largest(m)
             m.mutex.unlock()
@@ -1521,7 +1520,7 @@ cdef class Pool(BlockOwner):
         self.lock()
         released = self.trim_locked()
         r = self.upstream.trim()
-        reserved = self.counters.reserved
+        reserved = self._st.counters.reserved
         self.unlock()
         hist_flush_log()
         _logger.debug("gpupool: trim released %d B on device %d (%d B reserved now)",
@@ -1538,12 +1537,12 @@ cdef class Pool(BlockOwner):
     @property
     def hard_limit(self):
         """Bytes the pool never exceeds in reserved memory; None when unlimited."""
-        return self._segments.hard_limit or None
+        return self._st.segments.hard_limit or None
 
     @property
     def soft_limit(self):
         """Reserved bytes above which cached blocks are released; None when unlimited."""
-        return self._soft_limit or None
+        return self._st.soft_limit or None
 
     def __reduce__(self):
         raise not_picklable(
@@ -1603,7 +1602,7 @@ cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1:
     that raises is logged and the others still run."""
     if not _oom_callbacks:
         return False
-    pool.counters.oom_retries += 1
+    pool._st.counters.oom_retries += 1
     hist_flush_log()
     _logger.debug("gpupool: out of memory on device %d for %d B: step 3, running %d on_oom "
                   "callbacks, then retrying", pool.device, nbytes, len(_oom_callbacks))

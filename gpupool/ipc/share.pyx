@@ -424,7 +424,7 @@ def _alive(DeviceBuffer wrapper):
 
 cdef Block* _walk(Pool pool, uintptr_t ptr, size_t nbytes) noexcept nogil:
     """The live block of pool holding [ptr, ptr + nbytes), or NULL; under the pool's lock."""
-    cdef Segment* seg = pool._segments.head
+    cdef Segment* seg = pool._st.segments.head
     cdef Block* b
     while seg != NULL:
         if seg.base <= ptr < seg.base + (seg.va_bytes if seg.va_bytes else seg.nbytes):

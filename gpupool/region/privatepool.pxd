@@ -17,7 +17,7 @@ from gpupool.core.freelist cimport fl_unbin
 from gpupool.core.pool cimport Pool
 from gpupool.records.ptrtable cimport pt_insert
 from gpupool.core.regioncache cimport RegionCache, rc_link, rc_own, rc_disown, rc_detach, rc_drain
-from gpupool.core.segments cimport sg_split, sg_put
+from gpupool.core.cutjoin cimport sg_split, sg_put
 from gpupool.core.streamorder cimport so_drop_events
 from gpupool.records.streams cimport StreamKey
 
@@ -39,9 +39,9 @@ cdef inline Block* pp_free_holding(RegionCache* rc, uintptr_t ptr, size_t nbytes
 cdef inline Block* pp_take(Pool pool, Block* b) noexcept nogil:
     """Take the private pool's free block b out of the free lists and its cache (the device's
     work on it is done: its events are dropped)."""
-    fl_unbin(&pool._free, b)
+    fl_unbin(&pool._st.free, b)
     rc_disown(b)
-    so_drop_events(&pool._order, b)
+    so_drop_events(&pool._st.order, b)
     return b
 
 
@@ -60,25 +60,25 @@ cdef inline bint pp_allocate_at(Pool pool, RegionCache* rc, uintptr_t ptr, size_
         # take the rest and give the front back; the rest is LIVE while the front is put,
         # so that the two do not join again.
         front = b
-        sg_split(&pool._segments, &pool._order, &pool._free, front, ptr - front.ptr, s, rc)
+        sg_split(&pool._st, front, ptr - front.ptr, s, rc)
         b = front.seg_next
         front.state = FREE
         if b == NULL or b.ptr != ptr:           # not cut (no host memory for a record)
             rc_own(rc, front)
-            sg_put(&pool._segments, &pool._order, &pool._free, front)
+            sg_put(&pool._st, front)
             return False
         pp_take(pool, b)
         b.state = LIVE
         rc_own(rc, front)
-        sg_put(&pool._segments, &pool._order, &pool._free, front)
-    sg_split(&pool._segments, &pool._order, &pool._free, b, nbytes, s, rc)
+        sg_put(&pool._st, front)
+    sg_split(&pool._st, b, nbytes, s, rc)
     b.state = LIVE
     b.stream = s
     rc_link(rc, b)
     rc.hits += 1
-    pool.counters.cache_hits += 1
+    pool._st.counters.cache_hits += 1
     pool.count_taken(b.size)
-    pt_insert(&pool.capi_blocks, b.ptr, b)
+    pt_insert(&pool._st.capi_blocks, b.ptr, b)
     return True
 
 
