@@ -9,7 +9,6 @@ from gpupool.records.block cimport Block
 from gpupool.buffer.device_buffer cimport BlockOwner
 from gpupool.records.counters cimport Counters
 from gpupool.core.magazine cimport Magazine
-from gpupool.history.ring cimport LogKind
 from gpupool.core.regioncache cimport RegionCache
 from gpupool.core.state cimport PoolState
 from gpupool.records.streams cimport StreamKey
@@ -25,11 +24,6 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void unlock(self) noexcept nogil
     cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
     cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
-    cdef int _ladder(self, size_t size, StreamKey s, void* owner) noexcept nogil
-    cdef int _grow_once(self, size_t size, StreamKey s, void* owner) noexcept nogil
-    cdef Block* _unpark(self, size_t size, StreamKey s, RegionCache* rc) noexcept nogil
-    cdef void _park(self, Block* b) noexcept nogil
-    cdef void _put(self, Block* b) noexcept nogil
     cdef void flush_parked(self) noexcept nogil
     cdef void release_locked(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void region_register(self, RegionCache* rc) noexcept nogil
@@ -39,8 +33,6 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void region_leave(self, RegionCache* rc) noexcept nogil
     cdef void region_drain(self, RegionCache* rc) noexcept nogil
     cdef size_t trim_locked(self) noexcept nogil
-    cdef void trim_logged(self, LogKind kind, size_t bound) noexcept nogil
-    cdef int merge_streams_locked(self, size_t* moved) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
     cdef object _oom_error(self, size_t nbytes)
     cdef size_t _oom_free_bytes(self) noexcept nogil
@@ -55,27 +47,10 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void _deferred_magazine(self, Magazine* m) noexcept nogil
     cdef bint _mag_wait(self, Magazine* m, size_t* waits) noexcept nogil
     cdef bint _is_wanted_fast(self, StreamKey s) noexcept nogil
-    cdef Block* _mag_take_locked(self, size_t size, StreamKey s) noexcept nogil
-    cdef void _mag_hold(self, Magazine* m, Block* b, StreamKey s) noexcept nogil
-    cdef void _mag_drop(self, Magazine* m, int i) noexcept nogil
-    cdef void _mag_fold(self, Magazine* m) noexcept nogil
-    cdef void _mag_flush(self, Magazine* m) noexcept nogil
-    cdef bint _mag_flush_own(self, size_t size, bint growing) noexcept nogil
     cdef bint mag_flush_mine(self) noexcept nogil
-    cdef bint _mag_flush_others(self, StreamKey s) noexcept nogil
-    cdef bint _mag_drop_stream(self, Magazine* m, StreamKey s) noexcept nogil
-    cdef bint _mag_reap(self) noexcept nogil
-    cdef bint _mag_sweep(self, bint exited_only) noexcept nogil
-    cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil
-    cdef void _mag_give_up(self, StreamKey s) noexcept nogil
-    cdef bint mag_flush_all(self) noexcept nogil
     cdef void count_taken(self, size_t size) noexcept nogil
     cdef void reset_peaks_locked(self) noexcept nogil
     cdef size_t largest_held(self) noexcept nogil
-    cdef void _settle_peak(self) noexcept nogil
-    cdef size_t _take_credit(self, Magazine* m, size_t most, size_t excess) noexcept nogil
-    cdef size_t _freeze(self) noexcept nogil
-    cdef void _thaw(self) noexcept nogil
     cdef Counters counters_view(self) noexcept nogil
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1

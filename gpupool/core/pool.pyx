@@ -16,41 +16,43 @@ is released while waiting). A free made by the thread that holds the lock (a gar
 collection run by a Python upstream, say) is deferred until that thread unlocks.
 """
 from libc.stdint cimport uintptr_t
-from libcpp.algorithm cimport sort
-from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.records.block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED, HELD
 from gpupool.buffer.device_buffer cimport BlockOwner, DeviceBuffer, new_buffer
-from gpupool.records.counters cimport count_acquired, count_released
+from gpupool.records.counters cimport count_released
 from gpupool.driver.calls cimport fork_flag
 from gpupool.core.freelist cimport fl_each, fl_has_exact
 from gpupool.core.magazine cimport (
-    Magazine, MAG_SLOTS, MAG_HANDED, mg_find, mg_largest, mg_remove, mg_find_handed, mg_unhand,
+    Magazine, MAG_SLOTS, MAG_HANDED, mg_find, mg_remove, mg_find_handed, mg_unhand,
 )
+from gpupool.core.magpool cimport (
+    MAG_MAX, mp_take_locked, mp_flush_own, mp_flush_mine, mp_flush_idle, mp_reap, mp_want,
+    mp_give_up, mp_hold, mp_drop, mp_find_handed, mp_flush_all, mp_count_taken,
+    mp_counters_view, mp_reset_peaks, mp_largest_held,
+)
+from gpupool.core.parking cimport pk_unpark, pk_park, pk_flush
+from gpupool.core.ladder cimport ld_ladder, ld_grow_once, ld_trim, ld_trim_logged, ld_merge_streams
 from gpupool.buffer.handoff cimport use_key
 from gpupool.history.ring cimport (
-    LogKind, LOG_LADDER_NOTHING, LOG_LADDER_TRIM, LOG_LADDER_REGIONS, LOG_CALLBACK_RETRY,
-    LOG_SOFT_TRIM, LOG_STREAM_TRIM, hist_on, hist_subscribe, register_pool, hist_alloc,
-    hist_free, hist_oom, hist_log, hist_flush_log,
+    LOG_CALLBACK_RETRY, LOG_SOFT_TRIM, LOG_STREAM_TRIM, hist_on, hist_subscribe, register_pool,
+    hist_alloc, hist_free, hist_oom, hist_log, hist_flush_log,
 )
 from gpupool.core.regioncache cimport (
     RegionCache, rc_link, rc_detach, rc_own, rc_disown, rc_freed_into, rc_drain,
     rc_return_unused,
 )
 from gpupool.core.segments cimport round_request
-from gpupool.core.cutjoin cimport sg_put, sg_split, sg_split_top
-from gpupool.core.growplain cimport sg_grow_plain
-from gpupool.core.growexpand cimport sg_extend, sg_reclaim
-from gpupool.core.giveback cimport sg_trim, sg_merge_streams, sg_release_all
+from gpupool.core.cutjoin cimport sg_split, sg_split_top
+from gpupool.core.giveback cimport sg_release_all
 from gpupool.core.state cimport (
-    PoolState, WANTED_FAST, PARK_SLOTS, SWEEP_OTHERS, SWEEP_WANT, SWEEP_HANDED, SWEEP_SETTLE,
+    PoolState, WANTED_FAST, SWEEP_OTHERS, SWEEP_WANT, SWEEP_HANDED, SWEEP_SETTLE,
 )
 from gpupool.records.sizes cimport MAX_NBYTES, SMALL_REQUEST, check_nbytes
 from gpupool.driver.status cimport GP_REENTRANT, GP_FORKED
 from gpupool.core.streamorder cimport (
     WANTED_MAX, so_event, so_take, so_take_small, so_under_small, so_mark_blocks,
-    so_mark_stream, so_clear_wanted,
+    so_clear_wanted,
 )
 from gpupool.records.streams cimport (
     StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, STREAM_PER_THREAD, current_thread,
@@ -92,22 +94,9 @@ cdef const int* FORKED = fork_flag()
 cdef int RECORDING = 0
 hist_subscribe(&RECORDING)
 _logger = logging.getLogger("gpupool")
-# Blocks up to this size are parked, and held in threads' magazines (core/magazine.pxd). Parked
-# and held blocks go to the free lists when a request finds no free block of its exact size
-# (so a cut sees the whole free memory). On the recorded traces (bench/fragmentation.py,
-# simulated device) 8 slots up to 64 MiB reserve no more than 4 slots up to 4 MiB did, and
-# less on ResNet-50 (5,712 against 5,756 MiB); 4 slots up to 64 MiB raised GPT-2's region
-# replay to 8,870 MiB.
-cdef size_t PARK_MAX = 64 << 20
-cdef size_t MAG_MAX = 64 << 20
-cdef size_t MAG_AGE = 2
 # Pauses (x86 `pause`: 10 to 140 cycles by model) a thread waits at most for its own
 # magazine's lock while a sweep of the pool holds it, before taking the shared path (_mag_wait).
 cdef unsigned MAG_SPINS = 1024
-# A small request (at most MAG_SMALL bytes: PyTorch's small-pool bound) leaves the calling
-# thread's held blocks of MAG_KEEP times its size or more where they are (_mag_keeps).
-cdef size_t MAG_SMALL = 1 << 20
-cdef size_t MAG_KEEP = 8
 # GPUPOOL_MAGAZINES=0 (read at import): no thread keeps freed blocks in a magazine; every free
 # and request takes the shared path. For memory measurements across threads (PyTorch's
 # autograd thread allocates while the main thread's magazine holds what it freed).
@@ -118,16 +107,6 @@ cdef inline int wanted_bit(StreamKey s) noexcept nogil:
     """The stream's bit in the pool's wanted mask (Fibonacci hashing of its key)."""
     return <int>(((s.handle ^ (s.tag << 1)) * 0x9E3779B97F4A7C15ULL) >> 58)
 
-
-cdef inline bint _mag_keeps(Block* b, size_t size) noexcept nogil:
-    """Whether a request of size bytes leaves held block b in its thread's magazine: a small
-    request does not break a block of MAG_KEEP times its size or more; the pool grows for it
-    instead (on an expandable upstream a page at most; on a plain one a new segment, up to
-    20 MiB when shared), or, out of memory, every magazine is flushed first. Without
-    this, a thread cycling through 256 B .. 16 MiB on an expandable segment (one range per
-    stream) cut the small blocks from its 16 MiB one and joined them back for the next
-    16 MiB request: every request took the pool's lock (issue 18)."""
-    return size <= MAG_SMALL and b.size >= MAG_KEEP * size
 
 include "regionstack.pxi"
 
@@ -324,30 +303,30 @@ cdef class Pool(BlockOwner):
             if self._st.order.wanted.size() > WANTED_MAX:
                 # Many streams hold blocks that others want and never allocate again (most
                 # likely destroyed): one synchronize frees their blocks for every stream.
-                self.trim_logged(LOG_STREAM_TRIM, WANTED_MAX)
+                ld_trim_logged(&self._st, self.upstream, LOG_STREAM_TRIM, WANTED_MAX)
             elif so_clear_wanted(&self._st.order, s):
                 # s is allocating, so it is alive: another stream waits for its free blocks,
                 # whose events are recorded now (and those of blocks its thread lets go below).
                 answered = True
-                self._mag_give_up(s)
+                mp_give_up(&self._st, self.thread_magazine(False), s)
                 so_mark_blocks(&self._st, self.upstream, s)
         rc = current_cache(<void*>self, self._st.process_region)
-        b = self._unpark(size, s, rc) if self._st.nparked else NULL
+        b = pk_unpark(&self._st, size, s, rc) if self._st.nparked else NULL
         if b == NULL and rc == NULL:
-            b = self._mag_take_locked(size, s)
+            b = mp_take_locked(&self._st, self.thread_magazine(False), size, s)
         if b != NULL:
             b.state = LIVE
             self._st.counters.cache_hits += 1
             if rc != NULL:
                 rc_link(rc, b)
                 rc.hits += 1
-            self.count_taken(b.size)
+            mp_count_taken(&self._st, b.size)
             out[0] = b
             return 0
         if self._st.nparked and not fl_has_exact(&self._st.free, size, s):
-            self.flush_parked()
+            pk_flush(&self._st)
         if not fl_has_exact(&self._st.free, size, s) and \
-                (self._mag_flush_own(size, False) + self._mag_flush_others(s)) and answered:
+                (mp_flush_own(&self._st, self.thread_magazine(False), size, False) + mp_flush_idle(&self._st, self.thread_magazine(False), s)) and answered:
             so_mark_blocks(&self._st, self.upstream, s)
         if size <= SMALL_REQUEST and self.upstream.expandable:
             b = so_take_small(&self._st, size, s, <void*>rc)
@@ -358,22 +337,22 @@ cdef class Pool(BlockOwner):
             # Idle regions' cached blocks serve before the pool grows: a region never costs
             # memory that the pool alone would not.
             b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
-        if b == NULL and self._mag_reap() + self._mag_flush_own(size, True):
+        if b == NULL and mp_reap(&self._st) + mp_flush_own(&self._st, self.thread_magazine(False), size, True):
             # The calling thread's held blocks (but those a small request leaves), and exited
             # threads', serve before the pool grows.
             if answered:
                 so_mark_blocks(&self._st, self.upstream, s)
             b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
         if b == NULL:
-            self._mag_want(size, s)
-            r = self._grow_once(size, s, <void*>rc)
-            if r == CUDA_ERROR_OUT_OF_MEMORY and self.mag_flush_all():
+            mp_want(&self._st, size, s)
+            r = ld_grow_once(&self._st, self.upstream, size, s, <void*>rc)
+            if r == CUDA_ERROR_OUT_OF_MEMORY and mp_flush_all(&self._st):
                 # Out of memory: the blocks threads hold in their magazines serve first
                 # (before then they stay with their threads, which use them).
                 b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
         if b == NULL:
             if r == CUDA_ERROR_OUT_OF_MEMORY:
-                r = self._ladder(size, s, <void*>rc)
+                r = ld_ladder(&self._st, self.upstream, size, s, <void*>rc)
             if r != 0:
                 return r
             grew = True
@@ -397,97 +376,14 @@ cdef class Pool(BlockOwner):
                 rc.misses += 1
             else:
                 rc.hits += 1
-        self.count_taken(b.size)
+        mp_count_taken(&self._st, b.size)
         if grew and self._st.soft_limit and self._st.counters.reserved > self._st.soft_limit:
-            self.trim_logged(LOG_SOFT_TRIM, self._st.soft_limit)   # only growth crosses it
+            ld_trim_logged(&self._st, self.upstream, LOG_SOFT_TRIM, self._st.soft_limit)   # only growth crosses it
         out[0] = b
         return 0
 
-    # A free of a block whose size is requested again at once (a scratch buffer, a step's
-    # temporaries of one shape) would be cut from a joined block and joined back every time:
-    # the last PARK_SLOTS freed blocks of up to PARK_MAX bytes are held aside, unjoined, for a
-    # request of their exact size on their stream. Any other request, and everything that
-    # walks the free lists (trims, stream merges, region exits, the ladder), puts them back
-    # first (joined), so best fit always sees the whole free memory. Addresses are those the
-    # free lists would give: a block of the exact size, the lowest address first.
-
-    cdef Block* _unpark(self, size_t size, StreamKey s, RegionCache* rc) noexcept nogil:
-        """The parked block of exactly size bytes, last used on s, that the request may take
-        (the pool's or rc's, no record_stream events), at the lowest address as best fit
-        would choose; NULL if none."""
-        cdef int i, j, found = -1
-        cdef Block* b
-        for i in range(self._st.nparked):
-            b = self._st.parked[i]
-            if b.size == size and same_stream(b.stream, s) and b.extra_events == NULL and \
-                    (b.region.cache == NULL or b.region.cache == <void*>rc) and \
-                    (found < 0 or b.ptr < self._st.parked[found].ptr):
-                found = i
-        if found < 0:
-            return NULL
-        b = self._st.parked[found]
-        for j in range(found, self._st.nparked - 1):
-            self._st.parked[j] = self._st.parked[j + 1]
-        self._st.nparked -= 1
-        rc_disown(b)
-        return b
-
-    cdef void _park(self, Block* b) noexcept nogil:
-        """Hold freed block b aside (the oldest parked one goes to the free lists if full)."""
-        cdef int j
-        if b.size > PARK_MAX:
-            self._put(b)
-            return
-        if self._st.nparked == PARK_SLOTS:
-            self._put(self._st.parked[0])
-            for j in range(PARK_SLOTS - 1):
-                self._st.parked[j] = self._st.parked[j + 1]
-            self._st.nparked -= 1
-        b.state = PARKED
-        self._st.parked[self._st.nparked] = b
-        self._st.nparked += 1
-
-    cdef void _put(self, Block* b) noexcept nogil:
-        """A free (or parked) block goes into the free lists, joined with its neighbours."""
-        b.state = FREE
-        sg_put(&self._st, b)
-
     cdef void flush_parked(self) noexcept nogil:
-        """Put every parked block into the free lists."""
-        cdef int i
-        for i in range(self._st.nparked):
-            self._put(self._st.parked[i])
-        self._st.nparked = 0
-
-    cdef int _ladder(self, size_t size, StreamKey s, void* owner) noexcept nogil:
-        """The upstream is out of memory for a request of size bytes on s (made through cache
-        owner): give back this pool's cache and grow again, then every region's."""
-        cdef int r = CUDA_ERROR_OUT_OF_MEMORY
-        cdef size_t i, released
-        if not self._st.counters.cached:
-            hist_log(LOG_LADDER_NOTHING, self.device, size, 0, r)
-        if self._st.counters.cached:
-            self._st.counters.oom_retries += 1
-            released = self.trim_locked()
-            r = self._grow_once(size, s, owner)
-            hist_log(LOG_LADDER_TRIM, self.device, size, released, r)
-        if r == CUDA_ERROR_OUT_OF_MEMORY and self._st.counters.cached:
-            self._st.counters.oom_retries += 1
-            for i in range(self._st.regions.size()):
-                rc_drain(self._st.regions[i])
-            released = self.trim_locked()
-            r = self._grow_once(size, s, owner)
-            hist_log(LOG_LADDER_REGIONS, self.device, size, released, r)
-        return r
-
-    cdef int _grow_once(self, size_t size, StreamKey s, void* owner) noexcept nogil:
-        """Grow the upstream for a request of size bytes on s (through cache owner: NULL,
-        the pool). On an expandable one, the pool's cold free pages move to the growth first
-        (sg_reclaim)."""
-        if self.upstream.expandable:
-            sg_reclaim(&self._st, self.upstream, size, s, owner)
-            return sg_extend(&self._st, self.upstream, size, s, owner)
-        return sg_grow_plain(&self._st, self.upstream, size, s)
+        pk_flush(&self._st)
 
     # Magazines (core/magazine.pxd) ---------------------------------------------------------
 
@@ -614,137 +510,15 @@ cdef class Pool(BlockOwner):
                 return True
         return False
 
-    cdef Block* _mag_take_locked(self, size_t size, StreamKey s) noexcept nogil:
-        """Under the pool's lock: the calling thread's held block of exactly size bytes on
-        s, beyond its credit (counted as a shared acquire). NULL if none."""
-        cdef Magazine* m = self.thread_magazine(False)
-        cdef Block* b = NULL
-        cdef size_t spent
-        cdef int i
-        if m == NULL or m.nblocks == 0:
-            return NULL
-        m.mutex.lock()
-        i = mg_find(m, size, s)
-        if i >= 0:
-            b = mg_remove(m, i)
-            # Bytes in use were counted (the pool counts held blocks as in use); its credit,
-            # if any, is spent, the rest joins the bound as a shared acquire would.
-            spent = size if m.credit >= size else m.credit
-            m.credit -= spent
-            self._st.counters.in_use -= size
-            self._st.counters.cached += size
-            self._st.bound -= spent
-        m.mutex.unlock()
-        return b
 
-    cdef bint _mag_flush_own(self, size_t size, bint growing) noexcept nogil:
-        """Under the pool's lock, for a request of size bytes of the calling thread: its held
-        blocks go to the free lists, joined, but those a small request leaves (_mag_keeps).
-        growing: the pool grows for it next, and all the others go. Else the request found
-        neither a held nor a free block of its exact size (the caller checks), and only those
-        it could be cut from and those that MAG_AGE such requests have passed by go, so that
-        a cut sees the free memory (blocks held while others are cut raised the recorded
-        traces' peaks), while a thread cycling through a few sizes keeps them. Whether any
-        went."""
-        cdef Magazine* m = self.thread_magazine(False)
-        cdef bint dropped = False
-        cdef int i
-        if m == NULL or m.nblocks == 0:
-            return False
-        m.mutex.lock()
-        if not growing:
-            m.misses += 1
-        i = m.nblocks
-        while i:
-            i -= 1
-            if _mag_keeps(m.blocks[i], size):
-                continue
-            if growing or m.blocks[i].size >= size or m.misses - m.since[i] > MAG_AGE:
-                self._mag_drop(m, i)
-                dropped = True
-        m.mutex.unlock()
-        return dropped
 
     cdef bint mag_flush_mine(self) noexcept nogil:
-        """Under the pool's lock: the calling thread's held blocks to the free lists; whether
-        there were any."""
-        cdef Magazine* m = self.thread_magazine(False)
-        if m == NULL or m.nblocks == 0:
-            return False
-        m.mutex.lock()
-        self._mag_flush(m)
-        m.mutex.unlock()
-        return True
+        return mp_flush_mine(&self._st, self.thread_magazine(False))
 
-    cdef bint _mag_flush_others(self, StreamKey s) noexcept nogil:
-        """Under the pool's lock, for a request on s that found no free block of its exact
-        size: the blocks held on s by threads that made no request since the last such look
-        go to the free lists, joined, so that the cut sees that free memory too (PyTorch's
-        autograd thread allocates the backward while the main thread, waiting, holds what the
-        forward freed, and the other way round); whether any went. Threads that allocate keep
-        theirs: taking them would have threads on one stream empty each other's magazines at
-        every miss."""
-        cdef Magazine* mine = self.thread_magazine(False)
-        cdef Magazine* m
-        cdef bint dropped = False
-        cdef size_t k
-        self._st.sweeps[SWEEP_OTHERS] += 1
-        for k in range(self._st.magazines.size()):
-            m = self._st.magazines[k]
-            if m == mine or m.nblocks == 0:
-                continue
-            m.mutex.lock()
-            if m.requests == m.seen:            # idle since the last look
-                dropped = self._mag_drop_stream(m, s) or dropped
-            m.seen = m.requests
-            m.mutex.unlock()
-        return dropped
 
-    cdef bint _mag_reap(self) noexcept nogil:
-        """Under the pool's lock: the magazines of threads that exited go to the free lists and
-        are deleted (those still listing C API blocks once these are freed). Returns whether
-        any block moved."""
-        return self._mag_sweep(True)
 
-    cdef void _mag_want(self, size_t size, StreamKey s) noexcept nogil:
-        """Under the pool's lock, before the pool grows for size bytes on s: a block another
-        thread holds that would fit, on another stream, makes that stream wanted, as a free
-        block of it would (so_take): when it next allocates, its thread gives it up."""
-        cdef Magazine* m
-        cdef size_t k
-        cdef int i
-        self._st.sweeps[SWEEP_WANT] += 1
-        for k in range(self._st.magazines.size()):
-            m = self._st.magazines[k]
-            if m.nblocks == 0:
-                continue
-            m.mutex.lock()
-            for i in range(m.nblocks):
-                if m.blocks[i].size >= size and not same_stream(m.blocks[i].stream, s):
-                    so_mark_stream(&self._st.order, m.blocks[i].stream)
-            m.mutex.unlock()
 
-    cdef void _mag_give_up(self, StreamKey s) noexcept nogil:
-        """Under the pool's lock: stream s is wanted and allocating on the calling thread,
-        whose blocks held on s go to the free lists (to get their events there)."""
-        cdef Magazine* m = self.thread_magazine(False)
-        if m == NULL or m.nblocks == 0:
-            return
-        m.mutex.lock()
-        self._mag_drop_stream(m, s)
-        m.mutex.unlock()
 
-    cdef bint _mag_drop_stream(self, Magazine* m, StreamKey s) noexcept nogil:
-        """Under the pool's lock and m's: m's blocks held on s to the free lists; whether any
-        went."""
-        cdef bint dropped = False
-        cdef int i = m.nblocks
-        while i:
-            i -= 1
-            if same_stream(m.blocks[i].stream, s):
-                self._mag_drop(m, i)
-                dropped = True
-        return dropped
 
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil:
         """Hold freed block b (last used on s) in the calling thread's magazine, without
@@ -759,7 +533,7 @@ cdef class Pool(BlockOwner):
             return False
         if m.mutex.try_lock() or self._mag_wait(m, &m.free_waits):
             if m.nblocks < MAG_SLOTS:
-                self._mag_hold(m, b, s)
+                mp_hold(&self._st, m, b, s)
                 m.mutex.unlock()
                 return True
             m.mutex.unlock()
@@ -769,35 +543,13 @@ cdef class Pool(BlockOwner):
         self.lock()
         m.mutex.lock()
         if m.nblocks == MAG_SLOTS:
-            self._mag_drop(m, 0)
-        self._mag_hold(m, b, s)
+            mp_drop(&self._st, m, 0)
+        mp_hold(&self._st, m, b, s)
         m.mutex.unlock()
         self.unlock()
         return True
 
-    cdef void _mag_hold(self, Magazine* m, Block* b, StreamKey s) noexcept nogil:
-        """Under m's lock: m holds b (room checked by the caller), its bytes credited."""
-        b.stream = s
-        b.holder = NULL
-        b.used = self._st.counters.num_allocs   # last live now (sg_reclaim's cold blocks)
-        b.state = HELD
-        m.blocks[m.nblocks] = b
-        m.since[m.nblocks] = m.misses
-        m.nblocks += 1
-        m.held += b.size
-        m.credit += b.size
-        m.frees += 1
-        m.freed_bytes += b.size
 
-    cdef void _mag_drop(self, Magazine* m, int i) noexcept nogil:
-        """Under the pool's lock and m's: held block i goes to the free lists (joined)."""
-        cdef Block* b = mg_remove(m, i)
-        cdef size_t spent = b.size if m.credit >= b.size else m.credit
-        m.credit -= spent
-        self._st.bound -= spent
-        self._st.counters.in_use -= b.size
-        self._st.counters.cached += b.size
-        self._put(b)
 
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
         """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
@@ -828,7 +580,7 @@ cdef class Pool(BlockOwner):
                 s = b.stream
             if (s.tag != OWN_HANDLE_TAG and m.nblocks < MAG_SLOTS and
                     b.extra_streams == NULL and not RECORDING):
-                self._mag_hold(m, b, s)
+                mp_hold(&self._st, m, b, s)
                 b = NULL
         m.mutex.unlock()
         if b != NULL:
@@ -836,173 +588,21 @@ cdef class Pool(BlockOwner):
         return done[0]
 
     cdef Block* mag_find_handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil:
-        """Under the pool's lock: the block at ptr handed out by any thread's magazine
-        through the C API (taken off its list if remove); NULL if none."""
-        cdef Magazine* m
-        cdef Block* b = NULL
-        cdef size_t k
-        cdef int i
-        self._st.sweeps[SWEEP_HANDED] += 1
-        for k in range(self._st.magazines.size()):
-            m = self._st.magazines[k]
-            m.mutex.lock()
-            i = mg_find_handed(m, ptr)
-            if i >= 0:
-                b = mg_unhand(m, i) if remove else m.handed[i]
-            m.mutex.unlock()
-            if b != NULL:
-                return b
-        return NULL
+        return mp_find_handed(&self._st, ptr, remove)
 
-    cdef void _mag_flush(self, Magazine* m) noexcept nogil:
-        """Under the pool's lock and m's: every held block to the free lists, m's counts
-        folded into the pool's counters."""
-        while m.nblocks:
-            self._mag_drop(m, m.nblocks - 1)
-        self._mag_fold(m)
 
-    cdef void _mag_fold(self, Magazine* m) noexcept nogil:
-        self._st.counters.num_allocs += m.allocs
-        self._st.counters.cache_hits += m.allocs
-        self._st.counters.allocated_bytes += m.allocated_bytes
-        self._st.counters.num_frees += m.frees
-        self._st.counters.freed_bytes += m.freed_bytes
-        m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
 
-    cdef bint mag_flush_all(self) noexcept nogil:
-        """Under the pool's lock: every thread's held blocks to the free lists; magazines
-        of exited threads are deleted. Returns whether any block moved."""
-        return self._mag_sweep(False)
 
-    cdef bint _mag_sweep(self, bint exited_only) noexcept nogil:
-        """Flush every magazine (exited_only: those of exited threads, whose flag is set once,
-        under its lock, by the thread's exit) and delete those of exited threads that list no
-        C API block."""
-        cdef Magazine* m
-        cdef bint moved = False
-        cdef size_t k = 0
-        while k < self._st.magazines.size():
-            m = self._st.magazines[k]
-            if exited_only and not m.orphan:
-                k += 1
-                continue
-            m.mutex.lock()
-            moved = moved or m.nblocks > 0
-            self._mag_flush(m)
-            if m.orphan and m.nhanded == 0:
-                m.mutex.unlock()
-                del m
-                self._st.magazines.erase(self._st.magazines.begin() + k)
-                continue
-            m.mutex.unlock()
-            k += 1
-        return moved
 
     cdef void count_taken(self, size_t size) noexcept nogil:
-        """Under the pool's lock: a block of size bytes handed out by the shared path."""
-        count_acquired(&self._st.counters, size)
-        self._st.bound += size
-        if self._st.bound > self._st.counters.peak_in_use:
-            self._settle_peak()
+        mp_count_taken(&self._st, size)
 
-    cdef void _settle_peak(self) noexcept nogil:
-        """Under the pool's lock, when the bound passed the peak: take back credit, each
-        magazine it takes from kept locked until the end, in the order that least has a
-        thread short of it next: the credit of threads that made no request since the last
-        settle, then other threads' credit beyond their largest held block (a retake of one
-        block never needs it), then the most credit first. Once the bound is back at the
-        peak, bytes in use (at most the bound) are too, at that moment, with the locked
-        magazines still: no peak went by unseen, and the other threads' magazines were not
-        stopped. If all the credit does not do, every magazine is locked by then: bytes in
-        use, exactly, raise the peak, and the credit above it goes. (Richest first alone had
-        8 threads cycling through 5 sizes take each other's credit at every turn: issue 18.)"""
-        cdef vector[pair[size_t, size_t]] order     # (credit, index), the most last
-        cdef vector[char] locked
-        cdef size_t k, j, n = self._st.magazines.size(), held = 0, in_use, spare, largest
-        cdef size_t excess = self._st.bound - self._st.counters.peak_in_use     # > 0
-        cdef Magazine* m
-        self._st.sweeps[SWEEP_SETTLE] += 1
-        locked.resize(n, 0)
-        for k in range(n):                  # idle threads' credit (requests: a hint)
-            m = self._st.magazines[k]
-            if excess and m.credit and m.requests == m.settled:
-                m.mutex.lock()
-                locked[k] = 1
-                excess = self._take_credit(m, m.credit, excess)
-        for k in range(n):                  # credit no single retake needs
-            m = self._st.magazines[k]
-            if excess and not locked[k] and m.credit:
-                m.mutex.lock()
-                locked[k] = 1
-                largest = mg_largest(m)
-                spare = m.credit - largest if m.credit > largest else 0
-                excess = self._take_credit(m, spare, excess)
-        if excess:
-            for k in range(n):
-                order.push_back(pair[size_t, size_t](self._st.magazines[k].credit, k))  # a hint
-            sort(order.begin(), order.end())
-            j = n
-            while j and excess:
-                j -= 1
-                k = order[j].second
-                m = self._st.magazines[k]
-                if not locked[k]:
-                    m.mutex.lock()
-                    locked[k] = 1
-                excess = self._take_credit(m, m.credit, excess)
-            if excess:
-                # Every magazine is locked, its credit gone: the bound is bytes in use,
-                # exactly.
-                for k in range(n):
-                    m = self._st.magazines[k]
-                    if not locked[k]:
-                        m.mutex.lock()
-                        locked[k] = 1
-                    self._mag_fold(m)
-                    held += m.held
-                in_use = self._st.counters.in_use - held
-                if in_use > self._st.counters.peak_in_use:
-                    self._st.counters.peak_in_use = in_use
-        for k in range(n):
-            m = self._st.magazines[k]
-            m.settled = m.requests
-            if locked[k]:
-                m.mutex.unlock()
 
-    cdef size_t _take_credit(self, Magazine* m, size_t most, size_t excess) noexcept nogil:
-        """Under the pool's lock and m's: up to `most` of m's credit, and no more than
-        excess, leaves the bound; the excess left."""
-        cdef size_t back = excess if most >= excess else most
-        m.credit -= back
-        self._st.bound -= back
-        return excess - back
 
-    cdef size_t _freeze(self) noexcept nogil:
-        """Under the pool's lock: lock every magazine, fold its counts; returns the bytes
-        they hold. _thaw unlocks them."""
-        cdef size_t k, held = 0
-        cdef Magazine* m
-        for k in range(self._st.magazines.size()):
-            m = self._st.magazines[k]
-            m.mutex.lock()
-            self._mag_fold(m)
-            held += m.held
-        return held
 
-    cdef void _thaw(self) noexcept nogil:
-        cdef size_t k
-        for k in range(self._st.magazines.size()):
-            self._st.magazines[k].mutex.unlock()
 
     cdef Counters counters_view(self) noexcept nogil:
-        """Under the pool's lock: the counters as they are, the magazines' blocks counted as
-        cached and their fast path's counts included."""
-        cdef size_t held = self._freeze()
-        cdef Counters c = self._st.counters
-        self._thaw()
-        c.in_use -= held
-        c.cached += held
-        return c
+        return mp_counters_view(&self._st)
 
     cdef object raise_status(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
@@ -1027,7 +627,7 @@ cdef class Pool(BlockOwner):
         under the lock). It asks the upstream nothing: a driver call could fail or block where
         memory just ran out, so the device's free and total bytes stay None."""
         self.lock()
-        c = self.counters_view()
+        c = mp_counters_view(&self._st)
         self.unlock()
         limit = self._st.segments.hard_limit or None
         where = f"; hard limit {format_bytes(limit)}" if limit else ""
@@ -1101,7 +701,7 @@ cdef class Pool(BlockOwner):
             b.extra_streams = NULL
         rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
         b.used = self._st.counters.num_allocs   # last live now (sg_reclaim's cold blocks)
-        self._park(b)                       # may put a parked block: size was kept above
+        pk_park(&self._st, b)                       # may put a parked block: size was kept above
         count_released(&self._st.counters, size)
         self._st.bound -= size
 
@@ -1173,7 +773,7 @@ cdef class Pool(BlockOwner):
         self.lock()
         rc.entered -= 1
         if rc.entered == 0:
-            self.flush_parked()
+            pk_flush(&self._st)
             rc_return_unused(rc)
         self.unlock()
 
@@ -1184,24 +784,9 @@ cdef class Pool(BlockOwner):
     # Trimming ---------------------------------------------------------------------------
 
     cdef size_t trim_locked(self) noexcept nogil:
-        """Give the pool's cached memory back (sg_trim); returns the bytes given back."""
-        self.mag_flush_all()
-        self.flush_parked()
-        return sg_trim(&self._st, self.upstream)
+        return ld_trim(&self._st, self.upstream)
 
-    cdef void trim_logged(self, LogKind kind, size_t bound) noexcept nogil:
-        """trim_locked for a reason the debug log names (kind; bound: the limit crossed)."""
-        hist_log(kind, self.device, bound, self.trim_locked(), 0)
 
-    cdef int merge_streams_locked(self, size_t* moved) noexcept nogil:
-        cdef int r = self.upstream.synchronize()
-        if r != 0:
-            return r
-        self._st.order.wanted.clear()
-        self.mag_flush_all()
-        self.flush_parked()
-        sg_merge_streams(&self._st, moved)
-        return 0
 
     # Python API -------------------------------------------------------------------------
 
@@ -1283,8 +868,8 @@ cdef class Pool(BlockOwner):
         cdef vector[Block*] blocks
         cdef size_t i
         self.lock()
-        self.mag_flush_all()
-        self.flush_parked()
+        mp_flush_all(&self._st)
+        pk_flush(&self._st)
         fl_each(&self._st.free, &blocks)
         found = [(blocks[i].ptr, blocks[i].size,
                   blocks[i].seg_prev != NULL or blocks[i].seg_next != NULL)
@@ -1307,7 +892,7 @@ cdef class Pool(BlockOwner):
         cdef RegionCache* rc
         problems, tagged, counted = [], {}, {}
         self.lock()
-        self._mag_reap()
+        mp_reap(&self._st)
         while seg != NULL:
             pos, b, holes = seg.base, seg.first, 0
             prev = NULL
@@ -1335,7 +920,7 @@ cdef class Pool(BlockOwner):
                                 f"it at {seg.base + seg.nbytes:#x}")
             mapped += seg.nbytes - holes
             seg = seg.next
-        c = self.counters_view()
+        c = mp_counters_view(&self._st)
         for i in range(self._st.magazines.size()):
             magazine_blocks += self._st.magazines[i].nblocks
         if nheld != magazine_blocks:
@@ -1416,8 +1001,8 @@ cdef class Pool(BlockOwner):
         """The counters record as a dict (bytes and counts), read under the lock (and every
         thread's magazine's)."""
         self.lock()
-        self._mag_reap()                # exited threads' magazines: not read again and again
-        c = self.counters_view()
+        mp_reap(&self._st)                # exited threads' magazines: not read again and again
+        c = mp_counters_view(&self._st)
         self.unlock()
         return c
 
@@ -1443,32 +1028,14 @@ cdef class Pool(BlockOwner):
     def reset_peak_stats(self):
         """Set the peaks of bytes in use and reserved to their current values."""
         self.lock()
-        self.reset_peaks_locked()
+        mp_reset_peaks(&self._st)
         self.unlock()
 
     cdef void reset_peaks_locked(self) noexcept nogil:
-        """Under the pool's lock: the peaks of bytes in use and reserved are the current
-        values (bytes in use exactly: every magazine read, their credit taken back)."""
-        cdef size_t k
-        self._st.counters.peak_in_use = self._st.counters.in_use - self._freeze()
-        for k in range(self._st.magazines.size()):
-            self._st.magazines[k].credit = 0       # the bound is bytes in use again
-        self._st.bound = self._st.counters.peak_in_use
-        self._thaw()
-        self._st.counters.peak_reserved = self._st.counters.reserved
+        mp_reset_peaks(&self._st)
 
     cdef size_t largest_held(self) noexcept nogil:
-        """Under the pool's lock: the largest block any thread's magazine holds."""
-        cdef size_t k, largest = 0, size
-        cdef Magazine* m
-        for k in range(self._st.magazines.size()):
-            m = self._st.magazines[k]
-            m.mutex.lock()
-            size = mg_largest(m)
-            m.mutex.unlock()
-            if size > largest:
-                largest = size
-        return largest
+        return mp_largest_held(&self._st)
 
     def merge_streams(self):
         """Make every cached block, of the pool and of its regions, free for any stream.
@@ -1497,7 +1064,7 @@ cdef class Pool(BlockOwner):
         if FORKED[0]:
             self.raise_status(GP_FORKED, 0)
         self.lock()
-        r = self.merge_streams_locked(&moved)
+        r = ld_merge_streams(&self._st, self.upstream, &moved)
         self.unlock()
         self.upstream.raise_error(r, "synchronize")
         return moved
@@ -1518,7 +1085,7 @@ cdef class Pool(BlockOwner):
         if FORKED[0]:
             self.raise_status(GP_FORKED, 0)
         self.lock()
-        released = self.trim_locked()
+        released = ld_trim(&self._st, self.upstream)
         r = self.upstream.trim()
         reserved = self._st.counters.reserved
         self.unlock()
