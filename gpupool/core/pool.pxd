@@ -24,7 +24,6 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void unlock(self) noexcept nogil
     cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
     cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
-    cdef void flush_parked(self) noexcept nogil
     cdef void release_locked(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void region_register(self, RegionCache* rc) noexcept nogil
     cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil
@@ -32,26 +31,48 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void region_enter(self, RegionCache* rc, bint entry) noexcept nogil
     cdef void region_leave(self, RegionCache* rc) noexcept nogil
     cdef void region_drain(self, RegionCache* rc) noexcept nogil
-    cdef size_t trim_locked(self) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
     cdef object _oom_error(self, size_t nbytes)
     cdef size_t _oom_free_bytes(self) noexcept nogil
     cdef object allocate_key(self, object nbytes, StreamKey stream)
+
+    # The interface of the layers above: what region/, ipc/, c_api/ and adapters/ may call.
+    # NOTE: each of these takes the pool's lock itself (never call one holding it), but
+    # take_handed (a free from inside the pool's upstream call, whose lock the calling thread
+    # holds) and the mag_* fast path (no pool lock). No module outside the pool reads its
+    # fields (_st) or calls lock()/unlock().
+    cdef size_t region_exit(self, RegionCache* rc, set kept, bint detach, int poison,
+                            list escaping) except? 0
+    cdef Block* region_find_live(self, RegionCache* rc, uintptr_t ptr) noexcept nogil
+    cdef RegionCache region_counters(self, RegionCache* rc) noexcept nogil
+    cdef void region_reset_peak(self, RegionCache* rc) noexcept nogil
+    cdef int acquire_handed(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil
+    cdef Block* _handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil
+    cdef Block* take_handed(self, uintptr_t ptr) noexcept nogil
+    cdef Block* find_handed(self, uintptr_t ptr) noexcept nogil
+    cdef bint handed_segment(self, uintptr_t ptr, uintptr_t* base, size_t* nbytes) noexcept nogil
+    cdef void note_oom(self, size_t nbytes, uintptr_t stream) noexcept nogil
+    cdef Counters read_counters(self) noexcept nogil
+    cdef int trim_all(self, size_t* released) noexcept nogil
+    cdef void reset_peaks(self) noexcept nogil
+    cdef void cache_info(self, size_t* largest, size_t* headroom) noexcept nogil
+    cdef size_t private_live(self, RegionCache* rc, uintptr_t* ptrs, size_t* sizes,
+                             size_t capacity) noexcept nogil
+    cdef bint private_allocate_at(self, RegionCache* rc, uintptr_t ptr, size_t nbytes,
+                                  StreamKey s) noexcept nogil
+    cdef void private_end(self, RegionCache* rc) noexcept nogil
+    cdef Block* find_live(self, uintptr_t ptr, size_t nbytes) noexcept nogil
+    cdef object holder_at(self, uintptr_t ptr, size_t nbytes, bint* found)
+    cdef str oom_failure(self, size_t nbytes)
 
     # Magazines (core/magazine.pxd).
     cdef Magazine* thread_magazine(self, bint make) noexcept nogil
     cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil
-    cdef Block* mag_find_handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil
     cdef void _deferred_magazine(self, Magazine* m) noexcept nogil
     cdef bint _mag_wait(self, Magazine* m, size_t* waits) noexcept nogil
     cdef bint _is_wanted_fast(self, StreamKey s) noexcept nogil
-    cdef bint mag_flush_mine(self) noexcept nogil
-    cdef void count_taken(self, size_t size) noexcept nogil
-    cdef void reset_peaks_locked(self) noexcept nogil
-    cdef size_t largest_held(self) noexcept nogil
-    cdef Counters counters_view(self) noexcept nogil
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
 

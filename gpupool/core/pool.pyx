@@ -15,7 +15,9 @@ Everything runs under the pool's lock, taken without blocking other Python threa
 is released while waiting). A free made by the thread that holds the lock (a garbage
 collection run by a Python upstream, say) is deferred until that thread unlocks.
 """
-from libc.stdint cimport uintptr_t
+from cpython.ref cimport PyObject
+from libc.stdint cimport uintptr_t, SIZE_MAX
+from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.records.block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED, HELD
@@ -40,11 +42,14 @@ from gpupool.history.ring cimport (
 )
 from gpupool.core.regioncache cimport (
     RegionCache, rc_link, rc_detach, rc_own, rc_disown, rc_freed_into, rc_drain,
-    rc_return_unused,
+    rc_return_unused, rc_lends, rc_live_blocks, rc_escape, rc_find_live,
 )
-from gpupool.core.segments cimport round_request
+from gpupool.core.private cimport pp_allocate_at, pp_end
+from gpupool.records.ptrtable cimport pt_insert, pt_lookup
+from gpupool.core.segments cimport round_request, sg_find_live
 from gpupool.core.cutjoin cimport sg_split, sg_split_top
 from gpupool.core.giveback cimport sg_release_all
+from gpupool.core.verify cimport ps_verify, ps_magazines_info, ps_sweep_counts
 from gpupool.core.state cimport (
     PoolState, WANTED_FAST, SWEEP_OTHERS, SWEEP_WANT, SWEEP_HANDED, SWEEP_SETTLE,
 )
@@ -70,6 +75,7 @@ from gpupool.errors import (
 from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
 
 cdef extern from "Python.h" nogil:
+    Py_ssize_t Py_REFCNT(PyObject* o)
     ctypedef struct PyThreadState
     int PyGILState_Check()
     PyThreadState* PyEval_SaveThread()
@@ -382,8 +388,6 @@ cdef class Pool(BlockOwner):
         out[0] = b
         return 0
 
-    cdef void flush_parked(self) noexcept nogil:
-        pk_flush(&self._st)
 
     # Magazines (core/magazine.pxd) ---------------------------------------------------------
 
@@ -512,8 +516,6 @@ cdef class Pool(BlockOwner):
 
 
 
-    cdef bint mag_flush_mine(self) noexcept nogil:
-        return mp_flush_mine(&self._st, self.thread_magazine(False))
 
 
 
@@ -587,31 +589,22 @@ cdef class Pool(BlockOwner):
             self.release(b, resolved_free_key(self.upstream, s, b.stream))
         return done[0]
 
-    cdef Block* mag_find_handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil:
-        return mp_find_handed(&self._st, ptr, remove)
 
 
 
 
 
-    cdef void count_taken(self, size_t size) noexcept nogil:
-        mp_count_taken(&self._st, size)
 
 
 
 
 
-    cdef Counters counters_view(self) noexcept nogil:
-        return mp_counters_view(&self._st)
 
     cdef object raise_status(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
             self._st.counters.num_ooms += 1
             if RECORDING:
-                self.lock()
-                hist_oom(self.device, self._st.segments.pool_id, nbytes, self._oom_free_bytes(),
-                         0)
-                self.unlock()
+                self.note_oom(nbytes, 0)
             hist_flush_log()
             _logger.debug("gpupool: out of memory on device %d for %d B after the ladder: "
                           "raising OutOfMemoryError", self.device, nbytes)
@@ -779,14 +772,265 @@ cdef class Pool(BlockOwner):
 
     cdef void region_drain(self, RegionCache* rc) noexcept nogil:
         """Every cached block of a region goes back to the pool."""
+        self.lock()
         rc_drain(rc)
+        self.unlock()
 
     # Trimming ---------------------------------------------------------------------------
 
-    cdef size_t trim_locked(self) noexcept nogil:
-        return ld_trim(&self._st, self.upstream)
 
 
+
+    # The interface of the layers above (core/pool.pxd lists it) -------------------------
+
+    cdef size_t region_exit(self, RegionCache* rc, set kept, bint detach, int poison,
+                            list escaping) except? 0:
+        """The exit of region rc, under the pool's lock: its live blocks that escaped an
+        earlier exit stay escaped; those in kept (block addresses) leave the region; with
+        detach, or without a buffer, they escape (pointers appended to escaping); the others'
+        buffers are invalidated and their blocks freed, on the buffer's stream, or, with
+        poison >= 0, filled with that byte on the legacy stream once the device is idle (so
+        the block now belongs to that stream; its bytes are read first: a freed block may
+        join a neighbour). Returns the bytes of the region's live blocks at exit."""
+        cdef vector[Block*] live
+        cdef vector[pair[uintptr_t, size_t]] poisoned
+        cdef Block* b
+        cdef DeviceBuffer buf
+        cdef size_t i, escaped = 0
+        cdef int status = 0
+        self.lock()
+        rc_live_blocks(rc, &live)
+        for i in range(live.size()):
+            b = live[i]
+            if b.region.escaped:
+                escaping.append(b.ptr)                  # escaped an earlier exit
+            elif <uintptr_t>b in kept:
+                rc_detach(b)
+            elif detach or b.holder == NULL:
+                escaping.append(b.ptr)
+                rc_escape(b)
+            else:
+                escaped += b.size
+                buf = <DeviceBuffer>b.holder
+                buf.invalidate_locked()
+                if poison >= 0:
+                    poisoned.push_back(pair[uintptr_t, size_t](b.ptr, b.size))
+                    self.release_locked(b, stream_key(0))
+                else:
+                    self.release_locked(b, buf._stream)
+        escaped += rc.escaped_bytes
+        if not poisoned.empty():
+            status = self.upstream.synchronize()
+            for i in range(poisoned.size()):
+                if status == 0:
+                    status = self.upstream.memset(poisoned[i].first, poison, poisoned[i].second,
+                                                  0)
+        self.unlock()
+        self.upstream.raise_error(status, "poisoning invalidated blocks")
+        return escaped
+
+    cdef Block* region_find_live(self, RegionCache* rc, uintptr_t ptr) noexcept nogil:
+        """The live block of region rc holding ptr; NULL if none."""
+        cdef Block* b
+        self.lock()
+        b = rc_find_live(rc, ptr)
+        self.unlock()
+        return b
+
+    cdef RegionCache region_counters(self, RegionCache* rc) noexcept nogil:
+        """A copy of region rc's record, read under the pool's lock (its counts)."""
+        cdef RegionCache copy
+        self.lock()
+        copy = rc[0]
+        self.unlock()
+        return copy
+
+    cdef void region_reset_peak(self, RegionCache* rc) noexcept nogil:
+        """Region rc's peak bytes in use become the bytes its live buffers hold now."""
+        self.lock()
+        rc.peak_in_use_bytes = rc.live_bytes
+        self.unlock()
+
+    cdef int acquire_handed(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
+        """acquire, for a block handed out by pointer (the C API: a free finds it in the
+        pool's table), through the shared path (the caller tried the magazine). Returns 0 or
+        a status code."""
+        cdef int r
+        if self._st.holder == current_thread():
+            return GP_REENTRANT                 # from inside the pool's own upstream call
+        self.lock()
+        r = self.acquire_locked(nbytes, s, out)
+        if r == 0:
+            pt_insert(&self._st.capi_blocks, out[0].ptr, out[0])
+            if hist_on(RECORDING):
+                hist_alloc(self.device, self._st.segments.pool_id, out[0].ptr, nbytes, s.handle)
+        self.unlock()
+        return r
+
+    cdef Block* _handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil:
+        """Under the pool's lock: the live block at ptr handed out by pointer, from the
+        pool's table or a thread's magazine (taken off if remove); NULL if none."""
+        cdef Block* b = pt_lookup(&self._st.capi_blocks, ptr, remove)
+        if b == NULL:
+            b = mp_find_handed(&self._st, ptr, remove)
+        return b
+
+    cdef Block* take_handed(self, uintptr_t ptr) noexcept nogil:
+        """The live block at ptr handed out by pointer, taken off the lists for its free
+        (from inside the pool's upstream call the lock is the calling thread's already);
+        NULL if none."""
+        cdef Block* b
+        if self._st.holder == current_thread():
+            return self._handed_locked(ptr, True)
+        self.lock()
+        b = self._handed_locked(ptr, True)
+        self.unlock()
+        return b
+
+    cdef Block* find_handed(self, uintptr_t ptr) noexcept nogil:
+        """The live block at ptr handed out by pointer; NULL if none."""
+        cdef Block* b
+        self.lock()
+        b = self._handed_locked(ptr, False)
+        self.unlock()
+        return b
+
+    cdef bint handed_segment(self, uintptr_t ptr, uintptr_t* base, size_t* nbytes) noexcept nogil:
+        """The segment (base, bytes) of the live block at ptr handed out by pointer; whether
+        there is one."""
+        cdef Block* b
+        self.lock()
+        b = self._handed_locked(ptr, False)
+        if b != NULL:
+            base[0] = b.segment.base
+            nbytes[0] = b.segment.nbytes
+        self.unlock()
+        return b != NULL
+
+    cdef void note_oom(self, size_t nbytes, uintptr_t stream) noexcept nogil:
+        """A request of nbytes on stream failed after the ladder: recorded while the memory
+        history records."""
+        self.lock()
+        if RECORDING:
+            hist_oom(self.device, self._st.segments.pool_id, nbytes, self._oom_free_bytes(),
+                     stream)
+        self.unlock()
+
+    cdef Counters read_counters(self) noexcept nogil:
+        """The counters (core/magpool.pxd, mp_counters_view), read under the lock."""
+        cdef Counters c
+        self.lock()
+        c = mp_counters_view(&self._st)
+        self.unlock()
+        return c
+
+    cdef int trim_all(self, size_t* released) noexcept nogil:
+        """Give the pool's cached memory back, then the upstream's own (a status code: the
+        upstream's trim, its error cleared); the bytes the pool gave back go to released."""
+        cdef int r
+        self.lock()
+        released[0] = ld_trim(&self._st, self.upstream)
+        r = self.upstream.trim()
+        if r != 0:
+            self.upstream.clear_error()
+        self.unlock()
+        return r
+
+    cdef void reset_peaks(self) noexcept nogil:
+        self.lock()
+        mp_reset_peaks(&self._st)
+        self.unlock()
+
+    cdef void cache_info(self, size_t* largest, size_t* headroom) noexcept nogil:
+        """The largest free block any request may take (the pool's and idle regions', and
+        threads' held blocks: served under pressure), and the bytes left under the hard
+        limit (SIZE_MAX: none)."""
+        cdef vector[Block*] blocks
+        cdef RegionCache* rc
+        cdef size_t i, held, limit = self._st.segments.hard_limit
+        self.lock()
+        pk_flush(&self._st)
+        # The caller's held blocks, joined, as its request sees them.
+        mp_flush_mine(&self._st, self.thread_magazine(False))
+        fl_each(&self._st.free, &blocks)
+        largest[0] = 0
+        for i in range(blocks.size()):
+            rc = <RegionCache*>blocks[i].region.cache
+            if (rc == NULL or rc_lends(rc)) and blocks[i].size > largest[0]:
+                largest[0] = blocks[i].size
+        held = mp_largest_held(&self._st)
+        if held > largest[0]:
+            largest[0] = held
+        if not limit:
+            headroom[0] = SIZE_MAX
+        else:
+            headroom[0] = (limit - self._st.counters.reserved
+                           if limit > self._st.counters.reserved else 0)
+        self.unlock()
+
+    cdef size_t private_live(self, RegionCache* rc, uintptr_t* ptrs, size_t* sizes,
+                             size_t capacity) noexcept nogil:
+        """The live blocks of private pool rc: the first capacity ones' pointers and sizes
+        go to ptrs and sizes; returns how many there are."""
+        cdef Block* b
+        cdef size_t n = 0
+        self.lock()
+        b = rc.live_head
+        while b != NULL:
+            if n < capacity:
+                ptrs[n] = b.ptr
+                sizes[n] = b.size
+            n += 1
+            b = b.region.next
+        self.unlock()
+        return n
+
+    cdef bint private_allocate_at(self, RegionCache* rc, uintptr_t ptr, size_t nbytes,
+                                  StreamKey s) noexcept nogil:
+        """Make [ptr, ptr + nbytes) of private pool rc's free memory a live block used on s,
+        handed out by pointer (core/private.pxd); whether it was free there."""
+        cdef bint done
+        self.lock()
+        pk_flush(&self._st)
+        done = pp_allocate_at(&self._st, rc, ptr, nbytes, s)
+        self.unlock()
+        return done
+
+    cdef void private_end(self, RegionCache* rc) noexcept nogil:
+        self.lock()
+        pp_end(rc)
+        self.unlock()
+
+    cdef Block* find_live(self, uintptr_t ptr, size_t nbytes) noexcept nogil:
+        """The live block holding [ptr, ptr + nbytes); NULL if none."""
+        cdef Block* b
+        self.lock()
+        b = sg_find_live(&self._st.segments, ptr, nbytes)
+        self.unlock()
+        return b
+
+    cdef object holder_at(self, uintptr_t ptr, size_t nbytes, bint* found):
+        """The DeviceBuffer holding the live block around [ptr, ptr + nbytes) (None for a
+        block handed out by pointer, or none); found: whether there is such a block. With
+        the GIL: a holder whose count is 0 is dying (its __dealloc__ waits for the lock held
+        here), and no other thread changes counts meanwhile."""
+        cdef Block* b
+        holder = None
+        self.lock()
+        b = sg_find_live(&self._st.segments, ptr, nbytes)
+        found[0] = b != NULL
+        if b != NULL and b.holder != NULL and Py_REFCNT(<PyObject*>b.holder) > 0:
+            holder = <object>b.holder
+        self.unlock()
+        return holder
+
+    cdef str oom_failure(self, size_t nbytes):
+        """Count a failed request of nbytes for lack of memory (num_ooms) and return its
+        OutOfMemoryError's message (for adapters that raise their own type with it)."""
+        self.lock()
+        self._st.counters.num_ooms += 1
+        self.unlock()
+        return str(self._oom_error(nbytes))
 
     # Python API -------------------------------------------------------------------------
 
@@ -882,71 +1126,8 @@ cdef class Pool(BlockOwner):
         the parked blocks, region tags and their byte counts, and the counters. Returns the
         problems found (an empty list when all is consistent). For tests: it walks every
         block under the lock."""
-        cdef Segment* seg = self._st.segments.head
-        cdef Block* b
-        cdef Block* prev
-        cdef uintptr_t pos
-        cdef size_t live = 0, idle = 0, mapped = 0, nfree = 0, nparked = 0, nheld = 0, holes
-        cdef size_t magazine_blocks = 0
-        cdef size_t i
-        cdef RegionCache* rc
-        problems, tagged, counted = [], {}, {}
         self.lock()
-        mp_reap(&self._st)
-        while seg != NULL:
-            pos, b, holes = seg.base, seg.first, 0
-            prev = NULL
-            while b != NULL:
-                if b.ptr != pos or b.seg_prev != prev or b.segment != seg:
-                    problems.append(f"segment {seg.base:#x}: block {b.ptr:#x} out of place")
-                    break
-                if b.state == LIVE:
-                    live += b.size
-                elif b.state == FREE or b.state == PARKED or b.state == HELD:
-                    idle += b.size
-                    nfree += b.state == FREE
-                    nparked += b.state == PARKED
-                    nheld += b.state == HELD
-                    if b.region.cache != NULL:
-                        key = <uintptr_t>b.region.cache
-                        tagged[key] = tagged.get(key, 0) + b.size
-                elif b.state == UNMAPPED:
-                    holes += b.size
-                pos += b.size
-                prev = b
-                b = b.seg_next
-            if seg.last != prev or pos != seg.base + seg.nbytes:
-                problems.append(f"segment {seg.base:#x}: its blocks end at {pos:#x}, "
-                                f"it at {seg.base + seg.nbytes:#x}")
-            mapped += seg.nbytes - holes
-            seg = seg.next
-        c = mp_counters_view(&self._st)
-        for i in range(self._st.magazines.size()):
-            magazine_blocks += self._st.magazines[i].nblocks
-        if nheld != magazine_blocks:
-            problems.append(f"{nheld} held blocks, magazines hold {magazine_blocks}")
-        if c.peak_in_use < c.in_use or self._st.bound > c.peak_in_use or self._st.bound < c.in_use:
-            problems.append(f"bytes in use {c.in_use}, bound {self._st.bound}, peak "
-                            f"{c.peak_in_use}: not in use <= bound <= peak")
-        if (c.reserved, c.cached, c.in_use) != (mapped, idle, live):
-            problems.append(f"counters reserved/cached/in use {c.reserved}/{c.cached}/"
-                            f"{c.in_use}, blocks {mapped}/{idle}/{live}")
-        if nfree != self._st.free.nblocks or nparked != <size_t>self._st.nparked:
-            problems.append(f"{nfree} free and {nparked} parked blocks, lists hold "
-                            f"{self._st.free.nblocks} and {self._st.nparked}")
-        for i in range(self._st.regions.size()):
-            rc = self._st.regions[i]
-            b = rc.cached_head
-            n = 0
-            while b != NULL:
-                n += b.size
-                b = b.region.next
-            counted[<uintptr_t>rc] = n
-            if n != rc.cached_bytes or n != tagged.get(<uintptr_t>rc, 0):
-                problems.append(f"region {<uintptr_t>rc:#x}: cached_bytes {rc.cached_bytes},"
-                                f" its list {n}, tagged blocks {tagged.get(<uintptr_t>rc, 0)}")
-        if set(tagged) - set(counted):
-            problems.append("free blocks tagged with a region the pool does not know")
+        problems = ps_verify(&self._st)
         self.unlock()
         return problems
 
@@ -964,23 +1145,8 @@ cdef class Pool(BlockOwner):
         ``empty`` (it held no block); ``waits`` and ``free_waits`` (its lock was another
         thread's at that moment, and a request or a free waited for it); and ``streams``, each
         held block's (size, stream handle, stream tag)."""
-        cdef Magazine* m
-        cdef size_t k
-        cdef int i
-        out = []
         self.lock()
-        for k in range(self._st.magazines.size()):
-            m = self._st.magazines[k]
-            m.mutex.lock()
-            out.append({"blocks": m.nblocks, "held": m.held, "credit": m.credit,
-                        "handed": m.nhanded, "orphan": bool(m.orphan), "allocs": m.allocs,
-                        "frees": m.frees, "misses": m.misses, "wanted": m.wanted,
-                        "no_block": m.no_block, "no_credit": m.no_credit,
-                        "no_hand": m.no_hand, "empty": m.empty, "waits": m.waits,
-                        "free_waits": m.free_waits,
-                        "streams": [(m.blocks[i].size, m.blocks[i].stream.handle,
-                                     m.blocks[i].stream.tag) for i in range(m.nblocks)]})
-            m.mutex.unlock()
+        out = ps_magazines_info(&self._st)
         self.unlock()
         return out
 
@@ -992,8 +1158,7 @@ cdef class Pool(BlockOwner):
         own when the wait for its lock ran out) and ``settle`` (the peak bound passed: credit taken
         back)."""
         self.lock()
-        out = {"others": self._st.sweeps[SWEEP_OTHERS], "want": self._st.sweeps[SWEEP_WANT],
-               "handed": self._st.sweeps[SWEEP_HANDED], "settle": self._st.sweeps[SWEEP_SETTLE]}
+        out = ps_sweep_counts(&self._st)
         self.unlock()
         return out
 
@@ -1031,11 +1196,7 @@ cdef class Pool(BlockOwner):
         mp_reset_peaks(&self._st)
         self.unlock()
 
-    cdef void reset_peaks_locked(self) noexcept nogil:
-        mp_reset_peaks(&self._st)
 
-    cdef size_t largest_held(self) noexcept nogil:
-        return mp_largest_held(&self._st)
 
     def merge_streams(self):
         """Make every cached block, of the pool and of its regions, free for any stream.

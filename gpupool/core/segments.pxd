@@ -30,7 +30,7 @@
 # unmapping, giving back) is noted for the memory history (sg_note, history/ring.pxd).
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free
-from gpupool.records.block cimport Segment
+from gpupool.records.block cimport Block, Segment, LIVE
 from gpupool.history.ring cimport HistAction, hist_segment
 from gpupool.core.state cimport Segments
 from gpupool.records.streams cimport StreamKey
@@ -85,3 +85,18 @@ cdef inline void sg_drop_segment(Segments* sg, Segment* seg) noexcept nogil:
     if p[0] == seg:
         p[0] = seg.next
     free(seg)
+
+
+cdef inline Block* sg_find_live(Segments* sg, uintptr_t ptr, size_t nbytes) noexcept nogil:
+    """The live block holding [ptr, ptr + nbytes), or NULL (a walk of every segment)."""
+    cdef Segment* seg = sg.head
+    cdef Block* b
+    while seg != NULL:
+        if seg.base <= ptr < seg.base + (seg.va_bytes if seg.va_bytes else seg.nbytes):
+            b = seg.first
+            while b != NULL:
+                if b.ptr <= ptr and ptr + nbytes <= b.ptr + b.size:
+                    return b if b.state == LIVE else NULL
+                b = b.seg_next
+        seg = seg.next
+    return NULL

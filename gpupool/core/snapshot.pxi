@@ -94,7 +94,7 @@ def _snapshot_of(Pool pool, dict cache):
     for i in range(pool._st.regions.size()):
         rc = pool._st.regions[i]
         regions.append((<uintptr_t>rc, rc.cached_bytes, rc.live_bytes))
-    counters = pool.counters_view()     # a magazine's blocks are free, as their rows say
+    counters = mp_counters_view(&pool._st)  # a magazine's blocks are free, as their rows say
     pool.unlock()
     out = []
     for i in range(segments.size()):
