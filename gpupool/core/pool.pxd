@@ -19,8 +19,6 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef object __weakref__
 
     cdef void lock(self) noexcept nogil
-    cdef void _copy_wanted(self) noexcept nogil
-    cdef void _wait(self) noexcept nogil
     cdef void unlock(self) noexcept nogil
     cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
     cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
@@ -69,10 +67,7 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef Magazine* thread_magazine(self, bint make) noexcept nogil
     cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil
-    cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil
-    cdef void _deferred_magazine(self, Magazine* m) noexcept nogil
-    cdef bint _mag_wait(self, Magazine* m, size_t* waits) noexcept nogil
-    cdef bint _is_wanted_fast(self, StreamKey s) noexcept nogil
+    cdef Block* mag_free_handed(self, uintptr_t ptr, StreamKey* s, bint* done) noexcept nogil
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
 

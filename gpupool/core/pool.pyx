@@ -50,6 +50,11 @@ from gpupool.core.segments cimport round_request, sg_find_live
 from gpupool.core.cutjoin cimport sg_split, sg_split_top
 from gpupool.core.giveback cimport sg_release_all
 from gpupool.core.verify cimport ps_verify, ps_magazines_info, ps_sweep_counts
+from gpupool.core.acquire cimport ps_acquire_locked
+from gpupool.core.fastpath cimport fp_thread_magazine, fp_take, fp_put, fp_free_handed
+from gpupool.core.lock cimport ps_lock, ps_wait
+from gpupool.core.release cimport ps_release_locked, ps_unlock
+from gpupool.core.thread cimport GP_REGION_DEPTH_MAX, gp_thread, gp_this_thread, gp_magazine_exit_hook, uncached_mark
 from gpupool.core.state cimport (
     PoolState, WANTED_FAST, SWEEP_OTHERS, SWEEP_WANT, SWEEP_HANDED, SWEEP_SETTLE,
 )
@@ -76,10 +81,6 @@ from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
 
 cdef extern from "Python.h" nogil:
     Py_ssize_t Py_REFCNT(PyObject* o)
-    ctypedef struct PyThreadState
-    int PyGILState_Check()
-    PyThreadState* PyEval_SaveThread()
-    void PyEval_RestoreThread(PyThreadState*)
 
 _UPSTREAMS = {"driver": DriverUpstream, "async": AsyncUpstream, "vmm": VmmUpstream}
 
@@ -100,18 +101,10 @@ cdef const int* FORKED = fork_flag()
 cdef int RECORDING = 0
 hist_subscribe(&RECORDING)
 _logger = logging.getLogger("gpupool")
-# Pauses (x86 `pause`: 10 to 140 cycles by model) a thread waits at most for its own
-# magazine's lock while a sweep of the pool holds it, before taking the shared path (_mag_wait).
-cdef unsigned MAG_SPINS = 1024
 # GPUPOOL_MAGAZINES=0 (read at import): no thread keeps freed blocks in a magazine; every free
 # and request takes the shared path. For memory measurements across threads (PyTorch's
 # autograd thread allocates while the main thread's magazine holds what it freed).
 cdef bint MAGAZINES = os.environ.get("GPUPOOL_MAGAZINES", "").strip() != "0"
-
-
-cdef inline int wanted_bit(StreamKey s) noexcept nogil:
-    """The stream's bit in the pool's wanted mask (Fibonacci hashing of its key)."""
-    return <int>(((s.handle ^ (s.tag << 1)) * 0x9E3779B97F4A7C15ULL) >> 58)
 
 
 include "regionstack.pxi"
@@ -223,44 +216,12 @@ cdef class Pool(BlockOwner):
     # Locking --------------------------------------------------------------------------
 
     cdef void lock(self) noexcept nogil:
-        if not self._st.mutex.try_lock():
-            self._wait()
-        self._st.holder = current_thread()
+        ps_lock(&self._st)
 
-    cdef void _wait(self) noexcept nogil:
-        # A Python thread waiting for the lock lets the others run: the holder may need the
-        # GIL (a Python upstream), and must not deadlock against us.
-        cdef PyThreadState* state
-        if PyGILState_Check():
-            state = PyEval_SaveThread()
-            self._st.mutex.lock()
-            PyEval_RestoreThread(state)
-        else:
-            self._st.mutex.lock()
 
     cdef void unlock(self) noexcept nogil:
-        cdef Block* b
-        while not self._st.deferred.empty():
-            b = self._st.deferred.back()
-            self._st.deferred.pop_back()
-            self.release_locked(b, b.stream)
-        if self._st.nwanted or not self._st.order.wanted.empty():
-            self._copy_wanted()
-        self._st.holder = 0
-        self._st.mutex.unlock()
+        ps_unlock(&self._st, self.upstream)
 
-    cdef void _copy_wanted(self) noexcept nogil:
-        """Under the pool's lock: publish the wanted streams to the fast path (mag_take). A
-        racy read may see a half-written key: then a wanted stream's request goes the fast
-        way once (its answer waits for the next), or another stream's the shared way."""
-        cdef size_t i, n = self._st.order.wanted.size()
-        cdef unsigned long long mask = 0
-        for i in range(n):
-            mask |= 1ULL << wanted_bit(self._st.order.wanted[i])
-            if i < WANTED_FAST:
-                self._st.wanted[i] = self._st.order.wanted[i]
-        self._st.wanted_mask = mask
-        self._st.nwanted = <int>n if n <= WANTED_FAST else WANTED_FAST + 1
 
     # Allocation -----------------------------------------------------------------------
 
@@ -297,222 +258,22 @@ cdef class Pool(BlockOwner):
         return r
 
     cdef int acquire_locked(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
-        cdef size_t size = round_request(nbytes)
-        cdef RegionCache* rc
-        cdef RegionCache* owner
-        cdef Block* b
-        cdef bint grew = False, answered = False, top = False
-        cdef int r
-        if self._st.segments.hard_limit and size > self._st.segments.hard_limit:
-            size = nbytes               # only the exact request fits under the limit
-        if not self._st.order.wanted.empty():
-            if self._st.order.wanted.size() > WANTED_MAX:
-                # Many streams hold blocks that others want and never allocate again (most
-                # likely destroyed): one synchronize frees their blocks for every stream.
-                ld_trim_logged(&self._st, self.upstream, LOG_STREAM_TRIM, WANTED_MAX)
-            elif so_clear_wanted(&self._st.order, s):
-                # s is allocating, so it is alive: another stream waits for its free blocks,
-                # whose events are recorded now (and those of blocks its thread lets go below).
-                answered = True
-                mp_give_up(&self._st, self.thread_magazine(False), s)
-                so_mark_blocks(&self._st, self.upstream, s)
-        rc = current_cache(<void*>self, self._st.process_region)
-        b = pk_unpark(&self._st, size, s, rc) if self._st.nparked else NULL
-        if b == NULL and rc == NULL:
-            b = mp_take_locked(&self._st, self.thread_magazine(False), size, s)
-        if b != NULL:
-            b.state = LIVE
-            self._st.counters.cache_hits += 1
-            if rc != NULL:
-                rc_link(rc, b)
-                rc.hits += 1
-            mp_count_taken(&self._st, b.size)
-            out[0] = b
-            return 0
-        if self._st.nparked and not fl_has_exact(&self._st.free, size, s):
-            pk_flush(&self._st)
-        if not fl_has_exact(&self._st.free, size, s) and \
-                (mp_flush_own(&self._st, self.thread_magazine(False), size, False) + mp_flush_idle(&self._st, self.thread_magazine(False), s)) and answered:
-            so_mark_blocks(&self._st, self.upstream, s)
-        if size <= SMALL_REQUEST and self.upstream.expandable:
-            b = so_take_small(&self._st, size, s, <void*>rc)
-            top = b != NULL and so_under_small(b)
-        if b == NULL:
-            b = so_take(&self._st, self.upstream, size, s, <void*>rc, False)
-        if b == NULL:
-            # Idle regions' cached blocks serve before the pool grows: a region never costs
-            # memory that the pool alone would not.
-            b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
-        if b == NULL and mp_reap(&self._st) + mp_flush_own(&self._st, self.thread_magazine(False), size, True):
-            # The calling thread's held blocks (but those a small request leaves), and exited
-            # threads', serve before the pool grows.
-            if answered:
-                so_mark_blocks(&self._st, self.upstream, s)
-            b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
-        if b == NULL:
-            mp_want(&self._st, size, s)
-            r = ld_grow_once(&self._st, self.upstream, size, s, <void*>rc)
-            if r == CUDA_ERROR_OUT_OF_MEMORY and mp_flush_all(&self._st):
-                # Out of memory: the blocks threads hold in their magazines serve first
-                # (before then they stay with their threads, which use them).
-                b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
-        if b == NULL:
-            if r == CUDA_ERROR_OUT_OF_MEMORY:
-                r = ld_ladder(&self._st, self.upstream, size, s, <void*>rc)
-            if r != 0:
-                return r
-            grew = True
-            b = so_take(&self._st, self.upstream, size, s, <void*>rc, True)
-            if b == NULL:
-                return CUDA_ERROR_OUT_OF_MEMORY
-        owner = rc_disown(b)
-        if top:
-            b = sg_split_top(&self._st, b, size, s, owner)
-        else:
-            sg_split(&self._st, b, size, s, owner)
-        b.state = LIVE
-        b.stream = s
-        if grew:
-            self._st.counters.cache_misses += 1
-        else:
-            self._st.counters.cache_hits += 1
-        if rc != NULL:
-            rc_link(rc, b)
-            if grew:
-                rc.misses += 1
-            else:
-                rc.hits += 1
-        mp_count_taken(&self._st, b.size)
-        if grew and self._st.soft_limit and self._st.counters.reserved > self._st.soft_limit:
-            ld_trim_logged(&self._st, self.upstream, LOG_SOFT_TRIM, self._st.soft_limit)   # only growth crosses it
-        out[0] = b
-        return 0
+        return ps_acquire_locked(&self._st, self.upstream, <void*>self, nbytes, s, out)
 
 
     # Magazines (core/magazine.pxd) ---------------------------------------------------------
 
     cdef Magazine* thread_magazine(self, bint make) noexcept nogil:
-        """The calling thread's magazine for this pool; made if make and there is none (and
-        the thread's table has room); NULL otherwise. A magazine whose pool is gone (another
-        pool now at this address) is deleted here, by its thread."""
-        cdef gp_thread_magazine* slots = gp_this_thread().magazines
-        cdef int i, empty = -1
-        cdef Magazine* m
-        for i in range(GP_THREAD_POOLS):
-            if slots[i].pool == <void*>self:
-                m = <Magazine*>slots[i].magazine
-                if m.pool == <void*>self:       # no lock: only this pool's dealloc clears it
-                    return m
-                reclaim_magazine(&slots[i])     # the pool it was made for is gone
-                empty = i
-            elif slots[i].pool == NULL and empty < 0:
-                empty = i
-        if not make or FORKED[0] or not gp_thread_alive():
-            return NULL
-        if empty < 0:
-            # Every slot taken: those of pools that are gone are free again.
-            for i in range(GP_THREAD_POOLS):
-                if (<Magazine*>slots[i].magazine).pool == NULL:
-                    reclaim_magazine(&slots[i])
-                    empty = i
-            if empty < 0:
-                return NULL
-        m = new Magazine()
-        m.pool = <void*>self
-        m.orphan = False
-        m.nblocks = m.nhanded = 0
-        m.misses = m.requests = m.seen = m.settled = 0
-        m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
-        m.wanted = m.no_block = m.no_credit = m.no_hand = m.empty = m.waits = m.free_waits = 0
-        if self._st.holder == current_thread():
-            self._deferred_magazine(m)
-        else:
-            self.lock()
-            self._st.magazines.push_back(m)
-            self.unlock()
-        slots[empty].pool = <void*>self
-        slots[empty].magazine = <void*>m
-        gp_arm_reaper()
-        return m
+        return fp_thread_magazine(&self._st, self.upstream, <void*>self, make)
 
-    cdef void _deferred_magazine(self, Magazine* m) noexcept nogil:
-        # The thread holds the pool's lock already (a free inside an upstream call).
-        self._st.magazines.push_back(m)
 
     cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil:
         """A block for nbytes on s from the calling thread's magazine, without the pool's
-        lock: a held block of the exact size last used on s, within the thread's credit,
-        when the thread is in no region of this pool and its stream is not wanted. NULL:
-        take the shared path. capi: list it as handed (the C API frees by pointer)."""
-        cdef gp_thread* t
-        cdef size_t size
-        cdef Magazine* m
-        cdef Block* b = NULL
-        cdef int i
-        if nbytes > MAG_MAX or RECORDING:
-            return NULL
-        t = gp_this_thread()
-        if t.magazines[0].pool == <void*>self:
-            m = <Magazine*>t.magazines[0].magazine
-        else:
-            m = self.thread_magazine(False)
-        if m == NULL or m.pool != <void*>self:
-            return NULL
-        m.requests += 1                         # its thread is active (_mag_flush_others)
-        if m.nblocks == 0:
-            m.empty += 1
-            return NULL
-        if (self._st.wanted_mask >> wanted_bit(s)) & 1 and self._is_wanted_fast(s):
-            m.wanted += 1
-            return NULL                         # its blocks are wanted: the shared path
-        if thread_cache(t, <void*>self, self._st.process_region) != NULL:
-            return NULL
-        size = round_request(nbytes)
-        if not m.mutex.try_lock() and not self._mag_wait(m, &m.waits):
-            return NULL
-        i = mg_find(m, size, s)
-        if i < 0:
-            m.no_block += 1
-        elif m.credit < size:
-            m.no_credit += 1
-        elif capi and m.nhanded >= MAG_HANDED:
-            m.no_hand += 1
-        else:
-            b = mg_remove(m, i)
-            m.credit -= size
-            m.allocs += 1
-            m.allocated_bytes += size
-            b.state = LIVE
-            if capi:
-                m.handed[m.nhanded] = b
-                m.nhanded += 1
-        m.mutex.unlock()
-        return b
+        lock (core/fastpath.pxd); NULL: take the shared path. capi: list it as handed (the C
+        API frees by pointer)."""
+        return fp_take(&self._st, self.upstream, <void*>self, nbytes, s, capi, RECORDING)
 
-    cdef bint _mag_wait(self, Magazine* m, size_t* waits) noexcept nogil:
-        """The calling thread's magazine m, whose lock another thread holds: the pool's lock
-        holder, sweeping every magazine (each for a few loads and stores). Waits for it a
-        while (MAG_SPINS pauses) and counts the wait, since the shared path would wait for
-        that holder's pool lock and then sweep every magazine itself, so that other threads
-        found theirs taken in turn. Whether it got the lock: not when the calling thread holds
-        the pool's lock (a free inside an upstream call), nor when the wait ran out (the
-        sweeper may be waiting for something this thread holds, the GIL say): the shared
-        path."""
-        if self._st.holder == current_thread():
-            return False
-        waits[0] += 1
-        return m.mutex.try_lock_spin(MAG_SPINS)
 
-    cdef bint _is_wanted_fast(self, StreamKey s) noexcept nogil:
-        """Without the lock, for a stream whose bit is in the wanted mask: whether it is in
-        the list (more than WANTED_FAST wanted: the bit alone says yes)."""
-        cdef int i
-        if self._st.nwanted > WANTED_FAST:
-            return True
-        for i in range(self._st.nwanted):
-            if same_stream(self._st.wanted[i], s):
-                return True
-        return False
 
 
 
@@ -523,71 +284,17 @@ cdef class Pool(BlockOwner):
 
 
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil:
-        """Hold freed block b (last used on s) in the calling thread's magazine, without
-        the pool's lock when it has room. False: b is not for a magazine (a region's, used
-        on other streams, large) or the thread has none: the shared path."""
-        cdef Magazine* m
-        if b.size > MAG_MAX or b.region.cache != NULL or b.extra_streams != NULL or RECORDING \
-                or not MAGAZINES:
-            return False
-        m = self.thread_magazine(True)
-        if m == NULL:
-            return False
-        if m.mutex.try_lock() or self._mag_wait(m, &m.free_waits):
-            if m.nblocks < MAG_SLOTS:
-                mp_hold(&self._st, m, b, s)
-                m.mutex.unlock()
-                return True
-            m.mutex.unlock()
-        if self._st.holder == current_thread():
-            return False                        # inside an upstream call: deferred
-        # Full (or being flushed): the oldest held block goes to the free lists.
-        self.lock()
-        m.mutex.lock()
-        if m.nblocks == MAG_SLOTS:
-            mp_drop(&self._st, m, 0)
-        mp_hold(&self._st, m, b, s)
-        m.mutex.unlock()
-        self.unlock()
-        return True
+        """Hold freed block b (last used on s) in the calling thread's magazine; False: the
+        shared path."""
+        return fp_put(&self._st, self.upstream, <void*>self, b, s, RECORDING, MAGAZINES)
 
 
 
-    cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
-        """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
-        (held when it may be, else through the shared path) and set done. False: not done.
-        s.tag == BAD_STREAM_TAG: as last used on the block's own stream; OWN_HANDLE_TAG:
-        resolved against the block (resolved_free_key); should that take a driver call (the
-        free names another stream), it is made after the magazine's lock is let go, and the
-        block is then freed as any other (release)."""
-        cdef gp_thread* t = gp_this_thread()
-        cdef Magazine* m
-        cdef Block* b = NULL
-        cdef int i
-        done[0] = False
-        if t.magazines[0].pool == <void*>self:
-            m = <Magazine*>t.magazines[0].magazine
-        else:
-            m = self.thread_magazine(False)
-        if m == NULL or m.nhanded == 0:
-            return False
-        if not m.mutex.try_lock() and not self._mag_wait(m, &m.free_waits):
-            return False
-        i = mg_find_handed(m, ptr)
-        if i >= 0:
-            b = mg_unhand(m, i)
-            done[0] = True
-            if s.tag == BAD_STREAM_TAG or (s.tag == OWN_HANDLE_TAG and
-                                           s.handle == b.stream.handle):
-                s = b.stream
-            if (s.tag != OWN_HANDLE_TAG and m.nblocks < MAG_SLOTS and
-                    b.extra_streams == NULL and not RECORDING):
-                mp_hold(&self._st, m, b, s)
-                b = NULL
-        m.mutex.unlock()
-        if b != NULL:
-            self.release(b, resolved_free_key(self.upstream, s, b.stream))
-        return done[0]
+    cdef Block* mag_free_handed(self, uintptr_t ptr, StreamKey* s, bint* done) noexcept nogil:
+        """C API free of ptr by the calling thread: if its magazine handed ptr out, set done
+        and hold it when it may be, else return it to be freed (release) once *s is
+        resolved (core/fastpath.pxd, fp_free_handed)."""
+        return fp_free_handed(&self._st, self.upstream, <void*>self, ptr, s, RECORDING, done)
 
 
 
@@ -661,42 +368,13 @@ cdef class Pool(BlockOwner):
             self._st.deferred.push_back(b)
             return
         else:
-            self._wait()
+            ps_wait(&self._st)
             self._st.holder = current_thread()
         self.release_locked(b, s)
         self.unlock()
 
     cdef void release_locked(self, Block* b, StreamKey s) noexcept nogil:
-        cdef size_t i, size = b.size
-        cdef uintptr_t e
-        if hist_on(RECORDING):
-            hist_free(self.device, self._st.segments.pool_id, b.ptr, size, s.handle)
-        b.stream = s
-        b.holder = NULL
-        if b.extra_streams != NULL:
-            for i in range(b.extra_streams.size()):
-                if same_stream(b.extra_streams[0][i], s):
-                    continue
-                e = so_event(&self._st.order, self.upstream)
-                if e and self.upstream.event_record(e, b.extra_streams[0][i].handle) == 0:
-                    if b.extra_events == NULL:
-                        b.extra_events = new vector[uintptr_t]()
-                    b.extra_events.push_back(e)
-                else:
-                    # No event: the use is ordered by a device synchronize instead (the
-                    # block must not be reused before that stream's work).
-                    if e:
-                        self._st.order.events.push_back(e)
-                    self.upstream.clear_error()
-                    if self.upstream.synchronize() != 0:
-                        self.upstream.clear_error()
-            del b.extra_streams
-            b.extra_streams = NULL
-        rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
-        b.used = self._st.counters.num_allocs   # last live now (sg_reclaim's cold blocks)
-        pk_park(&self._st, b)                       # may put a parked block: size was kept above
-        count_released(&self._st.counters, size)
-        self._st.bound -= size
+        ps_release_locked(&self._st, self.upstream, b, s)
 
     cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
         """Record a use of the live block b on stream s (record_stream), once per stream; a
@@ -1281,17 +959,6 @@ cdef class Pool(BlockOwner):
         c = self._counters()
         return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
                 f"in_use={c['in_use']} reserved={c['reserved']}>")
-
-
-cdef void reclaim_magazine(gp_thread_magazine* slot) noexcept nogil:
-    """The calling thread deletes its magazine in slot, whose pool is gone, and frees the
-    slot. Its lock is taken first: the pool's dealloc may still be letting go of it."""
-    cdef Magazine* m = <Magazine*>slot.magazine
-    m.mutex.lock()
-    m.mutex.unlock()
-    del m
-    slot.pool = NULL
-    slot.magazine = NULL
 
 
 cdef void detach_magazine(Magazine* m) noexcept nogil:
