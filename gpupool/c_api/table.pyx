@@ -125,12 +125,10 @@ cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
     its block's own stream; OWN_HANDLE_TAG: resolved against the block, resolved_free_key):
     through the thread's magazine when it handed the block out, else found under the pool's
     lock (in its table, or another thread's magazine)."""
+    cdef Block* b
     cdef bint done
-    cdef Block* b = pool.mag_free_handed(ptr, &key, &done)
-    if done:                                        # its thread's magazine handed it out
-        if b != NULL:
-            pool.release(b, resolved_free_key(pool.upstream, key, b.stream))
-        return GPUPOOL_OK
+    if pool.mag_free_handed(ptr, key, &done):
+        return GPUPOOL_OK                           # its thread's magazine handed it out
     b = pool.take_handed(ptr)     # (inside the pool's upstream call: release defers)
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE

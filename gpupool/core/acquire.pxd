@@ -8,7 +8,7 @@ from gpupool.records.sizes cimport SMALL_REQUEST
 from gpupool.records.streams cimport StreamKey
 from gpupool.history.ring cimport LOG_SOFT_TRIM, LOG_STREAM_TRIM
 from gpupool.core.cutjoin cimport sg_split, sg_split_top
-from gpupool.core.fastpath cimport fp_thread_magazine
+from gpupool.core.fastpath cimport fp_mine
 from gpupool.core.freelist cimport fl_has_exact
 from gpupool.core.ladder cimport ld_ladder, ld_grow_once, ld_trim_logged
 from gpupool.core.magpool cimport (
@@ -48,12 +48,12 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
             # s is allocating, so it is alive: another stream waits for its free blocks,
             # whose events are recorded now (and those of blocks its thread lets go below).
             answered = True
-            mp_give_up(st, fp_thread_magazine(st, up, pool, False), s)
+            mp_give_up(st, fp_mine(pool), s)
             so_mark_blocks(st, up, s)
     rc = current_cache(pool, st.process_region)
     b = pk_unpark(st, size, s, rc) if st.nparked else NULL
     if b == NULL and rc == NULL:
-        b = mp_take_locked(st, fp_thread_magazine(st, up, pool, False), size, s)
+        b = mp_take_locked(st, fp_mine(pool), size, s)
     if b != NULL:
         b.state = LIVE
         st.counters.cache_hits += 1
@@ -66,8 +66,8 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
     if st.nparked and not fl_has_exact(&st.free, size, s):
         pk_flush(st)
     if not fl_has_exact(&st.free, size, s) and \
-            (mp_flush_own(st, fp_thread_magazine(st, up, pool, False), size, False)
-             + mp_flush_idle(st, fp_thread_magazine(st, up, pool, False), s)) and answered:
+            (mp_flush_own(st, fp_mine(pool), size, False) + mp_flush_idle(st, fp_mine(pool), s)) \
+            and answered:
         so_mark_blocks(st, up, s)
     if size <= SMALL_REQUEST and up.expandable:
         b = so_take_small(st, size, s, <void*>rc)
@@ -78,8 +78,7 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
         # Idle regions' cached blocks serve before the pool grows: a region never costs
         # memory that the pool alone would not.
         b = so_take(st, up, size, s, <void*>rc, True)
-    if b == NULL and mp_reap(st) + mp_flush_own(st, fp_thread_magazine(st, up, pool, False),
-                                                 size, True):
+    if b == NULL and mp_reap(st) + mp_flush_own(st, fp_mine(pool), size, True):
         # The calling thread's held blocks (but those a small request leaves), and exited
         # threads', serve before the pool grows.
         if answered:

@@ -38,13 +38,12 @@ cdef inline void fp_reclaim(gp_thread_magazine* slot) noexcept nogil:
     slot.magazine = NULL
 
 
-cdef inline Magazine* fp_thread_magazine(PoolState* st, Upstream up, void* pool,
-                                         bint make) noexcept nogil:
-    """The calling thread's magazine for pool; made if make and there is none (and the
-    thread's table has room); NULL otherwise. A magazine whose pool is gone (another pool now
-    at this address) is deleted here, by its thread."""
+cdef inline Magazine* fp_find(void* pool, int* empty) noexcept nogil:
+    """The calling thread's magazine for pool; NULL if none (empty: a free slot of its table,
+    or -1). A magazine whose pool is gone (another pool now at this address) is deleted
+    here, by its thread."""
     cdef gp_thread_magazine* slots = gp_this_thread().magazines
-    cdef int i, empty = -1
+    cdef int i
     cdef Magazine* m
     for i in range(GP_THREAD_POOLS):
         if slots[i].pool == pool:
@@ -52,11 +51,30 @@ cdef inline Magazine* fp_thread_magazine(PoolState* st, Upstream up, void* pool,
             if m.pool == pool:              # no lock: only this pool's dealloc clears it
                 return m
             fp_reclaim(&slots[i])           # the pool it was made for is gone
-            empty = i
-        elif slots[i].pool == NULL and empty < 0:
-            empty = i
+            empty[0] = i
+        elif slots[i].pool == NULL and empty[0] < 0:
+            empty[0] = i
+    return NULL
+
+
+cdef inline Magazine* fp_mine(void* pool) noexcept nogil:
+    """The calling thread's magazine for pool; NULL if none."""
+    cdef int empty = -1
+    return fp_find(pool, &empty)
+
+
+cdef inline Magazine* fp_thread_magazine(PoolState* st, Upstream up, void* pool,
+                                         bint make) noexcept nogil:
+    """The calling thread's magazine for pool (fp_find); made if make and there is none (and
+    the thread's table has room); NULL otherwise."""
+    cdef gp_thread_magazine* slots
+    cdef int i, empty = -1
+    cdef Magazine* m = fp_find(pool, &empty)
+    if m != NULL:
+        return m
     if not make or fork_flag()[0] or not gp_thread_alive():
         return NULL
+    slots = gp_this_thread().magazines
     if empty < 0:
         # Every slot taken: those of pools that are gone are free again.
         for i in range(GP_THREAD_POOLS):
@@ -110,8 +128,8 @@ cdef inline bint fp_is_wanted(PoolState* st, StreamKey s) noexcept nogil:
     return False
 
 
-cdef inline Block* fp_take(PoolState* st, Upstream up, void* pool, size_t nbytes, StreamKey s,
-                           bint capi, bint recording) noexcept nogil:
+cdef inline Block* fp_take(PoolState* st, void* pool, size_t nbytes, StreamKey s, bint capi,
+                           bint recording) noexcept nogil:
     """A block for nbytes on s from the calling thread's magazine, without the pool's lock:
     a held block of the exact size last used on s, within the thread's credit, when the
     thread is in no region of this pool and its stream is not wanted. NULL: take the shared
@@ -121,14 +139,14 @@ cdef inline Block* fp_take(PoolState* st, Upstream up, void* pool, size_t nbytes
     cdef size_t size
     cdef Magazine* m
     cdef Block* b = NULL
-    cdef int i
+    cdef int i, empty = -1
     if nbytes > MAG_MAX or recording:
         return NULL
     t = gp_this_thread()
     if t.magazines[0].pool == pool:
         m = <Magazine*>t.magazines[0].magazine
     else:
-        m = fp_thread_magazine(st, up, pool, False)
+        m = fp_find(pool, &empty)
     if m == NULL or m.pool != pool:
         return NULL
     m.requests += 1                         # its thread is active (mp_flush_idle)
@@ -195,8 +213,8 @@ cdef inline bint fp_put(PoolState* st, Upstream up, void* pool, Block* b, Stream
     return True
 
 
-cdef inline Block* fp_free_handed(PoolState* st, Upstream up, void* pool, uintptr_t ptr,
-                                  StreamKey* s, bint recording, bint* done) noexcept nogil:
+cdef inline Block* fp_free_handed(PoolState* st, void* pool, uintptr_t ptr, StreamKey* s,
+                                  bint recording, bint* done) noexcept nogil:
     """C API free of ptr by the calling thread: if its magazine handed ptr out, set done and
     hold it when it may be (NULL), else return it, to be freed as any other (Pool.release)
     once its stream (*s) is resolved. s.tag == BAD_STREAM_TAG: as last used on the block's
@@ -205,12 +223,12 @@ cdef inline Block* fp_free_handed(PoolState* st, Upstream up, void* pool, uintpt
     cdef gp_thread* t = gp_this_thread()
     cdef Magazine* m
     cdef Block* b = NULL
-    cdef int i
+    cdef int i, empty = -1
     done[0] = False
     if t.magazines[0].pool == pool:
         m = <Magazine*>t.magazines[0].magazine
     else:
-        m = fp_thread_magazine(st, up, pool, False)
+        m = fp_find(pool, &empty)
     if m == NULL or m.nhanded == 0:
         return NULL
     if not m.mutex.try_lock() and not fp_wait(st, m, &m.free_waits):

@@ -67,7 +67,7 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef Magazine* thread_magazine(self, bint make) noexcept nogil
     cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil
-    cdef Block* mag_free_handed(self, uintptr_t ptr, StreamKey* s, bint* done) noexcept nogil
+    cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
 

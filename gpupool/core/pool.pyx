@@ -271,7 +271,7 @@ cdef class Pool(BlockOwner):
         """A block for nbytes on s from the calling thread's magazine, without the pool's
         lock (core/fastpath.pxd); NULL: take the shared path. capi: list it as handed (the C
         API frees by pointer)."""
-        return fp_take(&self._st, self.upstream, <void*>self, nbytes, s, capi, RECORDING)
+        return fp_take(&self._st, <void*>self, nbytes, s, capi, RECORDING)
 
 
 
@@ -290,11 +290,15 @@ cdef class Pool(BlockOwner):
 
 
 
-    cdef Block* mag_free_handed(self, uintptr_t ptr, StreamKey* s, bint* done) noexcept nogil:
-        """C API free of ptr by the calling thread: if its magazine handed ptr out, set done
-        and hold it when it may be, else return it to be freed (release) once *s is
-        resolved (core/fastpath.pxd, fp_free_handed)."""
-        return fp_free_handed(&self._st, self.upstream, <void*>self, ptr, s, RECORDING, done)
+    cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
+        """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
+        (held when it may be, else through the shared path, once its stream is resolved:
+        resolved_free_key) and set done (core/fastpath.pxd, fp_free_handed). False: not
+        done."""
+        cdef Block* b = fp_free_handed(&self._st, <void*>self, ptr, &s, RECORDING, done)
+        if b != NULL:
+            self.release(b, resolved_free_key(self.upstream, s, b.stream))
+        return done[0]
 
 
 
