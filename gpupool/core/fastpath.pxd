@@ -246,3 +246,31 @@ cdef inline Block* fp_free_handed(PoolState* st, void* pool, uintptr_t ptr, Stre
             b = NULL
     m.mutex.unlock()
     return b
+
+
+cdef inline void fp_detach(Magazine* m) noexcept nogil:
+    """The pool of m is going (under its lock): its blocks go with the pool's memory; m is
+    deleted now if its thread exited, else by its thread (fp_thread_magazine)."""
+    cdef bint orphan
+    m.mutex.lock()
+    m.pool = NULL
+    m.nblocks = m.nhanded = 0
+    orphan = m.orphan
+    m.mutex.unlock()
+    if orphan:
+        del m
+
+
+cdef inline void fp_thread_exit(void* p) noexcept nogil:
+    """A thread with magazines exits: each is left to its pool (which flushes and deletes
+    it when it next flushes), or deleted if its pool is gone."""
+    cdef Magazine* m = <Magazine*>p
+    cdef bint gone
+    if fork_flag()[0]:
+        return          # a fork() child: a lock may have been held at the fork; leave it all
+    m.mutex.lock()
+    gone = m.pool == NULL
+    m.orphan = True
+    m.mutex.unlock()
+    if gone:
+        del m

@@ -17,57 +17,44 @@ collection run by a Python upstream, say) is deferred until that thread unlocks.
 """
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t, SIZE_MAX
-from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
-from gpupool.records.block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED, HELD
+from gpupool.records.block cimport Block, Segment, LIVE, UNMAPPED
 from gpupool.buffer.device_buffer cimport BlockOwner, DeviceBuffer, new_buffer
-from gpupool.records.counters cimport count_released
 from gpupool.driver.calls cimport fork_flag
-from gpupool.core.freelist cimport fl_each, fl_has_exact
-from gpupool.core.magazine cimport (
-    Magazine, MAG_SLOTS, MAG_HANDED, mg_find, mg_remove, mg_find_handed, mg_unhand,
-)
-from gpupool.core.magpool cimport (
-    MAG_MAX, mp_take_locked, mp_flush_own, mp_flush_mine, mp_flush_idle, mp_reap, mp_want,
-    mp_give_up, mp_hold, mp_drop, mp_find_handed, mp_flush_all, mp_count_taken,
-    mp_counters_view, mp_reset_peaks, mp_largest_held,
-)
-from gpupool.core.parking cimport pk_unpark, pk_park, pk_flush
-from gpupool.core.ladder cimport ld_ladder, ld_grow_once, ld_trim, ld_trim_logged, ld_merge_streams
+from gpupool.core.freelist cimport fl_each
+from gpupool.core.magazine cimport Magazine
+from gpupool.core.magpool cimport mp_reap, mp_flush_all, mp_counters_view, mp_reset_peaks
+from gpupool.core.parking cimport pk_flush
+from gpupool.core.ladder cimport ld_trim, ld_merge_streams
 from gpupool.buffer.handoff cimport use_key
 from gpupool.history.ring cimport (
-    LOG_CALLBACK_RETRY, LOG_SOFT_TRIM, LOG_STREAM_TRIM, hist_on, hist_subscribe, register_pool,
-    hist_alloc, hist_free, hist_oom, hist_log, hist_flush_log,
+    LOG_CALLBACK_RETRY, hist_on, hist_subscribe, register_pool, hist_alloc, hist_oom, hist_log,
+    hist_flush_log,
 )
 from gpupool.core.regioncache cimport (
-    RegionCache, rc_link, rc_detach, rc_own, rc_disown, rc_freed_into, rc_drain,
-    rc_return_unused, rc_lends, rc_live_blocks, rc_escape, rc_find_live,
+    RegionCache, rc_detach, rc_drain, rc_return_unused, rc_find_live,
 )
 from gpupool.core.private cimport pp_allocate_at, pp_end
-from gpupool.records.ptrtable cimport pt_insert, pt_lookup
+from gpupool.records.ptrtable cimport pt_insert
 from gpupool.core.segments cimport round_request, sg_find_live
-from gpupool.core.cutjoin cimport sg_split, sg_split_top
 from gpupool.core.giveback cimport sg_release_all
 from gpupool.core.verify cimport ps_verify, ps_magazines_info, ps_sweep_counts
 from gpupool.core.acquire cimport ps_acquire_locked
 from gpupool.core.fastpath cimport fp_thread_magazine, fp_take, fp_put, fp_free_handed
 from gpupool.core.lock cimport ps_lock, ps_wait
 from gpupool.core.release cimport ps_release_locked, ps_unlock
-from gpupool.core.thread cimport GP_REGION_DEPTH_MAX, gp_thread, gp_this_thread, gp_magazine_exit_hook, uncached_mark
-from gpupool.core.state cimport (
-    PoolState, WANTED_FAST, SWEEP_OTHERS, SWEEP_WANT, SWEEP_HANDED, SWEEP_SETTLE,
+from gpupool.core.thread cimport (
+    GP_REGION_DEPTH_MAX, gp_thread, gp_this_thread, gp_magazine_exit_hook, uncached_mark,
 )
-from gpupool.records.sizes cimport MAX_NBYTES, SMALL_REQUEST, check_nbytes
+from gpupool.core.fastpath cimport fp_detach, fp_thread_exit
+from gpupool.core.handed cimport hd_find, hd_cache_info, hd_private_live
+from gpupool.core.regionexit cimport rg_exit
+from gpupool.records.sizes cimport MAX_NBYTES, check_nbytes
 from gpupool.driver.status cimport GP_REENTRANT, GP_FORKED
-from gpupool.core.streamorder cimport (
-    WANTED_MAX, so_event, so_take, so_take_small, so_under_small, so_mark_blocks,
-    so_clear_wanted,
-)
 from gpupool.records.streams cimport (
-    StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, STREAM_PER_THREAD, current_thread,
-    resolved_free_key, same_stream, stream_key,
-    created_stream_key, refused_stream_status, stream_handle,
+    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, resolved_free_key, same_stream,
+    stream_key, created_stream_key, refused_stream_status, stream_handle,
 )
 from gpupool.upstream.upstreams cimport Upstream, DriverUpstream, AsyncUpstream, VmmUpstream
 
@@ -196,7 +183,7 @@ cdef class Pool(BlockOwner):
         # may have cleared upstream already): a thread must never take a dead pool's
         # magazine for a new pool at the same address.
         for i in range(self._st.magazines.size()):
-            detach_magazine(self._st.magazines[i])
+            fp_detach(self._st.magazines[i])
         self._st.magazines.clear()
         if self.upstream is None:
             return
@@ -474,39 +461,10 @@ cdef class Pool(BlockOwner):
         poison >= 0, filled with that byte on the legacy stream once the device is idle (so
         the block now belongs to that stream; its bytes are read first: a freed block may
         join a neighbour). Returns the bytes of the region's live blocks at exit."""
-        cdef vector[Block*] live
-        cdef vector[pair[uintptr_t, size_t]] poisoned
-        cdef Block* b
-        cdef DeviceBuffer buf
-        cdef size_t i, escaped = 0
         cdef int status = 0
+        cdef size_t escaped
         self.lock()
-        rc_live_blocks(rc, &live)
-        for i in range(live.size()):
-            b = live[i]
-            if b.region.escaped:
-                escaping.append(b.ptr)                  # escaped an earlier exit
-            elif <uintptr_t>b in kept:
-                rc_detach(b)
-            elif detach or b.holder == NULL:
-                escaping.append(b.ptr)
-                rc_escape(b)
-            else:
-                escaped += b.size
-                buf = <DeviceBuffer>b.holder
-                buf.invalidate_locked()
-                if poison >= 0:
-                    poisoned.push_back(pair[uintptr_t, size_t](b.ptr, b.size))
-                    self.release_locked(b, stream_key(0))
-                else:
-                    self.release_locked(b, buf._stream)
-        escaped += rc.escaped_bytes
-        if not poisoned.empty():
-            status = self.upstream.synchronize()
-            for i in range(poisoned.size()):
-                if status == 0:
-                    status = self.upstream.memset(poisoned[i].first, poison, poisoned[i].second,
-                                                  0)
+        escaped = rg_exit(&self._st, self.upstream, rc, kept, detach, poison, escaping, &status)
         self.unlock()
         self.upstream.raise_error(status, "poisoning invalidated blocks")
         return escaped
@@ -550,12 +508,7 @@ cdef class Pool(BlockOwner):
         return r
 
     cdef Block* _handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil:
-        """Under the pool's lock: the live block at ptr handed out by pointer, from the
-        pool's table or a thread's magazine (taken off if remove); NULL if none."""
-        cdef Block* b = pt_lookup(&self._st.capi_blocks, ptr, remove)
-        if b == NULL:
-            b = mp_find_handed(&self._st, ptr, remove)
-        return b
+        return hd_find(&self._st, ptr, remove)
 
     cdef Block* take_handed(self, uintptr_t ptr) noexcept nogil:
         """The live block at ptr handed out by pointer, taken off the lists for its free
@@ -627,43 +580,17 @@ cdef class Pool(BlockOwner):
         """The largest free block any request may take (the pool's and idle regions', and
         threads' held blocks: served under pressure), and the bytes left under the hard
         limit (SIZE_MAX: none)."""
-        cdef vector[Block*] blocks
-        cdef RegionCache* rc
-        cdef size_t i, held, limit = self._st.segments.hard_limit
         self.lock()
-        pk_flush(&self._st)
-        # The caller's held blocks, joined, as its request sees them.
-        mp_flush_mine(&self._st, self.thread_magazine(False))
-        fl_each(&self._st.free, &blocks)
-        largest[0] = 0
-        for i in range(blocks.size()):
-            rc = <RegionCache*>blocks[i].region.cache
-            if (rc == NULL or rc_lends(rc)) and blocks[i].size > largest[0]:
-                largest[0] = blocks[i].size
-        held = mp_largest_held(&self._st)
-        if held > largest[0]:
-            largest[0] = held
-        if not limit:
-            headroom[0] = SIZE_MAX
-        else:
-            headroom[0] = (limit - self._st.counters.reserved
-                           if limit > self._st.counters.reserved else 0)
+        hd_cache_info(&self._st, self.thread_magazine(False), largest, headroom)
         self.unlock()
 
     cdef size_t private_live(self, RegionCache* rc, uintptr_t* ptrs, size_t* sizes,
                              size_t capacity) noexcept nogil:
         """The live blocks of private pool rc: the first capacity ones' pointers and sizes
         go to ptrs and sizes; returns how many there are."""
-        cdef Block* b
-        cdef size_t n = 0
+        cdef size_t n
         self.lock()
-        b = rc.live_head
-        while b != NULL:
-            if n < capacity:
-                ptrs[n] = b.ptr
-                sizes[n] = b.size
-            n += 1
-            b = b.region.next
+        n = hd_private_live(rc, ptrs, sizes, capacity)
         self.unlock()
         return n
 
@@ -815,30 +742,15 @@ cdef class Pool(BlockOwner):
 
     def _magazines_info(self):
         """Every thread's magazine for this pool, for tests and diagnostics: a list of dicts
-        with ``blocks`` (held free blocks), ``held`` and ``credit`` (bytes), ``handed`` (C
-        API blocks taken from it, live), ``orphan`` (its thread exited), ``allocs`` and
-        ``frees`` (served by it without the pool's lock, not yet folded into the pool's
-        counters), ``misses`` (its thread's requests it could not serve, with no free block of
-        the exact size either), and why requests took the shared path while it held blocks:
-        ``wanted`` (another stream waits for blocks of its stream, or more than WANTED_FAST
-        streams are waited for and its bit is in the mask), ``no_block`` (none of the size on
-        the stream), ``no_credit`` (one, but too little credit: the pool's peak bound) and
-        ``no_hand`` (one, but MAG_HANDED C API blocks are out); why they took it otherwise:
-        ``empty`` (it held no block); ``waits`` and ``free_waits`` (its lock was another
-        thread's at that moment, and a request or a free waited for it); and ``streams``, each
-        held block's (size, stream handle, stream tag)."""
+        (core/verify.pxd, ps_magazines_info, names the keys)."""
         self.lock()
         out = ps_magazines_info(&self._st)
         self.unlock()
         return out
 
     def _sweep_counts(self):
-        """How often the pool's lock holder swept every magazine, for diagnostics (issue 18):
-        a dict of counts since the pool was made, ``others`` (a request found no free block of
-        its size and looked at idle threads' magazines), ``want`` (before the pool grew),
-        ``handed`` (a C API free not in the pool's table: another thread's magazine, or its
-        own when the wait for its lock ran out) and ``settle`` (the peak bound passed: credit taken
-        back)."""
+        """How often the pool's lock holder swept every magazine, for diagnostics: a dict of
+        counts (core/verify.pxd, ps_sweep_counts, names the keys)."""
         self.lock()
         out = ps_sweep_counts(&self._st)
         self.unlock()
@@ -965,35 +877,7 @@ cdef class Pool(BlockOwner):
                 f"in_use={c['in_use']} reserved={c['reserved']}>")
 
 
-cdef void detach_magazine(Magazine* m) noexcept nogil:
-    """The pool of m is going (under its lock): its blocks go with the pool's memory; m is
-    deleted now if its thread exited, else by its thread (Pool.thread_magazine)."""
-    cdef bint orphan
-    m.mutex.lock()
-    m.pool = NULL
-    m.nblocks = m.nhanded = 0
-    orphan = m.orphan
-    m.mutex.unlock()
-    if orphan:
-        del m
-
-
-cdef void magazine_thread_exit(void* p) noexcept nogil:
-    """A thread with magazines exits: each is left to its pool (which flushes and deletes
-    it when it next flushes), or deleted if its pool is gone."""
-    cdef Magazine* m = <Magazine*>p
-    cdef bint gone
-    if FORKED[0]:
-        return          # a fork() child: a lock may have been held at the fork; leave it all
-    m.mutex.lock()
-    gone = m.pool == NULL
-    m.orphan = True
-    m.mutex.unlock()
-    if gone:
-        del m
-
-
-gp_magazine_exit_hook = magazine_thread_exit
+gp_magazine_exit_hook = fp_thread_exit
 
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1:
