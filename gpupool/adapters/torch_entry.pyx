@@ -109,10 +109,7 @@ cdef PyObject* _torch_failure(int status, int device, size_t size,
     try:
         if status == CUDA_ERROR_OUT_OF_MEMORY and found != NULL:
             pool = <Pool>found
-            pool.lock()
-            pool.counters.num_ooms += 1
-            pool.unlock()
-            text = pool._oom_message(size)
+            text = pool.oom_failure(size)
             kind = _torch_oom_type
         else:
             text = (f"gpupool: allocating {size} B for PyTorch on device {device} failed: "

@@ -13,22 +13,19 @@ CUDA graph). The PyTorch entry points (``adapters/torch_entry.pyx``) and gpupool
 """
 from cpython.pycapsule cimport PyCapsule_New
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
-from libc.stdint cimport uintptr_t, SIZE_MAX
+from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free
-from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.records.block cimport Block
 from gpupool.records.counters cimport Counters
 from gpupool.core.defaults cimport MAX_DEVICES, default_pool, pool_table
 from gpupool.driver.calls cimport fork_flag
-from gpupool.core.freelist cimport fl_each
 from gpupool.history.ring cimport (
-    LOG_CALLBACK_RETRY, LOG_OOM, hist_on, hist_subscribe, hist_alloc, hist_oom, hist_log,
+    LOG_CALLBACK_RETRY, LOG_OOM, hist_log,
 )
 from gpupool.core.pool cimport Pool, run_oom_callbacks, region_try_push, region_pop
-from gpupool.region.privatepool cimport PrivatePool, pp_allocate_at, pp_end
-from gpupool.records.ptrtable cimport pt_insert, pt_lookup
-from gpupool.core.regioncache cimport RegionCache, rc_lends
+from gpupool.region.privatepool cimport PrivatePool
+from gpupool.core.regioncache cimport RegionCache
 from gpupool.core.segments cimport BLOCK_ALIGN
 from gpupool.records.sizes cimport MAX_NBYTES
 from gpupool.driver.status cimport (
@@ -47,8 +44,6 @@ from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
 cdef size_t STATS_FIELDS = sizeof(gpupool_stats) // sizeof(size_t)
 cdef PyObject** _pools = pool_table()
 cdef const int* FORKED = fork_flag()
-cdef int RECORDING = 0                  # the memory history's switch (history/ring.pxd)
-hist_subscribe(&RECORDING)
 
 
 cdef int _code(int status) noexcept nogil:
@@ -89,16 +84,9 @@ cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexce
         if b != NULL:
             ptr[0] = <void*>b.ptr
             return 0
-    if pool._holder == current_thread():
-        return GP_REENTRANT                     # from inside the pool's own upstream call
-    pool.lock()
-    r = pool.acquire_locked(nbytes, key, &b)
+    r = pool.acquire_handed(nbytes, key, &b)
     if r == 0:
-        pt_insert(&pool.capi_blocks, b.ptr, b)
         ptr[0] = <void*>b.ptr
-        if hist_on(RECORDING):
-            hist_alloc(pool.device, pool._segments.pool_id, b.ptr, nbytes, key.handle)
-    pool.unlock()
     return r
 
 
@@ -120,22 +108,10 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
     return _code(r)
 
 
-cdef Block* _lookup(Pool pool, uintptr_t ptr, bint remove) noexcept nogil:
-    """Under the pool's lock: the live C API block at ptr, from the pool's table or a
-    thread's magazine (taken off if remove); NULL if none."""
-    cdef Block* b = pt_lookup(&pool.capi_blocks, ptr, remove)
-    if b == NULL:
-        b = pool.mag_find_handed_locked(ptr, remove)
-    return b
-
-
 cdef void _out_of_memory(Pool pool, size_t nbytes, uintptr_t stream) noexcept nogil:
     """An allocation failed for lack of memory after the ladder: logged and, while the memory
     history records, recorded."""
-    pool.lock()
-    if RECORDING:
-        hist_oom(pool.device, pool._segments.pool_id, nbytes, pool._oom_free_bytes(), stream)
-    pool.unlock()
+    pool.note_oom(nbytes, stream)
     hist_log(LOG_OOM, pool.device, nbytes, 0, CUDA_ERROR_OUT_OF_MEMORY)
 
 
@@ -153,13 +129,7 @@ cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
     cdef bint done
     if pool.mag_free_handed(ptr, key, &done):
         return GPUPOOL_OK                           # its thread's magazine handed it out
-    if pool._holder == current_thread():
-        # From inside the pool's upstream call: the lock is this thread's; release defers.
-        b = _lookup(pool, ptr, True)
-    else:
-        pool.lock()
-        b = _lookup(pool, ptr, True)
-        pool.unlock()
+    b = pool.take_handed(ptr)     # (inside the pool's upstream call: release defers)
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
     pool.release(b, resolved_free_key(pool.upstream, key, b.stream))
@@ -171,9 +141,7 @@ cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef StreamKey key = key_of(pool.upstream, stream)
     if key.tag == BAD_STREAM_TAG:
         return refused_stream_status(pool.upstream, stream)
-    pool.lock()
-    b = _lookup(pool, <uintptr_t>ptr, False)
-    pool.unlock()
+    b = pool.find_handed(<uintptr_t>ptr)
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
     pool.add_stream(b, key)
@@ -181,10 +149,7 @@ cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
 
 
 cdef int _get_stats(Pool pool, gpupool_stats* out) noexcept nogil:
-    cdef Counters c
-    pool.lock()
-    c = pool.counters_view()
-    pool.unlock()
+    cdef Counters c = pool.read_counters()
     fill_stats(&c, out)
     return GPUPOOL_OK
 
@@ -265,94 +230,43 @@ cdef int _free_found(Pool pool, void* ptr) noexcept nogil:
 
 
 cdef int _trim(Pool pool, size_t* released) noexcept nogil:
-    cdef int r
-    pool.lock()
-    released[0] = pool.trim_locked()
-    r = pool.upstream.trim()
-    if r != 0:
-        pool.upstream.clear_error()
-    pool.unlock()
-    return _code(r)
+    return _code(pool.trim_all(released))
 
 
 cdef int _reset_peaks(Pool pool) noexcept nogil:
-    pool.lock()
-    pool.reset_peaks_locked()
-    pool.unlock()
+    pool.reset_peaks()
     return GPUPOOL_OK
 
 
 cdef int _cache_info(Pool pool, size_t* largest, size_t* headroom) noexcept nogil:
-    """The largest free block any request may take (the pool's and idle regions'), and the
-    bytes left under the hard limit."""
-    cdef vector[Block*] blocks
-    cdef RegionCache* rc
-    cdef size_t i, held, limit = pool._segments.hard_limit
-    pool.lock()
-    pool.flush_parked()
-    pool.mag_flush_mine()               # the caller's held blocks, joined, as its request sees
-    fl_each(&pool._free, &blocks)
-    largest[0] = 0
-    for i in range(blocks.size()):
-        rc = <RegionCache*>blocks[i].region.cache
-        if (rc == NULL or rc_lends(rc)) and blocks[i].size > largest[0]:
-            largest[0] = blocks[i].size
-    held = pool.largest_held()                      # another thread's: served under pressure
-    if held > largest[0]:
-        largest[0] = held
-    if not limit:
-        headroom[0] = SIZE_MAX
-    else:
-        headroom[0] = limit - pool.counters.reserved if limit > pool.counters.reserved else 0
-    pool.unlock()
+    pool.cache_info(largest, headroom)
     return GPUPOOL_OK
 
 
 cdef int _base_allocation(Pool pool, void* ptr, uintptr_t* base, size_t* nbytes) noexcept nogil:
-    cdef Block* b
-    pool.lock()
-    b = _lookup(pool, <uintptr_t>ptr, False)
-    if b != NULL:
-        base[0] = b.segment.base
-        nbytes[0] = b.segment.nbytes
-    pool.unlock()
-    return GPUPOOL_OK if b != NULL else GPUPOOL_ERROR_INVALID_VALUE
+    if pool.handed_segment(<uintptr_t>ptr, base, nbytes):
+        return GPUPOOL_OK
+    return GPUPOOL_ERROR_INVALID_VALUE
 
 
 cdef int _private_live(Pool pool, RegionCache* rc, uintptr_t* ptrs, size_t* sizes,
                        size_t capacity, size_t* count) noexcept nogil:
-    cdef Block* b
-    cdef size_t n = 0
-    pool.lock()
-    b = rc.live_head
-    while b != NULL:
-        if n < capacity:
-            ptrs[n] = b.ptr
-            sizes[n] = b.size
-        n += 1
-        b = b.region.next
-    pool.unlock()
-    count[0] = n
+    count[0] = pool.private_live(rc, ptrs, sizes, capacity)
     return GPUPOOL_OK
 
 
 cdef int _private_allocate_at(Pool pool, RegionCache* rc, void* ptr, size_t nbytes,
                               uintptr_t stream) noexcept nogil:
     cdef StreamKey key = key_of(pool.upstream, stream)
-    cdef bint done
     if key.tag == BAD_STREAM_TAG:
         return refused_stream_status(pool.upstream, stream)
-    pool.lock()
-    pool.flush_parked()
-    done = pp_allocate_at(pool, rc, <uintptr_t>ptr, nbytes, key)
-    pool.unlock()
-    return GPUPOOL_OK if done else GPUPOOL_ERROR_INVALID_VALUE
+    if pool.private_allocate_at(rc, <uintptr_t>ptr, nbytes, key):
+        return GPUPOOL_OK
+    return GPUPOOL_ERROR_INVALID_VALUE
 
 
 cdef int _private_end(Pool pool, RegionCache* rc) noexcept nogil:
-    pool.lock()
-    pp_end(rc)
-    pool.unlock()
+    pool.private_end(rc)
     return GPUPOOL_OK
 
 

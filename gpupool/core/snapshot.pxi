@@ -59,7 +59,7 @@ def _snapshot_of(Pool pool, dict cache):
     frames.resize(1)                    # frames[0]: none
     pool.lock()
     seq = hist_seq()
-    seg = pool._segments.head
+    seg = pool._st.segments.head
     while seg != NULL:
         open_row = NO_ROW
         b = seg.first
@@ -91,10 +91,10 @@ def _snapshot_of(Pool pool, dict cache):
             segments[open_row].count += 1
             b = b.seg_next
         seg = seg.next
-    for i in range(pool._regions.size()):
-        rc = pool._regions[i]
+    for i in range(pool._st.regions.size()):
+        rc = pool._st.regions[i]
         regions.append((<uintptr_t>rc, rc.cached_bytes, rc.live_bytes))
-    counters = pool.counters_view()     # a magazine's blocks are free, as their rows say
+    counters = mp_counters_view(&pool._st)  # a magazine's blocks are free, as their rows say
     pool.unlock()
     out = []
     for i in range(segments.size()):

@@ -7,7 +7,8 @@
 # recorded only on streams known to be alive: the legacy default stream and the calling
 # thread's per-thread stream at once, any other stream the next time it allocates (a buffer
 # may outlive its stream, and a destroyed stream must never be touched): such a stream is
-# "wanted", and its free blocks get their events when it next allocates (answer_wanted).
+# "wanted", and its free blocks get their events when it next allocates (so_clear_wanted, then
+# so_mark_blocks).
 # Blocks of streams that never come back are freed for all by a trim or merge_streams().
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
@@ -17,6 +18,7 @@ from gpupool.core.freelist cimport (
     fl_take_all,
 )
 from gpupool.core.regioncache cimport RegionCache, rc_lends
+from gpupool.core.state cimport PoolState, StreamOrder
 from gpupool.records.sizes cimport SMALL_REQUEST, floor_class
 from gpupool.records.streams cimport (
     StreamKey, STREAM_PER_THREAD, same_stream, is_no_stream, no_stream, current_thread,
@@ -26,10 +28,6 @@ from gpupool.upstream.base cimport Upstream
 cdef enum:
     WANTED_MAX = 256            # streams asked for events before a synchronize frees them all
     SMALL_LOOKS = 64            # free blocks so_take_small looks at before it gives up
-
-cdef cppclass StreamOrder:
-    vector[uintptr_t] events    # recycled events (created on the pool's device)
-    vector[StreamKey] wanted    # streams whose free blocks another stream waits for
 
 
 cdef inline uintptr_t so_event(StreamOrder* so, Upstream up) noexcept nogil:
@@ -140,13 +138,15 @@ cdef inline Block* so_fit(StreamOrder* so, Upstream up, StreamBin* bin, size_t n
     return NULL
 
 
-cdef inline Block* so_take(StreamOrder* so, Upstream up, FreeLists* fl, size_t n, StreamKey s,
-                           void* owner, bint borrow) noexcept nogil:
+cdef inline Block* so_take(PoolState* st, Upstream up, size_t n, StreamKey s, void* owner,
+                           bint borrow) noexcept nogil:
     """The best fit for n bytes in fl that stream s may use now, taken out of fl; NULL if
     none. Smallest block first (class by class); within a class this stream's blocks and
     never-used ones first (same addresses, no wait), then other streams' blocks whose work
     has completed, then (GPU-side wait) the others. Only blocks the request may take
     (so_allowed: owner's, the pool's, and with borrow idle regions')."""
+    cdef StreamOrder* so = &st.order
+    cdef FreeLists* fl = &st.free
     cdef int c = fl_next_class(fl, floor_class(n))
     cdef size_t i, j, found
     cdef StreamBin* bin
@@ -182,7 +182,7 @@ cdef inline bint so_under_small(Block* b) noexcept nogil:
     return n != NULL and n.state == LIVE and n.size <= SMALL_REQUEST
 
 
-cdef inline Block* so_take_small(FreeLists* fl, size_t n, StreamKey s,
+cdef inline Block* so_take_small(PoolState* st, size_t n, StreamKey s,
                                  void* owner) noexcept nogil:
     """For a small request on an expandable upstream, a free block that s may use at once
     (its own or never-used, the pool's or owner's, no record_stream events), taken out of
@@ -196,6 +196,7 @@ cdef inline Block* so_take_small(FreeLists* fl, size_t n, StreamKey s,
     while 287 MiB were free, in pieces). It looks at the SMALL_LOOKS smallest blocks that fit
     at most (the recorded traces' requests looked at 6 or fewer on average, 42 at most), so a
     pool of many free blocks does not slow every small request."""
+    cdef FreeLists* fl = &st.free
     cdef int c = fl_next_class(fl, floor_class(n))
     cdef size_t i, j, found = 0, fit_found = 0, looks = 0
     cdef StreamBin* bin
@@ -233,13 +234,13 @@ cdef inline Block* so_take_small(FreeLists* fl, size_t n, StreamKey s,
     return NULL
 
 
-cdef inline void so_mark_blocks(StreamOrder* so, Upstream up, FreeLists* fl,
-                                StreamKey s) noexcept nogil:
-    """Record one event on stream s (alive: it is allocating) for its free blocks in fl."""
+cdef inline void so_mark_blocks(PoolState* st, Upstream up, StreamKey s) noexcept nogil:
+    """Record one event on stream s (alive: it is allocating) for its free blocks."""
+    cdef StreamOrder* so = &st.order
     cdef vector[Block*] blocks
     cdef size_t i
     cdef uintptr_t e = 0
-    fl_each_of(fl, s, &blocks)
+    fl_each_of(&st.free, s, &blocks)
     for i in range(blocks.size()):
         if blocks[i].event == 0:
             e = so_event(so, up)
@@ -251,8 +252,9 @@ cdef inline void so_mark_blocks(StreamOrder* so, Upstream up, FreeLists* fl,
             blocks[i].event = e
 
 
-cdef inline bint so_is_wanted(StreamOrder* so, StreamKey s) noexcept nogil:
-    """Whether s was wanted; it no longer is (its blocks are now to be marked)."""
+cdef inline bint so_clear_wanted(StreamOrder* so, StreamKey s) noexcept nogil:
+    """Take s off the wanted streams; whether it was on them (its blocks are then to be
+    marked: so_mark_blocks)."""
     cdef size_t i
     for i in range(so.wanted.size()):
         if same_stream(so.wanted[i], s):
@@ -261,17 +263,16 @@ cdef inline bint so_is_wanted(StreamOrder* so, StreamKey s) noexcept nogil:
     return False
 
 
-cdef inline void so_unbind_all(StreamOrder* so, FreeLists* fl, vector[Block*]* out,
-                               size_t* moved) noexcept nogil:
-    """After a device synchronize (every event has completed): take every block out of fl
-    into out, free for any stream now (events recycled); counts in moved (unless NULL) those
-    that were bound to a stream."""
+cdef inline void so_unbind_all(PoolState* st, vector[Block*]* out, size_t* moved) noexcept nogil:
+    """After a device synchronize (every event has completed): take every block out of the
+    free lists into out, free for any stream now (events recycled); counts in moved (unless
+    NULL) those that were bound to a stream."""
     cdef size_t i
     cdef Block* b
-    fl_take_all(fl, out)
+    fl_take_all(&st.free, out)
     for i in range(out.size()):
         b = out[0][i]
         if moved != NULL and not is_no_stream(b.stream):
             moved[0] += 1
-        so_drop_events(so, b)
+        so_drop_events(&st.order, b)
         b.stream = no_stream()

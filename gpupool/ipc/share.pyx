@@ -423,43 +423,19 @@ def _alive(DeviceBuffer wrapper):
 
 
 cdef Block* _walk(Pool pool, uintptr_t ptr, size_t nbytes) noexcept nogil:
-    """The live block of pool holding [ptr, ptr + nbytes), or NULL; under the pool's lock."""
-    cdef Segment* seg = pool._segments.head
-    cdef Block* b
-    while seg != NULL:
-        if seg.base <= ptr < seg.base + (seg.va_bytes if seg.va_bytes else seg.nbytes):
-            b = seg.first
-            while b != NULL:
-                if b.ptr <= ptr and ptr + nbytes <= b.ptr + b.size:
-                    return b if b.state == LIVE else NULL
-                b = b.seg_next
-        seg = seg.next
-    return NULL
+    """The live block of pool holding [ptr, ptr + nbytes), or NULL (Pool.find_live)."""
+    return pool.find_live(ptr, nbytes)
 
 
 cdef Block* _find_block(Pool pool, uintptr_t ptr, size_t nbytes) noexcept nogil:
     """The live block of pool holding [ptr, ptr + nbytes), or NULL."""
-    cdef Block* found
-    pool.lock()
-    found = _walk(pool, ptr, nbytes)
-    pool.unlock()
-    return found
+    return pool.find_live(ptr, nbytes)
 
 
 cdef object _holder_of(Pool pool, uintptr_t ptr, size_t nbytes, bint* found):
     """The DeviceBuffer holding the live block of pool around [ptr, ptr + nbytes) (None for a
-    block of the C API, or none); ``found``: whether there is such a block. With the GIL: a
-    holder whose count is 0 is dying (its __dealloc__ waits for the lock held here), and no
-    other thread changes counts meanwhile."""
-    cdef Block* b
-    holder = None
-    pool.lock()
-    b = _walk(pool, ptr, nbytes)
-    found[0] = b != NULL
-    if b != NULL and b.holder != NULL and Py_REFCNT(<PyObject*>b.holder) > 0:
-        holder = <object>b.holder
-    pool.unlock()
-    return holder
+    block of the C API, or none); ``found``: whether there is such a block (Pool.holder_at)."""
+    return pool.holder_at(ptr, nbytes, found)
 
 
 def owns(Pool pool, uintptr_t ptr, size_t nbytes):

@@ -11,17 +11,12 @@ they die) or invalidated, by the ``on_exit`` policy.
 """
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
-from libcpp.pair cimport pair
-from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
 from gpupool.buffer.device_buffer cimport DeviceBuffer
 from gpupool.buffer.dlpack cimport capsule_data
 from gpupool.driver.calls cimport forked
 from gpupool.core.pool cimport Pool, region_push, region_pop, uncached_marker
-from gpupool.core.regioncache cimport (
-    RegionCache, rc_detach, rc_escape, rc_live_blocks, rc_find_live,
-)
-from gpupool.records.streams cimport stream_key
+from gpupool.core.regioncache cimport RegionCache
 
 cimport cython
 
@@ -276,56 +271,15 @@ cdef class Region:
         return 0
 
     cdef int _settle(self) except -1:
-        """Apply on_exit to the region's buffers still alive."""
-        cdef vector[Block*] live
-        cdef vector[pair[uintptr_t, size_t]] poisoned
-        cdef Block* b
-        cdef DeviceBuffer buf
-        cdef size_t i, escaped = 0
-        cdef int status = 0
+        """Apply on_exit to the region's buffers still alive (Pool.region_exit), then look
+        for a leak."""
         escaping = []
-        self.pool.lock()
-        rc_live_blocks(self.rc, &live)
-        for i in range(live.size()):
-            b = live[i]
-            if b.region.escaped:
-                escaping.append(b.ptr)                  # escaped an earlier exit
-            elif <uintptr_t>b in self._kept:
-                rc_detach(b)
-            elif self.on_exit == "detach" or b.holder == NULL:
-                escaping.append(b.ptr)
-                rc_escape(b)
-            else:
-                escaped += b.size
-                buf = <DeviceBuffer>b.holder
-                buf.invalidate_locked()
-                if self.debug:
-                    # Filled on the legacy stream once the device is idle (below), so the
-                    # block now belongs to that stream (its bytes read first: a freed block
-                    # may join a neighbour).
-                    poisoned.push_back(pair[uintptr_t, size_t](b.ptr, b.size))
-                    self.pool.release_locked(b, stream_key(0))
-                else:
-                    self.pool.release_locked(b, buf._stream)
-        escaped += self.rc.escaped_bytes
-        if not poisoned.empty():
-            status = self._poison_locked(poisoned)
-        self.pool.unlock()
-        self.pool.upstream.raise_error(status, "poisoning invalidated blocks")
-        self.live_at_exit_bytes = escaped
+        self.live_at_exit_bytes = self.pool.region_exit(
+            self.rc, self._kept, self.on_exit == "detach", POISON if self.debug else -1,
+            escaping)
         self._kept.clear()
         self._check_leaks(escaping)
         return 0
-
-    cdef int _poison_locked(self, vector[pair[uintptr_t, size_t]]& blocks) noexcept:
-        """Fill the (pointer, bytes) of the blocks on the legacy stream once all their work
-        is done."""
-        cdef size_t i
-        cdef int r = self.pool.upstream.synchronize()
-        for i in range(blocks.size()):
-            if r == 0:
-                r = self.pool.upstream.memset(blocks[i].first, POISON, blocks[i].second, 0)
-        return r
 
     cdef int _check_leaks(self, list escaping) except -1:
         self._sites = {p: self._sites[p] for p in escaping if p in self._sites}
@@ -403,9 +357,7 @@ cdef class Region:
             ptr = _data_pointer(obj)
         if ptr == 0:
             return obj
-        self.pool.lock()
-        b = rc_find_live(self.rc, ptr)
-        self.pool.unlock()
+        b = self.pool.region_find_live(self.rc, ptr)
         if b == NULL:
             raise ValueError(f"{obj!r} is not memory of a live buffer of this region")
         self._kept.add(<uintptr_t>b)
@@ -416,26 +368,20 @@ cdef class Region:
 
         They stay where they are, free: other allocations may take them, and a trim gives
         them back to the upstream."""
-        self.pool.lock()
         self.pool.region_drain(self.rc)
-        self.pool.unlock()
 
     def stats(self):
         """The region's counters as a :class:`gpupool.RegionStats`."""
-        self.pool.lock()
-        stats = RegionStats(
-            entries=self.entries, cache_hits=self.rc.hits, cache_misses=self.rc.misses,
-            cached_bytes=self.rc.cached_bytes, live_at_exit_bytes=self.live_at_exit_bytes,
-            peak_in_use_bytes=self.rc.peak_in_use_bytes, collections=self.collections,
+        cdef RegionCache rc = self.pool.region_counters(self.rc)
+        return RegionStats(
+            entries=self.entries, cache_hits=rc.hits, cache_misses=rc.misses,
+            cached_bytes=rc.cached_bytes, live_at_exit_bytes=self.live_at_exit_bytes,
+            peak_in_use_bytes=rc.peak_in_use_bytes, collections=self.collections,
             collect_seconds=self.collect_seconds)
-        self.pool.unlock()
-        return stats
 
     def reset_peak_stats(self):
         """Set the region's peak bytes in use to the bytes its live buffers hold now."""
-        self.pool.lock()
-        self.rc.peak_in_use_bytes = self.rc.live_bytes
-        self.pool.unlock()
+        self.pool.region_reset_peak(self.rc)
 
     def __reduce__(self):
         raise not_picklable("a gpupool.Region", "make the Region in the process that runs the "

@@ -1,0 +1,187 @@
+# Cutting and joining blocks of a segment (core/segments.pxd has the overview): block
+# records, a segment's tiling, when two free neighbours may join, putting a free block into the
+# free lists joined, and cutting a block taken for a request. Under the pool's lock.
+from libc.stdint cimport uintptr_t
+from libc.string cimport memset
+from gpupool.records.block cimport Block, Segment, LIVE, FREE
+from gpupool.core.freelist cimport FreeLists, fl_put, fl_unbin
+from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
+from gpupool.core.segments cimport BLOCK_ALIGN, round_up
+from gpupool.core.state cimport PoolState, Segments, StreamOrder
+from gpupool.core.streamorder cimport so_drop_events
+from gpupool.records.streams cimport StreamKey, same_stream, is_no_stream, no_stream
+
+
+cdef extern from "<stdlib.h>" nogil:
+    void* aligned_alloc(size_t alignment, size_t size)     # C11; free() gives it back
+
+
+cdef inline Block* sg_record(Segments* sg, uintptr_t ptr, size_t size, Segment* seg) noexcept nogil:
+    """A cleared block record, never used on any stream; NULL when the host has no memory."""
+    cdef Block* b
+    if not sg.spare.empty():
+        b = sg.spare.back()
+        sg.spare.pop_back()
+        memset(b, 0, sizeof(Block))
+    else:
+        # A record of its own cache lines: threads write their blocks' at every allocate and
+        # free (state, stream, holder), and two threads' records sharing a line slowed both.
+        b = <Block*>aligned_alloc(64, round_up(sizeof(Block), 64))
+        if b == NULL:
+            return NULL
+        memset(b, 0, sizeof(Block))
+    b.ptr, b.size, b.segment, b.stream = ptr, size, seg, no_stream()
+    return b
+
+
+cdef inline void sg_retire(PoolState* st, Block* b) noexcept nogil:
+    """A block record no longer in use (its memory joined another block, or went back)."""
+    cdef Segments* sg = &st.segments
+    cdef StreamOrder* so = &st.order
+    so_drop_events(so, b)
+    sg.spare.push_back(b)
+
+
+cdef inline void sg_insert_after(Block* a, Block* b) noexcept nogil:
+    """b becomes a's right neighbour in a's segment."""
+    b.segment = a.segment
+    b.seg_prev, b.seg_next = a, a.seg_next
+    if a.seg_next != NULL:
+        a.seg_next.seg_prev = b
+    else:
+        a.segment.last = b
+    a.seg_next = b
+
+
+cdef inline void sg_remove(Block* b) noexcept nogil:
+    """Take b out of its segment's tiling."""
+    if b.seg_prev != NULL:
+        b.seg_prev.seg_next = b.seg_next
+    else:
+        b.segment.first = b.seg_next
+    if b.seg_next != NULL:
+        b.seg_next.seg_prev = b.seg_prev
+    else:
+        b.segment.last = b.seg_prev
+
+
+cdef inline bint sg_joinable(Block* a, Block* b) noexcept nogil:
+    """Whether free block b, a neighbour of free block a, may join it: both free, neither
+    waits on record_stream events, free on one stream (or one was never used), and cached by
+    one region, or one by the pool and the other by a region (not a private pool's) whose cap
+    leaves room."""
+    cdef RegionCache* rc
+    if not (b.state == FREE and a.extra_events == NULL and b.extra_events == NULL
+            and (same_stream(a.stream, b.stream) or is_no_stream(a.stream)
+                 or is_no_stream(b.stream))):
+        return False
+    if a.region.cache == b.region.cache:
+        return True
+    if a.region.cache != NULL and b.region.cache != NULL:
+        return False                    # two regions' blocks stay apart
+    # A region's block takes in the pool's, within the region's cap; a private pool's does
+    # not: it keeps what it allocated, no more.
+    rc = <RegionCache*>(a.region.cache if a.region.cache != NULL else b.region.cache)
+    if rc.held:
+        return False
+    return not rc.max_cached_bytes or \
+        rc.cached_bytes + (b.size if a.region.cache != NULL else a.size) <= rc.max_cached_bytes
+
+
+cdef inline void sg_join(PoolState* st, Block* a, Block* b) noexcept nogil:
+    """a takes in its right neighbour b (neither in the free lists): one block, on their
+    stream, cached by the region that cached either (else by the pool). Two blocks of one
+    stream drop their events: the one recorded when the block is next wanted elsewhere
+    covers both."""
+    cdef StreamOrder* so = &st.order
+    cdef RegionCache* owner = rc_disown(a)
+    cdef RegionCache* other = rc_disown(b)
+    if owner == NULL:
+        owner = other
+    if is_no_stream(a.stream):
+        a.stream = b.stream
+        a.event, b.event = b.event, a.event
+    elif not is_no_stream(b.stream):
+        so_drop_events(so, a)
+    if b.used > a.used:
+        a.used = b.used
+    a.size += b.size
+    sg_remove(b)
+    sg_retire(st, b)
+    rc_own(owner, a)
+
+
+cdef inline Block* sg_put(PoolState* st, Block* b) noexcept nogil:
+    """Put free block b (state FREE, tagged with its region or the pool) into the free lists,
+    joined first with its free neighbours; returns the block it became."""
+    cdef FreeLists* fl = &st.free
+    cdef Block* n = b.seg_prev
+    if n != NULL and sg_joinable(b, n):
+        fl_unbin(fl, n)
+        sg_join(st, n, b)
+        b = n
+    n = b.seg_next
+    if n != NULL and sg_joinable(b, n):
+        fl_unbin(fl, n)
+        sg_join(st, b, n)
+    fl_put(fl, b)
+    return b
+
+
+cdef inline void sg_split(PoolState* st, Block* b, size_t size,
+                          StreamKey s, RegionCache* owner) noexcept nogil:
+    """Cut a block just taken for stream s (out of the free lists; its earlier work is ordered
+    before s's next) to size; the rest becomes a free block cached by owner (NULL: the
+    pool), free on s (or for any stream, if the block was never used). The events b still
+    has (s's own block: so_take keeps them) pass to the rest, whose earlier work they mark
+    for other streams; the block taken drops them."""
+    cdef Segments* sg = &st.segments
+    cdef StreamOrder* so = &st.order
+    cdef Block* rest
+    if b.size - size < BLOCK_ALIGN or size % BLOCK_ALIGN:
+        so_drop_events(so, b)           # (an exact request under a hard limit serves whole)
+        return
+    rest = sg_record(sg, b.ptr + size, b.size - size, b.segment)
+    if rest == NULL:
+        so_drop_events(so, b)           # no host memory: the block serves whole
+        return
+    if not is_no_stream(b.stream):
+        rest.stream = s
+    rest.event, b.event = b.event, 0
+    rest.extra_events = b.extra_events
+    b.extra_events = NULL
+    rest.used = b.used
+    rest.state = FREE
+    b.state = LIVE                      # not joinable with rest
+    b.size = size
+    sg_insert_after(b, rest)
+    rc_own(owner, rest)
+    sg_put(st, rest)
+
+
+cdef inline Block* sg_split_top(PoolState* st, Block* b,
+                                size_t size, StreamKey s, RegionCache* owner) noexcept nogil:
+    """As sg_split, but the request takes b's top end (a small request placed below a small
+    block: so_take_small): the rest, from b.ptr on, stays b, free, with b's events, on s (or
+    for any stream, if b was never used) and cached by owner. Returns the block taken (b
+    itself when it serves whole)."""
+    cdef Segments* sg = &st.segments
+    cdef StreamOrder* so = &st.order
+    cdef Block* top
+    if b.size - size < BLOCK_ALIGN or size % BLOCK_ALIGN:
+        so_drop_events(so, b)
+        return b
+    top = sg_record(sg, b.ptr + b.size - size, size, b.segment)
+    if top == NULL:
+        so_drop_events(so, b)           # no host memory: the block serves whole
+        return b
+    if not is_no_stream(b.stream):
+        b.stream = s
+    top.used = b.used
+    top.state = LIVE                    # not joinable with the rest
+    b.state = FREE
+    b.size -= size
+    sg_insert_after(b, top)
+    rc_own(owner, b)
+    sg_put(st, b)
+    return top

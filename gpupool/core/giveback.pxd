@@ -1,0 +1,207 @@
+# Giving memory back (core/segments.pxd has the overview): unmapping free pages of expandable
+# segments, trims, stream merges, and the pool's end. Under the pool's lock.
+from libc.stdint cimport uintptr_t
+from libc.stdlib cimport free
+from libcpp.vector cimport vector
+from gpupool.records.block cimport Block, Segment, FREE, UNMAPPED
+from gpupool.records.counters cimport Counters, count_returned
+from gpupool.records.ipcslot cimport gp_ipc_opened, gp_ipc_release
+from gpupool.history.ring cimport ACT_SEGMENT_FREE, ACT_SEGMENT_UNMAP
+from gpupool.core.cutjoin cimport sg_record, sg_retire, sg_insert_after, sg_remove, sg_joinable, sg_join
+from gpupool.core.freelist cimport FreeLists, fl_put, fl_each
+from gpupool.core.segments cimport round_up, sg_note, sg_drop_segment
+from gpupool.core.state cimport PoolState, Segments, StreamOrder
+from gpupool.core.streamorder cimport so_drop_events, so_unbind_all
+from gpupool.records.streams cimport is_no_stream
+from gpupool.upstream.base cimport Upstream
+
+
+cdef inline bint sg_imported(Segment* seg) noexcept nogil:
+    """Whether another process holds seg open through CUDA IPC (its export slot's count of
+    importers' mappings, in shared memory): it must not go back to the driver yet."""
+    return seg.ipc != NULL and gp_ipc_opened(seg.ipc) > 0
+
+
+cdef inline void sg_forget_export(Segment* seg) noexcept nogil:
+    """seg goes back to the driver: a handle of it can no longer be opened."""
+    if seg.ipc != NULL:
+        gp_ipc_release(seg.ipc)
+        seg.ipc = NULL
+
+
+cdef inline size_t sg_unmap_free(PoolState* st, Upstream up, Block* b) noexcept nogil:
+    """Unmap the whole pages of free block b of an expandable segment (its work is done):
+    pages at the segment's end shrink it, others become an unmapped hole; the partial pages
+    around them stay free. Returns the bytes unmapped."""
+    cdef Segments* sg = &st.segments
+    cdef Counters* c = &st.counters
+    cdef FreeLists* fl = &st.free
+    cdef Segment* seg = b.segment
+    cdef size_t g = up.granularity
+    # Pages are counted from the segment's start (a range is aligned to the page there).
+    cdef uintptr_t lo = seg.base + round_up(b.ptr - seg.base, g)
+    cdef uintptr_t hi = seg.base + (b.ptr + b.size - seg.base) // g * g
+    cdef Block* hole
+    cdef Block* rest
+    if hi <= lo:
+        fl_put(fl, b)
+        return 0
+    if up.unmap(lo, hi - lo) != 0:
+        up.clear_error()                # the pages stay mapped and cached
+        fl_put(fl, b)
+        return 0
+    count_returned(c, hi - lo)
+    sg_note(sg, ACT_SEGMENT_UNMAP, lo, hi - lo, seg.stream)
+    if hi < b.ptr + b.size:             # the partial page after the pages stays free
+        rest = sg_record(sg, hi, b.ptr + b.size - hi, seg)
+        if rest != NULL:
+            rest.state = FREE
+            sg_insert_after(b, rest)
+            fl_put(fl, rest)
+    if lo > b.ptr:                      # and the one before them
+        hole = sg_record(sg, lo, hi - lo, seg)
+        b.size = lo - b.ptr
+        fl_put(fl, b)
+        if hole == NULL:
+            return hi - lo              # unmapped all the same; the tiling keeps a gap
+        sg_insert_after(b, hole)
+    else:
+        hole = b
+        hole.size = hi - lo
+    hole.state = UNMAPPED
+    if hole.seg_prev != NULL and hole.seg_prev.state == UNMAPPED:     # one hole, not two
+        b = hole.seg_prev
+        b.size += hole.size
+        sg_remove(hole)
+        sg_retire(st, hole)
+        hole = b
+    if hole.seg_next != NULL and hole.seg_next.state == UNMAPPED:
+        b = hole.seg_next
+        hole.size += b.size
+        sg_remove(b)
+        sg_retire(st, b)
+    if hole.seg_next == NULL:           # the segment's end: it shrinks
+        seg.nbytes = hole.ptr - seg.base
+        sg_remove(hole)
+        sg_retire(st, hole)
+        if seg.first == NULL:
+            up.unreserve(seg.base)
+            sg_drop_segment(sg, seg)
+    return hi - lo
+
+
+cdef inline void sg_rejoin(PoolState* st, vector[Block*]* blocks,
+                           vector[Block*]* runs) noexcept nogil:
+    """After every event has completed, with blocks (all free, out of the free lists, free for
+    any stream): join each run of joinable neighbours into its first; the runs go to runs."""
+    cdef size_t i
+    cdef Block* b
+    for i in range(blocks.size()):
+        b = blocks[0][i]
+        if b.seg_prev == NULL or not sg_joinable(b, b.seg_prev):
+            runs.push_back(b)           # the others are joined into these (and retired)
+    for i in range(runs.size()):
+        b = runs[0][i]
+        while b.seg_next != NULL and sg_joinable(b, b.seg_next):
+            sg_join(st, b, b.seg_next)
+
+
+cdef inline size_t sg_trim(PoolState* st, Upstream up) noexcept nogil:
+    """Give the pool's free memory back: wholly free plain segments to the upstream, whole
+    free pages of expandable segments unmapped; blocks cached by regions stay. Synchronizes
+    the device first when a cached block may still be read by queued work; what stays cached
+    is then free for any stream. Returns the bytes given back."""
+    cdef Segments* sg = &st.segments
+    cdef Counters* c = &st.counters
+    cdef StreamOrder* so = &st.order
+    cdef FreeLists* fl = &st.free
+    cdef vector[Block*] blocks, runs
+    cdef size_t i, before = c.reserved
+    cdef Block* b
+    cdef Segment* seg
+    cdef bint busy = False
+    fl_each(fl, &blocks)
+    for i in range(blocks.size()):
+        busy = busy or not is_no_stream(blocks[i].stream)
+    blocks.clear()
+    if busy or (up.expandable and fl.nblocks):
+        # Cached blocks may still be read by work queued before their free; never-used ones
+        # have no work, but pages are unmapped only with the device idle (a mapping change
+        # under running work is not worth the risk). After this every event has completed.
+        if up.synchronize() != 0:
+            up.clear_error()
+            return 0                    # the work may not be done: nothing is safe to free
+        so.wanted.clear()
+    so_unbind_all(st, &blocks, NULL)
+    sg_rejoin(st, &blocks, &runs)
+    for i in range(runs.size()):
+        b = runs[i]
+        seg = b.segment
+        if b.region.cache != NULL:
+            fl_put(fl, b)
+        elif seg.va_bytes:
+            sg_unmap_free(st, up, b)
+        elif b.seg_prev == NULL and b.seg_next == NULL and not sg_imported(seg):
+            sg_forget_export(seg)
+            up.free(seg.base)
+            count_returned(c, seg.nbytes)
+            sg_note(sg, ACT_SEGMENT_FREE, seg.base, seg.nbytes, seg.stream)
+            sg_drop_segment(sg, seg)
+            sg_retire(st, b)
+        else:
+            fl_put(fl, b)
+    return before - c.reserved
+
+
+cdef inline void sg_merge_streams(PoolState* st, size_t* moved) noexcept nogil:
+    """After a device synchronize: every free block becomes free for any stream (neighbours
+    freed on different streams join)."""
+    cdef FreeLists* fl = &st.free
+    cdef vector[Block*] blocks, runs
+    cdef size_t i
+    so_unbind_all(st, &blocks, moved)
+    sg_rejoin(st, &blocks, &runs)
+    for i in range(runs.size()):
+        fl_put(fl, runs[i])
+
+
+cdef inline void sg_release_all(PoolState* st, Upstream up) noexcept nogil:
+    """At the pool's end (no block live): give every segment back, drop every record."""
+    cdef Segments* sg = &st.segments
+    cdef StreamOrder* so = &st.order
+    cdef Segment* seg
+    cdef Block* b
+    cdef Block* nxt
+    cdef uintptr_t start = 0
+    cdef size_t i
+    while sg.head != NULL:
+        seg = sg.head
+        b = seg.first
+        start = seg.base
+        while b != NULL:                # expandable: unmap each run of mapped pages
+            nxt = b.seg_next
+            if seg.va_bytes and b.state == UNMAPPED:
+                if b.ptr > start:
+                    up.unmap(start, b.ptr - start)
+                    sg_note(sg, ACT_SEGMENT_UNMAP, start, b.ptr - start, seg.stream)
+                start = b.ptr + b.size
+            so_drop_events(so, b)
+            free(b)
+            b = nxt
+        if seg.va_bytes:
+            if seg.base + seg.nbytes > start:
+                up.unmap(start, seg.base + seg.nbytes - start)
+                sg_note(sg, ACT_SEGMENT_UNMAP, start, seg.base + seg.nbytes - start,
+                        seg.stream)
+            up.unreserve(seg.base)
+        elif not sg_imported(seg):
+            up.free(seg.base)
+            sg_note(sg, ACT_SEGMENT_FREE, seg.base, seg.nbytes, seg.stream)
+        # else: left allocated for the importers that hold it open (it goes with the process)
+        sg_forget_export(seg)
+        sg.head = seg.next
+        free(seg)
+    for i in range(sg.spare.size()):
+        free(sg.spare[i])
+    sg.spare.clear()
+    up.clear_error()                    # at the end nothing reports a failure

@@ -1,0 +1,69 @@
+# Parked blocks: a free of a block whose size is requested again at once (a scratch buffer, a
+# step's temporaries of one shape) would be cut from a joined block and joined back every
+# time, so the last PARK_SLOTS freed blocks of up to PARK_MAX bytes are held aside, unjoined,
+# for a request of their exact size on their stream. Any other request, and everything that
+# walks the free lists (trims, stream merges, region exits, the ladder), puts them back first
+# (joined), so best fit always sees the whole free memory. Addresses are those the free lists
+# would give: a block of the exact size, the lowest address first. Under the pool's lock.
+from gpupool.records.block cimport Block, FREE, PARKED
+from gpupool.records.streams cimport StreamKey, same_stream
+from gpupool.core.cutjoin cimport sg_put
+from gpupool.core.regioncache cimport RegionCache, rc_disown
+from gpupool.core.state cimport PoolState, PARK_SLOTS
+
+cdef enum:
+    PARK_MAX = 64 << 20         # blocks up to this size are parked (see Note [Magazine size])
+
+
+cdef inline Block* pk_unpark(PoolState* st, size_t size, StreamKey s,
+                             RegionCache* rc) noexcept nogil:
+    """The parked block of exactly size bytes, last used on s, that the request may take
+    (the pool's or rc's, no record_stream events), at the lowest address as best fit
+    would choose; NULL if none."""
+    cdef int i, j, found = -1
+    cdef Block* b
+    for i in range(st.nparked):
+        b = st.parked[i]
+        if b.size == size and same_stream(b.stream, s) and b.extra_events == NULL and \
+                (b.region.cache == NULL or b.region.cache == <void*>rc) and \
+                (found < 0 or b.ptr < st.parked[found].ptr):
+            found = i
+    if found < 0:
+        return NULL
+    b = st.parked[found]
+    for j in range(found, st.nparked - 1):
+        st.parked[j] = st.parked[j + 1]
+    st.nparked -= 1
+    rc_disown(b)
+    return b
+
+
+cdef inline void pk_park(PoolState* st, Block* b) noexcept nogil:
+    """Hold freed block b aside (the oldest parked one goes to the free lists if full)."""
+    cdef int j
+    if b.size > PARK_MAX:
+        pk_put(st, b)
+        return
+    if st.nparked == PARK_SLOTS:
+        pk_put(st, st.parked[0])
+        for j in range(PARK_SLOTS - 1):
+            st.parked[j] = st.parked[j + 1]
+        st.nparked -= 1
+    b.state = PARKED
+    st.parked[st.nparked] = b
+    st.nparked += 1
+
+
+cdef inline void pk_put(PoolState* st, Block* b) noexcept nogil:
+    """A free (or parked) block goes into the free lists, joined with its neighbours."""
+    b.state = FREE
+    sg_put(st, b)
+
+
+cdef inline void pk_flush(PoolState* st) noexcept nogil:
+    """Put every parked block into the free lists."""
+    cdef int i
+    for i in range(st.nparked):
+        pk_put(st, st.parked[i])
+    st.nparked = 0
+

@@ -1,0 +1,63 @@
+# Freeing a block under the pool's lock: the events of the streams it was used on
+# (record_stream), its region's cache or the pool's, parking; and the pool's unlock, which runs
+# the frees deferred while the lock was held by the freeing thread.
+from libc.stdint cimport uintptr_t
+from libcpp.vector cimport vector
+from gpupool.records.block cimport Block
+from gpupool.records.counters cimport count_released
+from gpupool.records.streams cimport StreamKey, same_stream
+from gpupool.history.ring cimport hist_on, hist_free
+from gpupool.core.lock cimport ps_copy_wanted
+from gpupool.core.parking cimport pk_park
+from gpupool.core.regioncache cimport rc_own, rc_freed_into
+from gpupool.core.state cimport PoolState
+from gpupool.core.streamorder cimport so_event
+from gpupool.upstream.base cimport Upstream
+
+
+cdef inline void ps_release_locked(PoolState* st, Upstream up, Block* b,
+                                   StreamKey s) noexcept nogil:
+    """Under the pool's lock: take back live block b, last used on s."""
+    cdef size_t i, size = b.size
+    cdef uintptr_t e
+    if hist_on(st.segments.recording[0]):
+        hist_free(st.segments.device, st.segments.pool_id, b.ptr, size, s.handle)
+    b.stream = s
+    b.holder = NULL
+    if b.extra_streams != NULL:
+        for i in range(b.extra_streams.size()):
+            if same_stream(b.extra_streams[0][i], s):
+                continue
+            e = so_event(&st.order, up)
+            if e and up.event_record(e, b.extra_streams[0][i].handle) == 0:
+                if b.extra_events == NULL:
+                    b.extra_events = new vector[uintptr_t]()
+                b.extra_events.push_back(e)
+            else:
+                # No event: the use is ordered by a device synchronize instead (the block
+                # must not be reused before that stream's work).
+                if e:
+                    st.order.events.push_back(e)
+                up.clear_error()
+                if up.synchronize() != 0:
+                    up.clear_error()
+        del b.extra_streams
+        b.extra_streams = NULL
+    rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
+    b.used = st.counters.num_allocs     # last live now (sg_reclaim's cold blocks)
+    pk_park(st, b)                      # may put a parked block: size was kept above
+    count_released(&st.counters, size)
+    st.bound -= size
+
+
+cdef inline void ps_unlock(PoolState* st, Upstream up) noexcept nogil:
+    """Run the deferred frees, publish the wanted streams, let go of the pool's lock."""
+    cdef Block* b
+    while not st.deferred.empty():
+        b = st.deferred.back()
+        st.deferred.pop_back()
+        ps_release_locked(st, up, b, b.stream)
+    if st.nwanted or not st.order.wanted.empty():
+        ps_copy_wanted(st)
+    st.holder = 0
+    st.mutex.unlock()
