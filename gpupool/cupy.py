@@ -13,6 +13,7 @@ allocation. The allocator is compiled (``gpupool.adapters.cupy_allocator``); CuP
 is made, not when this module is.
 """
 
+import gpupool
 from gpupool.adapters.cupy_allocator import CupyAllocator
 from gpupool.core.pool import Pool
 
@@ -58,6 +59,7 @@ def allocator(pool=None):
 
     instance = CupyAllocator(
         pool,
+        get_pool=gpupool.get_pool,
         current_device=cupy.cuda.runtime.getDevice,
         stream_ptr=getattr(getattr(cupy.cuda, "stream", None), "get_current_stream_ptr", None),
         current_stream=cupy.cuda.get_current_stream,

@@ -5,7 +5,7 @@ The other boundaries are beside it: the CUDA Array Interface reader (``buffer/in
 views (``buffer/view.py``), DLPack (``buffer/dlpack.pyx``) and stream coercion (``records/streams.pxd``).
 """
 
-from gpupool.buffer.device_buffer import DeviceBuffer, _wrap
+from gpupool.buffer.device_buffer import DeviceBuffer, wrap
 from gpupool.core.defaults import get_pool
 from gpupool.buffer.interface import read_cai
 from gpupool.buffer.view import BufferView
@@ -70,4 +70,4 @@ def as_buffer(obj, device=None, pool=None, stream=None):
     if pool is None:
         source = obj.buffer if isinstance(obj, BufferView) else obj
         pool = source.pool if isinstance(source, DeviceBuffer) else get_pool(device)
-    return _wrap(pool, cai.ptr, cai.nbytes, cai.stream, stream, obj)
+    return wrap(pool, cai.ptr, cai.nbytes, cai.stream, stream, obj)

@@ -18,7 +18,7 @@ from conftest import SLOW_WRITE
 from test_ipc import Child
 
 import gpupool
-from gpupool.ipc import share
+from gpupool.ipc import export
 
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
@@ -85,20 +85,20 @@ def test_a_consumer_process_sees_the_final_bytes_of_a_slow_kernel(pool, slow_wri
 
 def test_1000_export_open_close_rounds_leave_both_pools_exact(pool, server):
     server.call("stats")                        # its context is made: not counted below
-    share.collect()
-    slots = share._stats()["used_slots"]         # other tests' exports not yet forgotten
+    export.collect()
+    slots = export._stats()["used_slots"]         # other tests' exports not yet forgotten
     before_free = pool.mem_info()[0]
     for i in range(1000):
         buf = pool.allocate(4096 + 65536 * (i % 5))
         server.call("open", "r", buf.ipc_handle(), {})
         server.call("close", "r")
         del buf
-    share.collect()
+    export.collect()
     stats = pool.stats()
     assert stats.in_use_bytes == 0
     assert pool.trim() == stats.reserved_bytes and pool.stats().reserved_bytes == 0
-    share.collect()
-    assert share._stats()["used_slots"] <= slots     # every export of the rounds forgotten
+    export.collect()
+    assert export._stats()["used_slots"] <= slots     # every export of the rounds forgotten
     theirs = server.call("stats")
     assert theirs["ipc"]["mappings"] == 0 and theirs["ipc"]["cached_mappings"] == 0
     assert theirs["pool"]["in_use_bytes"] == 0 and theirs["pool"]["reserved_bytes"] == 0

@@ -21,7 +21,8 @@ from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.records.block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED, HELD
-from gpupool.buffer.device_buffer cimport BlockOwner, DeviceBuffer, new_buffer
+from gpupool.buffer.device_buffer cimport DeviceBuffer, new_buffer
+from gpupool.buffer.owner cimport BlockOwner
 from gpupool.records.counters cimport count_acquired, count_released
 from gpupool.driver.calls cimport fork_flag
 from gpupool.core.freelist cimport fl_each, fl_has_exact
