@@ -1,4 +1,5 @@
-"""Build, load and install gpupool's C++ allocator for PyTorch (``src/torch_allocator.cc``).
+"""Build, load and install gpupool's C++ allocator for PyTorch (``src/torch_allocator.cc``,
+which includes ``src/torch_allocator.h`` and ``src/torch_stats.h``).
 
 The allocator subclasses PyTorch's ``CUDAAllocator``, whose virtual functions change from one
 PyTorch version to the next, so it is never shipped built: it is compiled on first use against
@@ -29,7 +30,10 @@ from gpupool.adapters import torch_entry
 
 PACKAGE = os.path.dirname(os.path.dirname(__file__))
 INCLUDE = os.path.join(PACKAGE, "include")          # gpupool.get_include(): the C API header
-SOURCE = Path(PACKAGE) / "src" / "torch_allocator.cc"
+SRC = Path(PACKAGE) / "src"
+SOURCE = SRC / "torch_allocator.cc"
+# What SOURCE includes from SRC: one translation unit, compiled as SOURCE.
+LOCAL_HEADERS = ("torch_allocator.h", "torch_stats.h")
 HEADERS = ("gpupool.h", "gpupool_status.h")
 LIBRARIES = ("c10", "c10_cuda", "torch_cuda")
 CUDA_FIX = ("pip install 'nvidia-cuda-runtime==13.*' 'nvidia-cuda-crt==13.*' (the CUDA 13 "
@@ -214,8 +218,8 @@ def build(torch):
                               abi=_abi(torch), torch_lib=lib, cxx=cxx,
                               runtime=cudart(torch.version.cuda))
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), *(Path(INCLUDE, h).read_bytes()
-                                        for h in HEADERS)):
+    for part in (SOURCE.read_bytes(), *((SRC / h).read_bytes() for h in LOCAL_HEADERS),
+                 *(Path(INCLUDE, h).read_bytes() for h in HEADERS)):
         key.update(part)
     key.update("\0".join([*command, _compiler_version(cxx), torch.__version__,
                           torch.__file__]).encode())
