@@ -1,14 +1,15 @@
 """Memory of other array libraries as gpupool buffers (the other way round from
 ``DeviceBuffer``'s own exports): ``as_buffer`` wraps any CUDA Array Interface object.
 
-The other boundaries are beside it: the CUDA Array Interface reader (``buffer/interface.py``), typed
-views (``buffer/view.py``), DLPack (``buffer/dlpack.pyx``) and stream coercion (``records/streams.pxd``).
+The other boundaries are beside it: the CUDA Array Interface reader (``buffer/interface.py``),
+typed views (``buffer/view.py``), DLPack (``buffer/dlpack.pyx``) and stream coercion
+(``records/streams.pxd``).
 """
 
 from gpupool.buffer.device_buffer import DeviceBuffer, wrap
-from gpupool.core.defaults import get_pool
 from gpupool.buffer.interface import read_cai
 from gpupool.buffer.view import BufferView
+from gpupool.core.defaults import get_pool
 
 __all__ = ["as_buffer"]
 

@@ -100,7 +100,7 @@ from gpupool.errors import GpupoolError, NoDeviceError
 __all__ = [  # noqa: F822
     "OutOfMemoryError", "allocator", "last_error", "memory_stats", "mempool", "use"]
 
-_MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (see adapters/torch_entry.pyx)
+_MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (adapters/torch_entry.pyx)
 _MALLOC_MEMPOOL = "gpupool_torch_malloc"           # NULL on failure
 _FREE = "gpupool_torch_free"
 

@@ -2,9 +2,9 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
+from gpupool.buffer.view import BufferView
 from gpupool.core.pool import Pool, Stream
 from gpupool.ipc import IpcHandle
-from gpupool.buffer.view import BufferView
 
 class DeviceBuffer:
     pool: Pool

@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """DeviceBuffer: one block of device memory, readable by any array library without a copy.
 
-It exports the CUDA Array Interface (version 3) and DLPack (``buffer/dlpack.pyx``), and copies to and
-from host memory on a stream. Its block goes back to what it was allocated from (its
+It exports the CUDA Array Interface (version 3) and DLPack (``buffer/dlpack.pyx``), and copies
+to and from host memory on a stream. Its block goes back to what it was allocated from (its
 ``BlockOwner``: a pool, or the region in front of it) when its last reference goes or when it
 is closed.
 """

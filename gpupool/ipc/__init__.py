@@ -53,9 +53,9 @@ another process (copy it first). Importer and exporter run as one user. A
 between real processes.
 """
 
+from gpupool.errors import IpcError
 from gpupool.ipc import export, mapping
 from gpupool.ipc.handle import IpcHandle
-from gpupool.errors import IpcError
 
 __all__ = ["IpcError", "IpcHandle", "collect", "open_ipc"]
 
