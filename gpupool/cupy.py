@@ -9,10 +9,11 @@
 
 Each allocation is a :class:`gpupool.DeviceBuffer` on CuPy's current stream, wrapped as
 ``cupy.cuda.UnownedMemory`` that keeps the buffer alive; regions apply to it as to any other
-allocation. The allocator is compiled (``gpupool.adapters.cupy_allocator``); CuPy is imported when an allocator
-is made, not when this module is.
+allocation. The allocator is compiled (``gpupool.adapters.cupy_allocator``); CuPy is imported
+when an allocator is made, not when this module is.
 """
 
+import gpupool
 from gpupool.adapters.cupy_allocator import CupyAllocator
 from gpupool.core.pool import Pool
 
@@ -32,10 +33,10 @@ def allocator(pool=None):
     -------
     callable
         ``alloc(nbytes) -> cupy.cuda.MemoryPointer``, ``nbytes`` an int in bytes: the
-        ``malloc`` method of a compiled ``gpupool.adapters.cupy_allocator.CupyAllocator`` (``alloc.__self__``),
-        like CuPy's own ``MemoryPool().malloc``. Each call allocates through the same path as
-        ``Pool.allocate``, for CuPy's current stream (``cupy.cuda.get_current_stream().ptr``),
-        so the calling thread's current region caches the block; the ``DeviceBuffer`` is
+        ``malloc`` method of a compiled ``gpupool.adapters.cupy_allocator.CupyAllocator``
+        (``alloc.__self__``), like CuPy's own ``MemoryPool().malloc``. Each call allocates
+        through the same path as ``Pool.allocate``, for CuPy's current stream
+        (``cupy.cuda.get_current_stream().ptr``), so the calling thread's current region caches the block; the ``DeviceBuffer`` is
         wrapped as ``cupy.cuda.UnownedMemory(ptr, nbytes, buffer, device)`` and its block
         returns to the pool (or region) when CuPy drops that memory. ``alloc(0)`` gives
         ``MemoryPointer(Memory(0), 0)`` without touching the pool.
@@ -58,6 +59,7 @@ def allocator(pool=None):
 
     instance = CupyAllocator(
         pool,
+        get_pool=gpupool.get_pool,
         current_device=cupy.cuda.runtime.getDevice,
         stream_ptr=getattr(getattr(cupy.cuda, "stream", None), "get_current_stream_ptr", None),
         current_stream=cupy.cuda.get_current_stream,

@@ -1,14 +1,15 @@
 """Memory of other array libraries as gpupool buffers (the other way round from
 ``DeviceBuffer``'s own exports): ``as_buffer`` wraps any CUDA Array Interface object.
 
-The other boundaries are beside it: the CUDA Array Interface reader (``buffer/interface.py``), typed
-views (``buffer/view.py``), DLPack (``buffer/dlpack.pyx``) and stream coercion (``records/streams.pxd``).
+The other boundaries are beside it: the CUDA Array Interface reader (``buffer/interface.py``),
+typed views (``buffer/view.py``), DLPack (``buffer/dlpack.pyx``) and stream coercion
+(``records/streams.pxd``).
 """
 
-from gpupool.buffer.device_buffer import DeviceBuffer, _wrap
-from gpupool.core.defaults import get_pool
+from gpupool.buffer.device_buffer import DeviceBuffer, wrap
 from gpupool.buffer.interface import read_cai
 from gpupool.buffer.view import BufferView
+from gpupool.core.defaults import get_pool
 
 __all__ = ["as_buffer"]
 
@@ -70,4 +71,4 @@ def as_buffer(obj, device=None, pool=None, stream=None):
     if pool is None:
         source = obj.buffer if isinstance(obj, BufferView) else obj
         pool = source.pool if isinstance(source, DeviceBuffer) else get_pool(device)
-    return _wrap(pool, cai.ptr, cai.nbytes, cai.stream, stream, obj)
+    return wrap(pool, cai.ptr, cai.nbytes, cai.stream, stream, obj)

@@ -100,7 +100,7 @@ from gpupool.errors import GpupoolError, NoDeviceError
 __all__ = [  # noqa: F822
     "OutOfMemoryError", "allocator", "last_error", "memory_stats", "mempool", "use"]
 
-_MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (see adapters/torch_entry.pyx)
+_MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (adapters/torch_entry.pyx)
 _MALLOC_MEMPOOL = "gpupool_torch_malloc"           # NULL on failure
 _FREE = "gpupool_torch_free"
 
@@ -343,7 +343,7 @@ def _reduce_tensor(tensor):
     import torch
     from torch.multiprocessing import reductions
 
-    from gpupool.ipc import share
+    from gpupool.ipc import export, mapping
 
     if (tensor.device.type != "cuda" or tensor.is_nested or tensor.layout != torch.strided
             or (tensor.requires_grad and not tensor.is_leaf)):
@@ -352,12 +352,12 @@ def _reduce_tensor(tensor):
     ptr, nbytes = storage.data_ptr(), storage.nbytes()
     if not nbytes:
         return reductions.reduce_tensor(tensor)     # no memory: no handle either
-    if share.is_imported(ptr):
+    if mapping.is_imported(ptr):
         raise gpupool.IpcError(
             "this CUDA tensor was received from another process through gpupool: it cannot be "
             "sent on (as in PyTorch); clone it first (tensor.clone())", "received")
     pool = gpupool._pools.get(tensor.device.index)
-    if pool is None or not share.owns(pool, ptr, nbytes):
+    if pool is None or not export.owns(pool, ptr, nbytes):
         if _installed:
             raise gpupool.IpcError(
                 f"this CUDA tensor's memory ({nbytes} B at {ptr:#x}) is not a block of "
@@ -367,9 +367,9 @@ def _reduce_tensor(tensor):
         return reductions.reduce_tensor(tensor)
     torch.utils.hooks.warn_if_has_hooks(tensor)
     ref = reductions.StorageWeakRef(storage)
-    handle = share.export_range(pool, ptr, nbytes,
-                               torch.cuda.current_stream(tensor.device).cuda_stream,
-                               lambda: not ref.expired())
+    handle = export.export_range(pool, ptr, nbytes,
+                                 torch.cuda.current_stream(tensor.device).cuda_stream,
+                                 lambda: not ref.expired())
     return _rebuild_tensor, (handle, type(tensor), tensor.dtype, tuple(tensor.size()),
                              tuple(tensor.stride()), tensor.storage_offset(),
                              tensor.requires_grad)
@@ -380,9 +380,9 @@ def _rebuild_tensor(handle, cls, dtype, size, stride, offset, requires_grad):
     PyTorch's current stream of its device (which waits for the sender's work)."""
     import torch
 
-    from gpupool.ipc import share
+    from gpupool.ipc import mapping
 
-    pool = share._importer_pool(handle, None)
+    pool = mapping.importer_pool(handle, None)
     stream = torch.cuda.current_stream(pool.device)
     buf = gpupool.open_ipc(handle, stream=stream.cuda_stream, pool=pool)
     flat = torch.from_dlpack(buf)                   # uint8, the storage's bytes

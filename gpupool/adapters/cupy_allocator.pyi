@@ -9,6 +9,7 @@ class CupyAllocator:
         self,
         pool: Pool | None,
         *,
+        get_pool: Callable[[int], Pool],
         current_device: Callable[[], int],
         stream_ptr: Callable[[], int] | None,
         current_stream: Callable[[], Any],

@@ -13,9 +13,6 @@ from gpupool.core.defaults cimport registered_pool
 from gpupool.core.pool cimport Pool
 from gpupool.records.streams cimport stream_handle
 
-import gpupool
-
-
 cdef class CupyAllocator:
     """CuPy's allocator interface over a gpupool pool: ``malloc(nbytes)`` (or a call) returns
     a ``cupy.cuda.MemoryPointer``; :func:`gpupool.cupy.allocator` makes one and returns its
@@ -27,6 +24,8 @@ cdef class CupyAllocator:
         The pool to draw from; None: ``gpupool.get_pool(d)`` for CuPy's current device ``d``
         at each call (looked up in gpupool's table of default pools, so ``set_pool`` applies
         to the next call).
+    get_pool : callable
+        ``(device) -> Pool``, the default pool of a device (``gpupool.get_pool``).
     current_device : callable
         ``() -> int``, CuPy's current device (``cupy.cuda.runtime.getDevice``).
     stream_ptr : callable or None
@@ -49,9 +48,9 @@ cdef class CupyAllocator:
     cdef object _pointer
     cdef object _memory
 
-    def __init__(self, Pool pool, *, current_device, stream_ptr, current_stream,
+    def __init__(self, Pool pool, *, get_pool, current_device, stream_ptr, current_stream,
                  unowned_memory, memory_pointer, memory):
-        for name, value in (("current_device", current_device),
+        for name, value in (("get_pool", get_pool), ("current_device", current_device),
                             ("current_stream", current_stream),
                             ("unowned_memory", unowned_memory),
                             ("memory_pointer", memory_pointer), ("memory", memory)):
@@ -61,7 +60,7 @@ cdef class CupyAllocator:
             raise TypeError(f"stream_ptr must be callable or None, got "
                             f"{type(stream_ptr).__name__}")
         self.pool = pool
-        self._get_pool = gpupool.get_pool
+        self._get_pool = get_pool
         self._current_device = current_device
         self._stream_ptr = stream_ptr
         self._current_stream = current_stream

@@ -11,7 +11,7 @@ import weakref
 from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
 from numba.cuda.cudadrv.driver import binding
 
-import gpupool
+from gpupool.core import defaults
 from gpupool.errors import GpupoolError
 
 EMM_INTERFACE_VERSION = 1
@@ -60,7 +60,7 @@ class GpupoolNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         """The gpupool pool this context's allocations come from now."""
         if self._fixed_pool is not None:
             return self._fixed_pool
-        return gpupool.get_pool(self._device)
+        return defaults.get_pool(self._device)
 
     def initialize(self):
         """Make the device's pool now (``gpupool.get_pool``), so that a missing driver or

@@ -1,4 +1,5 @@
-"""Build, load and install gpupool's C++ allocator for PyTorch (``src/torch_allocator.cc``).
+"""Build, load and install gpupool's C++ allocator for PyTorch (``src/torch_allocator.cc``,
+which includes ``src/torch_allocator.h`` and ``src/torch_stats.h``).
 
 The allocator subclasses PyTorch's ``CUDAAllocator``, whose virtual functions change from one
 PyTorch version to the next, so it is never shipped built: it is compiled on first use against
@@ -25,10 +26,14 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-import gpupool
 from gpupool.adapters import torch_entry
 
-SOURCE = Path(__file__).with_name("src") / "torch_allocator.cc"
+PACKAGE = os.path.dirname(os.path.dirname(__file__))
+INCLUDE = os.path.join(PACKAGE, "include")          # gpupool.get_include(): the C API header
+SRC = Path(PACKAGE) / "src"
+SOURCE = SRC / "torch_allocator.cc"
+# What SOURCE includes from SRC: one translation unit, compiled as SOURCE.
+LOCAL_HEADERS = ("torch_allocator.h", "torch_stats.h")
 HEADERS = ("gpupool.h", "gpupool_status.h")
 LIBRARIES = ("c10", "c10_cuda", "torch_cuda")
 CUDA_FIX = ("pip install 'nvidia-cuda-runtime==13.*' 'nvidia-cuda-crt==13.*' (the CUDA 13 "
@@ -154,7 +159,7 @@ def compile_command(output, torch_include, cuda_include_dir, *, abi=1, torch_lib
              f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     if not any((Path(d) / "c10/cuda/impl/cuda_cmake_macros.h").is_file() for d in torch_include):
         flags.append(f"-D{NO_CONFIGURE_FILE}")
-    includes = [gpupool.get_include(), str(SOURCE.parent), sysconfig.get_paths()["include"],
+    includes = [INCLUDE, str(SOURCE.parent), sysconfig.get_paths()["include"],
                 *map(str, torch_include), str(cuda_include_dir)]
     command = [cxx or compiler(), *flags, *(f"-I{d}" for d in includes), str(source or SOURCE)]
     if mode == "syntax":
@@ -213,8 +218,8 @@ def build(torch):
                               abi=_abi(torch), torch_lib=lib, cxx=cxx,
                               runtime=cudart(torch.version.cuda))
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), *(Path(gpupool.get_include(), h).read_bytes()
-                                        for h in HEADERS)):
+    for part in (SOURCE.read_bytes(), *((SRC / h).read_bytes() for h in LOCAL_HEADERS),
+                 *(Path(INCLUDE, h).read_bytes() for h in HEADERS)):
         key.update(part)
     key.update("\0".join([*command, _compiler_version(cxx), torch.__version__,
                           torch.__file__]).encode())

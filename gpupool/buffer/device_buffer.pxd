@@ -1,19 +1,10 @@
-# DeviceBuffer: the framework-neutral owner of one block of device memory, and the interface
-# of what it holds memory from (BlockOwner: a Pool).
+# DeviceBuffer: the framework-neutral owner of one block of device memory, from a BlockOwner
+# (buffer/owner.pxd: a Pool).
 from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block
 from gpupool.records.ipcslot cimport gp_ipc_slot
 from gpupool.records.streams cimport StreamKey
-from gpupool.upstream.base cimport Upstream
-
-cdef class BlockOwner:
-    """What a DeviceBuffer's block belongs to and goes back to (a Pool)."""
-    cdef readonly Upstream upstream     # serves the buffer's copies, memsets and events
-    cdef readonly int device
-
-    cdef void release(self, Block* blk, StreamKey stream) noexcept nogil
-    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil
-    cdef StreamKey checked_key(self, uintptr_t handle) except *
+from gpupool.buffer.owner cimport BlockOwner
 
 cdef enum BufferState:
     OPEN = 0
@@ -29,7 +20,7 @@ cdef class DeviceBuffer:
     cdef BufferState _state
     cdef object _exporter           # the exporter of wrapped memory (as_buffer); None if ours
     cdef DeviceBuffer _base         # a wrapper's: the gpupool buffer holding the memory
-    cdef gp_ipc_slot* _ipc_slot     # exported for CUDA IPC (ipc/share.pyx): released with the block
+    cdef gp_ipc_slot* _ipc_slot     # exported for CUDA IPC (ipc/export.pyx): released with the block
     cdef object __weakref__
 
     cdef uintptr_t _live_ptr(self) except? 0

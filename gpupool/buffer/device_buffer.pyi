@@ -2,9 +2,9 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
+from gpupool.buffer.view import BufferView
 from gpupool.core.pool import Pool, Stream
 from gpupool.ipc import IpcHandle
-from gpupool.buffer.view import BufferView
 
 class DeviceBuffer:
     pool: Pool
@@ -47,5 +47,5 @@ class DeviceBuffer:
     def copy_to_host(self, out: np.ndarray | None = None, stream: Stream = None) -> np.ndarray: ...
     def memset(self, value: int, stream: Stream = None) -> None: ...
 
-def _wrap(owner: Pool, ptr: int, nbytes: int, producer: int | None, consumer: Stream,
+def wrap(owner: Pool, ptr: int, nbytes: int, producer: int | None, consumer: Stream,
           exporter: Any) -> DeviceBuffer: ...

@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """DeviceBuffer: one block of device memory, readable by any array library without a copy.
 
-It exports the CUDA Array Interface (version 3) and DLPack (``buffer/dlpack.pyx``), and copies to and
-from host memory on a stream. Its block goes back to what it was allocated from (its
+It exports the CUDA Array Interface (version 3) and DLPack (``buffer/dlpack.pyx``), and copies
+to and from host memory on a stream. Its block goes back to what it was allocated from (its
 ``BlockOwner``: a pool, or the region in front of it) when its last reference goes or when it
 is closed.
 """
@@ -10,7 +10,8 @@ from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block
 from gpupool.buffer.dlpack cimport make_capsule, KDL_CPU, KDL_CUDA, KDL_UINT, DLPACK_MAJOR
-from gpupool.driver.calls cimport fork_flag, mark_used
+from gpupool.driver.calls cimport fork_flag
+from gpupool.buffer.owner cimport BlockOwner
 from gpupool.buffer.handoff cimport one_stream, order_after
 from gpupool.records.ipcslot cimport gp_ipc_release
 from gpupool.records.streams cimport (
@@ -23,46 +24,13 @@ cimport cython
 import numpy as np
 
 from gpupool.errors import FORK_MESSAGE, GpupoolError, InvalidBufferError
+from gpupool.buffer.hooks import ipc_exporter
+from gpupool.buffer.host import host_bytes
 from gpupool.buffer.interface import read_cai
+from gpupool.buffer.pickling import reduce_buffer
 from gpupool.buffer.view import BufferView
 
 cdef const int* FORKED = fork_flag()
-
-
-cdef class BlockOwner:
-    """The interface of what a DeviceBuffer holds memory from; ``gpupool.Pool`` implements it.
-
-    Attributes
-    ----------
-    upstream : Upstream
-        Serves the buffer's copies, memsets and events.
-    device : int
-        Device ordinal of the memory.
-
-    Raises
-    ------
-    GpupoolError
-        Made in a fork() child of a process that used gpupool (no pool can be made there).
-    """
-
-    def __cinit__(self, *args, **kwargs):
-        # Every pool is made here first: the process now holds memory that a fork() child
-        # must leave alone (fork detection, driver/calls.pxd).
-        if FORKED[0]:
-            raise GpupoolError(FORK_MESSAGE)
-        mark_used()
-
-    cdef void release(self, Block* blk, StreamKey stream) noexcept nogil:
-        """Take back a live block, last used on stream."""
-        pass
-
-    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil:
-        """Mark a live block as used on another stream too (``record_stream``)."""
-        pass
-
-    cdef StreamKey checked_key(self, uintptr_t handle) except *:
-        """The key of a stream handle, raising for one the driver refuses."""
-        return stream_key(handle)
 
 
 cdef DeviceBuffer new_buffer(BlockOwner owner, Block* blk, size_t nbytes, StreamKey stream):
@@ -408,8 +376,6 @@ cdef class DeviceBuffer:
         InvalidBufferError
             The buffer was closed or invalidated.
         """
-        from gpupool.buffer.pickling import reduce_buffer
-
         self._live_ptr()
         return reduce_buffer(self, protocol)
 
@@ -456,10 +422,8 @@ cdef class DeviceBuffer:
         is not returned to the driver (``Pool.trim``, the out-of-memory ladder) until the
         importer closes it.
         """
-        from gpupool.ipc.share import export_buffer
-
         self._live_ptr()
-        return export_buffer(self, stream)
+        return ipc_exporter()(self, stream)
 
     def close(self):
         """Give the memory back now (to the pool or its region). Later use raises
@@ -523,7 +487,7 @@ cdef class DeviceBuffer:
             n = cai.nbytes
             kind, src_ptr = DEVICE_TO_DEVICE, cai.ptr
         else:
-            keep = _host_bytes(src)
+            keep = host_bytes(src)
             n = keep.nbytes
             kind, src_ptr = HOST_TO_DEVICE, keep.ctypes.data
         if n > self._nbytes:
@@ -589,26 +553,6 @@ cdef class DeviceBuffer:
                 f"device={self.pool.device} stream={self._stream.handle:#x}{state}>")
 
 
-def _host_bytes(src):
-    """The bytes of a host source as a contiguous uint8 array (a view where possible)."""
-    if isinstance(src, str) or not (isinstance(src, np.ndarray) or _has_buffer(src)):
-        raise TypeError(
-            f"copy_from_host needs a numpy array, a bytes-like object or a device array, "
-            f"got {type(src).__name__}")
-    array = np.asarray(src)
-    if array.dtype.hasobject:
-        raise TypeError("copy_from_host cannot copy an array of Python objects")
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-
-def _has_buffer(obj):
-    try:
-        memoryview(obj).release()
-    except TypeError:
-        return False
-    return True
-
-
 cdef DeviceBuffer _buffer_of(object obj):
     """The gpupool buffer behind obj (a DeviceBuffer, or a view's buffer), or None."""
     if isinstance(obj, BufferView):
@@ -634,7 +578,7 @@ cdef int hand_over(BlockOwner owner, object src, object producer,
     return 0
 
 
-def _wrap(BlockOwner owner, uintptr_t ptr, size_t nbytes, producer, consumer, exporter):
+def wrap(BlockOwner owner, uintptr_t ptr, size_t nbytes, producer, consumer, exporter):
     """A non-owning DeviceBuffer over ``nbytes`` of ``exporter``'s memory at ``ptr``, for use
     on stream ``consumer`` (a stream argument), ordered after ``producer`` (the stream its
     CUDA Array Interface gives, or None) and, for memory of a gpupool buffer, counted as a use

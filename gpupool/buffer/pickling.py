@@ -2,13 +2,14 @@
 
 ``DeviceBuffer.__reduce_ex__`` calls :func:`reduce_buffer`; unpickling calls
 :func:`rebuild_buffer` in the receiving process, which allocates from the default pool of its
-current device (``gpupool.get_pool()``). Views pickle as their buffer with their dtype, shape
-and strides (``BufferView.__reduce__``).
+current device (``gpupool.get_pool()``, which ``gpupool.core.defaults`` installs: see
+``buffer/hooks.py``). Views pickle as their buffer with their dtype, shape and strides
+(``BufferView.__reduce__``).
 """
 
 import pickle
 
-from gpupool.core.defaults import get_pool
+from gpupool.buffer.hooks import pool_source
 
 __all__ = ["rebuild_buffer", "reduce_buffer"]
 
@@ -34,7 +35,7 @@ def rebuild_buffer(payload):
         As ``Pool.allocate``.
     """
     data = memoryview(payload).cast("B")
-    buf = get_pool().allocate(data.nbytes)
+    buf = pool_source()().allocate(data.nbytes)
     if data.nbytes:
         buf.copy_from_host(data)
     return buf

@@ -9,6 +9,7 @@ from gpupool.driver.calls import current_device
 from gpupool.driver.ordinals import check_ordinal
 from gpupool.core.pool cimport Pool
 
+from gpupool.buffer.hooks import install_pool_source
 from gpupool.errors import NoDeviceError
 
 # Borrowed from _pools: a default pool, once made, is kept for the process's life (replaced
@@ -111,3 +112,6 @@ cdef PyObject* registered_pool(int device) noexcept:
     """The default pool of a device if it has one (borrowed; with the GIL), else NULL; makes
     none."""
     return PyDict_GetItem(_pools, device)
+
+
+install_pool_source(get_pool)     # the pool that unpickled buffers are allocated from

@@ -6,7 +6,7 @@ cimport cython
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
-from gpupool.buffer.device_buffer cimport BlockOwner
+from gpupool.buffer.owner cimport BlockOwner
 from gpupool.records.counters cimport Counters
 from gpupool.core.magazine cimport Magazine
 from gpupool.core.regioncache cimport RegionCache

@@ -20,7 +20,8 @@ from libc.stdint cimport uintptr_t, SIZE_MAX
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.records.block cimport Block, Segment, LIVE, UNMAPPED
-from gpupool.buffer.device_buffer cimport BlockOwner, DeviceBuffer, new_buffer
+from gpupool.buffer.device_buffer cimport DeviceBuffer, new_buffer
+from gpupool.buffer.owner cimport BlockOwner
 from gpupool.driver.calls cimport fork_flag
 from gpupool.core.freelist cimport fl_each
 from gpupool.core.magazine cimport Magazine

@@ -53,9 +53,9 @@ another process (copy it first). Importer and exporter run as one user. A
 between real processes.
 """
 
-from gpupool.ipc import share
-from gpupool.ipc.handle import IpcHandle
 from gpupool.errors import IpcError
+from gpupool.ipc import export, mapping
+from gpupool.ipc.handle import IpcHandle
 
 __all__ = ["IpcError", "IpcHandle", "collect", "open_ipc"]
 
@@ -102,7 +102,7 @@ def open_ipc(handle, stream=None, pool=None):
     GpupoolError
         In a ``fork()`` child of a process that used gpupool.
     """
-    return share.open_handle(handle, stream, pool)
+    return mapping.open_handle(handle, stream, pool)
 
 
 def collect():
@@ -112,4 +112,4 @@ def collect():
     that a trim can return it. The exporter does it at its exports, when a buffer object dies
     (its event and descriptors), and before retrying an allocation that ran out of memory;
     call it to do it now. Returns the number of exports forgotten."""
-    return share.collect()
+    return export.collect()

@@ -1,5 +1,5 @@
 /* The slots of gpupool's CUDA IPC export table: 16 bytes in a file of shared memory that the
- * exporting process maps and every importer maps too (gpupool/ipc/share.pyx makes the table).
+ * exporting process maps and every importer maps too (gpupool/ipc/table.pyx makes the table).
  *
  * A slot describes one export target: a buffer (its state goes RELEASED when the buffer gives
  * its block back, so a later open fails) or a segment (an upstream allocation whose IPC handle

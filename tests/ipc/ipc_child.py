@@ -13,7 +13,7 @@ import pickle
 import numpy as np
 
 import gpupool
-from gpupool.ipc import share
+from gpupool.ipc import export, mapping
 from gpupool.testing import SimulatedDevice
 
 
@@ -76,10 +76,10 @@ def _run(name, args, pool, sim, held, exported):
         exported.pop(args[0]).close()
         return None
     if name == "deny_pidfd":            # as in a container that forbids pidfd_getfd
-        share.SYS_PIDFD_GETFD = -1
+        mapping.SYS_PIDFD_GETFD = -1
         return None
     if name == "stats":
-        return {"ipc": share._stats(), "pool": pool.stats().as_dict(), "mem_info": pool.mem_info(),
+        return {"ipc": export._stats(), "pool": pool.stats().as_dict(), "mem_info": pool.mem_info(),
                 "errors": list(sim.errors) if sim else [],
                 "calls": [c for c in sim.calls if c[0].startswith("ipc")] if sim else []}
     if name == "sum":                   # the sum of an opened buffer's bytes, through DLPack
@@ -113,7 +113,7 @@ def consume(conn, framework):
                 conn.send(("ok", (int((host == 42).sum()), host.nbytes)))
             elif name == "close":
                 held = None
-                conn.send(("ok", share._stats()))
+                conn.send(("ok", export._stats()))
         except Exception as exc:
             conn.send(("error", type(exc).__name__, getattr(exc, "reason", None), str(exc)))
 

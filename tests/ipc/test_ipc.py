@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpupool
-from gpupool.ipc import share
+from gpupool.ipc import export, mapping, table
 from gpupool.ipc.handle import FIELDS
 from gpupool.testing import SimulatedDevice
 
@@ -288,11 +288,11 @@ def test_a_buffers_handle_is_released_with_its_block(mpool, msim):
     ways["closed"].close()
     del ways["freed"]
     for way, h in handles.items():
-        serial, state, opened = share._slot_state(h.table, h.buffer_slot)
+        serial, state, opened = mapping._slot_state(h.table, h.buffer_slot)
         assert (serial, state, opened) == (h.buffer_serial, RELEASED, 0), way
     kept = mpool.allocate(1000)
     h = kept.ipc_handle()
-    assert share._slot_state(h.table, h.buffer_slot)[1] == 1        # live
+    assert mapping._slot_state(h.table, h.buffer_slot)[1] == 1        # live
 
 
 def test_exporting_a_buffer_again_reuses_its_slot_and_event(mpool, msim):
@@ -307,14 +307,14 @@ def test_exporting_a_buffer_again_reuses_its_slot_and_event(mpool, msim):
 
 
 def test_collect_forgets_given_back_exports_and_reuses_their_slots(mpool, msim):
-    share.collect()
-    start = share._stats()
+    export.collect()
+    start = export._stats()
     for _ in range(300):
         buf = mpool.allocate(4096)
         buf.ipc_handle()
         buf.close()
-    share.collect()
-    stats = share._stats()
+    export.collect()
+    stats = export._stats()
     assert stats["records"] - start["records"] <= 1     # the slab's segment record stays
     assert stats["used_slots"] - start["used_slots"] <= 1
     assert len(msim.calls_named("ipc_event_destroy")) >= 299
@@ -339,14 +339,14 @@ def test_trim_keeps_a_segment_that_an_importer_holds_open(mpool, msim):
     buf = mpool.allocate(1000)
     h = buf.ipc_handle()
     reserved = mpool.stats().reserved_bytes
-    share._add_to_slot(h.table, h.segment_slot, 1)           # what an importer's open does
+    table._add_to_slot(h.table, h.segment_slot, 1)           # what an importer's open does
     del buf
-    share.collect()                                          # a live importer's count stays
+    export.collect()                                          # a live importer's count stays
     assert mpool.trim() == 0 and mpool.stats().reserved_bytes == reserved
     assert msim.calls_named("free") == []
-    share._add_to_slot(h.table, h.segment_slot, -1)          # ... and its close
+    table._add_to_slot(h.table, h.segment_slot, -1)          # ... and its close
     assert mpool.trim() == reserved and msim.calls_named("free") != []
-    assert share._slot_state(h.table, h.segment_slot)[1] == RELEASED
+    assert mapping._slot_state(h.table, h.segment_slot)[1] == RELEASED
     check_invariants(mpool)
 
 
@@ -354,11 +354,11 @@ def test_a_pool_that_ends_leaves_an_imported_segment_allocated():
     sim = SimulatedDevice(shareable=True)
     pool = gpupool.Pool(upstream=sim)
     h = pool.allocate(1000).ipc_handle()
-    share._add_to_slot(h.table, h.segment_slot, 1)
+    table._add_to_slot(h.table, h.segment_slot, 1)
     del pool
     gc.collect()
     assert sim.calls_named("free") == [] and sim.errors == []
-    share._add_to_slot(h.table, h.segment_slot, -1)
+    table._add_to_slot(h.table, h.segment_slot, -1)
 
 
 # Errors ------------------------------------------------------------------------------
@@ -403,9 +403,9 @@ def test_an_array_of_gpupool_memory_made_by_an_adapter_exports_its_buffer(mpool)
     assert (h.offset, h.nbytes) == (own.offset + 1024, 4096)
     assert (h.buffer_slot, h.buffer_serial) == (own.buffer_slot, own.buffer_serial)
     del array
-    assert share._slot_state(h.table, h.buffer_slot)[1] == 1          # the buffer holds it
+    assert mapping._slot_state(h.table, h.buffer_slot)[1] == 1          # the buffer holds it
     buf.close()
-    assert share._slot_state(h.table, h.buffer_slot)[1] == RELEASED
+    assert mapping._slot_state(h.table, h.buffer_slot)[1] == RELEASED
 
 
 def test_an_array_of_c_api_memory_exports_while_it_lives(mpool, default_pools):
@@ -418,10 +418,10 @@ def test_an_array_of_c_api_memory_exports_while_it_lives(mpool, default_pools):
     array.__cuda_array_interface__ = {"shape": (8192,), "typestr": "|u1", "version": 3,
                                       "data": (ptr, False), "strides": None, "stream": None}
     h = gpupool.as_buffer(array, pool=mpool).ipc_handle()
-    assert h.nbytes == 8192 and share._slot_state(h.table, h.buffer_slot)[1] == 1
+    assert h.nbytes == 8192 and mapping._slot_state(h.table, h.buffer_slot)[1] == 1
     del array
-    share.collect()                                  # the array died: its export with it
-    assert share._slot_state(h.table, h.buffer_slot)[1] != 1
+    export.collect()                                  # the array died: its export with it
+    assert mapping._slot_state(h.table, h.buffer_slot)[1] != 1
     torch_entry._torch_free(ptr, 8192, 0, 0)
 
 
@@ -500,9 +500,9 @@ def test_trim_keeps_a_segment_another_process_holds_open(mpool, msim, child):
     del buf
     assert mpool.trim() == 0                    # the child still maps the segment
     assert mpool.stats().reserved_bytes == reserved and msim.calls_named("free") == []
-    assert share._slot_state(h.table, h.segment_slot)[2] == 1
+    assert mapping._slot_state(h.table, h.segment_slot)[2] == 1
     child.call("close", "x")
-    assert share._slot_state(h.table, h.segment_slot)[2] == 0
+    assert mapping._slot_state(h.table, h.segment_slot)[2] == 0
     assert mpool.trim() == reserved             # now it goes back, and the sim saw no
     check_invariants(mpool)                     # free of memory still open (msim.errors)
 
@@ -516,9 +516,9 @@ def test_an_importer_killed_without_closing_pins_the_segment_until_collect(mpool
     importer.process.join(30)
     del buf
     reserved = mpool.stats().reserved_bytes
-    assert mpool.trim() == 0 and share._slot_state(h.table, h.segment_slot)[2] == 1
-    share.collect()                              # no lock backs the count: forgotten
-    assert share._slot_state(h.table, h.segment_slot)[2] == 0
+    assert mpool.trim() == 0 and mapping._slot_state(h.table, h.segment_slot)[2] == 1
+    export.collect()                              # no lock backs the count: forgotten
+    assert mapping._slot_state(h.table, h.segment_slot)[2] == 0
     assert mpool.trim() == reserved
 
 
@@ -565,7 +565,7 @@ def test_a_handle_of_an_exporter_that_exited_is_refused(how):
         gpupool.open_ipc(h, pool=pool)
     assert info.value.reason == "exporter_exited"
     assert os.path.exists(h.table) == (how == "crash")
-    share._remove_stale_tables(os.path.dirname(h.table))     # as the next exporter does
+    table.remove_stale_tables(os.path.dirname(h.table))     # as the next exporter does
     assert not os.path.exists(h.table)
 
 
@@ -622,11 +622,11 @@ def test_many_export_open_close_rounds_leave_both_pools_exact(mpool, vpool, chil
             assert child.call("sum", "r") == (i % 256) * buf.nbytes
             child.call("close", "r")
             del buf
-        share.collect()
+        export.collect()
         after = check_invariants(pool)
         assert after.in_use_bytes == before.in_use_bytes == 0
         assert after.reserved_bytes == before.reserved_bytes or before.reserved_bytes == 0
-        assert share._stats()["used_slots"] <= 4
+        assert export._stats()["used_slots"] <= 4
         stats = child.call("stats")
         assert stats["ipc"]["mappings"] == 0 and stats["errors"] == []
         assert stats["pool"]["in_use_bytes"] == 0 and stats["pool"]["reserved_bytes"] == 0
@@ -693,20 +693,20 @@ def test_a_consumer_process_sees_the_final_bytes_of_a_slow_kernel(gpu_pool, slow
 @needs_cupy
 def test_1000_export_open_close_rounds_leave_both_pools_exact(gpu_pool, server):
     server.call("stats")                        # its context is made: not counted below
-    share.collect()
-    slots = share._stats()["used_slots"]         # other tests' exports not yet forgotten
+    export.collect()
+    slots = export._stats()["used_slots"]         # other tests' exports not yet forgotten
     before_free = gpu_pool.mem_info()[0]
     for i in range(1000):
         buf = gpu_pool.allocate(4096 + 65536 * (i % 5))
         server.call("open", "r", buf.ipc_handle(), {})
         server.call("close", "r")
         del buf
-    share.collect()
+    export.collect()
     stats = gpu_pool.stats()
     assert stats.in_use_bytes == 0
     assert gpu_pool.trim() == stats.reserved_bytes and gpu_pool.stats().reserved_bytes == 0
-    share.collect()
-    assert share._stats()["used_slots"] <= slots     # every export of the rounds forgotten
+    export.collect()
+    assert export._stats()["used_slots"] <= slots     # every export of the rounds forgotten
     theirs = server.call("stats")
     assert theirs["ipc"]["mappings"] == 0 and theirs["ipc"]["cached_mappings"] == 0
     assert theirs["pool"]["in_use_bytes"] == 0 and theirs["pool"]["reserved_bytes"] == 0

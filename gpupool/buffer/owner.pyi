@@ -1,0 +1,5 @@
+from gpupool.upstream.upstreams import Upstream
+
+class BlockOwner:
+    upstream: Upstream
+    device: int
