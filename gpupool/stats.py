@@ -7,14 +7,14 @@ __all__ = ["PoolStats", "RegionStats", "format_bytes", "format_status", "torch_m
 
 @dataclass(frozen=True)
 class PoolStats:
-    """A pool's counters at one moment. Bytes count whole size classes (what is reserved).
+    """A pool's counters at one moment. Bytes count whole blocks (requests rounded up to 512 B).
 
     ``in_use_bytes + cached_bytes == reserved_bytes``, where cached bytes are free memory held
-    by the pool (free blocks, and slab space not yet carved) or by any of its regions
+    by the pool (free, parked and held blocks) or by any of its regions
     (``pool.trim()`` returns the pool's; ``Region.release()`` hands a region's to the pool).
     ``num_allocs == cache_hits + cache_misses`` for non-empty requests: a hit is served from a
-    free list (the pool's or a region's); a miss needs new memory, carved from a slab or from
-    the upstream (``upstream_allocs`` counts the upstream calls).
+    free list (the pool's or a region's); a miss needs new memory: the pool grows from its
+    upstream (``upstream_allocs`` counts the upstream calls).
     """
 
     in_use_bytes: int

@@ -14,7 +14,7 @@ none, unless its caller gathered them first: hist_gather, for PyTorch's entry po
 frame is a code object and an instruction offset, as PyTorch's history keeps them (the line,
 which the interpreter finds by walking the code's line table, is looked up for snapshots
 only); code objects are interned in a table that keeps a reference to each until recording
-stops, so that entries overwritten by a thread without the GIL release nothing.
+stops, so that entries overwritten by a thread without the GIL drop no reference.
 
 The debug log: the pool's C-level code queues what the out-of-memory ladder and the trims did
 (hist_log, any thread, under the pool's lock) and the queue is written to
