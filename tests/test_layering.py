@@ -366,8 +366,6 @@ def test_table_covers_every_folder(layers):
         assert layer_of(rel + "__init__.py", layers), f"{rel} is in no layer of docs/design.md"
 
 
-@pytest.mark.xfail(strict=False, reason="the buffer, adapters and api modules still import "
-                   "upward until the core, ipcbuf and upstream branches are merged")
 def test_imports_point_down(layers, tree):
     problems = check(tree, layers)
     assert not problems, ("imports against the layer table in docs/design.md:\n  "
@@ -398,13 +396,13 @@ def lazy():
     import gpupool.region.region as r
     from gpupool import errors, snapshot
 '''
-    files["gpupool/driver/forms.pxi"] = "from gpupool.ipc cimport share\n"
+    files["gpupool/driver/forms.pxi"] = "from gpupool.ipc cimport export\n"
     files["gpupool/driver/lazy.py"] = ("def f():\n    from .. import testing\n"
                                        "    from ..core import defaults\n")
     problems = [re.sub(r"^([^:]+:\d+): .* imports ([\w.]+).*$", r"\1 \2", p)
                 for p in check(files, layers) if p.startswith("gpupool/driver/")]
     assert sorted(problems) == [
-        "gpupool/driver/forms.pxi:1 gpupool.ipc.share",
+        "gpupool/driver/forms.pxi:1 gpupool.ipc.export",
         "gpupool/driver/forms.pyx:2 gpupool.records.block",
         "gpupool/driver/forms.pyx:3 gpupool.records.sizes",
         "gpupool/driver/forms.pyx:3 gpupool.records.streams",

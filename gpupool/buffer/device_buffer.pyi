@@ -3,8 +3,10 @@ from typing import Any, SupportsIndex
 import numpy as np
 
 from gpupool.buffer.view import BufferView
-from gpupool.core.pool import Pool, Stream
-from gpupool.ipc import IpcHandle
+# The buffer layer sits below the pool and IPC: their types are named loosely here.
+Pool = Any        # gpupool.Pool, the BlockOwner the buffer's block goes back to
+Stream = Any      # None, an int handle or an object with __cuda_stream__ / .handle / .ptr
+IpcHandle = Any   # gpupool.ipc.IpcHandle
 
 class DeviceBuffer:
     pool: Pool
