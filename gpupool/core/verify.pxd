@@ -94,19 +94,6 @@ cdef inline list ps_magazines_info(PoolState* st):
     ``empty`` (it held no block); ``waits`` and ``free_waits`` (its lock was another
     thread's at that moment, and a request or a free waited for it); and ``streams``, each
     held block's (size, stream handle, stream tag)."""
-    """Every thread's magazine for this pool, for tests and diagnostics: a list of dicts
-    with ``blocks`` (held free blocks), ``held`` and ``credit`` (bytes), ``handed`` (C
-    API blocks taken from it, live), ``orphan`` (its thread exited), ``allocs`` and
-    ``frees`` (served by it without the pool's lock, not yet folded into the pool's
-    counters), ``misses`` (its thread's requests it could not serve, with no free block of
-    the exact size either), and why requests took the shared path while it held blocks:
-    ``wanted`` (another stream waits for blocks of its stream, or more than WANTED_FAST
-    streams are waited for and its bit is in the mask), ``no_block`` (none of the size on
-    the stream), ``no_credit`` (one, but too little credit: the pool's peak bound) and
-    ``no_hand`` (one, but MAG_HANDED C API blocks are out); why they took it otherwise:
-    ``empty`` (it held no block); ``waits`` and ``free_waits`` (its lock was another
-    thread's at that moment, and a request or a free waited for it); and ``streams``, each
-    held block's (size, stream handle, stream tag)."""
     cdef Magazine* m
     cdef size_t k
     cdef int i
