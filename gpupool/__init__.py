@@ -13,7 +13,9 @@ from gpupool import (
 )
 from gpupool.buffer.device_buffer import DeviceBuffer
 from gpupool.core.defaults import _pools, get_pool, set_pool  # noqa: F401  (_pools: the registry)
-from gpupool.core.pool import Pool, on_oom, remove_oom_callback, size_class, uncached
+from gpupool.core.pool import Pool, uncached
+from gpupool.core.poolbase import size_class
+from gpupool.core.oom import on_oom, remove_oom_callback
 from gpupool.region.region import Region
 from gpupool.upstream.base import Upstream
 from gpupool.upstream.driver import DriverUpstream

@@ -251,7 +251,7 @@ def describe_limit(raw, device_totals):
 
 def describe_upstream(raw):
     """``GPUPOOL_UPSTREAM``'s value, and whether ``Pool`` accepts it."""
-    from gpupool.core.pool import _UPSTREAMS
+    from gpupool.core.upstreams import UPSTREAMS as _UPSTREAMS
 
     if raw in _UPSTREAMS:
         return repr(raw)

@@ -1,22 +1,20 @@
-# The pool: one device's caching allocator. It keeps the lock, acquire and release of blocks,
-# the out-of-memory ladder, the limits and the Python API; the layers it is made of are in
+# The pool: one device's caching allocator. It keeps the lock, acquire and release of blocks
+# and the out-of-memory ladder's errors; its state, construction and upkeep API are PoolBase's
+# (core/poolbase.pxd); the layers it is made of are in
 # core/freelist.pxd (free lists), core/streamorder.pxd (stream-ordered reuse), core/segments.pxd
 # (segments: growth, cutting, joining, trimming) and core/regioncache.pxd (regions' blocks).
 cimport cython
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
-from gpupool.buffer.owner cimport BlockOwner
 from gpupool.records.counters cimport Counters
 from gpupool.core.magazine cimport Magazine
 from gpupool.core.regioncache cimport RegionCache
-from gpupool.core.state cimport PoolState
+from gpupool.core.poolbase cimport PoolBase
 from gpupool.records.streams cimport StreamKey
 
 @cython.final
-cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the compiler inlines
-    cdef PoolState _st                  # everything below the Python API (core/state.pxd)
-    cdef object __weakref__
+cdef class Pool(PoolBase):      # final: its cdef methods are direct calls the compiler inlines
 
     cdef void lock(self) noexcept nogil
     cdef void unlock(self) noexcept nogil
@@ -31,7 +29,6 @@ cdef class Pool(BlockOwner):     # final: its cdef methods are direct calls the 
     cdef void region_drain(self, RegionCache* rc) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
     cdef object _oom_error(self, size_t nbytes)
-    cdef size_t _oom_free_bytes(self) noexcept nogil
     cdef object allocate_key(self, object nbytes, StreamKey stream)
 
     # The interface of the layers above: what region/, ipc/, c_api/ and adapters/ may call.

@@ -1,91 +1,66 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The pool: one device's caching allocator (docs/design.md has the contract).
 
-A request is rounded to 512 bytes and served by best fit from the pool's free lists
-(``core/freelist.pxd``), in stream order (``core/streamorder.pxd``): blocks cached by the region in
-front of it (``core/regioncache.pxd``) and the pool's own, then, before the pool grows, those of
-idle regions. A larger block is cut and the rest stays free; a freed block joins its free
-neighbours (``core/segments.pxd``). Else the pool grows: a new segment of a plain upstream, or
-more pages of the stream's expandable segment (``core/segments.pxd``). When the upstream is out of
-memory, the ladder: give this pool's cached memory back, retry; untag every region's cache
-and give it back, retry; then the caller runs the ``on_oom`` callbacks and retries once more
-before raising ``OutOfMemoryError``.
-
-Everything runs under the pool's lock, taken without blocking other Python threads (the GIL
-is released while waiting). A free made by the thread that holds the lock (a garbage
-collection run by a Python upstream, say) is deferred until that thread unlocks.
+A request is rounded to 512 bytes and served by best fit from the free lists
+(``core/freelist.pxd``) in stream order (``core/streamorder.pxd``): the blocks cached by the
+region in front of it (``core/regioncache.pxd``), the pool's own, then idle regions'. A larger
+block is cut and a freed block joins its free neighbours (``core/cutjoin.pxd``). Else the pool
+grows (``core/growplain.pxd``, ``core/growexpand.pxd``); out of memory, the ladder
+(``core/ladder.pxd``) gives cached memory back and retries, then the caller runs the
+``on_oom`` callbacks (``core/oom.pyx``) and retries once more before raising
+``OutOfMemoryError``. Everything runs under the pool's lock (``core/lock.pxd``), taken without
+blocking other Python threads; a free made by the thread holding it is deferred to its unlock.
 """
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t, SIZE_MAX
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
-from gpupool.records.block cimport Block, Segment, LIVE, UNMAPPED
-from gpupool.buffer.device_buffer cimport DeviceBuffer, new_buffer
-from gpupool.buffer.owner cimport BlockOwner
 from gpupool.driver.calls cimport fork_flag
-from gpupool.core.freelist cimport fl_each
-from gpupool.core.magazine cimport Magazine
-from gpupool.core.magpool cimport mp_reap, mp_flush_all, mp_counters_view, mp_reset_peaks
-from gpupool.core.parking cimport pk_flush
-from gpupool.core.ladder cimport ld_trim, ld_merge_streams
-from gpupool.buffer.handoff cimport use_key
-from gpupool.history.ring cimport (
-    LOG_CALLBACK_RETRY, hist_on, hist_subscribe, register_pool, hist_alloc, hist_oom, hist_log,
-    hist_flush_log,
+from gpupool.driver.status cimport GP_REENTRANT, GP_FORKED
+from gpupool.records.block cimport Block, Segment, LIVE, UNMAPPED
+from gpupool.records.counters cimport Counters
+from gpupool.records.ptrtable cimport pt_insert
+from gpupool.records.sizes cimport MAX_NBYTES, check_nbytes
+from gpupool.records.streams cimport (
+    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, resolved_free_key, same_stream,
+    stream_key, created_stream_key, refused_stream_status, stream_handle,
 )
+from gpupool.history.ring cimport (
+    LOG_CALLBACK_RETRY, hist_on, hist_subscribe, hist_alloc, hist_oom, hist_log, hist_flush_log,
+)
+from gpupool.buffer.device_buffer cimport DeviceBuffer, new_buffer
+from gpupool.buffer.handoff cimport use_key
+from gpupool.core.magazine cimport Magazine
+from gpupool.core.magpool cimport mp_counters_view, mp_reset_peaks
+from gpupool.core.parking cimport pk_flush
+from gpupool.core.ladder cimport ld_trim
 from gpupool.core.regioncache cimport (
     RegionCache, rc_detach, rc_drain, rc_return_unused, rc_find_live,
 )
 from gpupool.core.private cimport pp_allocate_at, pp_end
-from gpupool.records.ptrtable cimport pt_insert
-from gpupool.core.segments cimport round_request, sg_find_live
-from gpupool.core.giveback cimport sg_release_all
-from gpupool.core.verify cimport ps_verify, ps_magazines_info, ps_sweep_counts
+from gpupool.core.segments cimport sg_find_live
 from gpupool.core.acquire cimport ps_acquire_locked
-from gpupool.core.fastpath cimport fp_thread_magazine, fp_take, fp_put, fp_free_handed
+from gpupool.core.fastpath cimport (
+    fp_thread_magazine, fp_take, fp_put, fp_free_handed, fp_thread_exit,
+)
 from gpupool.core.lock cimport ps_lock, ps_wait
 from gpupool.core.release cimport ps_release_locked, ps_unlock
 from gpupool.core.thread cimport (
     GP_REGION_DEPTH_MAX, gp_thread, gp_this_thread, gp_magazine_exit_hook, uncached_mark,
 )
-from gpupool.core.fastpath cimport fp_detach, fp_thread_exit
 from gpupool.core.handed cimport hd_find, hd_cache_info, hd_private_live
 from gpupool.core.regionexit cimport rg_exit
-from gpupool.records.sizes cimport MAX_NBYTES, check_nbytes
-from gpupool.driver.status cimport GP_REENTRANT, GP_FORKED
-from gpupool.records.streams cimport (
-    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, resolved_free_key, same_stream,
-    stream_key, created_stream_key, refused_stream_status, stream_handle,
-)
-from gpupool.upstream.base cimport Upstream
-from gpupool.upstream.driver cimport DriverUpstream
-from gpupool.upstream.mempool cimport AsyncUpstream
-from gpupool.upstream.vmm cimport VmmUpstream
+from gpupool.core.oom cimport oom_run_callbacks, oom_error, oom_headroom
+from gpupool.core.poolbase cimport PoolBase
 
 import logging
 import os
 
-from gpupool.errors import (
-    FORK_MESSAGE, CudaError, GpupoolError, OutOfMemoryError, not_picklable,
-)
-from gpupool.stats import PoolStats, format_bytes, torch_memory_stats
+from gpupool.errors import FORK_MESSAGE, GpupoolError
 
 cdef extern from "Python.h" nogil:
     Py_ssize_t Py_REFCNT(PyObject* o)
 
-_UPSTREAMS = {"driver": DriverUpstream, "async": AsyncUpstream, "vmm": VmmUpstream}
-
-
-def _default_upstream(int device):
-    """Expandable segments, where the device has virtual memory management (on the recorded
-    ResNet-50 and GPT-2 runs they reserve the least: docs/design.md); else the driver's."""
-    try:
-        return VmmUpstream(device)
-    except CudaError:
-        return DriverUpstream(device)
-
-
-_oom_callbacks = []
 cdef const int* FORKED = fork_flag()
 # This module's copy of the memory history's switch (history/ring.pxd): nonzero while it records
 # (magazines are passed by then, so that every allocation and free is recorded).
@@ -101,19 +76,7 @@ cdef bint MAGAZINES = os.environ.get("GPUPOOL_MAGAZINES", "").strip() != "0"
 include "regionstack.pxi"
 
 
-def size_class(nbytes):
-    """Bytes a request of ``nbytes`` takes from the pool: ``nbytes`` rounded up to a multiple
-    of 512 (at most 511 B more); 0 for 0.
-
-    Parameters
-    ----------
-    nbytes : int
-        Request in bytes, 0 <= nbytes <= 2**50.
-    """
-    return round_request(check_nbytes(nbytes))
-
-
-cdef class Pool(BlockOwner):
+cdef class Pool(PoolBase):
     """A caching pool of device memory on one device.
 
     ``Pool(device=0, upstream=None, hard_limit=None, soft_limit=None)``
@@ -148,71 +111,18 @@ cdef class Pool(BlockOwner):
         one, or a malformed upstream (``GPUPOOL_UPSTREAM`` included).
     """
 
-    def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None):
-        from gpupool.driver.ordinals import check_ordinal
-        from gpupool.limits import resolve_limits
+    def __cinit__(self, *args, **kwargs):
+        # PoolBase.__cinit__ (core/poolbase.pyx) has made the state from the arguments; the
+        # memory history's switch it reads is this module's copy.
         self._st.segments.recording = &RECORDING
-        device = check_ordinal(device)
-        if upstream is None:
-            upstream = os.environ.get("GPUPOOL_UPSTREAM") or None   # empty: unset
-            if upstream is None:
-                upstream = _default_upstream(device)
-            elif upstream not in _UPSTREAMS:
-                raise ValueError(f"GPUPOOL_UPSTREAM={upstream!r}: must be one of "
-                                 f"{', '.join(_UPSTREAMS)}")
-        if isinstance(upstream, Upstream):
-            self.upstream = upstream
-        elif isinstance(upstream, str) and upstream in _UPSTREAMS:
-            self.upstream = _UPSTREAMS[upstream](device)
-        elif isinstance(upstream, str):
-            raise ValueError(f"upstream must be 'driver', 'async', 'vmm' or an Upstream "
-                             f"object, got {upstream!r}")
-        else:
-            raise TypeError(f"upstream must be 'driver', 'async', 'vmm' or an Upstream "
-                            f"object, got {type(upstream).__name__}")
-        self.device = self._st.segments.device = self.upstream.device
-        self._st.segments.hard_limit, self._st.soft_limit = resolve_limits(
-            hard_limit, soft_limit, lambda: self.mem_info()[1])
-        # A stream-ordered upstream keeps freed memory up to the soft limit for regrowth.
-        self.upstream.raise_error(self.upstream.set_release_threshold(self._st.soft_limit),
-                                  "set_release_threshold")
-        self._st.segments.pool_id = register_pool(self)
-
-    def __dealloc__(self):
-        # Buffers and regions hold references to their pool, so only free lists remain.
-        cdef size_t i
-        if FORKED[0]:
-            return
-        # Threads' magazines let go of the pool whatever else happens (the garbage collector
-        # may have cleared upstream already): a thread must never take a dead pool's
-        # magazine for a new pool at the same address.
-        for i in range(self._st.magazines.size()):
-            fp_detach(self._st.magazines[i])
-        self._st.magazines.clear()
-        if self.upstream is None:
-            return
-        self._st.mutex.lock()
-        if self._st.segments.head != NULL and (self.upstream.expandable
-                                            or self.upstream.stream_ordered):
-            # Queued work may still use freed blocks: unmapping pages (cuMemUnmap) does not
-            # wait for it as cuMemFree does, nor does a stream-ordered free wait for other
-            # streams' work. (A failure: the context is gone, and its work with it.)
-            if self.upstream.synchronize() != 0:
-                self.upstream.clear_error()
-        sg_release_all(&self._st, self.upstream)
-        for i in range(self._st.order.events.size()):
-            self.upstream.event_destroy(self._st.order.events[i])
-        self._st.mutex.unlock()
 
     # Locking --------------------------------------------------------------------------
 
     cdef void lock(self) noexcept nogil:
         ps_lock(&self._st)
 
-
     cdef void unlock(self) noexcept nogil:
         ps_unlock(&self._st, self.upstream)
-
 
     # Allocation -----------------------------------------------------------------------
 
@@ -251,12 +161,10 @@ cdef class Pool(BlockOwner):
     cdef int acquire_locked(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
         return ps_acquire_locked(&self._st, self.upstream, <void*>self, nbytes, s, out)
 
-
     # Magazines (core/magazine.pxd) ---------------------------------------------------------
 
     cdef Magazine* thread_magazine(self, bint make) noexcept nogil:
         return fp_thread_magazine(&self._st, self.upstream, <void*>self, make)
-
 
     cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil:
         """A block for nbytes on s from the calling thread's magazine, without the pool's
@@ -264,22 +172,10 @@ cdef class Pool(BlockOwner):
         API frees by pointer)."""
         return fp_take(&self._st, <void*>self, nbytes, s, capi, RECORDING)
 
-
-
-
-
-
-
-
-
-
-
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil:
         """Hold freed block b (last used on s) in the calling thread's magazine; False: the
         shared path."""
         return fp_put(&self._st, self.upstream, <void*>self, b, s, RECORDING, MAGAZINES)
-
-
 
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
         """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
@@ -290,17 +186,6 @@ cdef class Pool(BlockOwner):
         if b != NULL:
             self.release(b, resolved_free_key(self.upstream, s, b.stream))
         return done[0]
-
-
-
-
-
-
-
-
-
-
-
 
     cdef object raise_status(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
@@ -318,29 +203,12 @@ cdef class Pool(BlockOwner):
         self.upstream.raise_error(status, "allocate")
 
     cdef object _oom_error(self, size_t nbytes):
-        """The OutOfMemoryError of a failed request of nbytes, with the pool's numbers (read
-        under the lock). It asks the upstream nothing: a driver call could fail or block where
-        memory just ran out, so the device's free and total bytes stay None."""
+        """The OutOfMemoryError of a failed request of nbytes (core/oom.pyx, oom_error)."""
+        cdef Counters c
         self.lock()
         c = mp_counters_view(&self._st)
         self.unlock()
-        limit = self._st.segments.hard_limit or None
-        where = f"; hard limit {format_bytes(limit)}" if limit else ""
-        return OutOfMemoryError(
-            f"gpupool: out of memory on device {self.device} allocating "
-            f"{format_bytes(nbytes)} ({nbytes} B): {format_bytes(c.in_use)} in use, "
-            f"{format_bytes(c.reserved)} reserved, {format_bytes(c.cached)} cached "
-            f"by the pool and its regions{where}. Free buffers you no longer need, "
-            f"release regions (region.release()), or register a callback with gpupool.on_oom; "
-            f"gpupool.pool_status() shows the device's free memory.",
-            requested_bytes=nbytes, in_use_bytes=c.in_use, reserved_bytes=c.reserved,
-            cached_bytes=c.cached, limit_bytes=limit)
-
-    cdef size_t _oom_free_bytes(self) noexcept nogil:
-        """What the pool may still reserve under its hard limit (0 without one), for the
-        memory history's out-of-memory entry: as for the error, no driver call is made."""
-        cdef size_t limit = self._st.segments.hard_limit, reserved = self._st.counters.reserved
-        return limit - reserved if limit > reserved else 0
+        return oom_error(self.device, c, self._st.segments.hard_limit, nbytes)
 
     def _oom_message(self, size_t nbytes):
         """The message of the OutOfMemoryError of a failed request of ``nbytes`` (for
@@ -449,11 +317,6 @@ cdef class Pool(BlockOwner):
         rc_drain(rc)
         self.unlock()
 
-    # Trimming ---------------------------------------------------------------------------
-
-
-
-
     # The interface of the layers above (core/pool.pxd lists it) -------------------------
 
     cdef size_t region_exit(self, RegionCache* rc, set kept, bint detach, int poison,
@@ -551,7 +414,7 @@ cdef class Pool(BlockOwner):
         history records."""
         self.lock()
         if RECORDING:
-            hist_oom(self.device, self._st.segments.pool_id, nbytes, self._oom_free_bytes(),
+            hist_oom(self.device, self._st.segments.pool_id, nbytes, oom_headroom(&self._st),
                      stream)
         self.unlock()
 
@@ -713,236 +576,14 @@ cdef class Pool(BlockOwner):
             (<object>rc.on_alloc)(b.ptr)
         return buf
 
-    def cached_blocks(self):
-        """The pool's free blocks (not those cached by regions), for inspection and tests.
-
-        Returns
-        -------
-        list of (int, int, bool)
-            ``(device pointer, bytes, piece)`` by address; ``piece``: the block shares its
-            upstream allocation with neighbours (it was cut from a larger block).
-        """
-        cdef vector[Block*] blocks
-        cdef size_t i
-        self.lock()
-        mp_flush_all(&self._st)
-        pk_flush(&self._st)
-        fl_each(&self._st.free, &blocks)
-        found = [(blocks[i].ptr, blocks[i].size,
-                  blocks[i].seg_prev != NULL or blocks[i].seg_next != NULL)
-                 for i in range(blocks.size()) if blocks[i].region.cache == NULL]
-        self.unlock()
-        return sorted(found)
-
-    def _verify(self):
-        """Check the pool's bookkeeping: segments tiled by their blocks, the free lists and
-        the parked blocks, region tags and their byte counts, and the counters. Returns the
-        problems found (an empty list when all is consistent). For tests: it walks every
-        block under the lock."""
-        self.lock()
-        problems = ps_verify(&self._st)
-        self.unlock()
-        return problems
-
-    def _magazines_info(self):
-        """Every thread's magazine for this pool, for tests and diagnostics: a list of dicts
-        (core/verify.pxd, ps_magazines_info, names the keys)."""
-        self.lock()
-        out = ps_magazines_info(&self._st)
-        self.unlock()
-        return out
-
-    def _sweep_counts(self):
-        """How often the pool's lock holder swept every magazine, for diagnostics: a dict of
-        counts (core/verify.pxd, ps_sweep_counts, names the keys)."""
-        self.lock()
-        out = ps_sweep_counts(&self._st)
-        self.unlock()
-        return out
-
-    def _counters(self):
-        """The counters record as a dict (bytes and counts), read under the lock (and every
-        thread's magazine's)."""
-        self.lock()
-        mp_reap(&self._st)                # exited threads' magazines: not read again and again
-        c = mp_counters_view(&self._st)
-        self.unlock()
-        return c
-
-    def stats(self):
-        """Current counters as a :class:`gpupool.PoolStats` (bytes and counts)."""
-        return PoolStats.from_counters(self._counters())
-
-    def memory_stats(self):
-        """Counters under the keys of ``torch.cuda.memory_stats()``, for existing dashboards.
-
-        Returns
-        -------
-        dict
-            ``allocated_bytes.all.{current,peak,allocated,freed}`` and
-            ``active_bytes.all.{current,peak}`` (bytes of live blocks, by size class),
-            ``reserved_bytes.all.{current,peak}``, ``allocation.all.{current,allocated,freed}``
-            (counts), ``segment.all.{current,allocated,freed}`` (upstream allocations),
-            ``num_alloc_retries``, ``num_ooms``, ``num_device_alloc``, ``num_device_free``.
-            gpupool keeps no per-pool ("small_pool"/"large_pool") split.
-        """
-        return torch_memory_stats(self._counters())
-
-    def reset_peak_stats(self):
-        """Set the peaks of bytes in use and reserved to their current values."""
-        self.lock()
-        mp_reset_peaks(&self._st)
-        self.unlock()
-
-
-
-    def merge_streams(self):
-        """Make every cached block, of the pool and of its regions, free for any stream.
-
-        A block freed on a stream goes to another stream only once an event recorded on its
-        stream after the free reports complete, and that event is recorded when its stream
-        next allocates: blocks of a stream that went idle stay with it. This synchronizes the
-        device once (``cuCtxSynchronize``: the host waits for all queued work), then merges
-        every stream's free lists, keeping the memory (``trim`` gives it back instead). Call
-        it at a point where the host waits anyway, such as the end of an epoch.
-
-        Returns
-        -------
-        int
-            Blocks that were bound to a stream and are now free for all.
-
-        Raises
-        ------
-        CudaError
-            The synchronize failed.
-        GpupoolError
-            The pool was inherited through ``fork()``.
-        """
-        cdef size_t moved = 0
-        cdef int r
-        if FORKED[0]:
-            self.raise_status(GP_FORKED, 0)
-        self.lock()
-        r = ld_merge_streams(&self._st, self.upstream, &moved)
-        self.unlock()
-        self.upstream.raise_error(r, "synchronize")
-        return moved
-
-    def trim(self):
-        """Give the pool's cached memory back to the upstream: every wholly free segment.
-
-        Blocks cached by regions stay with their regions (``Region.release()`` returns them).
-        Synchronizes the device first when a cached block may still be in use by queued work.
-        On an expandable upstream every whole free page is unmapped.
-
-        Returns
-        -------
-        int
-            Bytes released (also logged to the ``"gpupool"`` logger at DEBUG).
-        """
-        cdef int r
-        if FORKED[0]:
-            self.raise_status(GP_FORKED, 0)
-        self.lock()
-        released = ld_trim(&self._st, self.upstream)
-        r = self.upstream.trim()
-        reserved = self._st.counters.reserved
-        self.unlock()
-        hist_flush_log()
-        _logger.debug("gpupool: trim released %d B on device %d (%d B reserved now)",
-                      released, self.device, reserved)
-        self.upstream.raise_error(r, "trim")
-        return released
-
-    def mem_info(self):
-        """``(free, total)`` bytes of the device (``cuMemGetInfo``)."""
-        cdef size_t f = 0, t = 0
-        self.upstream.raise_error(self.upstream.mem_info(&f, &t), "cuMemGetInfo")
-        return f, t
-
-    @property
-    def hard_limit(self):
-        """Bytes the pool never exceeds in reserved memory; None when unlimited."""
-        return self._st.segments.hard_limit or None
-
-    @property
-    def soft_limit(self):
-        """Reserved bytes above which cached blocks are released; None when unlimited."""
-        return self._st.soft_limit or None
-
-    def __reduce__(self):
-        raise not_picklable(
-            "a gpupool.Pool", "make the pool where it is used (gpupool.get_pool(), or "
-            "gpupool.Pool(...) in the other process) and pickle buffers: they carry their bytes")
-
-    def __repr__(self):
-        c = self._counters()
-        return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
-                f"in_use={c['in_use']} reserved={c['reserved']}>")
-
 
 gp_magazine_exit_hook = fp_thread_exit
 
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1:
-    """Run the on_oom callbacks (with the GIL); whether there were any to run. A callback
-    that raises is logged and the others still run."""
-    if not _oom_callbacks:
-        return False
-    pool._st.counters.oom_retries += 1
-    hist_flush_log()
-    _logger.debug("gpupool: out of memory on device %d for %d B: step 3, running %d on_oom "
-                  "callbacks, then retrying", pool.device, nbytes, len(_oom_callbacks))
-    for callback in list(_oom_callbacks):
-        try:
-            callback(nbytes)
-        except Exception:
-            logging.getLogger("gpupool").exception(
-                "gpupool: the on_oom callback %r raised while memory for %d B was wanted on "
-                "device %d; the other callbacks run and the allocation is retried",
-                callback, nbytes, pool.device)
-    return True
-
-
-def on_oom(callback):
-    """Register ``callback(nbytes)`` to run when an allocation fails for lack of memory.
-
-    Callbacks run (in registration order, outside the pool's lock) after the pool has
-    released its own and its regions' caches; the allocation is then retried once.
-    ``gpupool.on_oom(lambda n: gc.collect())`` is the usual one. Returns ``callback`` so it
-    can be used as a decorator.
-
-    A callback that raises (an ``Exception``) does not replace the out-of-memory error: its
-    exception is logged with its traceback to the ``"gpupool"`` logger
-    (``logging.getLogger("gpupool")``), the other callbacks run and the allocation is retried;
-    if the retry fails too, the ``OutOfMemoryError`` is raised as without the callback.
-
-    Raises
-    ------
-    TypeError
-        ``callback`` is not callable.
-    """
-    if not callable(callback):
-        raise TypeError("on_oom needs a callable taking the requested nbytes")
-    _oom_callbacks.append(callback)
-    return callback
-
-
-def remove_oom_callback(callback):
-    """Unregister a callback added with :func:`on_oom` (its first registration, if it was
-    registered more than once).
-
-    Raises
-    ------
-    ValueError
-        ``callback`` is not registered.
-    """
-    try:
-        _oom_callbacks.remove(callback)
-    except ValueError:
-        raise ValueError(f"{callback!r} is not an on_oom callback: gpupool.remove_oom_callback "
-                         f"takes a callable registered with gpupool.on_oom "
-                         f"({len(_oom_callbacks)} registered now)") from None
+    """Run the on_oom callbacks for a request of nbytes (core/oom.pyx); whether there were
+    any."""
+    return oom_run_callbacks(&pool._st.counters, pool.device, nbytes)
 
 
 include "snapshot.pxi"

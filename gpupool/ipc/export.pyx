@@ -33,7 +33,7 @@ import os
 import weakref
 
 from gpupool.buffer.hooks import install_ipc_exporter
-from gpupool.core.pool import on_oom
+from gpupool.core.oom import on_oom
 from gpupool.errors import FORK_MESSAGE, GpupoolError, IpcError
 from gpupool.ipc.handle import IpcHandle
 from gpupool.ipc.mapping import Imported, mapping_counts

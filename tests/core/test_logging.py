@@ -21,7 +21,7 @@ def debug(caplog, monkeypatch):
     caplog.set_level(logging.DEBUG, logger="gpupool")
     # The ladder's messages count on_oom callbacks: only this test's (gpupool.ipc registers
     # one for the process at its first export).
-    monkeypatch.setattr(gpupool.core.pool, "_oom_callbacks", [])
+    monkeypatch.setattr(gpupool.core.oom, "_oom_callbacks", [])
     return caplog
 
 

@@ -1,0 +1,8 @@
+# PoolBase: a pool's state and upstream, its construction and end, and the Python API that reads
+# or maintains them (core/poolbase.pyx); Pool (core/pool.pxd) serves requests on top of it.
+from gpupool.buffer.owner cimport BlockOwner
+from gpupool.core.state cimport PoolState
+
+cdef class PoolBase(BlockOwner):
+    cdef PoolState _st                  # everything below the Python API (core/state.pxd)
+    cdef object __weakref__

@@ -1,0 +1,251 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""What a pool is before it serves a request: its state (core/state.pxd) and upstream, made
+from the ``Pool`` arguments and given back at its end, and the Python API that reads or
+maintains that state (statistics, the consistency check, ``trim``, ``merge_streams``, the
+limits). ``Pool`` (core/pool.pyx) adds the requests and frees and the operations the layers
+above call."""
+from libcpp.vector cimport vector
+from gpupool.records.block cimport Block
+from gpupool.driver.calls cimport fork_flag
+from gpupool.core.freelist cimport fl_each
+from gpupool.core.magpool cimport mp_reap, mp_flush_all, mp_counters_view, mp_reset_peaks
+from gpupool.core.parking cimport pk_flush
+from gpupool.core.segments cimport round_request
+from gpupool.records.sizes cimport check_nbytes
+from gpupool.core.ladder cimport ld_trim, ld_merge_streams
+from gpupool.core.giveback cimport sg_release_all
+from gpupool.core.verify cimport ps_verify, ps_magazines_info, ps_sweep_counts
+from gpupool.core.fastpath cimport fp_detach
+from gpupool.core.lock cimport ps_lock
+from gpupool.core.release cimport ps_unlock
+from gpupool.history.ring cimport register_pool, hist_flush_log
+
+import logging
+
+from gpupool.core.upstreams import make_upstream
+from gpupool.driver.ordinals import check_ordinal
+from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
+from gpupool.limits import resolve_limits
+from gpupool.stats import PoolStats, torch_memory_stats
+
+cdef const int* FORKED = fork_flag()
+_logger = logging.getLogger("gpupool")
+
+
+def size_class(nbytes):
+    """Bytes a request of ``nbytes`` takes from the pool: ``nbytes`` rounded up to a multiple
+    of 512 (at most 511 B more); 0 for 0.
+
+    Parameters
+    ----------
+    nbytes : int
+        Request in bytes, 0 <= nbytes <= 2**50.
+    """
+    return round_request(check_nbytes(nbytes))
+
+
+cdef class PoolBase(BlockOwner):
+    """A pool's state, construction and upkeep; see ``Pool`` for its arguments."""
+
+    def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None):
+        self.upstream = make_upstream(check_ordinal(device), upstream)
+        self.device = self._st.segments.device = self.upstream.device
+        self._st.segments.hard_limit, self._st.soft_limit = resolve_limits(
+            hard_limit, soft_limit, lambda: self.mem_info()[1])
+        # A stream-ordered upstream keeps freed memory up to the soft limit for regrowth.
+        self.upstream.raise_error(self.upstream.set_release_threshold(self._st.soft_limit),
+                                  "set_release_threshold")
+        self._st.segments.pool_id = register_pool(self)
+
+    def __dealloc__(self):
+        # Buffers and regions hold references to their pool, so only free lists remain.
+        cdef size_t i
+        if FORKED[0]:
+            return
+        # Threads' magazines let go of the pool whatever else happens (the garbage collector
+        # may have cleared upstream already): a thread must never take a dead pool's
+        # magazine for a new pool at the same address.
+        for i in range(self._st.magazines.size()):
+            fp_detach(self._st.magazines[i])
+        self._st.magazines.clear()
+        if self.upstream is None:
+            return
+        self._st.mutex.lock()
+        if self._st.segments.head != NULL and (self.upstream.expandable
+                                            or self.upstream.stream_ordered):
+            # Queued work may still use freed blocks: unmapping pages (cuMemUnmap) does not
+            # wait for it as cuMemFree does, nor does a stream-ordered free wait for other
+            # streams' work. (A failure: the context is gone, and its work with it.)
+            if self.upstream.synchronize() != 0:
+                self.upstream.clear_error()
+        sg_release_all(&self._st, self.upstream)
+        for i in range(self._st.order.events.size()):
+            self.upstream.event_destroy(self._st.order.events[i])
+        self._st.mutex.unlock()
+
+    def cached_blocks(self):
+        """The pool's free blocks (not those cached by regions), for inspection and tests.
+
+        Returns
+        -------
+        list of (int, int, bool)
+            ``(device pointer, bytes, piece)`` by address; ``piece``: the block shares its
+            upstream allocation with neighbours (it was cut from a larger block).
+        """
+        cdef vector[Block*] blocks
+        cdef size_t i
+        ps_lock(&self._st)
+        mp_flush_all(&self._st)
+        pk_flush(&self._st)
+        fl_each(&self._st.free, &blocks)
+        found = [(blocks[i].ptr, blocks[i].size,
+                  blocks[i].seg_prev != NULL or blocks[i].seg_next != NULL)
+                 for i in range(blocks.size()) if blocks[i].region.cache == NULL]
+        ps_unlock(&self._st, self.upstream)
+        return sorted(found)
+
+    def _verify(self):
+        """Check the pool's bookkeeping: segments tiled by their blocks, the free lists and
+        the parked blocks, region tags and their byte counts, and the counters. Returns the
+        problems found (an empty list when all is consistent). For tests: it walks every
+        block under the lock."""
+        ps_lock(&self._st)
+        problems = ps_verify(&self._st)
+        ps_unlock(&self._st, self.upstream)
+        return problems
+
+    def _magazines_info(self):
+        """Every thread's magazine for this pool, for tests and diagnostics: a list of dicts
+        (core/verify.pxd, ps_magazines_info, names the keys)."""
+        ps_lock(&self._st)
+        out = ps_magazines_info(&self._st)
+        ps_unlock(&self._st, self.upstream)
+        return out
+
+    def _sweep_counts(self):
+        """How often the pool's lock holder swept every magazine, for diagnostics: a dict of
+        counts (core/verify.pxd, ps_sweep_counts, names the keys)."""
+        ps_lock(&self._st)
+        out = ps_sweep_counts(&self._st)
+        ps_unlock(&self._st, self.upstream)
+        return out
+
+    def _counters(self):
+        """The counters record as a dict (bytes and counts), read under the lock (and every
+        thread's magazine's)."""
+        ps_lock(&self._st)
+        mp_reap(&self._st)                # exited threads' magazines: not read again and again
+        c = mp_counters_view(&self._st)
+        ps_unlock(&self._st, self.upstream)
+        return c
+
+    def stats(self):
+        """Current counters as a :class:`gpupool.PoolStats` (bytes and counts)."""
+        return PoolStats.from_counters(self._counters())
+
+    def memory_stats(self):
+        """Counters under the keys of ``torch.cuda.memory_stats()``, for existing dashboards.
+
+        Returns
+        -------
+        dict
+            ``allocated_bytes.all.{current,peak,allocated,freed}`` and
+            ``active_bytes.all.{current,peak}`` (bytes of live blocks, by size class),
+            ``reserved_bytes.all.{current,peak}``, ``allocation.all.{current,allocated,freed}``
+            (counts), ``segment.all.{current,allocated,freed}`` (upstream allocations),
+            ``num_alloc_retries``, ``num_ooms``, ``num_device_alloc``, ``num_device_free``.
+            gpupool keeps no per-pool ("small_pool"/"large_pool") split.
+        """
+        return torch_memory_stats(self._counters())
+
+    def reset_peak_stats(self):
+        """Set the peaks of bytes in use and reserved to their current values."""
+        ps_lock(&self._st)
+        mp_reset_peaks(&self._st)
+        ps_unlock(&self._st, self.upstream)
+
+
+
+    def merge_streams(self):
+        """Make every cached block, of the pool and of its regions, free for any stream.
+
+        A block freed on a stream goes to another stream only once an event recorded on its
+        stream after the free reports complete, and that event is recorded when its stream
+        next allocates: blocks of a stream that went idle stay with it. This synchronizes the
+        device once (``cuCtxSynchronize``: the host waits for all queued work), then merges
+        every stream's free lists, keeping the memory (``trim`` gives it back instead). Call
+        it at a point where the host waits anyway, such as the end of an epoch.
+
+        Returns
+        -------
+        int
+            Blocks that were bound to a stream and are now free for all.
+
+        Raises
+        ------
+        CudaError
+            The synchronize failed.
+        GpupoolError
+            The pool was inherited through ``fork()``.
+        """
+        cdef size_t moved = 0
+        cdef int r
+        if FORKED[0]:
+            raise GpupoolError(FORK_MESSAGE)
+        ps_lock(&self._st)
+        r = ld_merge_streams(&self._st, self.upstream, &moved)
+        ps_unlock(&self._st, self.upstream)
+        self.upstream.raise_error(r, "synchronize")
+        return moved
+
+    def trim(self):
+        """Give the pool's cached memory back to the upstream: every wholly free segment.
+
+        Blocks cached by regions stay with their regions (``Region.release()`` returns them).
+        Synchronizes the device first when a cached block may still be in use by queued work.
+        On an expandable upstream every whole free page is unmapped.
+
+        Returns
+        -------
+        int
+            Bytes released (also logged to the ``"gpupool"`` logger at DEBUG).
+        """
+        cdef int r
+        if FORKED[0]:
+            raise GpupoolError(FORK_MESSAGE)
+        ps_lock(&self._st)
+        released = ld_trim(&self._st, self.upstream)
+        r = self.upstream.trim()
+        reserved = self._st.counters.reserved
+        ps_unlock(&self._st, self.upstream)
+        hist_flush_log()
+        _logger.debug("gpupool: trim released %d B on device %d (%d B reserved now)",
+                      released, self.device, reserved)
+        self.upstream.raise_error(r, "trim")
+        return released
+
+    def mem_info(self):
+        """``(free, total)`` bytes of the device (``cuMemGetInfo``)."""
+        cdef size_t f = 0, t = 0
+        self.upstream.raise_error(self.upstream.mem_info(&f, &t), "cuMemGetInfo")
+        return f, t
+
+    @property
+    def hard_limit(self):
+        """Bytes the pool never exceeds in reserved memory; None when unlimited."""
+        return self._st.segments.hard_limit or None
+
+    @property
+    def soft_limit(self):
+        """Reserved bytes above which cached blocks are released; None when unlimited."""
+        return self._st.soft_limit or None
+
+    def __reduce__(self):
+        raise not_picklable(
+            "a gpupool.Pool", "make the pool where it is used (gpupool.get_pool(), or "
+            "gpupool.Pool(...) in the other process) and pickle buffers: they carry their bytes")
+
+    def __repr__(self):
+        c = self._counters()
+        return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
+                f"in_use={c['in_use']} reserved={c['reserved']}>")
