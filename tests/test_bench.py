@@ -17,6 +17,7 @@ from gpupool.testing import SimulatedDevice
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench"))
 
 import alloc_trace  # noqa: E402
+import creep  # noqa: E402
 import fragmentation  # noqa: E402
 import ipc  # noqa: E402
 import real_models  # noqa: E402
@@ -453,3 +454,12 @@ def test_profile_threads_keeps_idle_threads_magazines_out_of_its_workers_counts(
     # The pool grew for the workers' first requests, so it swept the magazines then.
     counts = dict(kv.split() for kv in sweeps.split(": ")[1].split(", "))
     assert set(counts) == {"others", "want", "handed", "settle"} and int(counts["want"]) > 0
+
+
+def test_creep_script_on_the_simulated_device(tmp_path):
+    out_json = tmp_path / "creep.json"
+    assert creep.main(["--simulated", "--json", str(out_json)]) == 0
+    out = json.loads(out_json.read_text())
+    assert out["simulated"] and set(out["columns"]) == {"driver", "vmm"}
+    assert out["columns"]["driver"] <= 2 * out["peak_in_use"]
+    assert out["columns"]["vmm"] <= out["peak_in_use"] + (2 << 20)

@@ -8,11 +8,11 @@ from gpupool.records.counters cimport Counters, count_returned
 from gpupool.records.ipcslot cimport gp_ipc_opened, gp_ipc_release
 from gpupool.history.ring cimport ACT_SEGMENT_FREE, ACT_SEGMENT_UNMAP
 from gpupool.core.cutjoin cimport sg_record, sg_retire, sg_insert_after, sg_remove, sg_joinable, sg_join
-from gpupool.core.freelist cimport FreeLists, fl_put, fl_each
+from gpupool.core.freelist cimport FreeLists, fl_put, fl_each, fl_unbin
 from gpupool.core.segments cimport round_up, sg_note, sg_drop_segment
 from gpupool.core.state cimport PoolState, Segments, StreamOrder
-from gpupool.core.streamorder cimport so_drop_events, so_unbind_all
-from gpupool.records.streams cimport is_no_stream
+from gpupool.core.streamorder cimport so_drop_events, so_done, so_unbind_all
+from gpupool.records.streams cimport StreamKey, is_no_stream
 from gpupool.upstream.base cimport Upstream
 
 
@@ -106,6 +106,44 @@ cdef inline void sg_rejoin(PoolState* st, vector[Block*]* blocks,
             sg_join(st, b, b.seg_next)
 
 
+cdef inline void sg_free_segment(PoolState* st, Upstream up, Block* b) noexcept nogil:
+    """Give b's plain segment, of which b (out of the free lists, its work done) is the one
+    block, back to the upstream."""
+    cdef Segments* sg = &st.segments
+    cdef Segment* seg = b.segment
+    sg_forget_export(seg)
+    up.free(seg.base)
+    count_returned(&st.counters, seg.nbytes)
+    sg_note(sg, ACT_SEGMENT_FREE, seg.base, seg.nbytes, seg.stream)
+    sg_drop_segment(sg, seg)
+    sg_retire(st, b)
+
+
+cdef inline size_t sg_shed(PoolState* st, Upstream up, size_t size, StreamKey s) noexcept nogil:
+    """Before a plain upstream grows for a request of size bytes on s: give back the pool's
+    wholly free plain segments smaller than size (none of them can serve it) whose work is
+    known done (so_done), without a synchronize. A segment whose work is not known done yet
+    stays, and gets an event for the next look (on s at once; on another stream when that
+    stream next allocates): its memory goes back only once the work queued on it before its
+    free has completed, so the upstream's free needs no stream (the async upstream frees on
+    the legacy stream, which a created stream's queued work does not precede). Regions'
+    cached segments and segments another process holds open stay. Returns the bytes given
+    back."""
+    cdef Segment* seg = st.segments.head
+    cdef Segment* nxt
+    cdef Block* b
+    cdef size_t before = st.counters.reserved
+    while seg != NULL:
+        nxt = seg.next
+        b = seg.first
+        if not seg.va_bytes and seg.nbytes < size and b == seg.last and b.state == FREE and \
+                b.region.cache == NULL and not sg_imported(seg) and \
+                so_done(&st.order, up, b, s) and fl_unbin(&st.free, b):
+            sg_free_segment(st, up, b)
+        seg = nxt
+    return before - st.counters.reserved
+
+
 cdef inline size_t sg_trim(PoolState* st, Upstream up) noexcept nogil:
     """Give the pool's free memory back: wholly free plain segments to the upstream, whole
     free pages of expandable segments unmapped; blocks cached by regions stay. Synchronizes
@@ -142,12 +180,7 @@ cdef inline size_t sg_trim(PoolState* st, Upstream up) noexcept nogil:
         elif seg.va_bytes:
             sg_unmap_free(st, up, b)
         elif b.seg_prev == NULL and b.seg_next == NULL and not sg_imported(seg):
-            sg_forget_export(seg)
-            up.free(seg.base)
-            count_returned(c, seg.nbytes)
-            sg_note(sg, ACT_SEGMENT_FREE, seg.base, seg.nbytes, seg.stream)
-            sg_drop_segment(sg, seg)
-            sg_retire(st, b)
+            sg_free_segment(st, up, b)
         else:
             fl_put(fl, b)
     return before - c.reserved

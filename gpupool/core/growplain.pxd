@@ -6,6 +6,7 @@ from gpupool.records.block cimport Block, Segment, FREE
 from gpupool.records.counters cimport Counters, count_reserved, count_returned
 from gpupool.history.ring cimport ACT_SEGMENT_ALLOC, ACT_SEGMENT_FREE
 from gpupool.core.cutjoin cimport sg_record, sg_put
+from gpupool.core.giveback cimport sg_shed
 from gpupool.core.regioncache cimport rc_own
 from gpupool.core.segments cimport (
     PAGE_BYTES, SEGMENT_FOR, SEGMENT_BYTES, SEGMENT_SHARE, round_up, sg_note, sg_new_segment,
@@ -14,6 +15,9 @@ from gpupool.core.segments cimport (
 from gpupool.core.state cimport PoolState, Segments
 from gpupool.records.streams cimport StreamKey
 from gpupool.upstream.base cimport Upstream
+
+cdef enum:
+    CREEP_BOUND = 2             # reserved bytes past this many times the peak in use: shed
 
 
 cdef inline int sg_upstream_alloc(PoolState* st, Upstream up, size_t nbytes,
@@ -77,14 +81,31 @@ cdef inline int sg_allocate(PoolState* st, Upstream up, size_t nbytes, StreamKey
     return 0
 
 
+cdef inline bint sg_creeping(Counters* c, size_t size, size_t pages) noexcept nogil:
+    """Whether a growth of pages bytes for a request of size bytes would take the pool's
+    reserved bytes past CREEP_BOUND times its peak in use (this request counted)."""
+    cdef size_t peak = c.in_use + size
+    if peak < c.peak_in_use:
+        peak = c.peak_in_use
+    return c.reserved + pages > CREEP_BOUND * peak
+
+
 cdef inline int sg_grow_plain(PoolState* st, Upstream up, size_t size, StreamKey s) noexcept nogil:
     """Grow a plain upstream for a request of size bytes: a shared segment (small and
     mid-sized requests), else the request's pages, else, under a hard limit, the exact
-    request."""
+    request. A growth that would take reserved bytes past CREEP_BOUND times the peak in use
+    first gives back the wholly free segments too small for the request whose work is done
+    (sg_shed): requests that creep upward (a buffer growing a little every step) otherwise
+    add a segment at every page they cross while the old ones sit free, 6.8x the peak in use
+    on bench/creep.py's loop (see Note [Creeping requests on a plain upstream] in
+    docs/design.md). Below the bound the cache stays whole: a segment given back and
+    allocated again costs a cuMemFree (which waits for the device) and a cuMemAlloc."""
     cdef Segments* sg = &st.segments
     cdef Counters* c = &st.counters
     cdef size_t pages = round_up(size, PAGE_BYTES), shared
     cdef int r
+    if sg_creeping(c, size, pages):
+        sg_shed(st, up, size, s)
     if size <= SEGMENT_FOR:
         shared = sg_shared_bytes(c)
         if shared > pages:

@@ -12,7 +12,8 @@
 #   request rounded up to the 2 MiB page (the driver maps whole pages anyway), or, for requests
 #   up to SEGMENT_FOR, of up to SEGMENT_BYTES (an eighth of the pool's reserved bytes at most),
 #   so that small and mid-sized blocks share segments and their frees can join. Under a hard
-#   limit that the rounding would cross, the exact rounded request.
+#   limit that the rounding would cross, the exact rounded request. A growth past twice the
+#   peak in use first gives back wholly free segments too small for the request (sg_shed).
 # * core/growexpand.pxd: growth on an expandable upstream ("vmm"): each stream has a segment, a
 #   range of address space reserved once, whose pages are mapped as it grows, so free space at
 #   its end joins the next request instead of fragmenting (sg_extend). A hole that a trim

@@ -75,6 +75,20 @@ cdef inline void so_mark_stream(StreamOrder* so, StreamKey s) noexcept nogil:
     so.wanted.push_back(s)
 
 
+cdef inline bint so_record(StreamOrder* so, Upstream up, Block* b) noexcept nogil:
+    """Record an event for free block b on its stream (known to be alive); whether one was
+    recorded."""
+    b.event = so_event(so, up)
+    if b.event == 0:
+        return False
+    if up.event_record(b.event, b.stream.handle) != 0:
+        so.events.push_back(b.event)
+        b.event = 0
+        up.clear_error()
+        return False
+    return True
+
+
 cdef inline bint so_ready(StreamOrder* so, Upstream up, Block* b, StreamKey s,
                           bint wait) noexcept nogil:
     """Whether stream s may use b now: all work on b's earlier streams, submitted before its
@@ -89,13 +103,7 @@ cdef inline bint so_ready(StreamOrder* so, Upstream up, Block* b, StreamKey s,
                                              b.stream.tag == current_thread())):
                 so_mark_stream(so, b.stream)
                 return False
-            b.event = so_event(so, up)
-            if b.event == 0:
-                return False
-            if up.event_record(b.event, b.stream.handle) != 0:
-                so.events.push_back(b.event)
-                b.event = 0
-                up.clear_error()
+            if not so_record(so, up, b):
                 return False
         if not so_after(up, b.event, s, wait):
             return False
@@ -104,6 +112,17 @@ cdef inline bint so_ready(StreamOrder* so, Upstream up, Block* b, StreamKey s,
             if not so_after(up, b.extra_events[0][i], s, wait):
                 return False
     return True
+
+
+cdef inline bint so_done(StreamOrder* so, Upstream up, Block* b, StreamKey s) noexcept nogil:
+    """Whether the work on free block b submitted before its free has completed: it was never
+    used (or freed for any stream), and each of its events reports complete (queried, never
+    waited for: no stream's order stands for completion). A block with no event yet gets one
+    for a later look: recorded now on s (the stream of the request asking, so alive) and
+    where so_ready records, else when its stream next allocates (so_mark_stream)."""
+    if b.event == 0 and same_stream(b.stream, s) and not so_record(so, up, b):
+        return False
+    return so_ready(so, up, b, no_stream(), False)
 
 
 cdef enum:

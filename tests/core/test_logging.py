@@ -53,9 +53,9 @@ def callback():
 
 def test_ladder_step_1_gives_the_pool_s_cache_back(debug):
     pool = limited(8 * MIB)
-    a, b = pool.allocate(3 * MIB), pool.allocate(3 * MIB)
-    del a, b                                    # two 4 MiB segments cached
-    big = pool.allocate(7 * MIB)
+    a, b = pool.allocate(4 * MIB), pool.allocate(4 * MIB)
+    del a, b                                    # two 4 MiB segments cached, the peak in use
+    big = pool.allocate(7 * MIB)                # (16 MiB not past twice the peak: no shed)
     idle()                                      # no call to flush: the pending call writes
     assert messages(debug) == [
         f"gpupool: out of memory growing the pool of device 0 for {7 * MIB} B: step 1, gave "
