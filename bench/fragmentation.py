@@ -16,7 +16,23 @@ depend on the policy and the order of requests, not on the GPU: the plain column
 the H200's ``gp`` column to the MiB, and the vmm one with gpupool's own peak reserved under
 PyTorch to the MiB on all five runs, with and without a region (2026-12-03). Run::
 
-    python bench/fragmentation.py [--json PATH]
+    python bench/fragmentation.py [--json PATH] [--planner]
+
+``--planner`` adds a table for the planner of a planned region (``gpupool.region.placement``,
+see Note [Planned regions] in docs/design.md) on the recorded traces: the floor (the most bytes
+live at once, sizes rounded to 512 B) of the whole run and of one step (the fourth, after three
+warm-up steps; a trace without steps is one step), the plan's range for that step, the worst
+plan / floor over every step, the planning time per step, and a model of a planned region over
+the whole run. In the model, requests before the first step and requests a plan does not serve
+go to a pool on the expandable simulated device, and the range is taken from that pool, grown
+when a larger plan needs it. At the exit of each entry the step before it is complete (the
+entry has freed its tails) and is planned, keyed by its structure (``Step.structure``: the
+order of its allocations and frees and their streams, without sizes) with the elementwise
+maximum of the sizes seen (the envelope), re-planned when a step of that structure asks for
+more; the next entry uses the plan last learned, and ``placement.servable`` decides online
+which of its requests take their planned place. "served" is the share of the steps' requests
+the plan served, by envelope and, beside it, with plans keyed by exact sizes; the peak is the
+pool's peak reserved bytes with the range in it. The other columns do not change with the flag.
 """
 
 import json
@@ -153,7 +169,139 @@ def peak_reserved_without_magazines():
     return json.loads(proc.stdout)
 
 
-def run(gpupool):
+def rounded_floor(trace):
+    """The most bytes live at once over the whole trace, each size rounded up to 512 B."""
+    sizes = (trace.nbytes + 511) // 512 * 512
+    return int(np.cumsum(np.where(trace.op == 0, sizes, -sizes)).max(initial=0))
+
+
+def step_plans(trace):
+    """Each complete step's plan (every step but the last, whose tails the trace cuts off; a
+    trace without steps: the whole trace as one), a list of placement.Plan."""
+    from gpupool.region import placement
+
+    events = trace.events()
+    bounds = [*trace.meta.get("step_starts", [0]), len(events)]
+    if len(bounds) == 2:
+        return [placement.plan(placement.record_step(events, 0, len(events)))]
+    return [placement.plan(placement.record_step(events, lo, hi, end))
+            for lo, hi, end in zip(bounds, bounds[1:], bounds[2:], strict=False)]
+
+
+def planned_region(gpupool, trace, exact=False):
+    """The model of a planned region over the whole run (see the module docstring), plans keyed
+    by structure and envelope, or with ``exact`` by the exact sizes too: its peak reserved
+    bytes, the requests of the steps and how many the plans served, the plans made, the
+    planning milliseconds in all."""
+    from gpupool.region import placement
+    from gpupool.testing import SimulatedDevice
+
+    pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 40, virtual_memory=True))
+    events = trace.events()
+    bounds = [*trace.meta["step_starts"], len(events)]
+    free_at = {i: t for t, (op, i, _, _) in enumerate(events) if op}
+    live, in_range, pieces = {}, {}, []     # pool buffers; range blocks: (offset, size, plan, slot)
+    plans, seen, current = {}, {}, None
+    out = {"requests": 0, "served": 0, "plans": 0, "planning_ms": 0.0}
+
+    for t in range(bounds[0]):
+        op, i, n, _ = events[t]
+        if op:
+            del live[i]
+        else:
+            live[i] = pool.allocate(n)
+    for k, (lo, hi) in enumerate(pairwise(bounds)):
+        end = bounds[k + 2] if k + 2 < len(bounds) else hi
+        step = placement.record_step(events, lo, hi, end)
+        served = np.zeros(len(step), bool)
+        if current is not None:
+            have = sum(b.nbytes for b in pieces)
+            if current.nbytes > have:
+                pool.trim()                 # the pool's cache gives way to the range
+                pieces.append(pool.allocate(current.nbytes - have))
+            carried = [(off, size, free_at[i] - lo if lo <= free_at.get(i, -1) < hi
+                        else placement.ESCAPED, slot if p is current else -1)
+                       for i, (off, size, p, slot) in in_range.items()]
+            served = placement.servable(current, step, carried)
+        j = 0
+        for t in range(lo, hi):
+            op, i, n, _ = events[t]
+            if op:
+                if in_range.pop(i, None) is None:
+                    del live[i]
+                continue
+            if served[j]:
+                in_range[i] = (int(current.offsets[j]), int(current.sizes[j]), current, j)
+            else:
+                live[i] = pool.allocate(n)
+            j += 1
+        out["requests"] += len(step)
+        out["served"] += int(served.sum())
+        if k >= 1:
+            done = placement.record_step(events, bounds[k - 1], lo, hi)
+            key = done.structure() + ((done.nbytes.tobytes(),) if exact else ())
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] < 2:
+                continue                    # a structure is planned once it repeats
+            old = plans.pop(key, None)
+            if old is None or (done.nbytes > old.sizes).any():
+                old = placement.plan(done if old is None else placement.envelope([old.step, done]))
+                out["plans"] += 1
+                out["planning_ms"] += old.planning_ms
+            plans[key] = old                # the latest last: max() below prefers it in a tie
+            current = plans[max(plans, key=lambda key: seen[key])]
+    live.clear()
+    in_range.clear()
+    pieces.clear()
+    out["peak"] = pool.stats().peak_reserved_bytes
+    return out
+
+
+def run_planner(gpupool, rows):
+    """The planner's columns of each recorded trace, beside its row of ``rows``."""
+    found = {}
+    for trace in [alloc_trace.load(p) for p in alloc_trace.find()] + \
+            [alloc_trace.load(p) for p in alloc_trace.find(REAL_DIR)]:
+        plans = step_plans(trace)
+        one = plans[min(3, len(plans) - 1)]
+        row = found[trace.name] = {
+            "run_floor": rounded_floor(trace), "steps": len(plans), "step_blocks": len(one.step),
+            "step_floor": one.floor, "plan": one.nbytes, "plan_ratio": one.nbytes / one.floor,
+            "worst_ratio": max(p.nbytes / p.floor for p in plans),
+            "ms": float(np.mean([p.planning_ms for p in plans])),
+            "fallbacks": sum(p.fallback is not None for p in plans)}
+        if "step_starts" in trace.meta:
+            env, exact = planned_region(gpupool, trace), planned_region(gpupool, trace, True)
+            row.update(served=env["served"] / env["requests"], plans=env["plans"],
+                       served_exact=exact["served"] / exact["requests"],
+                       plans_exact=exact["plans"], peak=env["peak"], peak_exact=exact["peak"],
+                       pool=rows[trace.name]["vmm"])
+    return found
+
+
+def report_planner(found):
+    def mib(row, key):
+        return f"{row[key] / MiB:,.0f}" if key in row else "-"
+
+    def ratio(row, key):
+        return f"{row[key] / row['run_floor']:.3f}x" if key in row else "-"
+
+    return format_table(
+        ["trace", "run floor MiB", "step blocks", "step floor MiB", "plan MiB", "plan / floor",
+         "worst step", "ms / step", "served", "plans", "served, exact", "planned peak MiB",
+         "/ run floor", "exact peak MiB", "pool (vmm) MiB", "/ run floor"],
+        [[name, mib(r, "run_floor"), str(r["step_blocks"]), mib(r, "step_floor"),
+          mib(r, "plan"), f"{r['plan_ratio']:.4f}", f"{r['worst_ratio']:.4f}",
+          f"{r['ms']:.0f}", f"{r['served']:.1%}" if "served" in r else "-",
+          str(r.get("plans", "-")),
+          f"{r['served_exact']:.1%}" if "served" in r else "-", mib(r, "peak"),
+          ratio(r, "peak"), mib(r, "peak_exact"), mib(r, "pool"), ratio(r, "pool")]
+         for name, r in found.items()],
+        title="the planner (gpupool.region.placement) on the recorded traces: one step's plan, "
+              "and a planned region over the whole run (plans by structure and envelope)")
+
+
+def run(gpupool, planner=False):
     rows = {}
     nomag = peak_reserved_without_magazines()
     for trace in traces():
@@ -174,6 +322,8 @@ def run(gpupool):
                   if name.startswith("synthetic")]
         out[f"synthetic_{kind}"] = {"mean": float(np.mean(ratios)),
                                     "max": float(np.max(ratios)), "count": len(ratios)}
+    if planner:
+        out["planner"] = run_planner(gpupool, rows)
     return out
 
 
@@ -198,15 +348,20 @@ def report(out):
         syn = out[f"synthetic_{kind}"]
         lines.append(f"synthetic traces ({syn['count']}), {kind}: mean {syn['mean']:.3f}x, "
                      f"worst {syn['max']:.2f}x")
+    if "planner" in out:
+        lines += ["", report_planner(out["planner"])]
     return "\n".join(lines)
 
 
 def main(argv=None):
-    args = _common.parser(__doc__.splitlines()[0]).parse_args(argv)
+    p = _common.parser(__doc__.splitlines()[0])
+    p.add_argument("--planner", action="store_true",
+                   help="add the planner's table (plans, floors, a planned region's model)")
+    args = p.parse_args(argv)
     start = time.perf_counter()
     import gpupool
 
-    return _common.finish(run(gpupool), start, report, args.json)
+    return _common.finish(run(gpupool, args.planner), start, report, args.json)
 
 
 if __name__ == "__main__":

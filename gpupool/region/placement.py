@@ -1,0 +1,502 @@
+"""The planner of a planned region: offline placement of a repeating step's requests in one
+address range.
+
+A region sees its step repeat. Once an entry's requests are known (their sizes, their order,
+their streams and when each is freed), placing them is an offline packing problem (dynamic
+storage allocation): give each request an offset in one range so that no two requests live at
+the same time share bytes, with the range as small as possible. The range can be no smaller
+than the most bytes live at once (the floor, :func:`floor_bytes`). Finding the optimum is
+NP-hard; greedy by size (the largest block first, each at the lowest offset free of the blocks
+placed so far that overlap it in time) is the heuristic of TFLite's arena planner and the
+baseline of OLLA and TelaMalloc, and lands within a fraction of a percent of the floor on the
+recorded training steps (see Note [Planned regions] in docs/design.md).
+
+A step repeats: a request allocated near its end and freed early in the next entry (a gradient
+kept until ``zero_grad``) lives across the boundary and also conflicts with the next entry's
+early requests. A :class:`Step` records such a free as an event index past the step's length.
+
+The region calls :func:`plan` at an entry's exit, once the entry before it has freed its tails,
+and :func:`servable` says which requests of an entry a plan serves, as the region decides them
+online: a request takes its planned place when it fits there and no block in the range holds
+any of the place's bytes, which :meth:`Plan.conflicts` lets it check in O(#conflicts).
+
+Times are event indices of one step (its allocations and frees, in order); sizes are bytes.
+Pure Python and NumPy, no device.
+"""
+
+import time
+
+import numpy as np
+
+__all__ = ["ALIGN", "ESCAPED", "STRATEGIES", "Plan", "Step", "envelope", "floor_bytes",
+           "overlaps", "plan", "record_step", "servable"]
+
+ALIGN = 512                 # bytes: the pool's rounding of a request, the offsets' alignment
+ESCAPED = -1                # a request's free: not in its step nor before its next allocation
+# Greedy strategies: the order blocks are placed in, and where each goes ("first": the lowest
+# offset that fits; "best": the smallest gap that fits, the top of the range if none does).
+STRATEGIES = {
+    "size": ("size", "first"),
+    "size-best": ("size", "best"),
+    "lifetime": ("lifetime", "first"),
+    "lifetime-best": ("lifetime", "best"),
+    "area": ("area", "first"),
+}
+DEFAULT_STRATEGIES = ("size",)     # on the recorded steps no other strategy placed smaller
+
+
+def _round(nbytes):
+    return (np.asarray(nbytes, dtype=np.int64) + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Step:
+    """One entry's requests, in the order of their allocation.
+
+    Parameters
+    ----------
+    nbytes : array-like of int
+        Each request's size in bytes (> 0), rounded up here to :data:`ALIGN`.
+    alloc : array-like of int
+        The event index of each allocation in the step, increasing, in ``[0, length)``.
+    free : array-like of int
+        The event index of each free: in ``(alloc, length)`` when the step frees it; in
+        ``[length, length + alloc)`` when the next entry frees it at event ``free - length``,
+        before its own allocation of this request; :data:`ESCAPED` otherwise.
+    stream : array-like of int
+        Each request's stream (a handle or any integer key).
+    length : int
+        The step's number of events (its period when it repeats). Events may share an index
+        (a recorded step's do not); at one index, frees come before the allocation.
+
+    Raises
+    ------
+    ValueError
+        The arrays differ in length, a size is not positive, the allocations are not
+        increasing inside the step, or a free is out of its range.
+    """
+
+    __slots__ = ("nbytes", "alloc", "free", "stream", "length")
+
+    def __init__(self, nbytes, alloc, free, stream, length):
+        self.nbytes = _round(nbytes)
+        self.alloc, self.free, self.stream = (np.asarray(a, dtype=np.int64)
+                                              for a in (alloc, free, stream))
+        self.length = int(length)
+        n = len(self.nbytes)
+        if not (len(self.alloc) == len(self.free) == len(self.stream) == n):
+            raise ValueError("nbytes, alloc, free and stream must have the same length")
+        if not n:
+            return
+        if self.nbytes.min() <= 0:
+            raise ValueError("every request needs nbytes > 0")
+        if self.alloc[0] < 0 or self.alloc[-1] >= self.length or (np.diff(self.alloc) <= 0).any():
+            raise ValueError("allocations must be increasing event indices in [0, length)")
+        bad = (self.free != ESCAPED) & ((self.free <= self.alloc) |
+                                        (self.free >= self.length + self.alloc))
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"request {k}: free {self.free[k]} outside ({self.alloc[k]}, "
+                             f"{self.length + self.alloc[k]}) and not ESCAPED")
+
+    def __len__(self):
+        return len(self.nbytes)
+
+    @property
+    def planned(self):
+        """Mask of the requests a plan places (those not :data:`ESCAPED`)."""
+        return self.free != ESCAPED
+
+    @property
+    def tails(self):
+        """Mask of the requests the next entry frees."""
+        return self.free >= self.length
+
+    def structure(self):
+        """The step's structure as a hashable key: its length and each request's allocation,
+        free and stream, without sizes. Steps of one structure differ only in ``nbytes``."""
+        return (self.length, self.alloc.tobytes(), self.free.tobytes(), self.stream.tobytes())
+
+    def __repr__(self):
+        return (f"Step({len(self)} requests, {self.length} events, "
+                f"{int(self.tails.sum())} tails, {int((~self.planned).sum())} escaped)")
+
+
+def record_step(events, lo, hi, end=None):
+    """The :class:`Step` of ``events[lo:hi]``, its frees looked up until ``events[end - 1]``.
+
+    Parameters
+    ----------
+    events : sequence of (op, id, nbytes, stream)
+        A trace's events (op 0 allocates ``id``, op 1 frees it), as ``Trace.events()``.
+    lo, hi : int
+        The step's first event and the next step's first.
+    end : int, optional
+        The next step's end (default ``hi``: no request is a tail). A request freed there
+        before the next entry's allocation of it is a tail; any other is escaped.
+    """
+    end = hi if end is None else end
+    index, nbytes, alloc, stream = {}, [], [], []
+    for t in range(lo, hi):
+        op, i, n, s = events[t]
+        if op == 0:
+            index[i] = len(nbytes)
+            nbytes.append(n)
+            alloc.append(t - lo)
+            stream.append(s)
+    free = [ESCAPED] * len(nbytes)
+    for t in range(lo, end):
+        op, i, _, _ = events[t]
+        k = index.get(i) if op else None
+        if k is not None and t - lo < hi - lo + alloc[k]:
+            free[k] = t - lo
+    return Step(nbytes, alloc, free, stream, hi - lo)
+
+
+def envelope(steps):
+    """A step of the structure the ``steps`` share whose sizes are their elementwise maximum.
+
+    Raises
+    ------
+    ValueError
+        No steps, or two of them differ in structure.
+    """
+    steps = list(steps)
+    if not steps:
+        raise ValueError("no steps")
+    first = steps[0]
+    if any(s.structure() != first.structure() for s in steps[1:]):
+        raise ValueError("the steps differ in structure")
+    nbytes = np.max([s.nbytes for s in steps], axis=0) if len(first) else first.nbytes
+    return Step(nbytes, first.alloc, first.free, first.stream, first.length)
+
+
+def floor_bytes(nbytes, starts, ends, period=None):
+    """The most bytes live at once: blocks of ``nbytes`` live over ``[starts, ends)``.
+
+    Parameters
+    ----------
+    nbytes, starts, ends : array-like of int, one entry per block
+        Sizes in bytes; the event of the allocation and of the free (``end > start``).
+    period : int, optional
+        The step's length in events, when the step repeats: a block ending after it is also
+        live, in the next entry, over ``[0, end - period)``.
+
+    Returns
+    -------
+    int
+        Bytes; the lower bound of any placement's range.
+    """
+    nbytes, starts, ends = (np.asarray(a, dtype=np.int64) for a in (nbytes, starts, ends))
+    times, deltas = [starts, ends], [nbytes, -nbytes]
+    if period is not None:
+        wraps = ends > period
+        times += [np.zeros(int(wraps.sum()), np.int64), ends[wraps] - period]
+        deltas += [nbytes[wraps], -nbytes[wraps]]
+    times, deltas = np.concatenate(times), np.concatenate(deltas)
+    order = np.lexsort((deltas, times))            # at one time, frees before allocations
+    return int(np.cumsum(deltas[order]).max(initial=0))
+
+
+def overlaps(a_start, a_end, b_start, b_end, period=None):
+    """Whether lifetimes ``[a_start, a_end)`` and ``[b_start, b_end)`` share an event; with a
+    ``period``, also across the step's boundary (one entry's tail with the next one's head).
+    NumPy broadcasting applies."""
+    hit = (a_start < b_end) & (b_start < a_end)
+    if period is not None:
+        hit = hit | ((a_start < b_end - period) & (b_start - period < a_end))
+        hit = hit | ((a_start - period < b_end) & (b_start < a_end - period))
+    return hit
+
+
+class Plan:
+    """Where a step's requests go in one range.
+
+    Attributes
+    ----------
+    step : Step
+        The step planned (an envelope's, for a plan serving steps of one structure).
+    offsets : numpy.ndarray of int64
+        Each request's offset in bytes from the range's start; -1 for an escaped request.
+    nbytes : int
+        The range's size in bytes (the plan's peak).
+    floor : int
+        The step's most bytes live at once, the tails of the entry before counted.
+    planning_ms : float
+        Milliseconds :func:`plan` took.
+    method : str
+        The strategy whose plan was kept (a key of :data:`STRATEGIES`, or ``"first-fit"``).
+    fallback : str or None
+        Why the cheap first-fit plan was returned (``"requests"``: more requests than the
+        budget; ``"time"``: the greedy ran past it); None when a greedy plan was kept.
+    tried : dict
+        Each strategy run to its end, with its range's size in bytes.
+    events : numpy.ndarray of int64, shape (k, 2)
+        Pairs of requests of different streams that share bytes (only when planned with
+        ``share_streams``): the later user must wait for an event on the earlier's stream.
+    """
+
+    __slots__ = ("step", "offsets", "nbytes", "floor", "planning_ms", "method", "fallback",
+                 "tried", "events", "_ptr", "_idx")
+
+    def __init__(self, step, offsets, *, method, fallback=None, tried=None, planning_ms=0.0,
+                 share_streams=False):
+        self.step, self.offsets = step, np.asarray(offsets, dtype=np.int64)
+        ends = self.offsets + step.nbytes
+        self.nbytes = int(ends[step.planned].max(initial=0))
+        self.floor = _step_floor(step)
+        self.method, self.fallback, self.tried = method, fallback, dict(tried or {})
+        self.planning_ms = planning_ms
+        first, second = _address_pairs(self.offsets, ends, step.planned)
+        if share_streams:
+            other = step.stream[first] != step.stream[second]
+            self.events = np.stack([np.minimum(first, second)[other],
+                                    np.maximum(first, second)[other]], axis=1)
+        else:
+            self.events = np.zeros((0, 2), np.int64)
+        # Request i's conflicts: those allocated before it in the entry, and tails (the entry
+        # before may still hold them), whose bytes meet i's.
+        tails = step.tails
+        both_ways = (np.concatenate([first, second]), np.concatenate([second, first]))
+        keep = (both_ways[1] < both_ways[0]) | tails[both_ways[1]]
+        rows, cols = both_ways[0][keep], both_ways[1][keep]
+        order = np.lexsort((cols, rows))
+        self._idx = cols[order]
+        self._ptr = np.searchsorted(rows[order], np.arange(len(step) + 1))
+
+    def conflicts(self, i):
+        """The requests whose planned bytes meet request ``i``'s and that may hold them when
+        ``i`` is allocated: those allocated before ``i`` in the entry, and the tails (the
+        entry before may still hold those). Increasing indices; ``i`` itself is not listed (a
+        tail's place is also held by its own previous block until the entry frees it)."""
+        return self._idx[self._ptr[i]:self._ptr[i + 1]]
+
+    @property
+    def sizes(self):
+        """Each request's planned size in bytes (the most it may request to be served)."""
+        return self.step.nbytes
+
+    def __repr__(self):
+        how = self.method + (f", fallback: {self.fallback}" if self.fallback else "")
+        return (f"Plan({len(self.offsets)} requests, nbytes={self.nbytes}, floor={self.floor}, "
+                f"{how}, {self.planning_ms:.1f} ms)")
+
+
+def _address_pairs(offsets, ends, planned):
+    """The pairs (i, j), i placed at a lower or equal offset, of planned requests whose bytes
+    meet: sorted by offset, request p meets the run after it that starts below its end."""
+    idx = np.flatnonzero(planned)
+    order = idx[np.argsort(offsets[idx], kind="stable")]
+    lo, hi = offsets[order], ends[order]
+    reach = np.searchsorted(lo, hi, side="left")     # the first position starting at or past hi
+    counts = reach - np.arange(len(order)) - 1
+    first = np.repeat(np.arange(len(order)), counts)
+    second = first + 1 + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    return order[first], order[second]
+
+
+def _step_floor(step):
+    keep = step.planned
+    return floor_bytes(step.nbytes[keep], step.alloc[keep], step.free[keep], step.length)
+
+
+def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline):
+    """Offsets by one greedy strategy, or None past ``deadline`` (a perf_counter time)."""
+    if order_key == "size":
+        order = np.lexsort((starts, -sizes))
+    else:
+        life = ends - starts
+        key = -life if order_key == "lifetime" else -(life * sizes)
+        order = np.lexsort((starts, -sizes, key))
+    offsets = np.zeros(len(sizes), np.int64)
+    done = np.zeros(len(sizes), bool)
+    for count, i in enumerate(order):
+        if count % 64 == 63 and time.perf_counter() > deadline:
+            return None
+        busy = done & busy_with[i]
+        lo = offsets[busy]
+        hi = lo + sizes[busy]
+        at = 0
+        if len(lo):
+            by_lo = np.argsort(lo, kind="stable")
+            lo, reach = lo[by_lo], np.maximum.accumulate(hi[by_lo])
+            before = np.concatenate(([0], reach[:-1]))
+            gaps = lo - before
+            fits = np.flatnonzero(gaps >= sizes[i])
+            if not len(fits):
+                at = int(reach[-1])
+            elif fit == "first":
+                at = int(before[fits[0]])
+            else:
+                at = int(before[fits[np.argmin(gaps[fits])]])
+        offsets[i] = at
+        done[i] = True
+    return offsets
+
+
+def _first_fit(step, keep):
+    """Cheap offsets: each stream's in-step requests first fit in the order of their events
+    (a sweep over one free list), the streams' ranges one above the other, and the tails
+    stacked above all (every tail lives across the boundary, so they rarely share)."""
+    offsets = np.full(len(step), -1, np.int64)
+    inside = keep & ~step.tails
+    base = 0
+    for stream in np.unique(step.stream[inside]):
+        mine = np.flatnonzero(inside & (step.stream == stream))
+        times = np.concatenate([step.alloc[mine], step.free[mine]])
+        which = np.concatenate([mine, -1 - mine])
+        gaps, top = [], 0                       # free (offset, size) below top, by offset
+        for k in which[np.argsort(times, kind="stable")]:
+            if k >= 0:
+                size = int(step.nbytes[k])
+                g = next((g for g, (_, gsize) in enumerate(gaps) if gsize >= size), None)
+                if g is None and gaps and sum(gaps[-1]) == top:
+                    at = gaps.pop()[0]          # the last free run reaches the top: extend it
+                    offsets[k], top = at, at + size
+                elif g is None:
+                    offsets[k], top = top, top + size
+                else:
+                    at, gsize = gaps[g]
+                    offsets[k] = at
+                    gaps[g:g + 1] = [(at + size, gsize - size)] if gsize > size else []
+            else:
+                k = -1 - k
+                _give_back(gaps, int(offsets[k]), int(step.nbytes[k]))
+        offsets[mine] += base
+        base += top
+    tails = np.flatnonzero(keep & step.tails)
+    offsets[tails] = base + np.concatenate(([0], np.cumsum(step.nbytes[tails])[:-1]))
+    return offsets
+
+
+def _give_back(gaps, at, size):
+    """Insert the free run [at, at + size) into ``gaps``, joining its neighbours."""
+    g = next((g for g, (o, _) in enumerate(gaps) if o > at), len(gaps))
+    if g < len(gaps) and at + size == gaps[g][0]:
+        size += gaps.pop(g)[1]
+    if g and gaps[g - 1][0] + gaps[g - 1][1] == at:
+        g -= 1
+        at, size = gaps[g][0], gaps.pop(g)[1] + size
+    gaps.insert(g, (at, size))
+
+
+def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATEGIES,
+         share_streams=False):
+    """Place ``step``'s requests in one range; keep the smallest of the strategies' plans.
+
+    Parameters
+    ----------
+    step : Step
+    budget_ms : float
+        Milliseconds the greedy strategies may take in all. Past it during the first, the
+        first-fit plan is returned (``plan.fallback == "time"``); past it during a later one,
+        the best plan so far is kept.
+    max_requests : int
+        Steps of more planned requests get the first-fit plan at once
+        (``plan.fallback == "requests"``): the greedy holds an n-by-n mask of lifetimes.
+    strategies : sequence of str
+        Keys of :data:`STRATEGIES`, run in order; ties go to the earlier.
+    share_streams : bool
+        False (the default): requests of different streams never share bytes, so no plan needs
+        an event. True: they may, and ``plan.events`` lists the pairs that do.
+
+    Returns
+    -------
+    Plan
+    """
+    start = time.perf_counter()
+    deadline = start + budget_ms / 1e3
+    keep = step.planned
+    idx = np.flatnonzero(keep)
+    best, method, fallback, tried = None, "first-fit", None, {}
+    if not len(idx):
+        best, method = idx, strategies[0]
+    elif len(idx) > max_requests:
+        fallback = "requests"
+    else:
+        sizes, starts, ends = step.nbytes[idx], step.alloc[idx], step.free[idx]
+        busy_with = overlaps(starts[:, None], ends[:, None], starts[None, :], ends[None, :],
+                             step.length)
+        if not share_streams:
+            busy_with |= step.stream[idx][:, None] != step.stream[idx][None, :]
+        for name in strategies:
+            found = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name], deadline)
+            if found is None:
+                fallback = None if best is not None else "time"
+                break
+            tried[name] = int((found + sizes).max())
+            if best is None or tried[name] < tried[method]:
+                best, method = found, name
+    if best is None:
+        offsets = _first_fit(step, keep)
+        method = "first-fit"
+    else:
+        offsets = np.full(len(step), -1, np.int64)
+        offsets[idx] = best
+    ms = (time.perf_counter() - start) * 1e3
+    return Plan(step, offsets, method=method, fallback=fallback, tried=tried, planning_ms=ms,
+                share_streams=share_streams)
+
+
+def servable(plan, step, carried=()):
+    """Which of ``step``'s requests ``plan`` serves, decided online as a planned region does.
+
+    Request k (the k-th allocation) takes its planned place when the plan places it, it is no
+    larger than planned and on the planned stream, and no block in the range holds the place's
+    bytes: neither a block at the place itself, nor one of :meth:`Plan.conflicts`, nor a
+    carried block the plan does not know. A step of the plan's structure whose sizes are each
+    at most the planned ones is served whole; a step of another structure is served where its
+    requests happen to fit. A request not served goes to the pool; the range stays valid.
+
+    Parameters
+    ----------
+    plan : Plan
+    step : Step
+        The entry's requests (its sizes and the frees it makes; tails and escaped requests
+        hold their place to the step's end).
+    carried : iterable of (offset, nbytes, free, slot)
+        Blocks in the range when the entry starts: their bytes, the event of ``step`` that
+        frees them (:data:`ESCAPED`: none does), and the request of ``plan`` whose place they
+        hold (a tail of the entry before under this plan), or -1 for any other block.
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        One entry per request of ``step``.
+    """
+    n_plan = len(plan.offsets)
+    held = np.zeros(n_plan, np.int64)            # blocks holding each planned place
+    foreign = {}                                 # carried blocks checked by address
+    frees = {}                                   # event -> what it frees
+    tails = plan.step.tails
+    for c, (offset, nbytes, free, slot) in enumerate(carried):
+        if 0 <= slot < n_plan and tails[slot] and plan.offsets[slot] == offset:
+            held[slot] += 1
+            what = ("slot", slot)
+        else:
+            foreign[c] = (offset, offset + nbytes)
+            what = ("foreign", c)
+        if free != ESCAPED:
+            frees.setdefault(int(free), []).append(what)
+    served = np.zeros(len(step), bool)
+    inside = (step.free != ESCAPED) & (step.free < step.length)
+    for k in np.flatnonzero(inside):
+        frees.setdefault(int(step.free[k]), []).append(("request", int(k)))
+    allocs = {int(t): k for k, t in enumerate(step.alloc)}
+    for t in sorted(frees.keys() | allocs.keys()):
+        for kind, x in frees.get(t, ()):
+            if kind == "foreign":
+                del foreign[x]
+            elif kind == "slot" or served[x]:
+                held[x] -= 1
+        if t not in allocs:
+            continue
+        k = allocs[t]
+        if k >= n_plan or plan.offsets[k] < 0 or step.nbytes[k] > plan.sizes[k] or \
+                step.stream[k] != plan.step.stream[k] or held[k] or held[plan.conflicts(k)].any():
+            continue
+        lo, hi = plan.offsets[k], plan.offsets[k] + plan.sizes[k]
+        if any(a < hi and lo < b for a, b in foreign.values()):
+            continue
+        served[k] = True
+        held[k] += 1
+    return served
