@@ -203,8 +203,7 @@ cdef inline void sg_release_all(PoolState* st, Upstream up) noexcept nogil:
     cdef Segments* sg = &st.segments
     cdef StreamOrder* so = &st.order
     cdef Segment* seg
-    cdef Block* b
-    cdef Block* nxt
+    cdef Block *b, *nxt
     cdef uintptr_t start = 0
     cdef size_t i
     while sg.head != NULL:

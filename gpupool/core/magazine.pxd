@@ -3,7 +3,7 @@
 # use, at most MAG_MAX bytes) goes into its magazine for that pool, and its next request of
 # that exact size on the same stream is served from there, without the pool's lock: the
 # magazine has a lock of its own, which only its thread takes on that path (one uncontended
-# compare-and-swap, and a plain store to give it back), so threads no longer meet on the
+# compare-and-swap, and a plain store to give it back), so threads do not meet on the
 # pool's lock. Should a sweep of the pool (below) hold it just then, the thread waits for
 # that: the shared path would wait for the same sweeper's pool lock (core/pool.pyx, _mag_wait).
 #

@@ -19,7 +19,7 @@ from gpupool.core.state cimport (
 from gpupool.core.streamorder cimport so_mark_stream
 
 cdef enum:
-    MAG_MAX = 64 << 20          # blocks up to this size are held (see Note [Magazine size])
+    MAG_MAX = 64 << 20          # blocks up to this size are held (Note [Parked and held blocks])
     MAG_AGE = 2                 # misses of its thread a held block outlives (mp_flush_own)
     # A small request (at most MAG_SMALL bytes: PyTorch's small-pool bound) leaves the calling
     # thread's held blocks of MAG_KEEP times its size or more where they are (mp_keeps).
@@ -34,8 +34,8 @@ cdef inline bint mp_keeps(Block* b, size_t size) noexcept nogil:
     20 MiB when shared), or, out of memory, every magazine is flushed first. Without this, a
     thread cycling through small and large sizes on an expandable segment (one range per
     stream) would cut the small blocks from its large one and join them back for the next
-    large request, every request taking the pool's lock (see Note [Small requests keep large
-    held blocks])."""
+    large request, every request taking the pool's lock (see Note [Magazine keeps large
+    blocks for small requests])."""
     return size <= MAG_SMALL and b.size >= MAG_KEEP * size
 
 

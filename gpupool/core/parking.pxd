@@ -12,7 +12,7 @@ from gpupool.core.regioncache cimport RegionCache, rc_disown
 from gpupool.core.state cimport PoolState, PARK_SLOTS
 
 cdef enum:
-    PARK_MAX = 64 << 20         # blocks up to this size are parked (see Note [Magazine size])
+    PARK_MAX = 64 << 20         # blocks up to this size are parked (Note [Parked and held blocks])
 
 
 cdef inline Block* pk_unpark(PoolState* st, size_t size, StreamKey s,

@@ -267,9 +267,10 @@ cdef int64_t _now_us() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000000 + ts.tv_nsec // 1000
 
 
-cdef Entry* _append(int device, HistAction action, uint32_t pool, uintptr_t addr, size_t size,
-                    uintptr_t stream) noexcept nogil:
-    """A new entry of device's ring (the oldest one overwritten once it is full; _lock held)."""
+cdef void _append(int device, HistAction action, uint32_t pool, uintptr_t addr, size_t size,
+                  uintptr_t stream, const vector[Frame]& frames) noexcept nogil:
+    """A new entry of device's ring, with the calling code's frames (the oldest one overwritten
+    once it is full; _lock held)."""
     global _seq
     cdef Ring* ring
     cdef Entry* e
@@ -287,18 +288,21 @@ cdef Entry* _append(int device, HistAction action, uint32_t pool, uintptr_t addr
     _seq += 1
     e.seq, e.action, e.pool, e.addr, e.size, e.stream = _seq, action, pool, addr, size, stream
     e.time_us = _now_us()
-    e.frames.clear()
-    return e
+    e.frames = frames
 
 
 cdef bint _lock_recording(vector[Frame]* frames) noexcept nogil:
     """For an entry: gather the calling code's frames (before the lock: it never waits for
-    the GIL), then take the history's lock. Returns whether it still records; frames
-    gathered before a restart of the recording are dropped. The caller gives the lock back."""
+    the GIL), then take the history's lock. Returns whether it records, with the lock held
+    (the caller gives it back), or False without the lock; frames gathered before a restart
+    of the recording are dropped."""
     cdef unsigned long long generation = 0
+    if not _recording:
+        return False
     _frames_here(frames, &generation)
     _lock.lock()
     if not _recording:
+        _lock.unlock()
         return False
     if generation != _generation:
         frames.clear()
@@ -309,16 +313,13 @@ cdef void hist_alloc(int device, uint32_t pool, uintptr_t addr, size_t nbytes,
                      uintptr_t stream) noexcept nogil:
     cdef vector[Frame] frames
     cdef Live* live
-    cdef Entry* e
-    if not _recording:
+    if not _lock_recording(&frames):
         return
-    if _lock_recording(&frames):
-        live = &_live[addr]
-        live.requested = nbytes
-        live.frames = frames
-        if _trace:
-            e = _append(device, ACT_ALLOC, pool, addr, nbytes, stream)
-            e.frames = frames
+    live = &_live[addr]
+    live.requested = nbytes
+    live.frames = frames
+    if _trace:
+        _append(device, ACT_ALLOC, pool, addr, nbytes, stream, frames)
     _lock.unlock()
 
 
@@ -326,50 +327,41 @@ cdef void hist_free(int device, uint32_t pool, uintptr_t addr, size_t size,
                     uintptr_t stream) noexcept nogil:
     cdef vector[Frame] frames
     cdef size_t requested = size
-    cdef Entry* e
-    if not _recording:
+    if not _lock_recording(&frames):
         return
-    if _lock_recording(&frames):
-        found = _live.find(addr)
-        if found != _live.end():
-            requested = deref(found).second.requested
-            _live.erase(found)
-        if _trace:
-            # The block is free for reuse at once (in stream order): the free is requested
-            # and completed together, as PyTorch records a free without record_stream uses.
-            e = _append(device, ACT_FREE_REQUESTED, pool, addr, requested, stream)
-            e.frames = frames
-            e = _append(device, ACT_FREE_COMPLETED, pool, addr, requested, stream)
-            e.frames = frames
+    found = _live.find(addr)
+    if found != _live.end():
+        requested = deref(found).second.requested
+        _live.erase(found)
+    if _trace:
+        # The block is free for reuse at once (in stream order): the free is requested
+        # and completed together, as PyTorch records a free without record_stream uses.
+        _append(device, ACT_FREE_REQUESTED, pool, addr, requested, stream, frames)
+        _append(device, ACT_FREE_COMPLETED, pool, addr, requested, stream, frames)
     _lock.unlock()
 
 
 cdef void hist_segment(int device, uint32_t pool, HistAction action, uintptr_t addr,
                        size_t nbytes, uintptr_t stream) noexcept nogil:
     cdef vector[Frame] frames
-    cdef Entry* e
-    if not _recording:
+    if not _lock_recording(&frames):
         return
-    if _lock_recording(&frames):
-        if action == ACT_SEGMENT_ALLOC:
-            _segment_frames[addr] = frames
-        elif action == ACT_SEGMENT_FREE:
-            _segment_frames.erase(addr)
-        if _trace:
-            e = _append(device, action, pool, addr, nbytes, stream)
-            e.frames = frames
+    if action == ACT_SEGMENT_ALLOC:
+        _segment_frames[addr] = frames
+    elif action == ACT_SEGMENT_FREE:
+        _segment_frames.erase(addr)
+    if _trace:
+        _append(device, action, pool, addr, nbytes, stream, frames)
     _lock.unlock()
 
 
 cdef void hist_oom(int device, uint32_t pool, size_t nbytes, size_t free_bytes,
                    uintptr_t stream) noexcept nogil:
     cdef vector[Frame] frames
-    cdef Entry* e
-    if not _recording:
+    if not _lock_recording(&frames):
         return
-    if _lock_recording(&frames) and _trace:
-        e = _append(device, ACT_OOM, pool, free_bytes, nbytes, stream)
-        e.frames = frames
+    if _trace:
+        _append(device, ACT_OOM, pool, free_bytes, nbytes, stream, frames)
     _lock.unlock()
 
 

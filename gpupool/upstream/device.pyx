@@ -56,6 +56,7 @@ cdef class DriverDevice(Upstream):
             drv.primary_ctx_release(<CUdevice>self.device)
 
     # Each call that needs a context runs with ours current and restores the caller's.
+    # A call runs only once ours is current: `r if r else self.restore_current(prev, call)`.
     cdef int make_current(self, void** previous) noexcept nogil:
         cdef CUresult r = drv.ctx_get_current(<CUcontext*>previous)
         if r != CUDA_SUCCESS:
@@ -76,8 +77,7 @@ cdef class DriverDevice(Upstream):
         cdef void* prev = NULL
         cdef CUevent e = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.event_create(&e))
+        r = r if r else self.restore_current(prev, drv.event_create(&e))
         event[0] = <uintptr_t>e
         return r
 
@@ -87,9 +87,8 @@ cdef class DriverDevice(Upstream):
     cdef int event_record(self, uintptr_t event, uintptr_t stream) noexcept nogil:
         cdef void* prev = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.event_record(<CUevent>event, <CUstream>stream))
-        return r
+        return r if r else self.restore_current(prev, drv.event_record(
+                <CUevent>event, <CUstream>stream))
 
     cdef int event_query(self, uintptr_t event) noexcept nogil:
         return drv.event_query(<CUevent>event)
@@ -97,17 +96,13 @@ cdef class DriverDevice(Upstream):
     cdef int stream_wait(self, uintptr_t stream, uintptr_t event) noexcept nogil:
         cdef void* prev = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.stream_wait_event(<CUstream>stream,
-                                                                 <CUevent>event))
-        return r
+        return r if r else self.restore_current(prev, drv.stream_wait_event(
+                <CUstream>stream, <CUevent>event))
 
     cdef int synchronize(self) noexcept nogil:
         cdef void* prev = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.ctx_synchronize())
-        return r
+        return r if r else self.restore_current(prev, drv.ctx_synchronize())
 
     cdef int copy(self, CopyKind kind, uintptr_t dst, uintptr_t src, size_t nbytes,
                   uintptr_t stream) noexcept nogil:
@@ -132,25 +127,20 @@ cdef class DriverDevice(Upstream):
                     uintptr_t stream) noexcept nogil:
         cdef void* prev = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.memset_d8(<CUdeviceptr>dst, value, nbytes,
-                                                         <CUstream>stream))
-        return r
+        return r if r else self.restore_current(prev, drv.memset_d8(
+                <CUdeviceptr>dst, value, nbytes, <CUstream>stream))
 
     cdef int mem_info(self, size_t* free, size_t* total) noexcept nogil:
         cdef void* prev = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.mem_get_info(free, total))
-        return r
+        return r if r else self.restore_current(prev, drv.mem_get_info(free, total))
 
     cdef int stream_capturing(self, uintptr_t stream, bint* out) noexcept nogil:
         cdef void* prev = NULL
         cdef int r = self.make_current(&prev)
         out[0] = True
-        if r == 0:
-            r = self.restore_current(prev, drv.stream_is_capturing(<CUstream>stream, out))
-        return r
+        return r if r else self.restore_current(prev, drv.stream_is_capturing(
+                <CUstream>stream, out))
 
     cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil:
         # cuStreamGetId on a stream being captured into a graph fails and invalidates the

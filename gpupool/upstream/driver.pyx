@@ -31,17 +31,14 @@ cdef class DriverUpstream(DriverIpc):
         cdef void* prev = NULL
         cdef CUdeviceptr p = 0
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.mem_alloc(&p, nbytes))
+        r = r if r else self.restore_current(prev, drv.mem_alloc(&p, nbytes))
         ptr[0] = <uintptr_t>p
         return r
 
     cdef int free(self, uintptr_t ptr) noexcept nogil:
         cdef void* prev = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.mem_free(<CUdeviceptr>ptr))
-        return r
+        return r if r else self.restore_current(prev, drv.mem_free(<CUdeviceptr>ptr))
 
     # CUDA IPC export ------------------------------------------------------------------
 

@@ -39,8 +39,7 @@ cdef class DriverIpc(DriverDevice):
             return self._ipc_open_pages(payload, size)
         _ipc_handle_from(payload, &handle, "memory")
         r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.ipc_open_mem_handle(&ptr, handle))
+        r = r if r else self.restore_current(prev, drv.ipc_open_mem_handle(&ptr, handle))
         self.raise_error(r, "cuIpcOpenMemHandle")
         return <uintptr_t>ptr
 
@@ -105,8 +104,7 @@ cdef class DriverIpc(DriverDevice):
         cdef void* prev = NULL
         cdef CUevent e = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.ipc_event_create(&e))
+        r = r if r else self.restore_current(prev, drv.ipc_event_create(&e))
         self.raise_error(r, "cuEventCreate(CU_EVENT_INTERPROCESS)")
         return <uintptr_t>e
 

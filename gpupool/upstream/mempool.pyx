@@ -50,8 +50,7 @@ cdef class AsyncUpstream(DriverUpstream):
         cdef void* prev = NULL
         cdef CUmemoryPool pool = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.mem_pool_create(&pool, device))
+        r = r if r else self.restore_current(prev, drv.mem_pool_create(&pool, device))
         drv.check(<CUresult>r, "cuMemPoolCreate")
         self.mempool = <void*>pool
         self.stream_ordered = True
@@ -67,10 +66,8 @@ cdef class AsyncUpstream(DriverUpstream):
         cdef void* prev = NULL
         cdef CUdeviceptr p = 0
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.mem_alloc_from_pool(&p, nbytes,
-                                                                   <CUmemoryPool>self.mempool,
-                                                                   <CUstream>stream))
+        r = r if r else self.restore_current(prev, drv.mem_alloc_from_pool(
+                &p, nbytes, <CUmemoryPool>self.mempool, <CUstream>stream))
         ptr[0] = <uintptr_t>p
         return r
 
@@ -79,9 +76,8 @@ cdef class AsyncUpstream(DriverUpstream):
         # may have some), so the legacy stream is as good as the block's own.
         cdef void* prev = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.mem_free_async(<CUdeviceptr>ptr, <CUstream>0))
-        return r
+        return r if r else self.restore_current(prev, drv.mem_free_async(
+                <CUdeviceptr>ptr, <CUstream>0))
 
     cdef int set_release_threshold(self, size_t nbytes) noexcept nogil:
         cdef int r = drv.mem_pool_set_release_threshold(<CUmemoryPool>self.mempool, nbytes)

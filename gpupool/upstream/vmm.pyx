@@ -80,17 +80,15 @@ cdef class VmmUpstream(DriverUpstream):
         cdef void* prev = NULL
         cdef CUdeviceptr p = 0
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.vmm_reserve(&p, self.va_bytes))
+        r = r if r else self.restore_current(prev, drv.vmm_reserve(&p, self.va_bytes))
         va[0] = <uintptr_t>p
         return r
 
     cdef int unreserve(self, uintptr_t va) noexcept nogil:
         cdef void* prev = NULL
         cdef int r = self.make_current(&prev)
-        if r == 0:
-            r = self.restore_current(prev, drv.vmm_free_range(<CUdeviceptr>va, self.va_bytes))
-        return r
+        return r if r else self.restore_current(prev, drv.vmm_free_range(
+                <CUdeviceptr>va, self.va_bytes))
 
     cdef void _release_pages(self, uintptr_t va, size_t nbytes) noexcept nogil:
         cdef uintptr_t page = va
