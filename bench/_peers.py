@@ -22,6 +22,16 @@ class DriverError(RuntimeError):
     """A driver call made by a benchmark failed."""
 
 
+def async_pair(alloc, free, nbytes, stream):
+    """One cuMemAllocAsync of nbytes and its cuMemFreeAsync on stream (cuda.bindings' calls,
+    passed in so that a timed loop looks them up once); raises DriverError on failure."""
+    err, ptr = alloc(nbytes, stream)
+    if err:
+        raise DriverError(f"cuMemAllocAsync({nbytes}): {err}")
+    if free(ptr, stream)[0]:
+        raise DriverError("cuMemFreeAsync failed")
+
+
 @dataclass
 class Made:
     """What a column's ``make(ctx)`` returns."""

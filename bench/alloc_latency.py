@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import _common
 import _peers
 from _common import Cell, KiB, MiB, format_ns, format_size, format_table, measure_rounds
-from _peers import DriverError, Made, Skip
+from _peers import DriverError, Made, Skip, async_pair
 
 SCRIPT = "alloc_latency"
 SIZES = [256, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
@@ -250,11 +250,7 @@ def make_driver_async(ctx):
     def for_size(n):
         def batch(ops):
             for _ in range(ops):
-                err, ptr = alloc(n, stream)
-                if err:
-                    raise DriverError(f"cuMemAllocAsync({n}): {err}")
-                if free(ptr, stream)[0]:
-                    raise DriverError("cuMemFreeAsync failed")
+                async_pair(alloc, free, n, stream)
         return batch
 
     return Made(for_size, driver.cuCtxSynchronize)

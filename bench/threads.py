@@ -26,7 +26,7 @@ import _cext
 import _common
 import _peers
 from _common import Cell, KiB, MiB, format_size, format_table, measure_rounds
-from _peers import Column, DriverError, Made, Skip
+from _peers import Column, Made, Skip, async_pair
 
 SCRIPT = "threads"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -248,11 +248,7 @@ def make_driver_async(ctx):
 
         def work(ops):
             for n in islice(cycle(SIZES), ops):
-                err, ptr = alloc(n, stream)
-                if err:
-                    raise DriverError(f"cuMemAllocAsync({n}): {err}")
-                if free(ptr, stream)[0]:
-                    raise DriverError("cuMemFreeAsync failed")
+                async_pair(alloc, free, n, stream)
         return work
 
     return Made(work_for, driver.cuCtxSynchronize)

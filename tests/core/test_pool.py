@@ -27,6 +27,17 @@ def small_segment_on(pool, stream):
     pool.allocate(10, stream=stream)
 
 
+def freed_behind_work(pool, sim, stream):
+    """Free a LARGE block on ``stream`` behind queued work (the stream keeps a small free
+    segment: small_segment_on); returns its pointer."""
+    small_segment_on(pool, stream)
+    buf = pool.allocate(LARGE, stream=stream)
+    ptr = buf.ptr
+    sim.launch(stream)
+    del buf
+    return ptr
+
+
 @given(st.integers(min_value=1, max_value=1 << 40))
 def test_size_class_is_the_request_rounded_up_to_512_bytes(nbytes):
     size = gpupool.size_class(nbytes)
@@ -123,11 +134,7 @@ def test_blocks_whose_streams_are_done_are_preferred(pool, sim):
 
 def test_cross_stream_reuse_once_the_event_reports_complete(pool, sim):
     a, b = sim.create_stream(), sim.create_stream()
-    small_segment_on(pool, a)
-    buf = pool.allocate(LARGE, stream=a)
-    ptr = buf.ptr
-    sim.launch(a)
-    del buf
+    ptr = freed_behind_work(pool, sim, a)
     held = pool.allocate(LARGE, stream=b)            # asks a for an event
     pool.allocate(10, stream=a)                      # ... which a records here
     sim.complete(a)
@@ -198,11 +205,7 @@ def test_buffer_may_outlive_its_stream(pool, sim):
 
 def test_other_streams_get_the_block_after_its_stream_allocates_again(pool, sim):
     a, b = sim.create_stream(), sim.create_stream()
-    small_segment_on(pool, a)
-    buf = pool.allocate(LARGE, stream=a)
-    ptr = buf.ptr
-    sim.launch(a)
-    del buf
+    ptr = freed_behind_work(pool, sim, a)
     held = pool.allocate(LARGE, stream=b)    # a's block has no event yet: b gets a new block
     assert held.ptr != ptr
     assert sim.calls_named("event_record") == []
