@@ -99,7 +99,7 @@ cdef class DeviceBuffer:
         # Never raises; a buffer inherited through fork() is left alone.
         if self._blk != NULL and not FORKED[0]:
             self._ipc_released()
-            self.pool.release(self._blk, self._stream)
+            self.pool.free_block(self._blk, self._stream)
             self._blk = NULL
 
     cdef void _ipc_released(self) noexcept nogil:
@@ -430,7 +430,7 @@ cdef class DeviceBuffer:
         ``InvalidBufferError``; closing again does nothing."""
         if self._blk != NULL and not FORKED[0]:
             self._ipc_released()
-            self.pool.release(self._blk, self._stream)
+            self.pool.free_block(self._blk, self._stream)
         self._blk = NULL
         self._exporter = self._base = None
         if self._state == OPEN:

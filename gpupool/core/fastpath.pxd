@@ -12,7 +12,7 @@ from gpupool.core.magazine cimport (
     Magazine, MAG_SLOTS, MAG_HANDED, mg_find, mg_remove, mg_find_handed, mg_unhand,
 )
 from gpupool.core.magpool cimport MAG_MAX, mp_hold, mp_drop
-from gpupool.core.release cimport ps_unlock
+from gpupool.core.free cimport ps_unlock
 from gpupool.core.segments cimport round_request
 from gpupool.core.state cimport PoolState, WANTED_FAST
 from gpupool.core.thread cimport (
@@ -216,7 +216,7 @@ cdef inline bint fp_put(PoolState* st, Upstream up, void* pool, Block* b, Stream
 cdef inline Block* fp_free_handed(PoolState* st, void* pool, uintptr_t ptr, StreamKey* s,
                                   bint recording, bint* done) noexcept nogil:
     """C API free of ptr by the calling thread: if its magazine handed ptr out, set done and
-    hold it when it may be (NULL), else return it, to be freed as any other (Pool.release)
+    hold it when it may be (NULL), else return it, to be freed as any other (Pool.free_block)
     once its stream (*s) is resolved. s.tag == BAD_STREAM_TAG: as last used on the block's
     own stream; OWN_HANDLE_TAG: the block's own when the handle is its stream's, else to be
     resolved by the caller (a driver call, made after the magazine's lock is let go)."""

@@ -1,6 +1,6 @@
 # The pool's lock (src/gp_lock.h: one compare-and-swap when free, then a futex), taken without
 # blocking other Python threads, and the wanted streams it publishes to the fast path at each
-# unlock (core/release.pxd has the unlock: it runs the deferred frees first).
+# unlock (core/free.pxd has the unlock: it runs the deferred frees first).
 from gpupool.records.streams cimport StreamKey, current_thread
 from gpupool.core.state cimport PoolState, WANTED_FAST
 
