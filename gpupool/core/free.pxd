@@ -59,5 +59,5 @@ cdef inline void ps_unlock(PoolState* st, Upstream up) noexcept nogil:
         ps_free_locked(st, up, b, b.stream)
     if st.nwanted or not st.order.wanted.empty():
         ps_copy_wanted(st)
-    st.holder = 0
+    st.lock_thread = 0
     st.mutex.unlock()

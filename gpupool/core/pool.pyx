@@ -149,7 +149,7 @@ cdef class Pool(PoolBase):
         if b != NULL:
             out[0] = b
             return 0
-        if self._st.holder == current_thread():
+        if self._st.lock_thread == current_thread():
             return GP_REENTRANT
         self.lock()
         r = self.acquire_locked(nbytes, s, out)
@@ -224,15 +224,15 @@ cdef class Pool(PoolBase):
         if self.mag_put(b, s):
             return
         if self._st.mutex.try_lock():
-            self._st.holder = current_thread()
-        elif self._st.holder == current_thread():
-            # The holder is this thread (a collection run inside the pool's upstream call).
+            self._st.lock_thread = current_thread()
+        elif self._st.lock_thread == current_thread():
+            # The lock_thread is this thread (a collection run inside the pool's upstream call).
             b.stream = s
             self._st.deferred.push_back(b)
             return
         else:
             ps_wait(&self._st)
-            self._st.holder = current_thread()
+            self._st.lock_thread = current_thread()
         self.free_locked(b, s)
         self.unlock()
 
@@ -363,7 +363,7 @@ cdef class Pool(PoolBase):
         pool's table), through the shared path (the caller tried the magazine). Returns 0 or
         a status code."""
         cdef int r
-        if self._st.holder == current_thread():
+        if self._st.lock_thread == current_thread():
             return GP_REENTRANT                 # from inside the pool's own upstream call
         self.lock()
         r = self.acquire_locked(nbytes, s, out)
@@ -382,7 +382,7 @@ cdef class Pool(PoolBase):
         (from inside the pool's upstream call the lock is the calling thread's already);
         NULL if none."""
         cdef Block* b
-        if self._st.holder == current_thread():
+        if self._st.lock_thread == current_thread():
             return self._handed_locked(ptr, True)
         self.lock()
         b = self._handed_locked(ptr, True)
