@@ -20,7 +20,7 @@ cdef class DeviceBuffer:
     cdef BufferState _state
     cdef object _exporter           # the exporter of wrapped memory (as_buffer); None if ours
     cdef DeviceBuffer _base         # a wrapper's: the gpupool buffer holding the memory
-    cdef gp_ipc_slot* _ipc_slot     # exported for CUDA IPC (ipc/export.pyx): released with the block
+    cdef gp_ipc_slot* _ipc_slot     # exported for CUDA IPC (ipc/export.pyx): retired with the block
     cdef object __weakref__
 
     cdef uintptr_t _live_ptr(self) except? 0
@@ -28,6 +28,6 @@ cdef class DeviceBuffer:
     cdef int _order_before(self, uintptr_t consumer) except -1
     cdef uintptr_t _work_stream(self, object stream) except? 0xFFFFFFFFFFFFFFFF
     cdef int _used_on(self, uintptr_t handle) except -1
-    cdef void _ipc_released(self) noexcept nogil
+    cdef void _ipc_retired(self) noexcept nogil
 
 cdef DeviceBuffer new_buffer(BlockOwner owner, Block* blk, size_t nbytes, StreamKey stream)

@@ -13,7 +13,7 @@ from gpupool.buffer.dlpack cimport make_capsule, KDL_CPU, KDL_CUDA, KDL_UINT, DL
 from gpupool.driver.calls cimport fork_flag
 from gpupool.buffer.owner cimport BlockOwner
 from gpupool.buffer.handoff cimport one_stream, order_after
-from gpupool.records.ipcslot cimport gp_ipc_release
+from gpupool.records.ipcslot cimport gp_ipc_retire
 from gpupool.records.streams cimport (
     StreamKey, STREAM_PER_THREAD, current_thread, same_stream, stream_key, stream_handle,
 )
@@ -98,15 +98,15 @@ cdef class DeviceBuffer:
     def __dealloc__(self):
         # Never raises; a buffer inherited through fork() is left alone.
         if self._blk != NULL and not FORKED[0]:
-            self._ipc_released()
-            self.pool.release(self._blk, self._stream)
+            self._ipc_retired()
+            self.pool.free_block(self._blk, self._stream)
             self._blk = NULL
 
-    cdef void _ipc_released(self) noexcept nogil:
+    cdef void _ipc_retired(self) noexcept nogil:
         """The block goes back: a CUDA IPC handle of this buffer can no longer be opened (its
         export slot, in memory shared with the importers, says so)."""
         if self._ipc_slot != NULL:
-            gp_ipc_release(self._ipc_slot)
+            gp_ipc_retire(self._ipc_slot)
             self._ipc_slot = NULL
 
     cdef uintptr_t _live_ptr(self) except? 0:
@@ -125,7 +125,7 @@ cdef class DeviceBuffer:
     cdef void invalidate_locked(self) noexcept:
         """Mark the buffer invalid; the caller holds the pool's lock and frees the block."""
         self._state = INVALIDATED
-        self._ipc_released()
+        self._ipc_retired()
         self._blk = NULL
 
     @property
@@ -429,8 +429,8 @@ cdef class DeviceBuffer:
         """Give the memory back now (to the pool or its region). Later use raises
         ``InvalidBufferError``; closing again does nothing."""
         if self._blk != NULL and not FORKED[0]:
-            self._ipc_released()
-            self.pool.release(self._blk, self._stream)
+            self._ipc_retired()
+            self.pool.free_block(self._blk, self._stream)
         self._blk = NULL
         self._exporter = self._base = None
         if self._state == OPEN:

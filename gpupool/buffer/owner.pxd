@@ -10,6 +10,6 @@ cdef class BlockOwner:
     cdef readonly Upstream upstream     # serves the buffer's copies, memsets and events
     cdef readonly int device
 
-    cdef void release(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef void free_block(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil
     cdef StreamKey checked_key(self, uintptr_t handle) except *

@@ -34,7 +34,7 @@ cdef class BlockOwner:
             raise GpupoolError(FORK_MESSAGE)
         mark_used()
 
-    cdef void release(self, Block* blk, StreamKey stream) noexcept nogil:
+    cdef void free_block(self, Block* blk, StreamKey stream) noexcept nogil:
         """Take back a live block, last used on stream."""
         pass
 

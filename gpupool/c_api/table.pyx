@@ -129,10 +129,10 @@ cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
     cdef bint done
     if pool.mag_free_handed(ptr, key, &done):
         return GPUPOOL_OK                           # its thread's magazine handed it out
-    b = pool.take_handed(ptr)     # (inside the pool's upstream call: release defers)
+    b = pool.take_handed(ptr)     # (inside the pool's upstream call: free_block defers)
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
-    pool.release(b, resolved_free_key(pool.upstream, key, b.stream))
+    pool.free_block(b, resolved_free_key(pool.upstream, key, b.stream))
     return GPUPOOL_OK
 
 

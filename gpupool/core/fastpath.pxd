@@ -12,7 +12,7 @@ from gpupool.core.magazine cimport (
     Magazine, MAG_SLOTS, MAG_HANDED, mg_find, mg_remove, mg_find_handed, mg_unhand,
 )
 from gpupool.core.magpool cimport MAG_MAX, mp_hold, mp_drop
-from gpupool.core.release cimport ps_unlock
+from gpupool.core.free cimport ps_unlock
 from gpupool.core.segments cimport round_request
 from gpupool.core.state cimport PoolState, WANTED_FAST
 from gpupool.core.thread cimport (
@@ -90,7 +90,7 @@ cdef inline Magazine* fp_thread_magazine(PoolState* st, Upstream up, void* pool,
     m.misses = m.requests = m.seen = m.settled = 0
     m.held = m.credit = m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
     m.wanted = m.no_block = m.no_credit = m.no_hand = m.empty = m.waits = m.free_waits = 0
-    if st.holder == current_thread():
+    if st.lock_thread == current_thread():
         st.magazines.push_back(m)           # a free inside an upstream call: locked already
     else:
         ps_lock(st)
@@ -110,7 +110,7 @@ cdef inline bint fp_wait(PoolState* st, Magazine* m, size_t* waits) noexcept nog
     theirs taken in turn. Whether it got the lock: not when the calling thread holds the
     pool's lock (a free inside an upstream call), nor when the wait ran out (the sweeper may
     be waiting for something this thread holds, the GIL say): the shared path."""
-    if st.holder == current_thread():
+    if st.lock_thread == current_thread():
         return False
     waits[0] += 1
     return m.mutex.try_lock_spin(MAG_SPINS)
@@ -200,7 +200,7 @@ cdef inline bint fp_put(PoolState* st, Upstream up, void* pool, Block* b, Stream
             m.mutex.unlock()
             return True
         m.mutex.unlock()
-    if st.holder == current_thread():
+    if st.lock_thread == current_thread():
         return False                        # inside an upstream call: deferred
     # Full (or being flushed): the oldest held block goes to the free lists.
     ps_lock(st)
@@ -216,7 +216,7 @@ cdef inline bint fp_put(PoolState* st, Upstream up, void* pool, Block* b, Stream
 cdef inline Block* fp_free_handed(PoolState* st, void* pool, uintptr_t ptr, StreamKey* s,
                                   bint recording, bint* done) noexcept nogil:
     """C API free of ptr by the calling thread: if its magazine handed ptr out, set done and
-    hold it when it may be (NULL), else return it, to be freed as any other (Pool.release)
+    hold it when it may be (NULL), else return it, to be freed as any other (Pool.free_block)
     once its stream (*s) is resolved. s.tag == BAD_STREAM_TAG: as last used on the block's
     own stream; OWN_HANDLE_TAG: the block's own when the handle is its stream's, else to be
     resolved by the caller (a driver call, made after the magazine's lock is let go)."""

@@ -5,7 +5,7 @@ from libc.stdlib cimport free
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block, Segment, FREE, UNMAPPED
 from gpupool.records.counters cimport Counters, count_returned
-from gpupool.records.ipcslot cimport gp_ipc_opened, gp_ipc_release
+from gpupool.records.ipcslot cimport gp_ipc_opened, gp_ipc_retire
 from gpupool.history.ring cimport ACT_SEGMENT_FREE, ACT_SEGMENT_UNMAP
 from gpupool.core.cutjoin cimport sg_record, sg_retire, sg_insert_after, sg_remove, sg_joinable, sg_join
 from gpupool.core.freelist cimport FreeLists, fl_put, fl_each, fl_unbin
@@ -25,7 +25,7 @@ cdef inline bint sg_imported(Segment* seg) noexcept nogil:
 cdef inline void sg_forget_export(Segment* seg) noexcept nogil:
     """seg goes back to the driver: a handle of it can no longer be opened."""
     if seg.ipc != NULL:
-        gp_ipc_release(seg.ipc)
+        gp_ipc_retire(seg.ipc)
         seg.ipc = NULL
 
 

@@ -1,6 +1,6 @@
 # The pool's lock (src/gp_lock.h: one compare-and-swap when free, then a futex), taken without
 # blocking other Python threads, and the wanted streams it publishes to the fast path at each
-# unlock (core/release.pxd has the unlock: it runs the deferred frees first).
+# unlock (core/free.pxd has the unlock: it runs the deferred frees first).
 from gpupool.records.streams cimport StreamKey, current_thread
 from gpupool.core.state cimport PoolState, WANTED_FAST
 
@@ -18,7 +18,7 @@ cdef inline int wanted_bit(StreamKey s) noexcept nogil:
 
 cdef inline void ps_wait(PoolState* st) noexcept nogil:
     """Wait for the pool's lock. A Python thread waiting for it lets the others run: the
-    holder may need the GIL (a Python upstream), and must not deadlock against us."""
+    lock_thread may need the GIL (a Python upstream), and must not deadlock against us."""
     cdef PyThreadState* state
     if PyGILState_Check():
         state = PyEval_SaveThread()
@@ -31,7 +31,7 @@ cdef inline void ps_wait(PoolState* st) noexcept nogil:
 cdef inline void ps_lock(PoolState* st) noexcept nogil:
     if not st.mutex.try_lock():
         ps_wait(st)
-    st.holder = current_thread()
+    st.lock_thread = current_thread()
 
 
 cdef inline void ps_copy_wanted(PoolState* st) noexcept nogil:

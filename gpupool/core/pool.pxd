@@ -1,4 +1,4 @@
-# The pool: one device's caching allocator. It keeps the lock, acquire and release of blocks
+# The pool: one device's caching allocator. It keeps the lock, acquire and free of blocks
 # and the out-of-memory ladder's errors; its state, construction and upkeep API are PoolBase's
 # (core/poolbase.pxd); the layers it is made of are in
 # core/freelist.pxd (free lists), core/streamorder.pxd (stream-ordered reuse), core/segments.pxd
@@ -20,7 +20,7 @@ cdef class Pool(PoolBase):      # final: its cdef methods are direct calls the c
     cdef void unlock(self) noexcept nogil
     cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
     cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
-    cdef void release_locked(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef void free_locked(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void region_register(self, RegionCache* rc) noexcept nogil
     cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil
     cdef void region_unregister(self, RegionCache* rc) noexcept nogil

@@ -44,7 +44,7 @@ from gpupool.core.fastpath cimport (
     fp_thread_magazine, fp_take, fp_put, fp_free_handed, fp_thread_exit,
 )
 from gpupool.core.lock cimport ps_lock, ps_wait
-from gpupool.core.release cimport ps_release_locked, ps_unlock
+from gpupool.core.free cimport ps_free_locked, ps_unlock
 from gpupool.core.thread cimport (
     GP_REGION_DEPTH_MAX, gp_thread, gp_this_thread, gp_magazine_exit_hook, uncached_mark,
 )
@@ -149,7 +149,7 @@ cdef class Pool(PoolBase):
         if b != NULL:
             out[0] = b
             return 0
-        if self._st.holder == current_thread():
+        if self._st.lock_thread == current_thread():
             return GP_REENTRANT
         self.lock()
         r = self.acquire_locked(nbytes, s, out)
@@ -184,7 +184,7 @@ cdef class Pool(PoolBase):
         done."""
         cdef Block* b = fp_free_handed(&self._st, <void*>self, ptr, &s, RECORDING, done)
         if b != NULL:
-            self.release(b, resolved_free_key(self.upstream, s, b.stream))
+            self.free_block(b, resolved_free_key(self.upstream, s, b.stream))
         return done[0]
 
     cdef object raise_status(self, int status, size_t nbytes):
@@ -217,32 +217,32 @@ cdef class Pool(PoolBase):
 
     # Freeing ----------------------------------------------------------------------------
 
-    cdef void release(self, Block* b, StreamKey s) noexcept nogil:
+    cdef void free_block(self, Block* b, StreamKey s) noexcept nogil:
         """Take back a live block last used on s; with or without the GIL."""
         if FORKED[0]:
             return
         if self.mag_put(b, s):
             return
         if self._st.mutex.try_lock():
-            self._st.holder = current_thread()
-        elif self._st.holder == current_thread():
-            # The holder is this thread (a collection run inside the pool's upstream call).
+            self._st.lock_thread = current_thread()
+        elif self._st.lock_thread == current_thread():
+            # The lock_thread is this thread (a collection run inside the pool's upstream call).
             b.stream = s
             self._st.deferred.push_back(b)
             return
         else:
             ps_wait(&self._st)
-            self._st.holder = current_thread()
-        self.release_locked(b, s)
+            self._st.lock_thread = current_thread()
+        self.free_locked(b, s)
         self.unlock()
 
-    cdef void release_locked(self, Block* b, StreamKey s) noexcept nogil:
-        ps_release_locked(&self._st, self.upstream, b, s)
+    cdef void free_locked(self, Block* b, StreamKey s) noexcept nogil:
+        ps_free_locked(&self._st, self.upstream, b, s)
 
     cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
         """Record a use of the live block b on stream s (record_stream), once per stream; a
         per-thread stream is recorded as the legacy one (use_key), since any thread may free
-        the block. The stream the block is freed on is skipped then (release_locked): the
+        the block. The stream the block is freed on is skipped then (free_locked): the
         block's stream is not known here, a buffer may have moved since it was acquired."""
         cdef size_t i
         s = use_key(s)
@@ -363,7 +363,7 @@ cdef class Pool(PoolBase):
         pool's table), through the shared path (the caller tried the magazine). Returns 0 or
         a status code."""
         cdef int r
-        if self._st.holder == current_thread():
+        if self._st.lock_thread == current_thread():
             return GP_REENTRANT                 # from inside the pool's own upstream call
         self.lock()
         r = self.acquire_locked(nbytes, s, out)
@@ -382,7 +382,7 @@ cdef class Pool(PoolBase):
         (from inside the pool's upstream call the lock is the calling thread's already);
         NULL if none."""
         cdef Block* b
-        if self._st.holder == current_thread():
+        if self._st.lock_thread == current_thread():
             return self._handed_locked(ptr, True)
         self.lock()
         b = self._handed_locked(ptr, True)

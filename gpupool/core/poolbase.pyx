@@ -17,7 +17,7 @@ from gpupool.core.giveback cimport sg_release_all
 from gpupool.core.verify cimport ps_verify, ps_magazines_info, ps_sweep_counts
 from gpupool.core.fastpath cimport fp_detach
 from gpupool.core.lock cimport ps_lock
-from gpupool.core.release cimport ps_unlock
+from gpupool.core.free cimport ps_unlock
 from gpupool.history.ring cimport register_pool, hist_flush_log
 
 import logging

@@ -7,7 +7,7 @@ from gpupool.records.block cimport Block
 from gpupool.records.streams cimport stream_key
 from gpupool.buffer.device_buffer cimport DeviceBuffer
 from gpupool.core.regioncache cimport RegionCache, rc_detach, rc_escape, rc_live_blocks
-from gpupool.core.release cimport ps_release_locked
+from gpupool.core.free cimport ps_free_locked
 from gpupool.core.state cimport PoolState
 from gpupool.upstream.base cimport Upstream
 
@@ -44,9 +44,9 @@ cdef inline size_t rg_exit(PoolState* st, Upstream up, RegionCache* rc, set kept
             buf.invalidate_locked()
             if poison >= 0:
                 poisoned.push_back(pair[uintptr_t, size_t](b.ptr, b.size))
-                ps_release_locked(st, up, b, stream_key(0))
+                ps_free_locked(st, up, b, stream_key(0))
             else:
-                ps_release_locked(st, up, b, buf._stream)
+                ps_free_locked(st, up, b, buf._stream)
     escaped += rc.escaped_bytes
     if not poisoned.empty():
         r = up.synchronize()

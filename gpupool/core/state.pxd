@@ -9,7 +9,7 @@
 # take it as a second argument.
 #
 # NOTE: every field but the fast path's (see below) is read and written under the pool's lock
-# (`mutex`, held by the thread `holder`); a magazine's fields under its own lock too (order:
+# (`mutex`, held by the thread `lock_thread`); a magazine's fields under its own lock too (order:
 # the pool's, then the magazine's).
 from libc.stdint cimport uintptr_t, uint32_t
 from libcpp.vector cimport vector
@@ -46,8 +46,8 @@ cdef cppclass Segments:
 
 cdef cppclass PoolState:
     gp_lock mutex               # the pool's lock: an atomic word, one compare-and-swap when free
-    uintptr_t holder            # thread holding mutex, 0 when free
-    vector[Block*] deferred     # frees made by holder while it held the lock
+    uintptr_t lock_thread       # thread holding mutex, 0 when free
+    vector[Block*] deferred     # frees made by lock_thread while it held the lock
     FreeLists free
     StreamOrder order
     Segments segments

@@ -4,7 +4,7 @@ handles made from them, and their collection (the Python API and its documentati
 ``gpupool.ipc``).
 
 An exported buffer has a slot of this process's export table (``ipc/table.pyx``), which goes
-RELEASED when the buffer gives its block back (``DeviceBuffer._ipc_released``), so a later
+RETIRED when the buffer gives its block back (``DeviceBuffer._ipc_retired``), so a later
 open fails instead of reading memory the pool reuses. An exported upstream allocation (a plain
 segment: "mem_handle" handles) has a slot whose ``opened`` counts the importers' mappings of
 it: the pool does not return the segment to the driver while it is above 0
@@ -22,8 +22,8 @@ from gpupool.buffer.device_buffer cimport DeviceBuffer
 from gpupool.driver.calls cimport forked
 from gpupool.buffer.handoff cimport recordable
 from gpupool.records.ipcslot cimport (
-    gp_ipc_slot, GP_IPC_LIVE, GP_IPC_RELEASED, gp_ipc_opened, gp_ipc_state, gp_ipc_serial,
-    gp_ipc_release, gp_ipc_claim, gp_ipc_free, gp_ipc_reset_opened,
+    gp_ipc_slot, GP_IPC_LIVE, GP_IPC_RETIRED, gp_ipc_opened, gp_ipc_state, gp_ipc_serial,
+    gp_ipc_retire, gp_ipc_claim, gp_ipc_free, gp_ipc_reset_opened,
 )
 from gpupool.core.pool cimport Pool
 from gpupool.records.streams cimport stream_handle
@@ -114,7 +114,7 @@ def collect():
             slot = own.slot(index)
             if record.alive is not None and gp_ipc_state(slot) == GP_IPC_LIVE \
                     and not record.alive():
-                gp_ipc_release(slot)
+                gp_ipc_retire(slot)
             opened = gp_ipc_opened(slot)
             if record.mem is not None and opened > 0 and not slot_locked(own, index):
                 # An importer locks before it counts and counts down before it unlocks: a
@@ -122,7 +122,7 @@ def collect():
                 # the exchange, to be looked at next time).
                 if gp_ipc_reset_opened(slot, opened):
                     opened = 0
-            if gp_ipc_state(slot) != GP_IPC_RELEASED:
+            if gp_ipc_state(slot) != GP_IPC_RETIRED:
                 continue
             record.free_resources()
             if record.mem is None or opened <= 0:

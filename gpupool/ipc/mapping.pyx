@@ -50,7 +50,7 @@ class _Mapping:
         self.key, self.upstream, self.kind, self.base, self.size = key, upstream, kind, base, size
         self.table, self.segment, self.refs = table, segment, 1
 
-    def release(self):
+    def close(self):
         with lock:
             self.refs -= 1
             if self.refs:
@@ -76,7 +76,7 @@ class Imported:
 
     def __del__(self):
         try:
-            self.mapping.release()
+            self.mapping.close()
         except Exception:       # never raises: at interpreter shutdown the driver may be gone
             pass
 

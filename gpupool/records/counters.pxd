@@ -49,7 +49,7 @@ cdef inline void count_acquired(Counters* c, size_t nbytes) noexcept nogil:
     c.num_allocs += 1
 
 
-cdef inline void count_released(Counters* c, size_t nbytes) noexcept nogil:
+cdef inline void count_freed(Counters* c, size_t nbytes) noexcept nogil:
     """A live block of nbytes freed (cached again)."""
     c.in_use -= nbytes
     c.freed_bytes += nbytes

@@ -1,7 +1,7 @@
 /* The slots of gpupool's CUDA IPC export table: 16 bytes in a file of shared memory that the
  * exporting process maps and every importer maps too (gpupool/ipc/table.pyx makes the table).
  *
- * A slot describes one export target: a buffer (its state goes RELEASED when the buffer gives
+ * A slot describes one export target: a buffer (its state goes RETIRED when the buffer gives
  * its block back, so a later open fails) or a segment (an upstream allocation whose IPC handle
  * was given out: `opened` counts the importers' mappings of it, and the pool does not return
  * the segment to the driver while it is above 0: core/segments.pxd). Importers change `opened`
@@ -18,7 +18,7 @@
 enum {
     GP_IPC_FREE = 0,        /* not in use */
     GP_IPC_LIVE = 1,        /* its buffer or segment holds the memory */
-    GP_IPC_RELEASED = 2     /* given back: opening a handle of it fails */
+    GP_IPC_RETIRED = 2      /* given back: opening a handle of it fails */
 };
 
 typedef struct gp_ipc_slot {
@@ -43,8 +43,8 @@ static inline uint64_t gp_ipc_serial(gp_ipc_slot* s) {
     return __atomic_load_n(&s->serial, __ATOMIC_SEQ_CST);
 }
 
-static inline void gp_ipc_release(gp_ipc_slot* s) {
-    __atomic_store_n(&s->state, (uint32_t)GP_IPC_RELEASED, __ATOMIC_SEQ_CST);
+static inline void gp_ipc_retire(gp_ipc_slot* s) {
+    __atomic_store_n(&s->state, (uint32_t)GP_IPC_RETIRED, __ATOMIC_SEQ_CST);
 }
 
 /* Put a free slot to use with a new serial (the exporter only). */

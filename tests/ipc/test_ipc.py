@@ -35,7 +35,7 @@ from gpupool.testing import SimulatedDevice
 KIB, MIB = 1 << 10, 1 << 20
 PAGE = 64 * KIB
 SPAWN = multiprocessing.get_context("spawn")
-RELEASED = 2                                # gp_ipc.h's GP_IPC_RELEASED
+RETIRED = 2                                 # gp_ipc.h's GP_IPC_RETIRED
 N = 8 * MIB                 # the GPU tests' buffer
 SPIN = 4_000_000_000        # clock cycles, about 2 s on an H200: longer than a consumer's open
 UPSTREAMS = ["driver", "vmm"]
@@ -277,7 +277,7 @@ def test_blocks_of_expandable_segments_export_their_pages(vpool, vsim):
         assert (h.segment_slot, h.mem) == (0, b"")
 
 
-def test_a_buffers_handle_is_released_with_its_block(mpool, msim):
+def test_a_buffers_handle_is_retired_with_its_block(mpool, msim):
     region = gpupool.Region(pool=mpool, on_exit="invalidate")
     ways = {}
     ways["closed"] = mpool.allocate(1000)
@@ -289,7 +289,7 @@ def test_a_buffers_handle_is_released_with_its_block(mpool, msim):
     del ways["freed"]
     for way, h in handles.items():
         serial, state, opened = mapping._slot_state(h.table, h.buffer_slot)
-        assert (serial, state, opened) == (h.buffer_serial, RELEASED, 0), way
+        assert (serial, state, opened) == (h.buffer_serial, RETIRED, 0), way
     kept = mpool.allocate(1000)
     h = kept.ipc_handle()
     assert mapping._slot_state(h.table, h.buffer_slot)[1] == 1        # live
@@ -346,7 +346,7 @@ def test_trim_keeps_a_segment_that_an_importer_holds_open(mpool, msim):
     assert msim.calls_named("free") == []
     table._add_to_slot(h.table, h.segment_slot, -1)          # ... and its close
     assert mpool.trim() == reserved and msim.calls_named("free") != []
-    assert mapping._slot_state(h.table, h.segment_slot)[1] == RELEASED
+    assert mapping._slot_state(h.table, h.segment_slot)[1] == RETIRED
     check_invariants(mpool)
 
 
@@ -405,7 +405,7 @@ def test_an_array_of_gpupool_memory_made_by_an_adapter_exports_its_buffer(mpool)
     del array
     assert mapping._slot_state(h.table, h.buffer_slot)[1] == 1          # the buffer holds it
     buf.close()
-    assert mapping._slot_state(h.table, h.buffer_slot)[1] == RELEASED
+    assert mapping._slot_state(h.table, h.buffer_slot)[1] == RETIRED
 
 
 def test_an_array_of_c_api_memory_exports_while_it_lives(mpool, default_pools):

@@ -4,7 +4,7 @@
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
-from gpupool.records.counters cimport count_released
+from gpupool.records.counters cimport count_freed
 from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.history.ring cimport hist_on, hist_free
 from gpupool.core.lock cimport ps_copy_wanted
@@ -15,7 +15,7 @@ from gpupool.core.streamorder cimport so_event
 from gpupool.upstream.base cimport Upstream
 
 
-cdef inline void ps_release_locked(PoolState* st, Upstream up, Block* b,
+cdef inline void ps_free_locked(PoolState* st, Upstream up, Block* b,
                                    StreamKey s) noexcept nogil:
     """Under the pool's lock: take back live block b, last used on s."""
     cdef size_t i, size = b.size
@@ -46,7 +46,7 @@ cdef inline void ps_release_locked(PoolState* st, Upstream up, Block* b,
     rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
     b.used = st.counters.num_allocs     # last live now (sg_reclaim's cold blocks)
     pk_park(st, b)                      # may put a parked block: size was kept above
-    count_released(&st.counters, size)
+    count_freed(&st.counters, size)
     st.bound -= size
 
 
@@ -56,8 +56,8 @@ cdef inline void ps_unlock(PoolState* st, Upstream up) noexcept nogil:
     while not st.deferred.empty():
         b = st.deferred.back()
         st.deferred.pop_back()
-        ps_release_locked(st, up, b, b.stream)
+        ps_free_locked(st, up, b, b.stream)
     if st.nwanted or not st.order.wanted.empty():
         ps_copy_wanted(st)
-    st.holder = 0
+    st.lock_thread = 0
     st.mutex.unlock()
