@@ -53,10 +53,13 @@ How gpupool's pools map onto it:
 import os
 import pickle
 
-from gpupool.core import defaults, oom
-from gpupool.core.pool import Pool, _snapshot_of
+from gpupool.core import defaults
+
 from gpupool.history import ring
+
 from gpupool.region import region
+from gpupool.core.pool import Pool, _snapshot_of
+from gpupool.core import oom
 
 __all__ = ["dump_snapshot", "memory_snapshot", "record_memory_history"]
 
