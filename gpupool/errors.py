@@ -77,15 +77,39 @@ class OutOfMemoryError(GpupoolError, MemoryError):
     limit_bytes : int or None
         The pool's hard limit; None when it has none.
     device_free_bytes, device_total_bytes : int or None
-        The device's free and total memory when known without asking the driver; None
+        The device's free and total bytes when known without a CUDA driver call: the total
+        as the pool learnt it at creation (driver upstreams) or from ``Pool.mem_info()``;
+        both from NVML on a real device where ``pynvml`` (nvidia-ml-py) is installed; None
         otherwise (the pool does not call the driver while raising: the call could fail or
         block where memory just ran out; ``Pool.mem_info()`` asks it).
+    largest_free_bytes : int or None
+        Bytes of the largest free block any request may take (the pool's, idle regions',
+        threads' held blocks) after the pool gave back what it could.
+    unusable_cached_bytes : int or None
+        Cached bytes that cannot serve this request: ``cached_bytes`` minus the bytes of free
+        blocks at least as large as the request (fragmentation: free blocks too small, kept
+        because live blocks share their segments).
+    by_owner : dict or None
+        Bytes in use by owner: ``"pool"`` (blocks outside any region, escaped ones included)
+        and ``"region <id> '<name>'"`` / ``"private pool <id>"`` for each region or private
+        pool (a graph's) with live blocks. Adapters (CuPy, Numba, PyTorch) allocate from the
+        pool or a region and are counted there: the pool does not record which one asked.
+    by_stream : dict or None
+        Bytes in use by the stream the block was last used on: ``{stream handle: bytes}``
+        (0: the legacy default stream, 2: the per-thread one).
+    device_used_by_others_bytes : int or None
+        Bytes of the device used by other processes (NVML's compute processes other than
+        this one); None without ``pynvml``, without a device (the simulated one), or when
+        NVML fails or cannot match the device.
     """
 
     FIELDS = ("requested_bytes", "in_use_bytes", "reserved_bytes", "cached_bytes",
-              "limit_bytes", "device_free_bytes", "device_total_bytes")
+              "limit_bytes", "device_free_bytes", "device_total_bytes", "largest_free_bytes",
+              "unusable_cached_bytes", "by_owner", "by_stream", "device_used_by_others_bytes")
     requested_bytes = in_use_bytes = reserved_bytes = cached_bytes = None
     limit_bytes = device_free_bytes = device_total_bytes = None
+    largest_free_bytes = unusable_cached_bytes = by_owner = by_stream = None
+    device_used_by_others_bytes = None
 
     def __init__(self, message, **numbers):
         unknown = set(numbers) - set(self.FIELDS)

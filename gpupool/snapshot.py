@@ -59,6 +59,7 @@ from gpupool.history import ring
 
 from gpupool.region import region
 from gpupool.core.pool import Pool, _snapshot_of
+from gpupool.core import oom
 
 __all__ = ["dump_snapshot", "memory_snapshot", "record_memory_history"]
 
@@ -260,3 +261,8 @@ def _settings(pools):
         "GPUPOOL_HARD_LIMIT": os.environ.get("GPUPOOL_HARD_LIMIT", ""),
         "GPUPOOL_SOFT_LIMIT": os.environ.get("GPUPOOL_SOFT_LIMIT", ""),
     }
+
+
+# The out-of-memory error names the regions holding memory and writes GPUPOOL_OOM_SNAPSHOT
+# through these (core/oom.pyx: the core layer imports nothing above it).
+oom._set_forensics(dump_snapshot, region._regions_by_cache)

@@ -1,16 +1,21 @@
 # cython: language_level=3
 """The out-of-memory ladder's last step: ``on_oom`` callbacks, and the ``OutOfMemoryError``
 of a request that failed after the whole ladder (core/ladder.pxd has the first steps)."""
+from libc.stdint cimport uint32_t
 from gpupool.records.counters cimport Counters
 from gpupool.history.ring cimport hist_flush_log
 
 import logging
+import os
 
 from gpupool.errors import OutOfMemoryError
 from gpupool.stats import format_bytes
 
 _oom_callbacks = []
 _logger = logging.getLogger("gpupool")
+_device_totals = {}         # pool id -> its device's total bytes (oom_note_total)
+_hooks = {"dump_snapshot": None, "region_names": None}     # _set_forensics
+cdef bint _dumped = False   # GPUPOOL_OOM_SNAPSHOT written (or tried) once
 
 
 cdef bint oom_run_callbacks(Counters* c, int device, size_t nbytes) except -1:
@@ -34,22 +39,170 @@ cdef bint oom_run_callbacks(Counters* c, int device, size_t nbytes) except -1:
     return True
 
 
-cdef object oom_error(int device, Counters c, size_t hard_limit, size_t nbytes):
-    """The OutOfMemoryError of a failed request of nbytes on device, from the pool's counters c
-    (core/magpool.pxd, mp_counters_view) and hard limit (0: none). It asks the upstream
-    nothing: a driver call could fail or block where memory just ran out, so the device's
-    free and total bytes stay None."""
-    limit = hard_limit or None
-    where = f"; hard limit {format_bytes(limit)}" if limit else ""
-    return OutOfMemoryError(
-        f"gpupool: out of memory on device {device} allocating "
-        f"{format_bytes(nbytes)} ({nbytes} B): {format_bytes(c.in_use)} in use, "
-        f"{format_bytes(c.reserved)} reserved, {format_bytes(c.cached)} cached "
-        f"by the pool and its regions{where}. Free buffers you no longer need, "
-        f"release regions (region.release()), or register a callback with gpupool.on_oom; "
-        f"gpupool.pool_status() shows the device's free memory.",
-        requested_bytes=nbytes, in_use_bytes=c.in_use, reserved_bytes=c.reserved,
-        cached_bytes=c.cached, limit_bytes=limit)
+cdef void oom_note_total(uint32_t pool_id, size_t total) noexcept:
+    """Remember the total memory of pool pool_id's device, learnt from a mem_info call made
+    when it was safe (core/poolbase.pyx): the error then needs no driver call for it."""
+    _device_totals[pool_id] = total
+
+
+cdef object oom_error(int device, uint32_t pool_id, bint real_device, OomFacts* f,
+                      size_t nbytes):
+    """The OutOfMemoryError of a failed request of nbytes on device, from the facts f that
+    oom_gather read under the pool's lock (core/oom.pxd).
+
+    It asks the upstream nothing: a driver call could fail or block where memory just ran
+    out. The device's total is the one remembered from the pool's earlier mem_info (at
+    creation for driver upstreams, or any ``Pool.mem_info()``); on a real device
+    (real_device) NVML, which needs no CUDA context, gives the free and total bytes and those
+    of other processes when ``pynvml`` is installed. At the first out of memory of the process,
+    ``GPUPOOL_OOM_SNAPSHOT`` names a file for a memory snapshot (oom_dump_once)."""
+    cdef Counters c = f.c
+    cdef size_t i
+    limit = f.hard_limit or None
+    nvml = nvml_memory(device) if real_device else None
+    free, total, others = nvml if nvml is not None else (None, None, None)
+    if total is None:
+        total = _device_totals.get(pool_id)
+    unusable = c.cached - f.servable if c.cached > f.servable else 0
+    names = _hooks["region_names"]() if _hooks["region_names"] is not None else {}
+    by_owner = {}
+    for i in range(f.owners.size()):
+        region_id, name = names.get(f.owners[i], (None, None))
+        kind = "private pool" if f.owner_private[i] else "region"
+        label = f"{kind} {region_id if region_id is not None else hex(f.owners[i])}"
+        by_owner[label + (f" {name!r}" if name else "")] = f.owner_bytes[i]
+    regions = sum(by_owner.values())
+    by_owner = {"pool": c.in_use - regions if c.in_use > regions else 0, **by_owner}
+    by_stream = {f.streams[i]: f.stream_bytes[i] for i in range(f.streams.size())}
+    head = (f"gpupool: out of memory on device {device} allocating "
+            f"{format_bytes(nbytes)} ({nbytes} B): ")
+    numbers = (f"{format_bytes(c.in_use)} in use, {format_bytes(c.reserved)} reserved, "
+               f"{format_bytes(c.cached)} cached by the pool and its regions")
+    if limit and nbytes > limit:
+        text = (f"{head}the request can never fit: {nbytes} B requested, hard limit "
+                f"{_exact(limit)}. Raise the limit (Pool(hard_limit=...), "
+                f"GPUPOOL_HARD_LIMIT) or split the allocation; {numbers}.")
+    elif total and nbytes > total:
+        text = (f"{head}the request can never fit: {nbytes} B requested, the device has "
+                f"{_exact(total)}. Split the allocation or use a device "
+                f"with more memory; {numbers}.")
+    else:
+        text = head + numbers
+        if c.cached:
+            text += (f" (largest free block {format_bytes(f.largest)}; "
+                     f"{format_bytes(unusable)} of the cached bytes cannot serve this "
+                     f"request: fragmentation)")
+        if limit:
+            text += f"; hard limit {format_bytes(limit)}"
+        text += ". In use by " + _top(by_owner)
+        if by_stream:
+            text += "; by stream " + _top({hex(k): v for k, v in by_stream.items()})
+        if others:
+            text += f". Other processes use {format_bytes(others)} of the device"
+        text += (". Free buffers you no longer need, release regions (region.release()), "
+                 "or register a callback with gpupool.on_oom")
+        if unusable:
+            text += ("; fragmented memory joins once the buffers between its blocks are "
+                     "freed (upstream='vmm' grows segments instead)")
+        text += "; gpupool.pool_status() shows the device's free memory."
+    error = OutOfMemoryError(
+        text, requested_bytes=nbytes, in_use_bytes=c.in_use, reserved_bytes=c.reserved,
+        cached_bytes=c.cached, limit_bytes=limit, device_free_bytes=free,
+        device_total_bytes=total, largest_free_bytes=f.largest,
+        unusable_cached_bytes=unusable, by_owner=by_owner, by_stream=by_stream,
+        device_used_by_others_bytes=others)
+    oom_dump_once(device)
+    return error
+
+
+def _exact(n):
+    """n bytes as format_bytes gives them, and exactly when that rounds."""
+    text = format_bytes(n)
+    return text if text == f"{n} B" else f"{text} ({n} B)"
+
+
+def _top(owners, int count=3):
+    """The count biggest of owners ({label: bytes}) as "label 1.000 MiB, ..."."""
+    ranked = sorted(owners.items(), key=lambda item: -item[1])
+    text = ", ".join(f"{label} {format_bytes(n)}" for label, n in ranked[:count])
+    return text + (f" and {len(ranked) - count} more" if len(ranked) > count else "")
+
+
+def nvml_memory(int device):
+    """``(free, total, used by other processes)`` bytes of CUDA device ``device`` from NVML, or
+    None: no ``pynvml`` (nvidia-ml-py), no NVML, a device NVML cannot be matched to (a MIG
+    instance; an index under ``CUDA_VISIBLE_DEVICES`` or, with several devices, without
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, whose order NVML does not share), or any failure."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        handle = _nvml_handle(pynvml, device)
+        if handle is None:
+            return None
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        mine = os.getpid()
+        others = sum(p.usedGpuMemory or 0
+                     for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                     if p.pid != mine)
+        return int(info.free), int(info.total), int(others)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _nvml_handle(pynvml, int device):
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [e.strip() for e in visible.split(",")]
+        if device >= len(entries):
+            return None
+        entry = entries[device]
+        if entry.startswith("GPU-"):
+            return pynvml.nvmlDeviceGetHandleByUUID(entry)
+        if not entry.isdigit():
+            return None                  # MIG- instances and abbreviated UUIDs: not matched
+        device = int(entry)
+    if (pynvml.nvmlDeviceGetCount() > 1
+            and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID"):
+        return None
+    return pynvml.nvmlDeviceGetHandleByIndex(device)
+
+
+cdef void oom_dump_once(int device):
+    """At the process's first out of memory, write a memory snapshot (PyTorch's visualizer
+    format, gpupool.dump_snapshot) to ``GPUPOOL_OOM_SNAPSHOT`` if set; a failure is logged,
+    never raised: the out-of-memory error stays the error."""
+    global _dumped
+    path = os.environ.get("GPUPOOL_OOM_SNAPSHOT")
+    if not path or _dumped or _hooks["dump_snapshot"] is None:
+        return
+    _dumped = True
+    try:
+        _hooks["dump_snapshot"](path)
+    except Exception as e:
+        _logger.warning("gpupool: out of memory on device %d: the memory snapshot for "
+                        "GPUPOOL_OOM_SNAPSHOT=%r could not be written: %r", device, path, e)
+    else:
+        _logger.warning("gpupool: out of memory on device %d: memory snapshot written to %s "
+                        "(GPUPOOL_OOM_SNAPSHOT; open it at https://pytorch.org/memory_viz)",
+                        device, path)
+
+
+def _set_forensics(dump_snapshot, region_names):
+    """Set by gpupool.snapshot (a layer above core): the snapshot writer (``path`` -> None)
+    and ``{RegionCache address: (region id, name)}`` for the error's owners."""
+    _hooks["dump_snapshot"] = dump_snapshot
+    _hooks["region_names"] = region_names
 
 
 def on_oom(callback):

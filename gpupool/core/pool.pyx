@@ -50,13 +50,14 @@ from gpupool.core.thread cimport (
 )
 from gpupool.core.handed cimport hd_find, hd_cache_info, hd_private_live
 from gpupool.core.regionexit cimport rg_exit
-from gpupool.core.oom cimport oom_run_callbacks, oom_error, oom_headroom
+from gpupool.core.oom cimport OomFacts, oom_run_callbacks, oom_error, oom_gather, oom_headroom
 from gpupool.core.poolbase cimport PoolBase
 
 import logging
 import os
 
 from gpupool.errors import FORK_MESSAGE, GpupoolError
+from gpupool.upstream.python import PythonUpstream
 
 cdef extern from "Python.h" nogil:
     Py_ssize_t Py_REFCNT(PyObject* o)
@@ -204,11 +205,12 @@ cdef class Pool(PoolBase):
 
     cdef object _oom_error(self, size_t nbytes):
         """The OutOfMemoryError of a failed request of nbytes (core/oom.pyx, oom_error)."""
-        cdef Counters c
+        cdef OomFacts f
         self.lock()
-        c = mp_counters_view(&self._st)
+        oom_gather(&self._st, self.thread_magazine(False), nbytes, &f)
         self.unlock()
-        return oom_error(self.device, c, self._st.segments.hard_limit, nbytes)
+        return oom_error(self.device, self._st.segments.pool_id,
+                         not isinstance(self.upstream, PythonUpstream), &f, nbytes)
 
     def _oom_message(self, size_t nbytes):
         """The message of the OutOfMemoryError of a failed request of ``nbytes`` (for

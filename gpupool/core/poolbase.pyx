@@ -19,6 +19,7 @@ from gpupool.core.fastpath cimport fp_detach
 from gpupool.core.lock cimport ps_lock
 from gpupool.core.free cimport ps_unlock
 from gpupool.history.ring cimport register_pool, hist_flush_log
+from gpupool.core.oom cimport oom_note_total
 
 import logging
 
@@ -27,6 +28,7 @@ from gpupool.driver.ordinals import check_ordinal
 from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
 from gpupool.limits import resolve_limits
 from gpupool.stats import PoolStats, torch_memory_stats
+from gpupool.upstream.python import PythonUpstream
 
 cdef const int* FORKED = fork_flag()
 _logger = logging.getLogger("gpupool")
@@ -48,6 +50,7 @@ cdef class PoolBase(BlockOwner):
     """A pool's state, construction and upkeep; see ``Pool`` for its arguments."""
 
     def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None):
+        cdef size_t free = 0, total = 0
         self.upstream = make_upstream(check_ordinal(device), upstream)
         self.device = self._st.segments.device = self.upstream.device
         self._st.segments.hard_limit, self._st.soft_limit = resolve_limits(
@@ -56,6 +59,14 @@ cdef class PoolBase(BlockOwner):
         self.upstream.raise_error(self.upstream.set_release_threshold(self._st.soft_limit),
                                   "set_release_threshold")
         self._st.segments.pool_id = register_pool(self)
+        # The device's total, for an out-of-memory error that makes no driver call itself
+        # (core/oom.pyx): asked once here of a driver upstream, failure ignored; a Python
+        # upstream (the simulated device) only when mem_info() is called.
+        if not isinstance(self.upstream, PythonUpstream):
+            if self.upstream.mem_info(&free, &total) == 0:
+                oom_note_total(self._st.segments.pool_id, total)
+            else:
+                self.upstream.clear_error()
 
     def __dealloc__(self):
         # Buffers and regions hold references to their pool, so only free lists remain.
@@ -228,6 +239,7 @@ cdef class PoolBase(BlockOwner):
         """``(free, total)`` bytes of the device (``cuMemGetInfo``)."""
         cdef size_t f = 0, t = 0
         self.upstream.raise_error(self.upstream.mem_info(&f, &t), "cuMemGetInfo")
+        oom_note_total(self._st.segments.pool_id, t)
         return f, t
 
     @property
