@@ -7,10 +7,19 @@ Reported per (model, allocator): the peak of that ruler over the run, the alloca
 reserved and peak in use bytes where it reports them, the ruler after step 3 and after the
 last step, median ms per step (steps after the third, the GPU synchronized at each step's
 end) and the final loss (equal across a model's allocators: same seed, same data).
-Models (``_models.py``):
+Beside them, the floor: the most bytes in use at once by the allocator's own counter
+(``torch.cuda.max_memory_allocated``, gpupool's peak in use) plus the device memory used
+outside the allocator (its peak less its own peak reserved), taken from the ``torch.exp``
+run (else ``torch``, else the first run with both counters), and each run's excess over it
+(MiB and ratio): no allocator can go below the floor.
+Models (``_models.py``; ``--models``, by default the first five):
 ResNet-50 batch 64 fp32, GPT-2 small batch 8 seq 512, GPT-2 at sequence lengths drawn from
 128..1024, ViT-B/16 batch 32 (not tuned on when added; its trace set the placement of small
-blocks on 2026-12-02) and BERT base at sequence lengths drawn from 64..512 (not tuned on).
+blocks on 2026-12-02) and BERT base at sequence lengths drawn from 64..512 (not tuned on);
+GPT-2 small and a Llama-style 374 M with activation checkpointing under bf16 autocast at
+batches and lengths drawn per step (``gpt2-ckpt``, ``llama-ckpt``), and GPT-2's greedy
+``generate()`` with a growing KV cache under ``torch.inference_mode()`` (``gpt2-generate``,
+no optimizer; its "loss" is a checksum of the tokens generated).
 Allocators (``--columns``; by default all but ``gp``,
 ``gp.region``, ``gp.driver.region`` and ``gp.vmm.nomag``):
 
@@ -25,16 +34,20 @@ Allocators (``--columns``; by default all but ``gp``,
 ``gp.region``      the same with ``with gpupool.Region(scope="process"):`` per step
 ``gp.driver``...   ``gp``/``gp.region`` on one upstream: ``.driver``, ``.vmm``
 ``gp.vmm.nomag``   ``gp.vmm`` with ``GPUPOOL_MAGAZINES=0`` (asked for by name only)
+``gp.vmm.plan``    ``gp.vmm`` with ``gpupool.Region(scope="process", plan=True)`` per step
+                   (a planned region)
 =================  ================================================================
 
-RMM columns are skipped with their reason where RMM is not installed. ``--trace-dir DIR``
+RMM columns are skipped with their reason where RMM is not installed, ``gp.vmm.plan`` where
+``gpupool.Region`` takes no ``plan`` argument. ``--dry-run`` lists the runs and the skips
+without starting any. ``--trace-dir DIR``
 adds, per model, a run on PyTorch's allocator under its memory history that saves the
 allocation trace as ``DIR/MODEL.npz`` (``alloc_trace``), step starts in its ``meta``, for
 ``trace_replay.py`` and CPU replays. Run::
 
     python bench/real_models.py [--json PATH] [--plot PATH] [--steps 30]
-        [--models resnet50,gpt2,gpt2-varlen,vit,bert-varlen] [--columns torch,gp,...]
-        [--cudnn-benchmark]
+        [--models resnet50,gpt2,gpt2-varlen,vit,bert-varlen,gpt2-ckpt,llama-ckpt,gpt2-generate]
+        [--columns torch,gp,...] [--cudnn-benchmark] [--dry-run]
 
 ``--simulated`` skips it (it trains PyTorch models on the GPU).
 """
@@ -50,6 +63,7 @@ from contextlib import nullcontext
 
 import _common
 import _models
+import record_trace
 from _common import MiB, format_table
 
 SCRIPT = "real_models"
@@ -58,34 +72,38 @@ QUICK_STEPS = 5
 STEADY_FROM = 3            # ms/step medians over the steps after this many
 CHILD_TIMEOUT = 300        # seconds per (model, allocator) process
 SAMPLE_S = 0.0005          # the sampler thread's period
-MARK_BYTES = 7_777_777     # trace runs: one allocation of this size marks each step's start
+REGION = {"scope": "process"}               # the region entered around each step
+PLANNED = {"scope": "process", "plan": True}  # the same, planned
 
-# key -> (description, environment, allocator, region per step)
+# key -> (description, environment, allocator, Region's arguments per step or None)
 COLUMNS = {
-    "torch": ("PyTorch caching allocator", {}, "torch", False),
+    "torch": ("PyTorch caching allocator", {}, "torch", None),
     "torch.exp": ("PyTorch, expandable_segments:True",
-                  {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "torch", False),
-    "rmm.pool": ("RMM pool (PoolMemoryResource over CudaMemoryResource)", {}, "rmm.pool", False),
-    "rmm.async": ("RMM async (CudaAsyncMemoryResource)", {}, "rmm.async", False),
-    "gp": ("gpupool.torch.use(), default upstream", {}, "gpupool", False),
+                  {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "torch", None),
+    "rmm.pool": ("RMM pool (PoolMemoryResource over CudaMemoryResource)", {}, "rmm.pool", None),
+    "rmm.async": ("RMM async (CudaAsyncMemoryResource)", {}, "rmm.async", None),
+    "gp": ("gpupool.torch.use(), default upstream", {}, "gpupool", None),
     "gp.region": ("gpupool.torch.use() + Region(scope='process') per step", {}, "gpupool",
-                  True),
+                  REGION),
     "gp.driver": ("gpupool.torch.use(), driver upstream", {"GPUPOOL_UPSTREAM": "driver"},
-                  "gpupool", False),
+                  "gpupool", None),
     "gp.driver.region": ("gpupool driver upstream + region", {"GPUPOOL_UPSTREAM": "driver"},
-                         "gpupool", True),
+                         "gpupool", REGION),
     "gp.vmm": ("gpupool.torch.use(), vmm upstream", {"GPUPOOL_UPSTREAM": "vmm"}, "gpupool",
-               False),
+               None),
     "gp.vmm.region": ("gpupool vmm upstream + region", {"GPUPOOL_UPSTREAM": "vmm"}, "gpupool",
-                      True),
+                      REGION),
+    "gp.vmm.plan": ("gpupool vmm upstream + Region(scope='process', plan=True) per step",
+                    {"GPUPOOL_UPSTREAM": "vmm"}, "gpupool", PLANNED),
     # Not a default column: the pool without the threads' magazines (issue 13: what they cost
     # when PyTorch's autograd thread allocates while the main thread's magazine holds blocks).
     "gp.vmm.nomag": ("gpupool.torch.use(), vmm upstream, GPUPOOL_MAGAZINES=0",
-                     {"GPUPOOL_UPSTREAM": "vmm", "GPUPOOL_MAGAZINES": "0"}, "gpupool", False),
+                     {"GPUPOOL_UPSTREAM": "vmm", "GPUPOOL_MAGAZINES": "0"}, "gpupool", None),
 }
 DEFAULT_COLUMNS = ("torch", "torch.exp", "rmm.pool", "rmm.async", "gp.vmm", "gp.vmm.region",
-                   "gp.driver")
+                   "gp.vmm.plan", "gp.driver")
 ANCHOR = "torch.exp"
+FLOOR_FROM = (ANCHOR, "torch")   # the runs the floor is taken from, first present first
 
 
 # The child: one (model, allocator) ---------------------------------------------------------
@@ -178,7 +196,7 @@ def _install_allocator(kind):
 
 def child(model, column, steps, trace_path, cudnn_benchmark):
     """Train ``model`` on allocator ``column``; returns the run's record."""
-    _description, _env, kind, per_step_region = COLUMNS[column]
+    _description, _env, kind, region_args = COLUMNS[column]
     peaks = _install_allocator(kind)
     import torch
 
@@ -189,19 +207,18 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
     baseline = sampler.used()
     sampler.take_peak()
     if trace_path:
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                                 max_entries=2_000_000, clear_history=True)
+        record_trace.history_on(torch)
     region = None
-    if per_step_region:
+    if region_args is not None:
         import gpupool
 
-        region = gpupool.Region(scope="process")
+        region = gpupool.Region(**region_args)
     sampler.start()
     work = _models.make(model, steps)
     used_after, peak_in_step, ms, losses = [], [], [], []
     for i in range(steps):
         if trace_path:
-            torch.empty(MARK_BYTES, dtype=torch.uint8, device="cuda")
+            record_trace.mark_step(torch)
         start = time.perf_counter()
         with region if region is not None else nullcontext():
             loss = _models.step(work, i, on_phase=sampler.sample)
@@ -237,14 +254,8 @@ def _save_trace(torch, model, steps, path):
     ``meta["step_starts"]``) and save the trace; returns its summary."""
     import alloc_trace
 
-    snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    meta = {"model": model, "steps": steps, "description": _models.DESCRIPTIONS[model],
-            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
-            "torch_max_memory_allocated": torch.cuda.max_memory_allocated(),
-            "torch_max_memory_reserved": torch.cuda.max_memory_reserved()}
-    trace = alloc_trace.without_markers(alloc_trace.from_snapshot(snapshot, model, 0, meta),
-                                        MARK_BYTES)
+    trace = record_trace.history_trace(torch, model, steps, _models.DESCRIPTIONS[model],
+                                       marked=True)
     alloc_trace.save(trace, path)
     return {"path": path, **trace.summary(), "step_starts": len(trace.meta["step_starts"])}
 
@@ -259,6 +270,35 @@ def _rmm_missing():
     except (ImportError, ValueError):
         found = False
     return None if found else "rmm is not installed (pip install rmm-cu13)"
+
+
+def _plan_missing():
+    """None where ``gpupool.Region`` takes the planned columns' arguments (``plan=True``);
+    else why those columns are skipped. Tried on a pool over the simulated device, so that
+    this process never touches the GPU."""
+    try:
+        import gpupool
+        from gpupool.testing import SimulatedDevice
+    except ImportError as exc:
+        return f"gpupool not importable: {exc}"
+    try:
+        gpupool.Region(pool=gpupool.Pool(upstream=SimulatedDevice()), **PLANNED)
+    except TypeError as exc:
+        return f"gpupool.Region takes no plan argument in this build ({exc})"
+    return None
+
+
+def skip_reasons(columns):
+    """{column: why this machine skips it} for the columns of ``columns`` it cannot run:
+    RMM's where RMM is not installed, the planned ones where ``Region`` takes no plan."""
+    checks = {"rmm": (lambda c: COLUMNS[c][2].startswith("rmm"), _rmm_missing),
+              "plan": (lambda c: "plan" in (COLUMNS[c][3] or {}), _plan_missing)}
+    reasons = {}
+    for wants, missing in checks.values():
+        asked = [c for c in columns if wants(c)]
+        why = missing() if asked else None
+        reasons.update(dict.fromkeys(asked, why) if why else {})
+    return reasons
 
 
 def run_child(model, column, steps, trace_path, cudnn_benchmark):
@@ -304,34 +344,58 @@ def _mib(nbytes):
     return "-" if nbytes is None else f"{nbytes / MiB:,.0f}"
 
 
+def floor(summaries):
+    """The floor of one model's runs ({column: summary}): ``(bytes, in use, outside,
+    column)``, or None where no run has both of its allocator's own peaks.
+
+    In use is the most bytes of blocks handed out at once, by the allocator's own counter;
+    outside, the device memory used outside the allocator (the run's peak less its own peak
+    reserved); their sum is what no allocator can go below on the same ruler. Taken from the
+    first of :data:`FLOOR_FROM` that ran, else from the first run with both peaks.
+    """
+    have = [k for k, s in summaries.items()
+            if s.get("own_peak_in_use") and s.get("own_peak_reserved")]
+    if not have:
+        return None
+    key = next((k for k in FLOOR_FROM if k in have), have[0])
+    s = summaries[key]
+    outside = s["peak"] - s["own_peak_reserved"]
+    return s["own_peak_in_use"] + outside, s["own_peak_in_use"], outside, key
+
+
 def report(out):
     lines = []
     for model in out["models"]:
         runs = out["runs"][model]
         anchor = runs.get(ANCHOR, {}).get("summary")
         torch_ms = runs.get("torch", {}).get("summary", {}).get("ms")
+        least = floor({k: r["summary"] for k, r in runs.items() if "summary" in r})
         rows = []
         for column, run in runs.items():
             s = run.get("summary")
             if s is None:
                 rows.append([column, run.get("skipped") or run.get("error", "?")[:90]] +
-                            [""] * 8)
+                            [""] * 10)
                 continue
             if run.get("torch_allocator") == "pluggable":     # use()'s fallback served
                 column = f"{column} (pluggable)"
             rows.append([column, _mib(s["peak"]),
                          f"{s['peak'] / anchor['peak']:.3f}" if anchor else "-",
+                         f"{(s['peak'] - least[0]) / MiB:+,.0f}" if least else "-",
+                         f"{s['peak'] / least[0]:.3f}" if least else "-",
                          _mib(s["own_peak_reserved"]), _mib(s["own_peak_in_use"]),
                          _mib(s["after_step3"]),
                          _mib(s["after_last"]), f"{s['ms']:.1f}",
                          f"{s['ms'] / torch_ms:.3f}" if torch_ms else "-",
                          f"{s['final_loss']:.4f}"])
+        where = (f"; floor {_mib(least[0])} MiB: {least[3]}'s peak in use + outside its "
+                 f"allocator" if least else "; no floor: no run with its allocator's peaks")
         lines.append(format_table(
-            ["allocator", "peak MiB", f"/ {ANCHOR}", "own peak reserved", "own peak in use",
-             "after step 3",
+            ["allocator", "peak MiB", f"/ {ANCHOR}", "excess MiB", "/ floor",
+             "own peak reserved", "own peak in use", "after step 3",
              "after last", "ms/step", "/ torch", "final loss"], rows,
             f"\n{model}: {_models.DESCRIPTIONS[model]}, {out['steps']} steps (MiB above the "
-            f"post-init baseline, cuMemGetInfo)"))
+            f"post-init baseline, cuMemGetInfo{where})"))
     lines += ["", *targets_text(out), "", "columns:"]
     lines += [f"  {key:18} {COLUMNS[key][0]}" for key in out["columns"]]
     return "\n".join(lines)
@@ -342,17 +406,15 @@ def targets_text(out):
     lines = ["targets:"]
     for model in out["models"]:
         s = {k: r["summary"] for k, r in out["runs"][model].items() if "summary" in r}
-        anchor = s.get(ANCHOR, {})
-        if anchor.get("own_peak_in_use") and anchor.get("own_peak_reserved"):
-            # What no allocator can go below: the bytes the model held at once, plus the device
-            # memory used outside the allocator (the anchor's peak less its own reserved).
-            outside = anchor["peak"] - anchor["own_peak_reserved"]
-            floor = anchor["own_peak_in_use"] + outside
-            ratio = floor / anchor["peak"]
-            lines.append(f"  {model:12} floor: {_mib(anchor['own_peak_in_use'])} MiB in use at "
-                         f"once + {_mib(outside)} outside {ANCHOR}'s allocator = {_mib(floor)} "
-                         f"MiB = {ratio:.3f} of its peak: the aim 0.95 is "
-                         f"{'within reach' if ratio <= 0.95 else 'below it'}")
+        least = floor(s)
+        if least:
+            total, in_use, outside, key = least
+            ratio = total / s[key]["peak"]
+            aim = (f": the aim 0.95 is {'within reach' if ratio <= 0.95 else 'below it'}"
+                   if key == ANCHOR else "")
+            lines.append(f"  {model:12} floor: {_mib(in_use)} MiB in use at once + "
+                         f"{_mib(outside)} outside {key}'s allocator = {_mib(total)} MiB = "
+                         f"{ratio:.3f} of its peak{aim}")
         for key in (k for k in s if k.startswith("gp")):
             if ANCHOR in s:
                 ratio = s[key]["peak"] / s[ANCHOR]["peak"]
@@ -404,8 +466,9 @@ def main(argv=None):
     p = _common.parser(__doc__.splitlines()[0], columns=True)
     p.add_argument("--steps", type=int, help=f"training steps (default {STEPS}; --quick: "
                                               f"{QUICK_STEPS})")
-    p.add_argument("--models", default=",".join(_models.MODELS),
-                   help=f"comma-separated, among {', '.join(_models.MODELS)} (default: all)")
+    p.add_argument("--models", default=",".join(_models.DEFAULT_MODELS),
+                   help=f"comma-separated, among {', '.join(_models.MODELS)} (default: "
+                        f"{','.join(_models.DEFAULT_MODELS)})")
     p.add_argument("--plot", metavar="PATH", help="PNG of memory over the steps")
     p.add_argument("--trace-dir", metavar="DIR",
                    help="also record each model's allocation trace on PyTorch's allocator")
@@ -413,6 +476,8 @@ def main(argv=None):
                    help="torch.backends.cudnn.benchmark = True in every run")
     p.add_argument("--child", nargs=2, metavar=("MODEL", "COLUMN"), help=argparse_hidden())
     p.add_argument("--trace-path", help=argparse_hidden())
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the (model, allocator) runs and the skipped ones, run none")
     args = p.parse_args(argv)
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
     if args.child:
@@ -423,6 +488,10 @@ def main(argv=None):
     if set(models) - set(_models.MODELS):
         p.error(f"models must be among {_models.MODELS}")
     columns = _common.column_keys(p, args.columns or ",".join(DEFAULT_COLUMNS), COLUMNS)
+    skipped = skip_reasons(columns)
+    if args.dry_run:
+        print(dry_run_text(models, columns, skipped, steps, args.trace_dir))
+        return 0
     if args.simulated:
         _common.skip(SCRIPT, "--simulated: it trains PyTorch models on the GPU", args.json)
     _common.cuda_torch_or_skip(SCRIPT, args.json)
@@ -430,7 +499,6 @@ def main(argv=None):
     out = {"script": SCRIPT, "steps": steps, "models": models, "columns": columns,
            "unit": {"bytes": "bytes above the post-init baseline", "ms": "ms per step"},
            "cudnn_benchmark": args.cudnn_benchmark, "env": _common.environment(), "runs": {}}
-    rmm_missing = _rmm_missing()
     for model in models:
         runs = out["runs"][model] = {}
         if args.trace_dir:
@@ -440,8 +508,8 @@ def main(argv=None):
             print(f"  {model} trace: {record.get('trace') or record.get('error')}",
                   file=sys.stderr, flush=True)
         for column in columns:
-            if COLUMNS[column][2].startswith("rmm") and rmm_missing:
-                runs[column] = {"skipped": rmm_missing}
+            if column in skipped:
+                runs[column] = {"skipped": skipped[column]}
                 continue
             record = run_child(model, column, steps, None, args.cudnn_benchmark)
             if "per_step" in record:
@@ -455,6 +523,20 @@ def main(argv=None):
     if args.plot:
         out["plot"], out["plot_skipped"] = plot(out, args.plot)
     return _common.finish(out, start, report, args.json)
+
+
+def dry_run_text(models, columns, skipped, steps, trace_dir):
+    """The runs a call would make, one line each, and how many processes they take."""
+    lines = [f"{SCRIPT} --dry-run: {steps} steps per run, each run a process of its own"]
+    for model in models:
+        if trace_dir:
+            lines.append(f"  {model:14} trace      on torch -> {trace_dir}/{model}.npz")
+        lines += [f"  {model:14} {column:16} " + (f"skipped: {skipped[column]}"
+                                                   if column in skipped else "runs")
+                  for column in columns]
+    runs = len(models) * (len([c for c in columns if c not in skipped]) + bool(trace_dir))
+    lines.append(f"{runs} processes")
+    return "\n".join(lines)
 
 
 def argparse_hidden():

@@ -18,10 +18,17 @@ Models:
 - ``transformer``: an Embedding (vocabulary 1000, d_model 256), a 2-layer
   nn.TransformerEncoder (8 heads, feed-forward 1024, dropout 0.1, batch first) and a Linear
   layer back to the vocabulary; sequences of 128 tokens, batch 16, cross entropy per token,
-  AdamW.
+  AdamW;
+- any workload of ``_models.py`` (``real_models.py``'s: ``gpt2-ckpt``, ``llama-ckpt``,
+  ``gpt2-generate``...), run step by step as ``real_models.py`` runs it, with the start of
+  each step marked (one allocation of ``MARK_BYTES``, left out of the trace; the index of the
+  event after it goes to ``meta["step_starts"]``): those traces are for ``fragmentation.py``,
+  which replays its region and thread models at the step starts, and belong in
+  ``bench/data/traces-real/``.
 
 Not part of ``run_all.py``: the traces are recorded once and committed under
-``bench/data/traces/``. Without PyTorch or a GPU the script prints a one-line skip and exits 0.
+``bench/data/traces/`` (the two small models) and ``bench/data/traces-real/`` (the
+workloads). Without PyTorch or a GPU the script prints a one-line skip and exits 0.
 """
 
 import os
@@ -29,11 +36,13 @@ import sys
 import time
 
 import _common
+import _models
 import alloc_trace
 from _common import MiB, format_table
 
 SCRIPT = "record_trace"
-MAX_ENTRIES = 1_000_000
+MAX_ENTRIES = 4_000_000
+MARK_BYTES = 7_777_777     # workloads: one allocation of this size marks each step's start
 
 
 def conv_model(torch):
@@ -93,6 +102,7 @@ def transformer_model(torch):
 
 
 MODELS = {"conv": conv_model, "transformer": transformer_model}
+KNOWN = (*MODELS, *_models.MODELS)
 
 
 def train(torch, make, steps, device):
@@ -113,8 +123,34 @@ def train(torch, make, steps, device):
     return model, opt
 
 
-def record(torch, name, steps, max_entries):
-    """Train model ``name`` under PyTorch's memory history; returns its Trace.
+def history_on(torch, max_entries=MAX_ENTRIES):
+    """Switch PyTorch's memory history on, cleared: every allocation and free, no stacks."""
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                             max_entries=max_entries, clear_history=True)
+
+
+def mark_step(torch):
+    """Allocate and free one block of ``MARK_BYTES`` on the GPU: the mark of a step's start,
+    which :func:`history_trace` turns into ``meta["step_starts"]``."""
+    torch.empty(MARK_BYTES, dtype=torch.uint8, device="cuda")
+
+
+def history_trace(torch, name, steps, description, max_entries=MAX_ENTRIES, marked=False):
+    """Switch the memory history off and return what it recorded on the current device.
+
+    Parameters
+    ----------
+    name : str
+        The trace's name (its model).
+    steps : int
+        Steps run while recording, and ``description`` the model's one line: both to ``meta``,
+        with PyTorch's version, the GPU and PyTorch's own peaks (bytes).
+    marked : bool
+        The steps were marked by :func:`mark_step`: drop the marks, list the step starts.
+
+    Returns
+    -------
+    alloc_trace.Trace
 
     Raises
     ------
@@ -122,31 +158,66 @@ def record(torch, name, steps, max_entries):
         The history filled ``max_entries`` (PyTorch then drops the oldest entries, so the
         trace would be cut): run again with a larger ``--max-entries``.
     """
-    memory = torch.cuda.memory
+    device = torch.cuda.current_device()
+    try:
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    if len(snapshot["device_traces"][device]) >= max_entries:
+        raise RuntimeError(f"{name}: the memory history filled max_entries={max_entries}, so "
+                           "its start was dropped; run again with a larger --max-entries")
+    meta = {"model": name, "steps": steps, "description": description,
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(device),
+            "torch_max_memory_allocated": torch.cuda.max_memory_allocated(device),
+            "torch_max_memory_reserved": torch.cuda.max_memory_reserved(device)}
+    trace = alloc_trace.from_snapshot(snapshot, name, device, meta)
+    return alloc_trace.without_markers(trace, MARK_BYTES) if marked else trace
+
+
+def run_workload(torch, name, steps):
+    """Make ``_models`` workload ``name`` on the GPU and run ``steps`` steps, each marked
+    (:func:`mark_step`) and ended by reading its loss, as ``real_models.py`` runs them;
+    returns the workload."""
+    work = _models.make(name, steps)
+    for i in range(steps):
+        mark_step(torch)
+        float(_models.step(work, i))
+    torch.cuda.synchronize()
+    return work
+
+
+def record(torch, name, steps, max_entries):
+    """Train model ``name`` (of :data:`MODELS` or ``_models.MODELS``) under PyTorch's memory
+    history; returns its Trace.
+
+    Raises
+    ------
+    RuntimeError
+        The history filled ``max_entries`` (see :func:`history_trace`).
+    """
     device = torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(0)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                  max_entries=max_entries, clear_history=True)
+    history_on(torch, max_entries)
     try:
-        model, opt = train(torch, MODELS[name], steps, device)
-        snapshot = memory._snapshot()
-    finally:
-        memory._record_memory_history(enabled=None)
-    entries = len(snapshot["device_traces"][device.index])
-    if entries >= max_entries:
-        raise RuntimeError(f"{name}: the memory history filled max_entries={max_entries}, so "
-                           "its start was dropped; run again with a larger --max-entries")
-    meta = {"model": name, "steps": steps, "description": MODELS[name].__doc__.splitlines()[0],
-            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(device),
-            "torch_max_memory_reserved": torch.cuda.max_memory_reserved(device),
-            "torch_max_memory_allocated": torch.cuda.max_memory_allocated(device),
-            "parameters": sum(p.numel() for p in model.parameters())}
+        if name in MODELS:
+            model, opt = train(torch, MODELS[name], steps, device)
+            description = MODELS[name].__doc__.splitlines()[0]
+        else:
+            work = run_workload(torch, name, steps)
+            model, opt, description = work.model, work.optimizer, _models.DESCRIPTIONS[name]
+            del work
+    except BaseException:
+        torch.cuda.memory._record_memory_history(enabled=None)
+        raise
+    trace = history_trace(torch, name, steps, description, max_entries,
+                          marked=name not in MODELS)
+    trace.meta["parameters"] = sum(p.numel() for p in model.parameters())
     del model, opt
     torch.cuda.empty_cache()
-    return alloc_trace.from_snapshot(snapshot, name, device.index, meta)
+    return trace
 
 
 def main(argv=None):
@@ -155,21 +226,24 @@ def main(argv=None):
                    help="folder for NAME.npz (default: bench/data/traces)")
     p.add_argument("--steps", type=int, default=5, help="training steps per model (5)")
     p.add_argument("--models", default=",".join(MODELS),
-                   help=f"comma-separated models (default: {','.join(MODELS)})")
+                   help=f"comma-separated models among {', '.join(KNOWN)} (default: "
+                        f"{','.join(MODELS)})")
     p.add_argument("--max-entries", type=int, default=MAX_ENTRIES,
                    help=f"PyTorch memory history entries kept ({MAX_ENTRIES:,})")
     args = p.parse_args(argv)
     if args.quick:
         args.steps = min(args.steps, 2)
     names = args.models.split(",")
-    if set(names) - set(MODELS) or args.steps < 1:
-        p.error(f"models must be among {list(MODELS)} and --steps >= 1")
+    if set(names) - set(KNOWN) or args.steps < 1:
+        p.error(f"models must be among {list(KNOWN)} and --steps >= 1")
     if args.simulated:
         _common.skip(SCRIPT, "--simulated: recording needs PyTorch on a GPU", args.json)
     torch = _common.cuda_torch_or_skip(SCRIPT, args.json)
     start, rows, results = time.perf_counter(), [], {}
     for name in names:
+        began = time.perf_counter()
         trace = record(torch, name, args.steps, args.max_entries)
+        seconds = time.perf_counter() - began
         path = os.path.join(args.out, f"{name}.npz")
         alloc_trace.save(trace, path)
         summary = trace.summary()
@@ -179,12 +253,14 @@ def main(argv=None):
                      f"{trace.meta['torch_max_memory_allocated'] / MiB:,.1f}",
                      f"{trace.meta['torch_max_memory_reserved'] / MiB:,.1f}",
                      str(trace.meta["unmatched_frees"]),
-                     f"{os.path.getsize(path) / 1024:,.0f}"])
-        print(f"  {name}: {summary['events']:,} events -> {path}", file=sys.stderr)
+                     str(len(trace.meta.get("step_starts", ()))),
+                     f"{os.path.getsize(path) / 1024:,.0f}", f"{seconds:.0f}"])
+        print(f"  {name}: {summary['events']:,} events -> {path}, {seconds:.0f} s",
+              file=sys.stderr, flush=True)
     print(format_table(["model", "events", "streams", "peak live MiB",
                         "torch peak allocated MiB", "torch peak reserved MiB",
-                        "unmatched frees", "file KiB"], rows,
-                       f"traces of {args.steps} training steps, in {os.path.abspath(args.out)}"))
+                        "unmatched frees", "steps marked", "file KiB", "s"], rows,
+                       f"traces of {args.steps} steps, in {os.path.abspath(args.out)}"))
     elapsed = time.perf_counter() - start
     print(f"\n{SCRIPT}: {elapsed:.1f} s")
     if args.json:
