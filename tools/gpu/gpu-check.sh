@@ -10,9 +10,13 @@
 #             MEMCHECK_K selects, MEMCHECK_TESTS names files)
 #   example   the main job (examples/train_digits.py)
 #   bench     bench/run_all.py (BENCH=a,b limits the scripts, BENCH_ARGS adds options)
-#   traces    bench/record_trace.py: allocation traces of PyTorch training steps -> $OUT
-#   models    bench/real_models.py (MODELS_ARGS adds options; MODELS_TRACES=1 also records
-#             the allocation traces, returned as traces.tar)
+#   traces    bench/record_trace.py: allocation traces of PyTorch training steps -> $OUT, and
+#             of the workloads RECORD_MODELS (default gpt2-ckpt,llama-ckpt,gpt2-generate; empty:
+#             none), RECORD_STEPS steps each (12), step starts marked, into
+#             bench/data/traces-real there (for fragmentation.py), returned as traces-real.tar
+#   models    bench/real_models.py (MODELS_ARGS adds options, e.g. "--models gpt2-ckpt,llama-ckpt
+#             --columns torch,gp.vmm --steps 24"; MODELS_TRACES=1 also records the allocation
+#             traces, returned as traces.tar)
 #   headers   PyTorch's C++ allocator headers, returned as torch-headers.tar.gz (for
 #             tests/adapters/test_torch_allocator.py's GPUPOOL_TORCH_HEADERS)
 #   torchalloc  gpupool's allocator for PyTorch: tools/gpu/torch-alloc-check.sh (logs in
@@ -104,6 +108,15 @@ if step traces; then
     timeout 300 python3 bench/record_trace.py --out "$OUT" > "$OUT/traces.log" 2>&1
     summary "record_trace rc=$?: $(ls "$OUT"/*.npz 2>/dev/null | xargs -n1 basename | tr '\n' ' ')"
     mkdir -p bench/data/traces && cp "$OUT"/*.npz bench/data/traces/ 2>/dev/null   # for trace_replay
+    RECORD_MODELS=${RECORD_MODELS-gpt2-ckpt,llama-ckpt,gpt2-generate}
+    if [ -n "$RECORD_MODELS" ]; then
+        rm -rf /tmp/gpupool-traces-real
+        timeout ${RECORD_TIMEOUT:-240} python3 bench/record_trace.py --out /tmp/gpupool-traces-real \
+            --models "$RECORD_MODELS" --steps ${RECORD_STEPS:-12} >> "$OUT/traces.log" 2>&1
+        summary "record_trace $RECORD_MODELS rc=$?: $(grep -E '^  [a-z0-9-]+: .* events' "$OUT/traces.log" | tail -3 | tr '\n' ' ')"
+        (cd /tmp/gpupool-traces-real && tar cf "$OUT/traces-real.tar" *.npz)
+        cp /tmp/gpupool-traces-real/*.npz bench/data/traces-real/ 2>/dev/null   # for fragmentation
+    fi
 fi
 if step headers; then
     python3 - "$OUT" <<'PY' 2>&1 | tail -2
