@@ -315,7 +315,7 @@ def test_collect_forgets_given_back_exports_and_reuses_their_slots(mpool, msim):
         buf.close()
     export.collect()
     stats = export._stats()
-    assert stats["records"] - start["records"] <= 1     # the slab's segment record stays
+    assert stats["records"] - start["records"] <= 1     # the shared segment's record stays
     assert stats["used_slots"] - start["used_slots"] <= 1
     assert len(msim.calls_named("ipc_event_destroy")) >= 299
     check_invariants(mpool)
