@@ -31,7 +31,6 @@ from gpupool.records.sizes cimport MAX_NBYTES
 from gpupool.driver.status cimport (
     GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE, GPUPOOL_ERROR_OUT_OF_MEMORY,
     GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GP_FORKED,
-    GP_REENTRANT,
 )
 from gpupool.records.streams cimport (
     StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, resolve_free, stream_key, refused_stream_status,

@@ -17,7 +17,7 @@ block's segment and its pages) and the slots.
 """
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
-from gpupool.records.block cimport Block, Segment, LIVE
+from gpupool.records.block cimport Block, Segment
 from gpupool.buffer.device_buffer cimport DeviceBuffer
 from gpupool.driver.calls cimport forked
 from gpupool.buffer.handoff cimport recordable
