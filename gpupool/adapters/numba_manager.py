@@ -146,7 +146,8 @@ class GpupoolNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
 
         The handle names the whole driver allocation holding ``memory`` (found with
         ``cuMemGetAddressRange``: for blocks up to 256 KiB, a 2 MiB shared segment that holds
-        other blocks too) and carries ``memory``'s offset in it, so the importer sees the right bytes.
+        other blocks too) and carries ``memory``'s offset in it, so the importer sees the right
+        bytes.
 
         Raises
         ------
