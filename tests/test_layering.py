@@ -258,7 +258,7 @@ def check(files, layers):
         if path.endswith(".pxi") and path not in included_by:
             modules.setdefault(module_name(path), []).append(path)
 
-    def owner(path):                 # the file whose module a file is part of
+    def module_file(path):           # the file whose module a file is part of
         seen = set()
         while path in included_by and path not in seen:
             seen.add(path)
@@ -267,10 +267,10 @@ def check(files, layers):
 
     problems, edges = [], {}
     for path in files:
-        if layer_of(owner(path), layers) is None:
+        if layer_of(module_file(path), layers) is None:
             problems.append(f"{path}: in no layer of the table in docs/design.md")
     for imp in imports:
-        source_file = owner(imp.file)
+        source_file = module_file(imp.file)
         source, source_layer = module_name(source_file), layer_of(source_file, layers)
         for target in _targets(imp, modules):
             if target == source:

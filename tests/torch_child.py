@@ -99,7 +99,7 @@ def oom_use():
     x = torch.zeros(16 * MiB // 4, device="cuda", requires_grad=True)
     y = (x * 2).sum()                       # its 16 MiB temporary goes back to the pool
     filler = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
-    # 16 (x) + 40 (filler) + 2 (a slab for the scalars) MiB reserved: backward's 16 MiB
+    # 16 (x) + 40 (filler) + 2 (a shared segment for the scalars) MiB reserved: backward's 16 MiB
     # gradient of x cannot fit under the 64 MiB limit.
     out["backward"] = attempt(y.backward)
     del filler, y

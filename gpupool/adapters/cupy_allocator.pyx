@@ -4,7 +4,7 @@
 CuPy is neither cimported nor imported here (it is optional): ``gpupool.cupy`` hands the
 CuPy functions and classes the allocator calls to :class:`CupyAllocator` when an allocator
 is made. Each call resolves the device, the pool and the stream, takes the block through
-the pool's own allocation path (``Pool.allocate_key``, the body of ``Pool.allocate``) and
+the pool's own allocation path (``Pool.allocate_on``, the body of ``Pool.allocate``) and
 wraps it for CuPy, without interpreted Python of gpupool's own in between.
 """
 from cpython.ref cimport PyObject
@@ -118,7 +118,7 @@ cdef class CupyAllocator:
             stream = self._stream_ptr()
         else:
             stream = self._current_stream().ptr
-        buf = <DeviceBuffer>pool.allocate_key(nbytes, pool.checked_key(stream_handle(stream)))
+        buf = <DeviceBuffer>pool.allocate_on(nbytes, pool.check_stream(stream_handle(stream)))
         return self._pointer(self._unowned(buf._ptr, nbytes, buf, device), 0)
 
     def __repr__(self):

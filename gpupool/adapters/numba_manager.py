@@ -145,8 +145,9 @@ class GpupoolNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         """An IPC handle of ``memory`` for another process (``cuIpcGetMemHandle``).
 
         The handle names the whole driver allocation holding ``memory`` (found with
-        ``cuMemGetAddressRange``: for blocks up to 256 KiB, a 2 MiB slab shared with other
-        blocks) and carries ``memory``'s offset in it, so the importer sees the right bytes.
+        ``cuMemGetAddressRange``: for blocks up to 256 KiB, a 2 MiB shared segment that holds
+        other blocks too) and carries ``memory``'s offset in it, so the importer sees the right
+        bytes.
 
         Raises
         ------

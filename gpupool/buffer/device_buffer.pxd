@@ -1,4 +1,4 @@
-# DeviceBuffer: the framework-neutral owner of one block of device memory, from a BlockOwner
+# DeviceBuffer: the framework-neutral holder of one block of device memory, from a BlockOwner
 # (buffer/owner.pxd: a Pool).
 from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block
@@ -30,4 +30,4 @@ cdef class DeviceBuffer:
     cdef int _used_on(self, uintptr_t handle) except -1
     cdef void _ipc_retired(self) noexcept nogil
 
-cdef DeviceBuffer new_buffer(BlockOwner owner, Block* blk, size_t nbytes, StreamKey stream)
+cdef DeviceBuffer new_buffer(BlockOwner pool, Block* blk, size_t nbytes, StreamKey stream)

@@ -15,7 +15,7 @@ from gpupool.buffer.owner cimport BlockOwner
 from gpupool.buffer.handoff cimport one_stream, order_after
 from gpupool.records.ipcslot cimport gp_ipc_retire
 from gpupool.records.streams cimport (
-    StreamKey, STREAM_PER_THREAD, current_thread, same_stream, stream_key, stream_handle,
+    StreamKey, STREAM_PER_THREAD, BY_HANDLE, current_thread, same_stream, stream_key, stream_handle,
 )
 from gpupool.upstream.base cimport HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE
 
@@ -33,11 +33,11 @@ from gpupool.buffer.view import BufferView
 cdef const int* FORKED = fork_flag()
 
 
-cdef DeviceBuffer new_buffer(BlockOwner owner, Block* blk, size_t nbytes, StreamKey stream):
+cdef DeviceBuffer new_buffer(BlockOwner pool, Block* blk, size_t nbytes, StreamKey stream):
     """A buffer holding blk (NULL: an empty buffer, pointer 0) of nbytes requested, for work
     on stream."""
     cdef DeviceBuffer buf = DeviceBuffer.__new__(DeviceBuffer)
-    buf.pool = owner
+    buf.pool = pool
     buf._blk = blk
     buf._nbytes = nbytes
     buf._stream = stream
@@ -161,7 +161,7 @@ cdef class DeviceBuffer:
     def stream(self, stream):
         cdef uintptr_t handle = stream_handle(stream)
         self._live_ptr()
-        self._stream = self.pool.checked_key(handle)
+        self._stream = self.pool.check_stream(handle)
         if self._blk == NULL:
             self._used_on(handle)
 
@@ -231,10 +231,10 @@ cdef class DeviceBuffer:
         return self._export(self, KDL_UINT, 8, (self._nbytes,), None, stream=stream,
                             max_version=max_version, dl_device=dl_device, copy=copy)
 
-    def _export(self, owner, int code, int bits, tuple shape, tuple strides, *, stream,
+    def _export(self, keeper, int code, int bits, tuple shape, tuple strides, *, stream,
                 max_version, dl_device, copy):
         """The DLPack capsule of ``__dlpack__`` for this memory seen as ``shape`` elements of
-        (DLPack type ``code``, ``bits``), strides in elements or None; ``owner`` (this
+        (DLPack type ``code``, ``bits``), strides in elements or None; ``keeper`` (this
         buffer or a view of it) stays alive until the deleter runs. No elements: pointer 0."""
         cdef uintptr_t ptr = self._live_ptr()
         cdef uintptr_t handle
@@ -253,7 +253,7 @@ cdef class DeviceBuffer:
             handle = 0 if consumer == 1 else stream_handle(consumer)
             self._order_before(handle)
             self._used_on(handle)
-        return make_capsule(owner, 0 if 0 in shape else ptr, device[0], device[1], code, bits,
+        return make_capsule(keeper, 0 if 0 in shape else ptr, device[0], device[1], code, bits,
                             shape, strides,
                             max_version is not None and max_version[0] >= DLPACK_MAJOR)
 
@@ -276,7 +276,7 @@ cdef class DeviceBuffer:
     cdef int _order_before(self, uintptr_t consumer) except -1:
         """Make stream handle consumer wait for the work queued so far on the buffer's stream
         (buffer/handoff.pxd); nothing for an empty buffer or for its own stream."""
-        if self._nbytes and not one_stream(stream_key(consumer), self._stream):
+        if self._nbytes and not one_stream(stream_key(consumer, BY_HANDLE), self._stream):
             order_after(self.pool.upstream, self._stream, consumer)
         return 0
 
@@ -294,13 +294,13 @@ cdef class DeviceBuffer:
         """Count work submitted to stream handle as a use of the memory (``record_stream``),
         once per stream; a wrapper passes it to the gpupool buffer it wraps, and foreign
         memory has no block to tell. Raises for a handle the driver refuses."""
-        cdef DeviceBuffer owner = self if self._blk != NULL else self._base
+        cdef DeviceBuffer base = self if self._blk != NULL else self._base
         cdef StreamKey key
-        if owner is None or owner._blk == NULL:
+        if base is None or base._blk == NULL:
             return 0
-        key = owner.pool.checked_key(handle)
-        if not same_stream(key, owner._stream):
-            owner.pool.add_stream(owner._blk, key)      # once per stream (Pool.add_stream)
+        key = base.pool.check_stream(handle)
+        if not same_stream(key, base._stream):
+            base.pool.add_stream(base._blk, key)        # once per stream (Pool.add_stream)
         return 0
 
     def record_stream(self, stream):
@@ -464,7 +464,7 @@ cdef class DeviceBuffer:
             ``stream``): the copy counts as a use of a gpupool source (``record_stream``).
             Host sources can be reused when this returns (``cuMemcpyHtoDAsync`` with pageable
             memory, ``cuMemcpyDtoDAsync``). For a wrapper (``as_buffer``) of a gpupool buffer,
-            the stream is a use of that buffer, whose owner cannot see it; a buffer's own
+            the stream is a use of that buffer, whose pool cannot see it; a buffer's own
             copies on another stream are the caller's to order (``record_stream``), as in
             PyTorch.
 
@@ -560,25 +560,25 @@ cdef DeviceBuffer _buffer_of(object obj):
     return obj if isinstance(obj, DeviceBuffer) else None
 
 
-cdef int hand_over(BlockOwner owner, object src, object producer,
+cdef int hand_over(BlockOwner pool, object src, object producer,
                    uintptr_t consumer) except -1:
     """Order stream handle consumer after the work queued so far on the producer of src's
     memory, and count consumer's work as a use of it: for a gpupool buffer (or a view, or a
     wrapper), its own stream and block; for foreign memory, producer (its CUDA Array
-    Interface's stream; None: nothing to order), through owner's upstream."""
+    Interface's stream; None: nothing to order), through pool's upstream."""
     cdef DeviceBuffer buf = _buffer_of(src)
     cdef StreamKey key
     if buf is not None:
         buf._order_before(consumer)
         buf._used_on(consumer)
     elif producer is not None:
-        key = stream_key(producer)              # 1, the legacy stream, folds into 0
-        if not one_stream(key, stream_key(consumer)):
-            order_after(owner.upstream, key, consumer)
+        key = stream_key(<uintptr_t>producer, BY_HANDLE)    # 1, the legacy stream, folds into 0
+        if not one_stream(key, stream_key(consumer, BY_HANDLE)):
+            order_after(pool.upstream, key, consumer)
     return 0
 
 
-def wrap(BlockOwner owner, uintptr_t ptr, size_t nbytes, producer, consumer, exporter):
+def wrap(BlockOwner pool, uintptr_t ptr, size_t nbytes, producer, consumer, exporter):
     """A non-owning DeviceBuffer over ``nbytes`` of ``exporter``'s memory at ``ptr``, for use
     on stream ``consumer`` (a stream argument), ordered after ``producer`` (the stream its
     CUDA Array Interface gives, or None) and, for memory of a gpupool buffer, counted as a use
@@ -586,11 +586,11 @@ def wrap(BlockOwner owner, uintptr_t ptr, size_t nbytes, producer, consumer, exp
     For ``gpupool.as_buffer``."""
     cdef uintptr_t handle = stream_handle(consumer)
     cdef DeviceBuffer source = _buffer_of(exporter)
-    cdef DeviceBuffer buf = new_buffer(owner, NULL, nbytes, owner.checked_key(handle))
+    cdef DeviceBuffer buf = new_buffer(pool, NULL, nbytes, pool.check_stream(handle))
     buf._ptr = ptr
     buf._exporter = exporter
     if source is not None:
         buf._base = source if source._blk != NULL else source._base
     if nbytes:
-        hand_over(owner, exporter, producer, handle)
+        hand_over(pool, exporter, producer, handle)
     return buf

@@ -47,6 +47,6 @@ cdef enum:
     KDL_COMPLEX = 5
     KDL_BOOL = 6
 
-cdef object make_capsule(object owner, uintptr_t ptr, int device_type, int device_id, int code,
+cdef object make_capsule(object keeper, uintptr_t ptr, int device_type, int device_id, int code,
                          int bits, tuple shape, tuple strides, bint versioned)
 cdef uintptr_t capsule_data(object capsule) except? 0

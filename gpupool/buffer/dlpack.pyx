@@ -13,7 +13,7 @@ from libc.stdlib cimport malloc, free
 TYPE_CODES = {"i": KDL_INT, "u": KDL_UINT, "f": KDL_FLOAT, "c": KDL_COMPLEX, "b": KDL_BOOL}
 
 
-# The manager context is the owner (a strong reference) and the shape lives in the same
+# The manager context is the keeper (a strong reference) and the shape lives in the same
 # allocation as the tensor, so the deleter frees one block and drops one reference. A deleter
 # may run without the GIL (a consumer's C code), so it takes it.
 cdef void _delete_legacy(DLManagedTensor* tensor) noexcept nogil:
@@ -63,10 +63,10 @@ cdef void _fill(DLTensor* t, void* storage, uintptr_t ptr, int device_type, int 
     t.byte_offset = 0
 
 
-cdef object make_capsule(object owner, uintptr_t ptr, int device_type, int device_id, int code,
+cdef object make_capsule(object keeper, uintptr_t ptr, int device_type, int device_id, int code,
                          int bits, tuple shape, tuple strides, bint versioned):
     """A DLPack capsule over ``shape`` elements of (type ``code``, ``bits``) at ``ptr``
-    (strides in elements, or None: C-contiguous); ``owner`` stays alive until the consumer's
+    (strides in elements, or None: C-contiguous); ``keeper`` stays alive until the consumer's
     deleter runs. ``versioned``: a ``"dltensor_versioned"`` capsule (DLPack 1.x), else the
     legacy ``"dltensor"``. The shape and strides follow the managed tensor in one
     allocation."""
@@ -86,15 +86,15 @@ cdef object make_capsule(object owner, uintptr_t ptr, int device_type, int devic
         tensor.version.major = DLPACK_MAJOR
         tensor.version.minor = DLPACK_MINOR
         tensor.flags = 0
-        tensor.manager_ctx = <void*>owner
+        tensor.manager_ctx = <void*>keeper
         tensor.deleter = _delete_versioned
         t, storage = &tensor.dl_tensor, <void*>(tensor + 1)
     else:
-        legacy.manager_ctx = <void*>owner
+        legacy.manager_ctx = <void*>keeper
         legacy.deleter = _delete_legacy
         t, storage = &legacy.dl_tensor, <void*>(legacy + 1)
     _fill(t, storage, ptr, device_type, device_id, code, bits, shape, strides)
-    Py_INCREF(owner)
+    Py_INCREF(keeper)
     if versioned:
         return PyCapsule_New(memory, b"dltensor_versioned", _capsule_versioned)
     return PyCapsule_New(memory, b"dltensor", _capsule_legacy)

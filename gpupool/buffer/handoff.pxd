@@ -8,7 +8,9 @@
 # default stream: CUDA synchronizes it with every blocking stream, the per-thread ones
 # included (an event recorded on it follows their earlier work).
 from libc.stdint cimport uintptr_t
-from gpupool.records.streams cimport StreamKey, STREAM_PER_THREAD, current_thread, stream_key
+from gpupool.records.streams cimport (
+    StreamKey, STREAM_PER_THREAD, BY_HANDLE, current_thread, stream_key,
+)
 from gpupool.upstream.base cimport Upstream
 
 
@@ -31,7 +33,7 @@ cdef inline StreamKey use_key(StreamKey s) noexcept nogil:
     """The key a use on s is recorded under (its event is recorded when the block is freed,
     on whichever thread frees it): s, or the legacy default stream for a per-thread one."""
     if s.handle == STREAM_PER_THREAD:
-        return stream_key(0)
+        return stream_key(0, BY_HANDLE)
     return s
 
 

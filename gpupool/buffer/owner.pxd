@@ -12,4 +12,4 @@ cdef class BlockOwner:
 
     cdef void free_block(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil
-    cdef StreamKey checked_key(self, uintptr_t handle) except *
+    cdef StreamKey check_stream(self, uintptr_t handle) except *

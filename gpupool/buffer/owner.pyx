@@ -4,7 +4,7 @@ implements it, ``core/pool.pyx``)."""
 from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block
 from gpupool.driver.calls cimport fork_flag, mark_used
-from gpupool.records.streams cimport StreamKey, stream_key
+from gpupool.records.streams cimport StreamKey, BY_HANDLE, stream_key
 
 from gpupool.errors import FORK_MESSAGE, GpupoolError
 
@@ -42,6 +42,6 @@ cdef class BlockOwner:
         """Mark a live block as used on another stream too (``record_stream``)."""
         pass
 
-    cdef StreamKey checked_key(self, uintptr_t handle) except *:
+    cdef StreamKey check_stream(self, uintptr_t handle) except *:
         """The key of a stream handle, raising for one the driver refuses."""
-        return stream_key(handle)
+        return stream_key(handle, BY_HANDLE)

@@ -31,12 +31,9 @@ from gpupool.records.sizes cimport MAX_NBYTES
 from gpupool.driver.status cimport (
     GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE, GPUPOOL_ERROR_OUT_OF_MEMORY,
     GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GP_FORKED,
-    GP_REENTRANT,
 )
 from gpupool.records.streams cimport (
-    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, free_key, key_of,
-    resolved_free_key, stream_key,
-    refused_stream_status,
+    StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, resolve_free, stream_key, refused_stream_status,
 )
 
 from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
@@ -73,38 +70,29 @@ cdef void fill_stats(Counters* c, gpupool_stats* out) noexcept nogil:
 # The table's functions look the pool up as a borrowed PyObject* (no reference counting, so
 # no GIL) and call these, which take it typed; the casts below only change the pointer type.
 
-cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+    """The C API's allocate: a block from the calling thread's magazine (no pool lock), else
+    through the pool's shared path, listed as handed; out of memory, the on_oom callbacks
+    and one retry. A handle the driver refuses (not a stream, or destroyed) gets its status."""
     cdef Block* b = NULL
     cdef int r
-    cdef StreamKey key = key_of(pool.upstream, stream)
+    cdef bint retried = False
+    cdef StreamKey key = stream_key(stream, pool.upstream)     # no driver call: default streams
     if key.tag == BAD_STREAM_TAG:
-        return refused_stream_status(pool.upstream, stream)     # not a stream, or destroyed
-    if stream > STREAM_PER_THREAD:              # (the default streams tried it already)
+        return _code(refused_stream_status(pool.upstream, stream))
+    while True:
         b = pool.mag_take(nbytes, key, True)
-        if b != NULL:
+        r = 0 if b != NULL else pool.acquire_handed(nbytes, key, &b)
+        if r == 0:
             ptr[0] = <void*>b.ptr
-            return 0
-    r = pool.acquire_handed(nbytes, key, &b)
-    if r == 0:
-        ptr[0] = <void*>b.ptr
-    return r
-
-
-cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
-    cdef Block* b
-    cdef int r
-    if stream <= STREAM_PER_THREAD:             # the thread's magazine: no pool lock
-        b = pool.mag_take(nbytes, stream_key(stream), True)
-        if b != NULL:
-            ptr[0] = <void*>b.ptr
-            return 0
-    r = _acquire(pool, nbytes, stream, ptr)
+            break
+        if r != CUDA_ERROR_OUT_OF_MEMORY or retried or not _callbacks(pool, nbytes):
+            break
+        retried = True          # after the on_oom callbacks, once
+    if retried:
+        hist_log(LOG_CALLBACK_RETRY, pool.device, nbytes, 0, r)
     if r == CUDA_ERROR_OUT_OF_MEMORY:
-        if _callbacks(pool, nbytes):
-            r = _acquire(pool, nbytes, stream, ptr)
-            hist_log(LOG_CALLBACK_RETRY, pool.device, nbytes, 0, r)
-        if r == CUDA_ERROR_OUT_OF_MEMORY:
-            _out_of_memory(pool, nbytes, stream)
+        _out_of_memory(pool, nbytes, stream)
     return _code(r)
 
 
@@ -116,13 +104,13 @@ cdef void _out_of_memory(Pool pool, size_t nbytes, uintptr_t stream) noexcept no
 
 
 cdef int _free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
-    # A created stream's key is looked up only when it is not the block's own (free_key).
-    return _free_as(pool, <uintptr_t>ptr, free_key(stream))
+    # A created stream's key is looked up only when it is not the block's own (resolve_free).
+    return _free_as(pool, <uintptr_t>ptr, stream_key(stream, OWN_HANDLE_TAG))
 
 
 cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
     """Free the C API block at ptr as last used on key's stream (key.tag BAD_STREAM_TAG: on
-    its block's own stream; OWN_HANDLE_TAG: resolved against the block, resolved_free_key):
+    its block's own stream; OWN_HANDLE_TAG: resolved against the block, resolve_free):
     through the thread's magazine when it handed the block out, else found under the pool's
     lock (in its table, or another thread's magazine)."""
     cdef Block* b
@@ -132,13 +120,13 @@ cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
     b = pool.take_handed(ptr)     # (inside the pool's upstream call: free_block defers)
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
-    pool.free_block(b, resolved_free_key(pool.upstream, key, b.stream))
+    pool.free_block(b, resolve_free(pool.upstream, key, b.stream))
     return GPUPOOL_OK
 
 
 cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef Block* b
-    cdef StreamKey key = key_of(pool.upstream, stream)
+    cdef StreamKey key = stream_key(stream, pool.upstream)
     if key.tag == BAD_STREAM_TAG:
         return refused_stream_status(pool.upstream, stream)
     b = pool.find_handed(<uintptr_t>ptr)
@@ -257,7 +245,7 @@ cdef int _private_live(Pool pool, RegionCache* rc, uintptr_t* ptrs, size_t* size
 
 cdef int _private_allocate_at(Pool pool, RegionCache* rc, void* ptr, size_t nbytes,
                               uintptr_t stream) noexcept nogil:
-    cdef StreamKey key = key_of(pool.upstream, stream)
+    cdef StreamKey key = stream_key(stream, pool.upstream)
     if key.tag == BAD_STREAM_TAG:
         return refused_stream_status(pool.upstream, stream)
     if pool.private_allocate_at(rc, <uintptr_t>ptr, nbytes, key):

@@ -9,7 +9,9 @@ from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
 from gpupool.core.segments cimport BLOCK_ALIGN, round_up
 from gpupool.core.state cimport PoolState, Segments, StreamOrder
 from gpupool.core.streamorder cimport so_drop_events
-from gpupool.records.streams cimport StreamKey, same_stream, is_no_stream, no_stream
+from gpupool.records.streams cimport (
+    StreamKey, NO_STREAM, BY_HANDLE, same_stream, is_no_stream, stream_key,
+)
 
 
 cdef extern from "<stdlib.h>" nogil:
@@ -30,7 +32,7 @@ cdef inline Block* sg_record(Segments* sg, uintptr_t ptr, size_t size, Segment* 
         if b == NULL:
             return NULL
         memset(b, 0, sizeof(Block))
-    b.ptr, b.size, b.segment, b.stream = ptr, size, seg, no_stream()
+    b.ptr, b.size, b.segment, b.stream = ptr, size, seg, stream_key(NO_STREAM, BY_HANDLE)
     return b
 
 

@@ -1,4 +1,4 @@
-# Growth on an expandable upstream ("vmm"): per stream, a reserved range of address space whose
+# Growth on an expandable upstream ("vmm"): per stream, a range of address space whose
 # pages are mapped as it grows; holes a trim unmapped are mapped again; cold free pages move to
 # the growth (core/segments.pxd has the overview). Under the pool's lock.
 from libc.stdint cimport uintptr_t
@@ -16,13 +16,15 @@ from gpupool.core.segments cimport (
 )
 from gpupool.core.state cimport PoolState, Segments, StreamOrder
 from gpupool.core.streamorder cimport so_drop_events
-from gpupool.records.streams cimport StreamKey, same_stream, is_no_stream, no_stream
+from gpupool.records.streams cimport (
+    StreamKey, NO_STREAM, BY_HANDLE, same_stream, is_no_stream, stream_key,
+)
 from gpupool.upstream.base cimport Upstream
 
 
 cdef inline int sg_map(PoolState* st, Upstream up, uintptr_t va,
                        size_t nbytes, StreamKey s) noexcept nogil:
-    """Map nbytes (whole pages) of reserved address space at va, in a segment of stream s;
+    """Map nbytes (whole pages) of a range's address space at va, in a segment of stream s;
     counted as reserved."""
     cdef Segments* sg = &st.segments
     cdef Counters* c = &st.counters
@@ -249,6 +251,6 @@ cdef inline size_t sg_reclaim(PoolState* st, Upstream up, size_t size, StreamKey
         fl_unbin(fl, b)
         rc_disown(b)                    # (the requesting region's: its pages leave it)
         so_drop_events(so, b)           # its work is done
-        b.stream = no_stream()
+        b.stream = stream_key(NO_STREAM, BY_HANDLE)
         got += sg_unmap_free(st, up, b)
     return got

@@ -52,7 +52,8 @@ cdef inline size_t sg_shared_bytes(Counters* c) noexcept nogil:
     return seg if seg < SEGMENT_BYTES else SEGMENT_BYTES
 
 
-cdef inline int sg_allocate(PoolState* st, Upstream up, size_t nbytes, StreamKey s) noexcept nogil:
+cdef inline int sg_add_segment(PoolState* st, Upstream up, size_t nbytes,
+                                StreamKey s) noexcept nogil:
     """Grow a plain upstream by a segment of nbytes for work on s; its block goes into the
     free lists (on s when the upstream is stream-ordered: the memory exists in s's order
     only, so other streams wait for it, else free for any stream)."""
@@ -109,10 +110,10 @@ cdef inline int sg_grow_plain(PoolState* st, Upstream up, size_t size, StreamKey
     if size <= SEGMENT_FOR:
         shared = sg_shared_bytes(c)
         if shared > pages:
-            r = sg_allocate(st, up, shared, s)
+            r = sg_add_segment(st, up, shared, s)
             if r != CUDA_ERROR_OUT_OF_MEMORY:
                 return r
-    r = sg_allocate(st, up, pages, s)
+    r = sg_add_segment(st, up, pages, s)
     if r == CUDA_ERROR_OUT_OF_MEMORY and pages != size and sg.hard_limit:
-        r = sg_allocate(st, up, size, s)
+        r = sg_add_segment(st, up, size, s)
     return r

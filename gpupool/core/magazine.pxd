@@ -1,7 +1,7 @@
 # Magazines: a per-thread cache of freed blocks in front of the pool's shared free lists, as in
-# the slab and mimalloc allocators. A thread's free of a pool block (no region, no record_stream
-# use, at most MAG_MAX bytes) goes into its magazine for that pool, and its next request of
-# that exact size on the same stream is served from there, without the pool's lock: the
+# Bonwick's slab allocator and mimalloc. A thread's free of a pool block (no region, no
+# record_stream use, at most MAG_MAX bytes) goes into its magazine for that pool, and its next
+# request of that exact size on the same stream is served from there, without the pool's lock: the
 # magazine has a lock of its own, which only its thread takes on that path (one uncontended
 # compare-and-swap, and a plain store to give it back), so threads do not meet on the
 # pool's lock. Should a sweep of the pool (below) hold it just then, the thread waits for

@@ -16,7 +16,7 @@ from gpupool.core.parking cimport pk_put
 from gpupool.core.state cimport (
     PoolState, SWEEP_OTHERS, SWEEP_WANT, SWEEP_HANDED, SWEEP_SETTLE,
 )
-from gpupool.core.streamorder cimport so_mark_stream
+from gpupool.core.streamorder cimport so_mark_wanted
 
 cdef enum:
     MAG_MAX = 64 << 20          # blocks up to this size are held (Note [Parked and held blocks])
@@ -149,7 +149,7 @@ cdef inline void mp_want(PoolState* st, size_t size, StreamKey s) noexcept nogil
         m.mutex.lock()
         for i in range(m.nblocks):
             if m.blocks[i].size >= size and not same_stream(m.blocks[i].stream, s):
-                so_mark_stream(&st.order, m.blocks[i].stream)
+                so_mark_wanted(&st.order, m.blocks[i].stream)
         m.mutex.unlock()
 
 

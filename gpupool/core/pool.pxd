@@ -29,7 +29,7 @@ cdef class Pool(PoolBase):      # final: its cdef methods are direct calls the c
     cdef void region_drain(self, RegionCache* rc) noexcept nogil
     cdef object raise_status(self, int status, size_t nbytes)
     cdef object _oom_error(self, size_t nbytes)
-    cdef object allocate_key(self, object nbytes, StreamKey stream)
+    cdef object allocate_on(self, object nbytes, StreamKey stream)
 
     # The interface of the layers above: what region/, ipc/, c_api/ and adapters/ may call.
     # NOTE: each of these takes the pool's lock itself (never call one holding it), but

@@ -22,8 +22,8 @@ from gpupool.records.counters cimport Counters
 from gpupool.records.ptrtable cimport pt_insert
 from gpupool.records.sizes cimport MAX_NBYTES, check_nbytes
 from gpupool.records.streams cimport (
-    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, resolved_free_key, same_stream,
-    stream_key, created_stream_key, refused_stream_status, stream_handle,
+    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, resolve_free, same_stream,
+    BY_HANDLE, stream_key, refused_stream_status, stream_handle,
 )
 from gpupool.history.ring cimport (
     LOG_CALLBACK_RETRY, hist_on, hist_subscribe, hist_alloc, hist_oom, hist_log, hist_flush_log,
@@ -127,14 +127,14 @@ cdef class Pool(PoolBase):
 
     # Allocation -----------------------------------------------------------------------
 
-    cdef StreamKey checked_key(self, uintptr_t handle) except *:
+    cdef StreamKey check_stream(self, uintptr_t handle) except *:
         """The stream's key, raising the driver's error for a handle it refuses (not a
         stream, or a destroyed one): for allocations and stream changes, where a bad handle
         is the caller's mistake."""
         cdef StreamKey key
         if handle <= STREAM_PER_THREAD:
-            return stream_key(handle)               # no driver call, no upstream
-        key = created_stream_key(self.upstream, handle)
+            return stream_key(handle, BY_HANDLE)    # no driver call, no upstream
+        key = stream_key(handle, self.upstream)
         if key.tag == BAD_STREAM_TAG:
             self.upstream.raise_error(refused_stream_status(self.upstream, handle),
                                       f"cuStreamGetId (stream handle {handle:#x})")
@@ -181,11 +181,11 @@ cdef class Pool(PoolBase):
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil:
         """C API free of ptr by the calling thread: if its magazine handed ptr out, free it
         (held when it may be, else through the shared path, once its stream is resolved:
-        resolved_free_key) and set done (core/fastpath.pxd, fp_free_handed). False: not
+        resolve_free) and set done (core/fastpath.pxd, fp_free_handed). False: not
         done."""
         cdef Block* b = fp_free_handed(&self._st, <void*>self, ptr, &s, RECORDING, done)
         if b != NULL:
-            self.free_block(b, resolved_free_key(self.upstream, s, b.stream))
+            self.free_block(b, resolve_free(self.upstream, s, b.stream))
         return done[0]
 
     cdef object raise_status(self, int status, size_t nbytes):
@@ -545,9 +545,9 @@ cdef class Pool(PoolBase):
             ``fork()``.
         """
         cdef uintptr_t handle = 0 if stream is None else stream_handle(stream)
-        return self.allocate_key(nbytes, self.checked_key(handle))
+        return self.allocate_on(nbytes, self.check_stream(handle))
 
-    cdef object allocate_key(self, object nbytes, StreamKey key):
+    cdef object allocate_on(self, object nbytes, StreamKey key):
         """``allocate`` once the stream is resolved to its key: checks ``nbytes``, takes the
         block (the calling thread's current region first), runs the ``on_oom`` callbacks
         and retries once, raises as ``allocate`` does, and wraps the block in a

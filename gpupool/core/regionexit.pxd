@@ -4,7 +4,7 @@ from libc.stdint cimport uintptr_t
 from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
-from gpupool.records.streams cimport stream_key
+from gpupool.records.streams cimport BY_HANDLE, stream_key
 from gpupool.buffer.device_buffer cimport DeviceBuffer
 from gpupool.core.regioncache cimport RegionCache, rc_detach, rc_escape, rc_live_blocks
 from gpupool.core.free cimport ps_free_locked
@@ -44,7 +44,7 @@ cdef inline size_t rg_exit(PoolState* st, Upstream up, RegionCache* rc, set kept
             buf.invalidate_locked()
             if poison >= 0:
                 poisoned.push_back(pair[uintptr_t, size_t](b.ptr, b.size))
-                ps_free_locked(st, up, b, stream_key(0))
+                ps_free_locked(st, up, b, stream_key(0, BY_HANDLE))
             else:
                 ps_free_locked(st, up, b, buf._stream)
     escaped += rc.escaped_bytes

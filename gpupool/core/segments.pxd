@@ -15,7 +15,7 @@
 #   limit that the rounding would cross, the exact rounded request. A growth past twice the
 #   peak in use first gives back wholly free segments too small for the request (sg_shed).
 # * core/growexpand.pxd: growth on an expandable upstream ("vmm"): each stream has a segment, a
-#   range of address space reserved once, whose pages are mapped as it grows, so free space at
+#   range of address space set aside once, whose pages are mapped as it grows, so free space at
 #   its end joins the next request instead of fragmenting (sg_extend). A hole that a trim
 #   unmapped is mapped again first when it and its free neighbours fit the request. Before it
 #   grows, the pages of cold free blocks move to the growth when they cover it (sg_reclaim):

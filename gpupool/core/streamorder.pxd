@@ -21,7 +21,8 @@ from gpupool.core.regioncache cimport RegionCache, rc_lends
 from gpupool.core.state cimport PoolState, StreamOrder
 from gpupool.records.sizes cimport SMALL_REQUEST, floor_class
 from gpupool.records.streams cimport (
-    StreamKey, STREAM_PER_THREAD, same_stream, is_no_stream, no_stream, current_thread,
+    StreamKey, STREAM_PER_THREAD, NO_STREAM, BY_HANDLE, same_stream, is_no_stream, stream_key,
+    current_thread,
 )
 from gpupool.upstream.base cimport Upstream
 
@@ -66,7 +67,7 @@ cdef inline bint so_after(Upstream up, uintptr_t event, StreamKey s, bint wait) 
     return False
 
 
-cdef inline void so_mark_stream(StreamOrder* so, StreamKey s) noexcept nogil:
+cdef inline void so_mark_wanted(StreamOrder* so, StreamKey s) noexcept nogil:
     """Ask for events on stream s's free blocks the next time s allocates."""
     cdef size_t i
     for i in range(so.wanted.size()):
@@ -101,7 +102,7 @@ cdef inline bint so_ready(StreamOrder* so, Upstream up, Block* b, StreamKey s,
             # Another stream may be gone; ask for an event when it next allocates.
             if not (b.stream.handle == 0 or (b.stream.handle == STREAM_PER_THREAD and
                                              b.stream.tag == current_thread())):
-                so_mark_stream(so, b.stream)
+                so_mark_wanted(so, b.stream)
                 return False
             if not so_record(so, up, b):
                 return False
@@ -119,10 +120,10 @@ cdef inline bint so_done(StreamOrder* so, Upstream up, Block* b, StreamKey s) no
     used (or freed for any stream), and each of its events reports complete (queried, never
     waited for: no stream's order stands for completion). A block with no event yet gets one
     for a later look: recorded now on s (the stream of the request asking, so alive) and
-    where so_ready records, else when its stream next allocates (so_mark_stream)."""
+    where so_ready records, else when its stream next allocates (so_mark_wanted)."""
     if b.event == 0 and same_stream(b.stream, s) and not so_record(so, up, b):
         return False
-    return so_ready(so, up, b, no_stream(), False)
+    return so_ready(so, up, b, stream_key(NO_STREAM, BY_HANDLE), False)
 
 
 cdef enum:
@@ -294,4 +295,4 @@ cdef inline void so_unbind_all(PoolState* st, vector[Block*]* out, size_t* moved
         if moved != NULL and not is_no_stream(b.stream):
             moved[0] += 1
         so_drop_events(&st.order, b)
-        b.stream = no_stream()
+        b.stream = stream_key(NO_STREAM, BY_HANDLE)

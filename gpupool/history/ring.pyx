@@ -309,60 +309,55 @@ cdef bint _lock_recording(vector[Frame]* frames) noexcept nogil:
     return True
 
 
-cdef void hist_alloc(int device, uint32_t pool, uintptr_t addr, size_t nbytes,
-                     uintptr_t stream) noexcept nogil:
+cdef void _record(int device, uint32_t pool, HistAction action, uintptr_t addr, size_t nbytes,
+                  uintptr_t stream) noexcept nogil:
+    """One event of the history, while it records: the frames of a live block (ACT_ALLOC,
+    forgotten at its ACT_FREE_REQUESTED, whose size becomes the one requested) or of a
+    segment, and the trace entry. A free is requested and completed together (the block is
+    free for reuse at once, in stream order), as PyTorch records a free without
+    record_stream uses."""
     cdef vector[Frame] frames
     cdef Live* live
     if not _lock_recording(&frames):
         return
-    live = &_live[addr]
-    live.requested = nbytes
-    live.frames = frames
-    if _trace:
-        _append(device, ACT_ALLOC, pool, addr, nbytes, stream, frames)
-    _lock.unlock()
-
-
-cdef void hist_free(int device, uint32_t pool, uintptr_t addr, size_t size,
-                    uintptr_t stream) noexcept nogil:
-    cdef vector[Frame] frames
-    cdef size_t requested = size
-    if not _lock_recording(&frames):
-        return
-    found = _live.find(addr)
-    if found != _live.end():
-        requested = deref(found).second.requested
-        _live.erase(found)
-    if _trace:
-        # The block is free for reuse at once (in stream order): the free is requested
-        # and completed together, as PyTorch records a free without record_stream uses.
-        _append(device, ACT_FREE_REQUESTED, pool, addr, requested, stream, frames)
-        _append(device, ACT_FREE_COMPLETED, pool, addr, requested, stream, frames)
-    _lock.unlock()
-
-
-cdef void hist_segment(int device, uint32_t pool, HistAction action, uintptr_t addr,
-                       size_t nbytes, uintptr_t stream) noexcept nogil:
-    cdef vector[Frame] frames
-    if not _lock_recording(&frames):
-        return
-    if action == ACT_SEGMENT_ALLOC:
+    if action == ACT_ALLOC:
+        live = &_live[addr]
+        live.requested = nbytes
+        live.frames = frames
+    elif action == ACT_FREE_REQUESTED:
+        found = _live.find(addr)
+        if found != _live.end():
+            nbytes = deref(found).second.requested
+            _live.erase(found)
+    elif action == ACT_SEGMENT_ALLOC:
         _segment_frames[addr] = frames
     elif action == ACT_SEGMENT_FREE:
         _segment_frames.erase(addr)
     if _trace:
         _append(device, action, pool, addr, nbytes, stream, frames)
+        if action == ACT_FREE_REQUESTED:
+            _append(device, ACT_FREE_COMPLETED, pool, addr, nbytes, stream, frames)
     _lock.unlock()
+
+
+cdef void hist_alloc(int device, uint32_t pool, uintptr_t addr, size_t nbytes,
+                     uintptr_t stream) noexcept nogil:
+    _record(device, pool, ACT_ALLOC, addr, nbytes, stream)
+
+
+cdef void hist_free(int device, uint32_t pool, uintptr_t addr, size_t size,
+                    uintptr_t stream) noexcept nogil:
+    _record(device, pool, ACT_FREE_REQUESTED, addr, size, stream)
+
+
+cdef void hist_segment(int device, uint32_t pool, HistAction action, uintptr_t addr,
+                       size_t nbytes, uintptr_t stream) noexcept nogil:
+    _record(device, pool, action, addr, nbytes, stream)
 
 
 cdef void hist_oom(int device, uint32_t pool, size_t nbytes, size_t free_bytes,
                    uintptr_t stream) noexcept nogil:
-    cdef vector[Frame] frames
-    if not _lock_recording(&frames):
-        return
-    if _trace:
-        _append(device, ACT_OOM, pool, free_bytes, nbytes, stream, frames)
-    _lock.unlock()
+    _record(device, pool, ACT_OOM, free_bytes, nbytes, stream)
 
 
 cdef unsigned long long hist_seq() noexcept nogil:

@@ -17,7 +17,7 @@ block's segment and its pages) and the slots.
 """
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
-from gpupool.records.block cimport Block, Segment, LIVE
+from gpupool.records.block cimport Block, Segment
 from gpupool.buffer.device_buffer cimport DeviceBuffer
 from gpupool.driver.calls cimport forked
 from gpupool.buffer.handoff cimport recordable
@@ -149,23 +149,23 @@ cdef _maybe_collect():
         _collecting = True
 
 
-cdef object _buffer_record(DeviceBuffer owner, Table table):
-    """The export record of a gpupool buffer (made at its first export)."""
+cdef object _buffer_record(DeviceBuffer holder, Table table):
+    """The export record of the gpupool buffer holding a block (made at its first export)."""
     cdef gp_ipc_slot* slot
-    if owner._ipc_slot != NULL:
-        return _records[table.index(owner._ipc_slot)]
+    if holder._ipc_slot != NULL:
+        return _records[table.index(holder._ipc_slot)]
     slot = _claim(table)
-    record = _Record(table.index(slot), gp_ipc_serial(slot), owner.pool.upstream)
+    record = _Record(table.index(slot), gp_ipc_serial(slot), holder.pool.upstream)
     try:
-        record.event = owner.pool.upstream._ipc_event_create()
+        record.event = holder.pool.upstream._ipc_event_create()
     except BaseException:
         _unclaim(table, slot)
         raise
     _records[record.index] = record
-    owner._ipc_slot = slot
+    holder._ipc_slot = slot
     # The buffer object's death frees the event and descriptors at once (close() leaves
     # them to the next collect: the buffer may be exported no more, but it is alive).
-    weakref.finalize(owner, _free_record_resources, record)
+    weakref.finalize(holder, _free_record_resources, record)
     return record
 
 
@@ -237,16 +237,16 @@ cdef object _export(object pool, Block* blk, uintptr_t ptr, size_t nbytes, uintp
 
 def export_buffer(DeviceBuffer buf, stream=None):
     """``DeviceBuffer.ipc_handle``'s work: the handle of ``buf``'s memory (docs there)."""
-    cdef DeviceBuffer owner
+    cdef DeviceBuffer base
     cdef uintptr_t handle
     cdef bint found = False
     if forked():
         raise GpupoolError(FORK_MESSAGE)
     if buf._nbytes == 0:
         raise ValueError("an empty buffer has no memory to share (ipc_handle needs nbytes > 0)")
-    owner = buf if buf._blk != NULL else buf._base
+    base = buf if buf._blk != NULL else buf._base
     handle = stream_handle(stream) if stream is not None else recordable(buf._stream)
-    if owner is None or owner._blk == NULL:
+    if base is None or base._blk == NULL:
         if isinstance(buf._exporter, Imported):
             raise IpcError(
                 "this buffer's memory was opened from another process (gpupool.open_ipc): "
@@ -258,7 +258,7 @@ def export_buffer(DeviceBuffer buf, stream=None):
         holder = _holder_of(buf.pool, buf._ptr, buf._nbytes, &found) \
             if isinstance(buf.pool, Pool) else None
         if holder is not None:
-            owner = holder
+            base = holder
         elif found:
             return export_range(buf.pool, buf._ptr, buf._nbytes, handle, _alive(buf))
         else:
@@ -266,14 +266,14 @@ def export_buffer(DeviceBuffer buf, stream=None):
                 f"this buffer wraps memory that gpupool does not own "
                 f"({type(buf._exporter).__name__} through gpupool.as_buffer; no block of "
                 f"{buf.pool!r} holds it): only memory of a gpupool pool can be exported. Share "
-                f"the memory with its owner's IPC (CuPy: cupy.cuda.runtime.ipcGetMemHandle, "
+                f"the memory through its allocator's IPC (CuPy: cupy.cuda.runtime.ipcGetMemHandle, "
                 f"PyTorch: torch.multiprocessing), or copy it into a gpupool buffer first "
                 f"(pool.allocate(n).copy_from_host(array))", "foreign_memory")
     with lock:
         table = own_table()
         _maybe_collect()
-        record = _buffer_record(owner, table)
-        return _export(owner.pool, owner._blk, buf._ptr, buf._nbytes, handle, record, table)
+        record = _buffer_record(base, table)
+        return _export(base.pool, base._blk, buf._ptr, buf._nbytes, handle, record, table)
 
 
 def _alive(DeviceBuffer wrapper):
@@ -310,8 +310,8 @@ def owns(Pool pool, uintptr_t ptr, size_t nbytes):
 def export_range(Pool pool, uintptr_t ptr, size_t nbytes, stream, alive):
     """A handle of [ptr, ptr + nbytes), which lies in a live block of ``pool`` handed out
     through the C API (PyTorch's tensors), with an IPC event recorded on ``stream``;
-    ``alive()`` says whether the memory's owner still holds it (an open after it stops
-    fails, as for a buffer given back). For ``gpupool.torch``.
+    ``alive()`` says whether the memory is still held (an open after it stops fails,
+    as for a buffer given back). For ``gpupool.torch``.
 
     Raises
     ------
@@ -327,7 +327,7 @@ def export_range(Pool pool, uintptr_t ptr, size_t nbytes, stream, alive):
     if blk == NULL:
         raise IpcError(f"{nbytes} B at {ptr:#x} are not in one live block of {pool!r}",
                        "foreign_memory")
-    with lock:                                  # the caller holds the memory's owner: blk lives
+    with lock:                                  # the caller holds the memory: blk lives
         table = own_table()
         _maybe_collect()
         slot = _claim(table)

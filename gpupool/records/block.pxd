@@ -18,7 +18,7 @@ cdef enum BlockState:
 cdef struct Segment:
     uintptr_t base
     size_t nbytes       # bytes of memory it holds: allocated, or mapped from base on
-    size_t va_bytes     # expandable: bytes of address space reserved; 0: an allocation
+    size_t va_bytes     # expandable: bytes of its range (address space); 0: an allocation
     StreamKey stream    # expandable: the stream it grows for
     Block* first        # its blocks tile [base, base + nbytes), linked by seg_next
     Block* last

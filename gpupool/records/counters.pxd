@@ -11,7 +11,7 @@ cdef struct Counters:
     size_t num_allocs
     size_t num_frees
     size_t cache_hits           # allocations served from a free list (the pool's or a region's)
-    size_t cache_misses         # allocations that needed new memory (a slab or the upstream)
+    size_t cache_misses         # allocations that needed new memory (the pool grew)
     size_t upstream_allocs
     size_t upstream_frees
     size_t oom_retries

@@ -22,27 +22,54 @@ cdef enum:
     STREAM_LEGACY = 1               # CU_STREAM_LEGACY, folded into handle 0
     STREAM_PER_THREAD = 2           # CU_STREAM_PER_THREAD
 
-# The largest handle value; NO_STREAM's handle. The tag of a created stream's key when the
-# driver refused the handle (no stream ID is this value).
+# The largest handle value, which no stream has: the handle of NO_STREAM's key. The tag of a
+# created stream's key when the driver refused the handle (no stream ID is this value).
 cdef extern from *:
     """
     #define GP_HANDLE_MAX ((uintptr_t)0xFFFFFFFFFFFFFFFFull)
     #define GP_OWN_HANDLE_TAG ((uintptr_t)0xFFFFFFFFFFFFFFFEull)
     """
     uintptr_t HANDLE_MAX "GP_HANDLE_MAX"
+    uintptr_t NO_STREAM "GP_HANDLE_MAX"
     uintptr_t BAD_STREAM_TAG "GP_HANDLE_MAX"
-    # A free's key not yet looked up (a created stream's handle): the block's own key when its
-    # stream has that handle, else the driver's (free_key, resolved_free_key).
-    uintptr_t OWN_HANDLE_TAG "GP_OWN_HANDLE_TAG"
+
+# How stream_key tags a created stream (handle > 2): through an Upstream, with the driver's
+# stream ID; given a StreamTag, with that tag and no driver call: BY_HANDLE (0, keyed by its
+# handle alone: comparisons of handles, the key of NO_STREAM) or OWN_HANDLE_TAG (a free's key,
+# resolved against the freed block by resolve_free).
+ctypedef uintptr_t StreamTag
+ctypedef fused KeyLookup:
+    Upstream
+    StreamTag
+
+cdef extern from *:
+    StreamTag BY_HANDLE "((uintptr_t)0)"
+    StreamTag OWN_HANDLE_TAG "GP_OWN_HANDLE_TAG"
 
 
 cdef inline uintptr_t current_thread() noexcept nogil:
     return <uintptr_t>pthread_self()
 
 
-cdef inline StreamKey no_stream() noexcept nogil:
-    """The key of a block never used on any stream: any stream may take it at once."""
-    return StreamKey(HANDLE_MAX, 0)
+cdef inline StreamKey stream_key(uintptr_t handle, KeyLookup lookup) noexcept nogil:
+    """The key of the stream with this handle as the calling thread names it, the one way to
+    make a key: the legacy stream (0, or CU_STREAM_LEGACY) is (0, 0) and the per-thread stream
+    is tagged with the calling thread, with no driver call; a created stream is tagged as
+    lookup says (an Upstream: the driver's stream ID, BAD_STREAM_TAG for a handle the driver
+    refuses, not a stream or destroyed; a StreamTag: that tag). The block never used on any
+    stream, which any stream may take at once, is keyed stream_key(NO_STREAM, BY_HANDLE).
+    lookup's type is chosen at compile time: no branch on it."""
+    cdef unsigned long long sid = 0
+    if handle <= STREAM_LEGACY:
+        return StreamKey(0, 0)
+    if handle == STREAM_PER_THREAD:
+        return StreamKey(handle, current_thread())
+    if KeyLookup is StreamTag:
+        return StreamKey(handle, lookup)
+    else:
+        if lookup.stream_id(handle, &sid) != 0:
+            return StreamKey(handle, BAD_STREAM_TAG)
+        return StreamKey(handle, <uintptr_t>sid)
 
 
 cdef inline bint same_stream(StreamKey a, StreamKey b) noexcept nogil:
@@ -50,45 +77,11 @@ cdef inline bint same_stream(StreamKey a, StreamKey b) noexcept nogil:
 
 
 cdef inline bint is_no_stream(StreamKey a) noexcept nogil:
-    return a.handle == HANDLE_MAX and a.tag == 0
+    """Whether a is NO_STREAM's key: a block never used on any stream."""
+    return a.handle == NO_STREAM and a.tag == BY_HANDLE
 
 
-cdef inline StreamKey stream_key(uintptr_t handle) noexcept nogil:
-    """A stream's key from its handle alone: the legacy stream (0, or CU_STREAM_LEGACY) is
-    0; the per-thread stream is tagged with the calling thread; others get tag 0."""
-    if handle <= STREAM_LEGACY:
-        return StreamKey(0, 0)
-    return StreamKey(handle, current_thread() if handle == STREAM_PER_THREAD else 0)
-
-
-cdef inline StreamKey created_stream_key(Upstream upstream, uintptr_t handle) noexcept nogil:
-    """The key of a created stream (handle > 2): it carries the driver's stream ID. A handle
-    the driver refuses (not a stream, or destroyed) gets the tag BAD_STREAM_TAG:
-    allocations refuse it, frees key it by its handle alone."""
-    cdef unsigned long long sid = 0
-    if upstream.stream_id(handle, &sid) != 0:
-        return StreamKey(handle, BAD_STREAM_TAG)
-    return StreamKey(handle, <uintptr_t>sid)
-
-
-cdef inline StreamKey key_of(Upstream upstream, uintptr_t handle) noexcept nogil:
-    """The key of the stream with this handle, as the calling thread names it; no driver call
-    for the default streams (the hot path)."""
-    if handle <= STREAM_PER_THREAD:
-        return stream_key(handle)
-    return created_stream_key(upstream, handle)
-
-
-cdef inline StreamKey free_key(uintptr_t handle) noexcept nogil:
-    """The key a free on this handle names, without a driver call: the default streams' keys
-    at once; a created stream's is resolved against the freed block (resolved_free_key)."""
-    if handle <= STREAM_PER_THREAD:
-        return stream_key(handle)
-    return StreamKey(handle, OWN_HANDLE_TAG)
-
-
-cdef inline StreamKey resolved_free_key(Upstream upstream, StreamKey s,
-                                        StreamKey own) noexcept nogil:
+cdef inline StreamKey resolve_free(Upstream upstream, StreamKey s, StreamKey own) noexcept nogil:
     """The stream a block whose key is own was last used on, freed as s names it:
     BAD_STREAM_TAG, own; a created stream's handle (OWN_HANDLE_TAG), own when own has that
     handle (no driver call: a free on the block's allocation stream, the common case), else
@@ -101,9 +94,9 @@ cdef inline StreamKey resolved_free_key(Upstream upstream, StreamKey s,
         return s
     if own.handle == s.handle:
         return own
-    s = created_stream_key(upstream, s.handle)
+    s = stream_key(s.handle, upstream)
     if s.tag == BAD_STREAM_TAG:
-        s.tag = 0                                   # a free never fails
+        s.tag = BY_HANDLE                           # a free never fails
     return s
 
 

@@ -12,7 +12,6 @@
 # ones return there when freed. The pool's side of this (taking an address range, the end)
 # is core/private.pxd's, reached through Pool.private_allocate_at and Pool.private_end.
 from cpython.ref cimport PyObject
-from libc.stdint cimport uintptr_t
 from gpupool.core.regioncache cimport RegionCache
 
 cdef struct PrivatePool:

@@ -9,7 +9,7 @@ from gpupool.simulated.host import MADV_DONTNEED, MAP_FAILED, MAP_NORESERVE, lib
 
 
 class SimulatedVirtualMemory(SimulatedBase):
-    """The reserved ranges of a ``SimulatedDevice`` and the pages mapped in them: the
+    """The address ranges of a ``SimulatedDevice`` and the pages mapped in them: the
     upstream's ``_reserve``, ``_unreserve``, ``_map`` and ``_unmap``. With ``shareable`` the
     pages are memory files (``_share_pages``, ``_unshare_pages`` of the sharing part)."""
 
@@ -37,13 +37,13 @@ class SimulatedVirtualMemory(SimulatedBase):
         del self._ranges[va]
 
     def _pages(self, va, nbytes, what):
-        """The reserved range holding [va, va + nbytes) and the page starts in it."""
+        """The range holding [va, va + nbytes) and the page starts in it."""
         for start, (size, mapped) in self._ranges.items():
             if start <= va and va + nbytes <= start + size:
                 if (va - start) % self.page or nbytes % self.page or nbytes == 0:
                     self._misuse(f"{what} of {nbytes} B at {va:#x}: not whole pages")
                 return mapped, range(va, va + nbytes, self.page)
-        self._misuse(f"{what} of {nbytes} B at {va:#x}: outside every reserved range")
+        self._misuse(f"{what} of {nbytes} B at {va:#x}: outside every range")
 
     def _map(self, va, nbytes):
         self.calls.append(("map", (va, nbytes)))

@@ -20,10 +20,12 @@ static inline void gp_cpu_relax(void) {
 #endif
 }
 
-struct gp_lock {
+/* The word both of gpupool's locks are (gp_lock below, a magazine's gp_spin in gp_magazine.h):
+ * 0 free, non-zero held; taken with one compare-and-swap. */
+struct gp_lock_word {
     std::atomic<int> state;
 
-    gp_lock() : state(0) {}
+    gp_lock_word() : state(0) {}
 
     bool try_lock() {
         int expected = 0;
@@ -31,14 +33,21 @@ struct gp_lock {
                                              std::memory_order_relaxed);
     }
 
-    void lock() {
-        if (try_lock())
-            return;
-        for (int i = 0; i < 128; i++) {
+    /* Waits at most `spins` pauses for it, never yielding or sleeping; whether it got it. */
+    bool try_lock_spin(unsigned spins) {
+        for (unsigned i = 0; i < spins; i++) {
             gp_cpu_relax();
             if (state.load(std::memory_order_relaxed) == 0 && try_lock())
-                return;
+                return true;
         }
+        return false;
+    }
+};
+
+struct gp_lock : gp_lock_word {
+    void lock() {
+        if (try_lock() || try_lock_spin(128))
+            return;
         /* Mark the lock contended, then sleep until an unlock wakes us. */
         while (state.exchange(2, std::memory_order_acquire) != 0)
             syscall(SYS_futex, reinterpret_cast<int*>(&state), FUTEX_WAIT_PRIVATE, 2,

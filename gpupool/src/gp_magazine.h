@@ -17,33 +17,14 @@ struct gp_thread_magazine {
 /* A magazine's lock: its thread takes it with one compare-and-swap and gives it back with a
  * plain release store (no read-modify-write); another thread (the pool flushing it, rarely)
  * spins, yielding the processor now and then, since the holder never waits inside. */
-struct gp_spin {
-    std::atomic<int> state;
-
-    gp_spin() : state(0) {}
-
-    bool try_lock() {
-        int expected = 0;
-        return state.compare_exchange_strong(expected, 1, std::memory_order_acquire,
-                                             std::memory_order_relaxed);
-    }
-
+struct gp_spin : gp_lock_word {
     void lock() {
         while (!try_lock() && !try_lock_spin(128))
             sched_yield();
     }
 
-    /* Waits at most `spins` pauses for it, never yielding; whether it got it. Its own thread
-     * calls it when a sweep of the pool holds it (a few loads and stores), lock() between
-     * its yields. */
-    bool try_lock_spin(unsigned spins) {
-        for (unsigned i = 0; i < spins; i++) {
-            gp_cpu_relax();
-            if (state.load(std::memory_order_relaxed) == 0 && try_lock())
-                return true;
-        }
-        return false;
-    }
+    /* try_lock_spin (gp_lock_word): its own thread calls it when a sweep of the pool holds
+     * it (a few loads and stores), lock() between its yields. */
 
     void unlock() { state.store(0, std::memory_order_release); }
 };

@@ -15,9 +15,9 @@ cdef class Upstream:
     cdef readonly int device
     cdef readonly bint stream_ordered   # alloc is ordered on its stream (not usable before)
     cdef readonly bint host_accessible  # its memory is host memory (DLPack exports kDLCPU)
-    cdef readonly bint expandable       # memory is pages mapped into reserved address ranges
+    cdef readonly bint expandable       # memory is pages mapped into ranges of address space
     cdef readonly size_t granularity    # expandable: bytes of a page
-    cdef readonly size_t va_bytes       # expandable: bytes of address space a range reserves
+    cdef readonly size_t va_bytes       # expandable: bytes of address space in a range
     cdef object pending_error     # exception raised by a Python upstream, for raise_error()
 
     # The memory source

@@ -61,7 +61,7 @@ cdef class Upstream:
         return GP_PY_ERROR
 
     cdef int map(self, uintptr_t va, size_t nbytes) noexcept nogil:
-        """Map new memory at va (whole pages of a reserved range), readable and writable by
+        """Map new memory at va (whole pages of a range from reserve), readable and writable by
         the device."""
         return GP_PY_ERROR
 

@@ -1,4 +1,4 @@
-# The virtual-memory upstream: pages mapped into reserved address ranges (expandable segments).
+# The virtual-memory upstream: pages mapped into ranges of address space (expandable segments).
 from libc.stdint cimport uintptr_t
 from libcpp.unordered_map cimport unordered_map
 

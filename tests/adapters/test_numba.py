@@ -335,7 +335,8 @@ def _ipc_handle_or_skip(array):
 
 @pytest.mark.gpu
 @pytest.mark.upstream("driver")         # cuIpcGetMemHandle shares cuMemAlloc memory only
-def test_ipc_handle_of_a_slab_block_carries_its_offset(numba_cuda, numba_on_gpupool, tmp_path):
+def test_ipc_handle_of_a_shared_segment_block_carries_its_offset(numba_cuda, numba_on_gpupool,
+                                                                   tmp_path):
     from cuda.bindings import driver
 
     def address_and_base(array):
@@ -345,12 +346,12 @@ def test_ipc_handle_of_a_slab_block_carries_its_offset(numba_cuda, numba_on_gpup
         return address, int(base)
 
     arrays = [numba_cuda.to_device(np.arange(250, dtype=np.int32) + 1000 * k) for k in range(3)]
-    # 1 KiB blocks carved from one slab: at most one of them starts its driver allocation.
+    # 1 KiB blocks cut from one shared segment: at most one starts its driver allocation.
     k = next(k for k, array in enumerate(arrays) if len(set(address_and_base(array))) == 2)
     array, (address, base) = arrays[k], address_and_base(arrays[k])
     handle = _ipc_handle_or_skip(array)
     assert handle._ipc_handle.offset == address - base > 0
-    # Another process opens the handle and reads this block's values, not the slab's first.
+    # Another process opens the handle and reads this block's values, not the segment's first.
     path = tmp_path / "handle.pickle"
     path.write_bytes(pickle.dumps(handle))
     child = run_python(f"""

@@ -51,36 +51,36 @@ def foreign(buf, **changes):
 
 
 def test_the_consumer_is_ordered_after_the_interface_stream_without_a_host_wait(pool, sim):
-    owner = pool.allocate(SIZE)
+    base = pool.allocate(SIZE)
     s, c = sim.create_stream(), sim.create_stream()
     sim.launch(s)                                  # the producer's kernel, still writing
     queued = sim.queued(s)
-    wrapped = gpupool.as_buffer(foreign(owner, stream=s), pool=pool)
+    wrapped = gpupool.as_buffer(foreign(base, stream=s), pool=pool)
     assert wrapped.stream == 0 and sim.ordered(0, s, queued)     # the legacy stream, default
-    on_c = gpupool.as_buffer(foreign(owner, stream=s), pool=pool, stream=c)
+    on_c = gpupool.as_buffer(foreign(base, stream=s), pool=pool, stream=c)
     assert on_c.stream == c and sim.ordered(c, s, queued)
     sim.launch(2)
     queued = sim.queued(2)
-    gpupool.as_buffer(foreign(owner, stream=2), pool=pool, stream=c)   # this thread's
+    gpupool.as_buffer(foreign(base, stream=2), pool=pool, stream=c)   # this thread's
     assert sim.ordered(c, 2, queued)
     assert sim.pending(s) and sim.calls_named("synchronize") == []
 
 
 def test_no_ordering_for_a_stream_of_none_or_the_consumers_own(pool, sim):
-    owner = pool.allocate(SIZE)
+    base = pool.allocate(SIZE)
     c = sim.create_stream()
     sim.launch(c)
     sim.calls.clear()
-    gpupool.as_buffer(foreign(owner, stream=None), pool=pool, stream=c)
-    gpupool.as_buffer(foreign(owner, stream=c), pool=pool, stream=c)
-    gpupool.as_buffer(foreign(owner, stream=1), pool=pool)             # 1 is the legacy stream
+    gpupool.as_buffer(foreign(base, stream=None), pool=pool, stream=c)
+    gpupool.as_buffer(foreign(base, stream=c), pool=pool, stream=c)
+    gpupool.as_buffer(foreign(base, stream=1), pool=pool)             # 1 is the legacy stream
     assert sim.calls == []
 
 
 def test_a_stream_of_0_is_refused(pool):
-    owner = pool.allocate(SIZE)
+    base = pool.allocate(SIZE)
     with pytest.raises(ValueError, match="'stream'.* is 0.*forbids"):
-        gpupool.as_buffer(foreign(owner, stream=0), pool=pool)
+        gpupool.as_buffer(foreign(base, stream=0), pool=pool)
 
 
 def test_without_events_the_device_is_synchronized_instead():
@@ -90,10 +90,10 @@ def test_without_events_the_device_is_synchronized_instead():
 
     sim = NoEvents()
     pool = gpupool.Pool(upstream=sim)
-    owner = pool.allocate(SIZE)
+    base = pool.allocate(SIZE)
     s = sim.create_stream()
     sim.launch(s)
-    gpupool.as_buffer(foreign(owner, stream=s), pool=pool)
+    gpupool.as_buffer(foreign(base, stream=s), pool=pool)
     assert sim.calls_named("synchronize") == [()] and not sim.pending(s)
     assert sim.errors == []
 
@@ -143,13 +143,13 @@ def test_a_wrappers_later_streams_are_uses_of_the_gpupool_buffer(pool, sim, use)
 
 
 def test_a_wrapper_of_foreign_memory_records_nothing(pool, sim):
-    owner = pool.allocate(SIZE)
+    base = pool.allocate(SIZE)
     d = sim.create_stream()
-    wrapped = gpupool.as_buffer(foreign(owner, stream=None), pool=pool)
+    wrapped = gpupool.as_buffer(foreign(base, stream=None), pool=pool)
     wrapped.record_stream(d)
     wrapped.stream = d
     sim.calls.clear()
-    del owner
+    del base
     assert sim.calls_named("event_record") == []
 
 

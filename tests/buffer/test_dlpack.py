@@ -157,18 +157,18 @@ def test_empty_views(pool):
 @pytest.mark.usefixtures("default_pools")
 def test_as_buffer_wraps_foreign_memory_without_owning_it(pool, sim):
     gpupool.set_pool(pool)
-    owner = pool.allocate(64)
-    owner.copy_from_host(np.arange(64, dtype=np.uint8))
-    view = owner.view(np.float32, (4, 4))
+    base = pool.allocate(64)
+    base.copy_from_host(np.arange(64, dtype=np.uint8))
+    view = base.view(np.float32, (4, 4))
     s = sim.create_stream()
     foreign = type("Foreign", (), {"__cuda_array_interface__": dict(
         view.__cuda_array_interface__, stream=s)})()
     wrapped = gpupool.as_buffer(foreign)          # used on the legacy stream, after s's work
-    assert wrapped.ptr == owner.ptr and wrapped.nbytes == 64 and wrapped.stream == 0
+    assert wrapped.ptr == base.ptr and wrapped.nbytes == 64 and wrapped.stream == 0
     assert np.array_equal(wrapped.copy_to_host(), np.arange(64, dtype=np.uint8))
     in_use = pool.stats().in_use_bytes
     del wrapped                                   # not ours: nothing goes back to the pool
-    assert pool.stats().in_use_bytes == in_use and not owner.closed
+    assert pool.stats().in_use_bytes == in_use and not base.closed
     with pytest.raises(TypeError):
         gpupool.as_buffer(object())
     strided = type("S", (), {"__cuda_array_interface__": dict(

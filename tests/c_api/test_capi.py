@@ -300,7 +300,7 @@ def test_a_free_on_the_blocks_own_created_stream_asks_the_driver_nothing(scratch
     check_invariants(sim_pool)
 
 
-BIG = 16 << 20      # a block of its own (not cut from a slab), so the one of its size class
+BIG = 16 << 20      # a block of its own (no shared segment), so the one of its size class
 
 
 def test_a_free_on_another_created_stream_is_looked_up_and_keyed_by_it(scratch, sim_pool):

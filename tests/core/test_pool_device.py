@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import gpupool
+from gpupool.core import oom
 
 pytestmark = pytest.mark.gpu
 
@@ -68,9 +69,20 @@ def test_hard_limit_on_the_device():
     assert error.in_use_bytes == MIB
     assert error.reserved_bytes == pool.stats().reserved_bytes
     assert error.in_use_bytes + error.cached_bytes == error.reserved_bytes
-    # Built without a driver call: the device's numbers are left to pool.mem_info().
-    assert error.device_free_bytes is None and error.device_total_bytes is None
-    assert "gpupool.pool_status()" in str(error)
+    # Built without a driver call (core/oom.pyx, oom_error): with NVML (pynvml installed and
+    # the device matched) its free and total bytes; else no free bytes and the total that
+    # cuMemGetInfo gave when the pool was made (a driver upstream), as mem_info() gives it.
+    _, total = pool.mem_info()
+    nvml = oom.nvml_memory(0)
+    if error.device_free_bytes is None:
+        assert error.device_total_bytes == total and error.device_used_by_others_bytes is None
+    else:
+        assert nvml is not None and error.device_total_bytes == nvml[1]
+        assert 0 <= error.device_free_bytes <= error.device_total_bytes
+        assert error.device_used_by_others_bytes is not None
+    # Over the hard limit: a request that can never fit says so (no pool_status() hint).
+    assert "can never fit: 104857600 B requested, hard limit 64.000 MiB (67108864 B)" in str(
+        error)
     del keep
 
 

@@ -1,6 +1,6 @@
 """Stress on the H200 (marked gpu): 4 streams, random sizes, every buffer filled by a kernel
-with a pattern unique to its owner and checked by a kernel on its stream before it is freed.
-Any block handed to a new owner while an old owner's work could still touch it shows up as a
+with a pattern unique to its holder and checked by a kernel on its stream before it is freed.
+Any block handed to a new holder while an old holder's work could still touch it shows up as a
 corrupted byte."""
 
 import os

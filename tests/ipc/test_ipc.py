@@ -315,7 +315,7 @@ def test_collect_forgets_given_back_exports_and_reuses_their_slots(mpool, msim):
         buf.close()
     export.collect()
     stats = export._stats()
-    assert stats["records"] - start["records"] <= 1     # the slab's segment record stays
+    assert stats["records"] - start["records"] <= 1     # the shared segment's record stays
     assert stats["used_slots"] - start["used_slots"] <= 1
     assert len(msim.calls_named("ipc_event_destroy")) >= 299
     check_invariants(mpool)
@@ -522,12 +522,17 @@ def test_an_importer_killed_without_closing_pins_the_segment_until_collect(mpool
     assert mpool.trim() == reserved
 
 
-def test_a_handle_opened_after_its_buffer_was_given_back_is_refused(mpool, child):
-    buf = mpool.allocate(1000)
-    h = buf.ipc_handle()
+def refused_after_close(pool, peer):
+    """A buffer of pool exported, then closed: peer's open of the handle is refused."""
+    buf = pool.allocate(1000)
+    handle = buf.ipc_handle()
     buf.close()
-    reason, message = child.refused("open", "x", h, {})
+    reason, message = peer.refused("open", "x", handle, {})
     assert reason == "released" and "gave this buffer back" in message
+
+
+def test_a_handle_opened_after_its_buffer_was_given_back_is_refused(mpool, child):
+    refused_after_close(mpool, child)
     buf = mpool.allocate(1000)
     h = buf.ipc_handle()
     del buf
@@ -802,11 +807,7 @@ def test_a_handle_opened_on_another_devices_pool_is_refused(gpu_pool, server):
 @pytest.mark.gpu
 @needs_cupy
 def test_a_handle_opened_after_its_buffer_was_given_back_is_refused_on_a_gpu(gpu_pool, server):
-    buf = gpu_pool.allocate(1000)
-    handle = buf.ipc_handle()
-    buf.close()
-    reason, message = server.refused("open", "x", handle, {})
-    assert reason == "released" and "gave this buffer back" in message
+    refused_after_close(gpu_pool, server)
 
 
 @pytest.mark.gpu

@@ -298,7 +298,7 @@ def test_varying_batch_sizes(pool, region):
 
 def test_release_empties_the_cache_and_leaves_detached_buffers(pool, region):
     with region:
-        kept = pool.allocate(3 * KIB)            # from a slab
+        kept = pool.allocate(3 * KIB)            # from a shared segment
         step(pool, [12 << 20])                   # above 10 MiB: a block of its own
     region.release()
     assert region.stats().cached_bytes == 0

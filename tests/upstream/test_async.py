@@ -49,7 +49,7 @@ def test_async_upstream_blocks_on_a_created_stream_and_across_streams():
     driver, s = _stream()
     pool = gpupool.Pool(device=0, upstream="async")
     data = np.arange(3 * MIB, dtype=np.uint8)
-    small = pool.allocate(1000, stream=int(s))           # a slab allocated in s's order
+    small = pool.allocate(1000, stream=int(s))           # a shared segment allocated in s's order
     other = pool.allocate(1000)                          # carved for the legacy stream
     other.memset(5)
     big = pool.allocate(data.nbytes, stream=int(s))
