@@ -26,9 +26,10 @@ scikit-learn (nothing is downloaded), with gradients from the small reverse-mode
 Each epoch prints the mean loss, the test accuracy and the pool's report; the region mode then
 prints its counters, with the peak bytes in use by one step's buffers; the end prints a table of
 test accuracy, the peak bytes in use over the whole run (the model and the data included), bytes
-reserved after the first and the last epoch, and the median time of a step. ``--plot PATH`` draws the bytes reserved and in use after every step, per mode;
-``--snapshot PATH`` records each gpupool mode's memory history and writes its memory snapshot in
-PyTorch's format (``gpupool.dump_snapshot``; open it at https://pytorch.org/memory_viz).
+reserved after the first and the last epoch, and the median time of a step. ``--plot PATH``
+draws the bytes reserved and in use after every step, per mode; ``--snapshot PATH`` records
+each gpupool mode's memory history and writes its memory snapshot in PyTorch's format
+(``gpupool.dump_snapshot``; open it at https://pytorch.org/memory_viz).
 
 Without a GPU
 -------------
