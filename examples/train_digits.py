@@ -41,8 +41,8 @@ so; the ``region`` and ``no-region`` modes run, with the same per-epoch lines, t
 
 Running it
 ----------
-On a GPU it needs CuPy and scikit-learn (``pip install 'gpupool[examples]'``); elsewhere
-scikit-learn::
+Everywhere it needs scikit-learn, for the data set (``pip install 'gpupool[examples]'``); on a GPU
+CuPy too (``pip install 'gpupool[examples,cupy]'``); ``--plot`` needs matplotlib::
 
     python examples/train_digits.py                        # every mode, 30 epochs each
     python examples/train_digits.py --mode region --quiet  # one mode, only the summary
@@ -286,7 +286,7 @@ def require_gpu():
         exc = CUPY_IMPORT_ERROR
         if isinstance(exc, ModuleNotFoundError) and exc.name == "cupy":
             raise SetupError(
-                "CuPy is not installed (pip install 'gpupool[examples]' on a machine with an"
+                "CuPy is not installed (pip install 'gpupool[cupy]' on a machine with an"
                 " NVIDIA GPU)"
             )
         raise SetupError(f"CuPy cannot be imported: {one_line(exc)}")
