@@ -5,6 +5,8 @@
 * ``threads.png``: allocate + free pairs per second, all threads together, against threads;
 * ``trace_replay.png``: peak reserved / peak live bytes per trace and allocator.
 
+A plot of a run on the simulated device (``--simulated``) says so in its title.
+
 ``run_all.py`` calls :func:`write_all` at its end; run alone::
 
     python bench/plots.py /tmp/gpupool-bench/results.json [--out DIR]
@@ -38,6 +40,11 @@ def _style(i, key):
     return {"marker": MARKERS[i % len(MARKERS)], "linestyle": "-" if ours else "--"}
 
 
+def _title(res, text):
+    """A plot's title; a run on the simulated device says so (its numbers are host memory's)."""
+    return f"{text} (simulated device, not a GPU)" if res.get("simulated") else text
+
+
 def _results(summary, name):
     return summary.get("scripts", {}).get(name, {}).get("results")
 
@@ -50,7 +57,7 @@ def alloc_latency(plt, res, path):
             ax.plot(*zip(*points, strict=True), label=key, **_style(i, key))
     ax.set(xscale="log", yscale="log", xlabel="request size (bytes)",
            ylabel="ns per allocate + free (median)",
-           title="Cached allocate + free, legacy default stream")
+           title=_title(res, "Cached allocate + free, legacy default stream"))
     ax.legend(fontsize=8, ncol=2)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -64,7 +71,7 @@ def threads(plt, res, path):
         if points:
             ax.plot(*zip(*points, strict=True), label=key, **_style(i, key))
     ax.set(xscale="log", xlabel="threads", ylabel="million pairs per second (all threads)",
-           title="Allocate + free throughput from several threads")
+           title=_title(res, "Allocate + free throughput from several threads"))
     ax.set_xticks(res.get("threads", [1, 2, 4, 8]), labels=res.get("threads", [1, 2, 4, 8]))
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -82,7 +89,8 @@ def trace_replay(plt, res, path):
         ax.bar([j + i * width for j in range(len(traces))], values, width, label=key)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(traces))], labels=list(traces))
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set(ylabel="peak reserved / peak live", title="Fragmentation on recorded traces")
+    ax.set(ylabel="peak reserved / peak live",
+           title=_title(res, "Fragmentation on recorded traces"))
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -51,7 +51,9 @@ def parse(argv):
     p.add_argument("--device", choices=("auto", "gpu", "simulated"), default="auto")
     p.add_argument("--batches", type=int, default=16)
     p.add_argument("--depth", type=int, default=2, help="batches in flight at most")
-    p.add_argument("--upstream", choices=("vmm", "driver"), default="vmm")
+    p.add_argument("--upstream", choices=("vmm", "driver"),
+                   help="the producer's pool on a GPU (default: vmm); ignored, with a line "
+                        "saying so, on the simulated device")
     args = p.parse_args(argv)
     if args.batches < 1 or args.depth < 1:
         p.error("--batches and --depth must be at least 1")
@@ -204,8 +206,12 @@ def main(argv=None):
     if device == "simulated":
         print(f"ipc_pipeline: sharing batches on gpupool's simulated device (host memory), "
               f"because {cp_or_why}")
+        if args.upstream is not None:
+            print(f"ipc_pipeline: --upstream {args.upstream} is ignored: the simulated device "
+                  f"shares memfd host memory, neither vmm pages nor driver segments")
         cp = None
     else:
+        args.upstream = args.upstream or "vmm"
         print(f"ipc_pipeline: sharing batches on the GPU (upstream {args.upstream!r})")
         cp = cp_or_why
     checks = produce(args, device, cp)

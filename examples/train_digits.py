@@ -23,11 +23,13 @@ scikit-learn (nothing is downloaded), with gradients from the small reverse-mode
 ``cupy``
     CuPy's own ``MemoryPool`` with the default collector, for reference.
 
-Each epoch prints the mean loss, the test accuracy and the pool's report; the end prints a table of
-test accuracy, peak bytes in use, bytes reserved after the first and the last epoch, and the median
-time of a step. ``--plot PATH`` draws the bytes reserved and in use after every step, per mode;
-``--snapshot PATH`` records each gpupool mode's memory history and writes its memory snapshot in
-PyTorch's format (``gpupool.dump_snapshot``; open it at https://pytorch.org/memory_viz).
+Each epoch prints the mean loss, the test accuracy and the pool's report; the region mode then
+prints its counters, with the peak bytes in use by one step's buffers; the end prints a table of
+test accuracy, the peak bytes in use over the whole run (the model and the data included), bytes
+reserved after the first and the last epoch, and the median time of a step. ``--plot PATH``
+draws the bytes reserved and in use after every step, per mode; ``--snapshot PATH`` records
+each gpupool mode's memory history and writes its memory snapshot in PyTorch's format
+(``gpupool.dump_snapshot``; open it at https://pytorch.org/memory_viz).
 
 Without a GPU
 -------------
@@ -39,8 +41,8 @@ so; the ``region`` and ``no-region`` modes run, with the same per-epoch lines, t
 
 Running it
 ----------
-On a GPU it needs CuPy and scikit-learn (``pip install 'gpupool[examples]'``); elsewhere
-scikit-learn::
+Everywhere it needs scikit-learn, for the data set (``pip install 'gpupool[examples]'``); on a GPU
+CuPy too (``pip install 'gpupool[examples,cupy]'``); ``--plot`` needs matplotlib::
 
     python examples/train_digits.py                        # every mode, 30 epochs each
     python examples/train_digits.py --mode region --quiet  # one mode, only the summary
@@ -94,6 +96,7 @@ DEVICES = ("auto", "gpu", "simulated")
 SIMULATED_CAPACITY = 1 << 30  # bytes of host memory the simulated device holds
 SNAPSHOT_ENTRIES = 20_000  # --snapshot: the last events kept (about 2 MB of pickle)
 PROG = "train_digits"
+UPSTREAM_VARIABLE = "GPUPOOL_UPSTREAM"  # the GPU pools' upstream; the simulated device is its own
 
 
 # --- where the arrays live -----------------------------------------------------------------------
@@ -166,6 +169,9 @@ def choose_device(device):
             reason = f"because {reason}"
     print(f"{PROG}: training with NumPy on gpupool's simulated device (host memory), {reason}",
           flush=True)
+    if os.environ.get(UPSTREAM_VARIABLE):
+        print(f"{PROG}: {UPSTREAM_VARIABLE}={os.environ[UPSTREAM_VARIABLE]!r} is ignored: the "
+              f"simulated device is the pool's upstream", flush=True)
     return Simulated()
 
 
@@ -227,7 +233,7 @@ class GpupoolMemory(Memory):
         print(
             f"Region: {s.entries} entries, {s.cache_hits} cache hits, {s.cache_misses} cache"
             f" misses, {mib(s.cached_bytes)} MiB cached, {mib(s.live_at_exit_bytes)} MiB live"
-            f" at exit, peak in use {mib(s.peak_in_use_bytes)} MiB"
+            f" at exit, peak in use by a step's buffers {mib(s.peak_in_use_bytes)} MiB"
         )
 
     def close(self):
@@ -280,7 +286,7 @@ def require_gpu():
         exc = CUPY_IMPORT_ERROR
         if isinstance(exc, ModuleNotFoundError) and exc.name == "cupy":
             raise SetupError(
-                "CuPy is not installed (pip install 'gpupool[examples]' on a machine with an"
+                "CuPy is not installed (pip install 'gpupool[cupy]' on a machine with an"
                 " NVIDIA GPU)"
             )
         raise SetupError(f"CuPy cannot be imported: {one_line(exc)}")
@@ -419,7 +425,7 @@ def print_table(results, epochs):
         return mib(r.peak_in_use_bytes) + ("*" if r.peak_sampled else " ")  # digits stay aligned
 
     _digits.print_summary(epochs, results, [
-        ("peak in use (MiB)", peak),
+        ("peak in use, whole run (MiB)", peak),
         ("reserved after epoch 1 (MiB)", lambda r: mib(r.reserved_first_epoch)),
         (f"reserved after epoch {epochs} (MiB)", lambda r: mib(r.reserved_last_epoch)),
     ])

@@ -5,8 +5,6 @@ free lists with stream-ordered reuse; ``Region`` caches a block of code's alloca
 iterations with a peak equal to its working set.
 """
 
-import os
-
 from gpupool import (
     _capi,  # noqa: F401  (publishes the C API capsule)
     testing,
@@ -33,7 +31,8 @@ from gpupool.errors import (
 from gpupool.interop import as_buffer
 from gpupool.ipc import IpcHandle, open_ipc
 from gpupool.snapshot import dump_snapshot, memory_snapshot, record_memory_history
-from gpupool.stats import PoolStats, RegionStats, format_status
+from gpupool.stats import PoolStats, RegionStats
+from gpupool.stats import format_status as _format_status
 
 __version__ = "0.1.0"
 
@@ -72,9 +71,23 @@ __all__ = [
     "VmmUpstream",
 ]
 
+# The modules a user imports by name; dir() lists those that are imported.
+_PUBLIC_MODULES = ("cupy", "diagnose", "numba", "testing", "torch")
+
+
+def __dir__():
+    """The public API, the imported public modules and the module's dunder attributes: not
+    the internal modules (core, buffer, ...) that importing the package binds."""
+    names = globals()
+    return sorted({*__all__, *(m for m in _PUBLIC_MODULES if m in names),
+                   *(n for n in names if n.startswith("__") and n.endswith("__"))})
+
+
 def get_include():
     """Folder of ``gpupool.h``, the C API header, for an extension's ``include_dirs``."""
-    return os.path.join(os.path.dirname(__file__), "include")
+    from os import path
+
+    return path.join(path.dirname(__file__), "include")
 
 
 def allocate(nbytes, stream=None, device=None):
@@ -120,4 +133,4 @@ def pool_status(device=None, pool=None):
         raise TypeError(f"pool_status(pool=) takes a gpupool.Pool, got {type(pool).__name__}")
     free, total = pool.mem_info()
     stats = pool.stats()
-    print(format_status(free, total, stats.in_use_bytes, stats.reserved_bytes))
+    print(_format_status(free, total, stats.in_use_bytes, stats.reserved_bytes))

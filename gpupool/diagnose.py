@@ -1,10 +1,12 @@
-"""What a bug report needs: versions, the CUDA driver and devices, gpupool's settings, its pools.
+"""What a bug report needs: versions, the CUDA driver and devices, gpupool's settings, whether
+its allocator for PyTorch is built, its pools.
 
 ``python -m gpupool`` prints it. Inside a program, ``print(gpupool.diagnose.report())`` also
 shows the status of every default pool that program made. Nothing here makes a pool; the driver
 is asked through ``cuda.bindings.driver`` (the free memory of a device needs its primary
 context, which is retained for the question and released). Without a driver the report says
-so in one line and goes on with what does not need one.
+so in one line and goes on with what does not need one. Where PyTorch is installed it is
+imported (which starts no CUDA work) to tell which allocator ``gpupool.torch.use()`` would install.
 """
 
 import argparse
@@ -22,11 +24,13 @@ from gpupool.limits import _VARIABLES as _LIMIT_VARIABLES
 from gpupool.limits import parse_limit
 from gpupool.stats import format_bytes
 
-__all__ = ["Device", "Facts", "describe_limit", "format_report", "gather", "main", "report"]
+__all__ = ["Device", "Facts", "describe_limit", "format_report", "gather", "main", "report",
+           "torch_allocator_state"]
 
 LIMIT_VARIABLES = tuple(_LIMIT_VARIABLES.values())     # as the pool reads them
 UPSTREAM_VARIABLE = "GPUPOOL_UPSTREAM"
 MAGAZINES_VARIABLE = "GPUPOOL_MAGAZINES"  # "0": no per-thread magazines (read at import)
+TORCH_ALLOCATOR_VARIABLE = "GPUPOOL_TORCH_ALLOCATOR"  # "pluggable": gpupool.torch.use() skips it
 DEFAULT_UPSTREAM = "vmm"             # "driver" on a device without virtual memory management
 # Installed distributions worth naming in a report, when present (never imported).
 FRAMEWORKS = ("cupy-cuda13x", "cupy-cuda12x", "numba-cuda", "torch", "jax", "scikit-learn")
@@ -63,8 +67,12 @@ class Facts:
         ``cuDriverGetVersion``: 1000 * major + 10 * minor, the newest CUDA the driver runs.
     devices : list of Device
     environment : dict of str to str
-        The values of ``GPUPOOL_UPSTREAM``, ``GPUPOOL_HARD_LIMIT``, ``GPUPOOL_SOFT_LIMIT`` and
-        ``GPUPOOL_MAGAZINES`` that are set (an empty value counts as unset, as for the pool).
+        The values of ``GPUPOOL_UPSTREAM``, ``GPUPOOL_HARD_LIMIT``, ``GPUPOOL_SOFT_LIMIT``,
+        ``GPUPOOL_MAGAZINES`` and ``GPUPOOL_TORCH_ALLOCATOR`` that are set (an empty value
+        counts as unset, as for the pool).
+    torch_allocator : str
+        Whether gpupool's allocator for PyTorch is built, and why not
+        (:func:`torch_allocator_state`).
     pools : list of (int, str)
         ``(device, text)``: each default pool's ``repr`` and ``gpupool.pool_status()``.
     """
@@ -76,6 +84,7 @@ class Facts:
     cuda_version: int | None = None
     devices: list = field(default_factory=list)
     environment: dict = field(default_factory=dict)
+    torch_allocator: str = ""
     pools: list = field(default_factory=list)
 
 
@@ -170,7 +179,34 @@ def _pool_texts(pools):
     return texts
 
 
-def gather(environ=None, driver=None, pools=None):
+def torch_allocator_state(torch=None):
+    """One line on gpupool's allocator for PyTorch (``gpupool.torch.use()``): built (where),
+    still to be compiled on the first ``use()``, or why it cannot be built here.
+
+    Parameters
+    ----------
+    torch : module, optional
+        PyTorch; default: imported where it is installed.
+
+    Returns
+    -------
+    str
+        Also when PyTorch is missing or cannot be imported (then saying so). Never raises
+        for a missing prerequisite.
+    """
+    if torch is None:
+        if _version("torch") is None:
+            return "PyTorch is not installed"
+        try:
+            import torch
+        except Exception as exc:  # noqa: BLE001 -- a report shows what it cannot read
+            return f"PyTorch cannot be imported ({_one_line(exc)})"
+    from gpupool.adapters import torch_allocator
+
+    return torch_allocator.state(torch)
+
+
+def gather(environ=None, driver=None, pools=None, torch=None):
     """Collect the facts of this process and machine.
 
     Parameters
@@ -181,6 +217,8 @@ def gather(environ=None, driver=None, pools=None):
         Default: ``cuda.bindings.driver``.
     pools : dict of int to Pool, optional
         Default: gpupool's default pools (``gpupool._pools``).
+    torch : module, optional
+        Default: PyTorch, imported where it is installed (see :func:`torch_allocator_state`).
 
     Returns
     -------
@@ -196,13 +234,15 @@ def gather(environ=None, driver=None, pools=None):
     ])
     facts.frameworks = [(name, v) for name in FRAMEWORKS if (v := _version(name))]
     facts.environment = {name: environ[name] for name in (UPSTREAM_VARIABLE, *LIMIT_VARIABLES,
-                                                          MAGAZINES_VARIABLE)
+                                                          MAGAZINES_VARIABLE,
+                                                          TORCH_ALLOCATOR_VARIABLE)
                          if environ.get(name)}
     if driver is None:
         from cuda.bindings import driver
     _probe_driver(facts, driver)
     if facts.cuda_version is not None:
         facts.driver_version = _kernel_module_version()
+    facts.torch_allocator = torch_allocator_state(torch)
     facts.pools = _pool_texts(gpupool._pools if pools is None else pools)
     return facts
 
@@ -285,6 +325,10 @@ def format_report(facts):
         lines.append(f"Magazines: off ({MAGAZINES_VARIABLE}=0)")
     else:
         lines.append(f"Magazines: on (the default; {MAGAZINES_VARIABLE} is not 0)")
+    choice = facts.environment.get(TORCH_ALLOCATOR_VARIABLE)
+    lines.append(f"gpupool's allocator for PyTorch: {facts.torch_allocator}" + (
+        f" ({TORCH_ALLOCATOR_VARIABLE}={choice!r}: use() takes the pluggable allocator)"
+        if choice == "pluggable" else ""))
     if not facts.pools:
         lines.append("Pools: none made in this process")
     for device, text in facts.pools:
@@ -303,7 +347,8 @@ def main(argv=None):
     argparse.ArgumentParser(
         prog="python -m gpupool",
         description="Print what a gpupool bug report needs: versions, the CUDA driver and "
-                    "devices, gpupool's environment variables and pools.",
+                    "devices, gpupool's environment variables, whether its allocator for "
+                    "PyTorch is built, its pools.",
     ).parse_args(argv)
     sys.stdout.write(report())
     return 0

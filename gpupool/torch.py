@@ -35,7 +35,8 @@ extension's C entry points: malloc and free only, so ``torch.cuda.memory_stats()
 :func:`memory_stats`), ``empty_cache()`` does nothing (use ``gpupool.get_pool().trim()``),
 ``record_stream`` is ignored, CUDA graphs and cuDNN's benchmark fail.
 ``GPUPOOL_TORCH_ALLOCATOR=pluggable`` chooses that route without the warning;
-:func:`allocator` says which one is installed.
+:func:`allocator` says which one is installed, and ``python -m gpupool`` beforehand whether
+it is built, still to be built, or why it cannot be.
 ``torch.cuda.memory._record_memory_history`` and ``_snapshot`` do not apply: use
 ``gpupool.record_memory_history`` and ``gpupool.dump_snapshot``, whose pickle PyTorch's memory
 visualizer reads (the entry point gathers the Python frames of each allocation while it

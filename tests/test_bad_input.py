@@ -4,6 +4,7 @@ crash (CPU, simulated device)."""
 import pytest
 
 import gpupool
+from gpupool.testing import SimulatedDevice
 
 
 class Stream:
@@ -81,8 +82,17 @@ def test_region_cache_cap_accepts_limit_strings(pool):
         bufs = [pool.allocate(300_000) for _ in range(8)]     # 2.3 MiB of blocks
         del bufs
     assert region.stats().cached_bytes <= 1 << 20
-    with pytest.raises(ValueError, match="malformed memory limit"):
+    with pytest.raises(ValueError, match="^max_cached_bytes='lots': malformed memory limit"):
         gpupool.Region(pool=pool, max_cached_bytes="lots")
+
+
+@pytest.mark.parametrize("value, error", [(-1, ValueError), ("-1", ValueError), (0, ValueError),
+                                          (1.5, TypeError)])
+def test_a_bad_region_cache_cap_names_its_argument_as_pools_limits_do(pool, value, error):
+    with pytest.raises(error, match=rf"^max_cached_bytes={value!r}: "):
+        gpupool.Region(pool=pool, max_cached_bytes=value)
+    with pytest.raises(error, match=rf"^hard_limit={value!r}: "):
+        gpupool.Pool(upstream=SimulatedDevice(), hard_limit=value)
 
 
 def test_a_stream_the_driver_refuses_is_an_error_for_allocations_not_for_frees(pool, sim):

@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -337,6 +338,30 @@ def test_plots_of_a_run_all_summary(tmp_path, monkeypatch):
                                                             "no plots"])
 
 
+def test_plots_of_a_simulated_run_say_so_in_their_titles(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import plots
+
+    plt = plots._pyplot()
+    axes = []
+
+    def subplots(*args, **kwargs):
+        fig, ax = plt.subplots(*args, **kwargs)
+        axes.append(ax)
+        return fig, ax
+
+    monkeypatch.setattr(plots, "_pyplot", lambda: types.SimpleNamespace(
+        subplots=subplots, close=plt.close))
+    column = {"gp": {"results": {"256": {"median": 150.0}}}}
+    for simulated in (True, False):
+        summary = {"scripts": {"alloc_latency": {"results": {"simulated": simulated,
+                                                             "columns": column}}}}
+        plots.write_all(summary, str(tmp_path))
+    assert [ax.get_title() for ax in axes] == [
+        "Cached allocate + free, legacy default stream (simulated device, not a GPU)",
+        "Cached allocate + free, legacy default stream"]
+
+
 def test_fragmentation_stays_down_on_traces_the_policy_was_not_tuned_on():
     out = fragmentation.run(gpupool)
     rows = out["results"]
@@ -346,7 +371,17 @@ def test_fragmentation_stays_down_on_traces_the_policy_was_not_tuned_on():
     # and size classes 1.257x (bench/RESULTS.md's history); best fit with 512-byte rounding: 1.216x.
     assert out["synthetic_plain"]["mean"] < 1.25
     assert out["synthetic_vmm"]["mean"] <= out["synthetic_plain"]["mean"]
-    assert "peak reserved bytes" in fragmentation.report(out)
+    text = fragmentation.report(out)
+    assert "peak reserved bytes" in text
+    # PyTorch's numbers are recorded ones (real_models.py on the H200), printed apart, with
+    # their machine and date, never as a column of what this run measured.
+    measured, recorded = text.split("recorded, not measured by this run")
+    assert measured.startswith("measured by this run") and "PyTorch" not in measured
+    for name, mib in fragmentation.EXPANDABLE_MIB.items():
+        (row,) = [line.split() for line in recorded.splitlines() if line.startswith(name + " ")]
+        assert row[1:5] == [f"{mib:,}", "H200", fragmentation.EXPANDABLE_DATES[name],
+                            "real_models.py"]
+        assert out["recorded"][name]["pytorch_expandable_mib"] == mib
 
 
 def test_expandable_segments_reserve_less_than_pytorchs_on_the_real_training_runs():

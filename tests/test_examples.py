@@ -72,15 +72,21 @@ def test_train_digits_trains_on_the_simulated_device_without_gpu(run_script, tmp
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", output
 
 
-def test_ipc_pipeline_shares_batches_between_processes_on_the_simulated_device(run_script):
+@pytest.mark.parametrize("upstream", [[], ["--upstream", "driver"]], ids=["default", "driver"])
+def test_ipc_pipeline_shares_batches_between_processes_on_the_simulated_device(run_script,
+                                                                              upstream):
     proc, output = run_script("examples/ipc_pipeline.py", "--batches", "12", "--depth", "3",
-                              env=NO_GPU, timeout=300)
+                              *upstream, env=NO_GPU, timeout=300)
     # Exit status 0 means: every batch's sums right, the consumer's receipts in the
     # producer's memory, at most 3 batches in use, blocks reused, the consumer clean.
     assert proc.returncode == 0, output
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("ipc_pipeline: sharing batches on gpupool's simulated device"), \
         output
+    ignored = [line for line in lines if "is ignored" in line]
+    assert ignored == ([] if not upstream else [
+        "ipc_pipeline: --upstream driver is ignored: the simulated device shares memfd host "
+        "memory, neither vmm pages nor driver segments"]), output
     checks = [line for line in lines if line.startswith("[")]
     assert len(checks) == 5 and all(line.startswith("[ok] ") for line in checks), output
 
@@ -96,6 +102,22 @@ def test_train_digits_simulated_as_asked(run_script):
     (line,) = proc.stderr.splitlines()
     assert line.startswith("train_digits: check failed: region: test accuracy "), output
     assert line.endswith(" is below 0.95"), output
+
+
+def test_train_digits_names_its_two_peaks_and_an_ignored_upstream(run_script):
+    pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
+    proc, output = run_script("examples/train_digits.py", "--device", "simulated", "--epochs",
+                              "1", "--mode", "region", "--quiet",
+                              env=dict(os.environ, GPUPOOL_UPSTREAM="driver"), timeout=300)
+    assert proc.returncode == 1, output         # one epoch: accuracy below 0.95, as above
+    lines = proc.stdout.splitlines()
+    assert lines[1] == ("train_digits: GPUPOOL_UPSTREAM='driver' is ignored: the simulated "
+                        "device is the pool's upstream"), output
+    # The region's peak is one step's buffers; the table's, the pool's over the whole run.
+    (region,) = [line for line in lines if line.startswith("Region: ")]
+    assert ", peak in use by a step's buffers " in region, output
+    (header,) = [line for line in lines if line.startswith("mode ")]
+    assert "peak in use, whole run (MiB)" in header and header.count("peak") == 1, output
 
 
 def test_train_digits_writes_a_memory_snapshot(run_script, tmp_path):

@@ -1,30 +1,195 @@
-"""README.md: its two commands, its example for any machine (run, output as its comments say),
-and links that work on a package index page too."""
+"""README.md as a new user meets it: its first screen (what gpupool is, then the two commands),
+the commands themselves (those .ci/run and setup.cfg agree with; the main job's extra installs
+all the main job needs, and no more), every Python block run as pasted (the GPU ones, which
+import CuPy, PyTorch or Numba, marked ``gpu``), and links that work on a package index page."""
 
+import configparser
 import re
+import shlex
 import subprocess
 import sys
+from importlib import metadata
 
+import pytest
 from conftest import REPO
 
 README = (REPO / "README.md").read_text()
+FIRST_SCREEN_LINES = 24        # a terminal's or a repository page's first screen
+FRAMEWORKS = ("cupy", "torch", "numba")     # a block importing one needs a GPU
 
 
 def _code_blocks(language):
     return re.findall(rf"```{language}\n(.*?)```", README, re.DOTALL)
 
 
-def test_the_two_commands_come_first():
-    first = _code_blocks("bash")[0].splitlines()
-    assert README.startswith("# gpupool\n\n```bash\n")
-    assert [line.split("  #")[0].rstrip() for line in first] == [
+def _commands():
+    """The two commands of README's first block, without their comments."""
+    return [line.split("  #")[0].rstrip() for line in _code_blocks("bash")[0].splitlines()]
+
+
+def _extra(command):
+    """The extra a ``pip install -e '.[extra]' && ...`` command installs."""
+    return re.match(r"pip install -e '\.\[(\w+)\]' && ", command).group(1)
+
+
+def _setup_cfg_list(section, key):
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    return [line.strip() for line in cfg[section][key].splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+# The first screen and the two commands -------------------------------------------------------
+
+def test_the_first_screen_says_what_gpupool_is_then_gives_the_two_commands():
+    title, rest = README.split("\n\n", 1)
+    assert title == "# gpupool"
+    intro, block = rest.split("```", 1)
+    assert intro.startswith("gpupool is a caching GPU memory allocator for Python")
+    assert len(intro.strip().splitlines()) <= 8
+    assert block.startswith("bash\n")           # the first code block: the two commands
+    first_screen = "\n".join(README.splitlines()[:FIRST_SCREEN_LINES])
+    assert _code_blocks("bash")[0] in first_screen
+
+
+def test_the_two_commands():
+    assert _commands() == [
         "pip install -e '.[examples]' && python examples/train_digits.py",
         "pip install -e '.[test]' && python -m pytest -q tests",
     ]
 
 
+def test_the_test_command_is_the_one_ci_runs():
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    command = _commands()[1]
+    (install,) = [line for line in ci if line.startswith("python -m pip install -q -e ")]
+    assert install.endswith(f"'.[{_extra(command)}]'")
+    assert command.split(" && ")[1] in ci
+    # pytest's own configuration agrees on where the tests are
+    assert 'testpaths = ["tests"]' in (REPO / "pyproject.toml").read_text()
+
+
+def test_every_extra_the_readme_names_exists():
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    extras = set(cfg["options.extras_require"])
+    named = set(re.findall(r"pip install -e '\.\[([\w,]+)\]'", README))
+    assert {e for group in named for e in group.split(",")} <= extras
+    # The main job's extra leaves CuPy to the cupy extra: no GPU package on a machine without
+    # a GPU.
+    assert not any("cupy" in r for r in _setup_cfg_list("options.extras_require", "examples"))
+
+
+def _canonical(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _installed_closure(requirements):
+    """The canonical names of the installed distributions ``requirements`` pull in."""
+    from packaging.requirements import Requirement
+
+    seen, todo = set(), list(requirements)
+    while todo:
+        req = Requirement(todo.pop())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if _canonical(req.name) in seen:
+            continue
+        seen.add(_canonical(req.name))
+        try:
+            todo += metadata.distribution(req.name).requires or []
+        except metadata.PackageNotFoundError:
+            continue
+    return seen
+
+
+# Run a script with the given top-level modules refused, as if not installed.
+WITHOUT_MODULES = """
+import os, runpy, sys
+refused = set(sys.argv[1].split(","))
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in refused:
+            raise ModuleNotFoundError(f"No module named {name!r} (not installed)", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+script = sys.argv[2]
+sys.argv = sys.argv[2:]
+sys.path.insert(0, os.path.dirname(script))
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_the_main_job_needs_only_what_its_extra_installs():
+    pytest.importorskip("sklearn", reason="the main job's extra is not installed here")
+    command = _commands()[0]
+    extra = _extra(command)
+    distributions = _installed_closure(
+        _setup_cfg_list("options", "install_requires")
+        + _setup_cfg_list("options.extras_require", extra))
+    # Every module of another installed distribution is refused (the standard library's and
+    # the examples' own belong to none).
+    refused = {module for module, dists in metadata.packages_distributions().items()
+               if not any(_canonical(d) in distributions | {"gpupool"} for d in dists)}
+    refused -= {"gpupool"}
+    python, script, *args = shlex.split(command.split(" && ")[1])
+    assert python == "python"
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_MODULES, ",".join(sorted(refused | {"cupy", "matplotlib"})),
+         script, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    # Exit status 0: trained to >= 0.95 with the region's reserved memory flat.
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+
+# Every Python block --------------------------------------------------------------------------
+
+def _python_blocks():
+    """``(section heading, block)`` of every Python block, in order."""
+    found = []
+    for match in re.finditer(r"```python\n(.*?)```", README, re.DOTALL):
+        headings = re.findall(r"^## (.+)$", README[:match.start()], re.MULTILINE)
+        found.append((headings[-1] if headings else "top", match.group(1)))
+    return found
+
+
+def _needs(block):
+    """The frameworks a block imports (``import torch``, ``import gpupool.numba``...)."""
+    return [m for m in FRAMEWORKS
+            if re.search(rf"^\s*(?:import|from)\s+(?:gpupool\.)?{m}\b", block, re.MULTILINE)]
+
+
+def _block_params():
+    params = []
+    for i, (heading, block) in enumerate(_python_blocks()):
+        needs = _needs(block)
+        slug = re.sub(r"\W+", "-", heading.lower()).strip("-")
+        params.append(pytest.param(block, needs, id=f"{i}-{slug}",
+                                   marks=[pytest.mark.gpu] if needs else []))
+    return params
+
+
+def test_the_first_example_runs_on_any_machine():
+    heading, first = _python_blocks()[0]
+    assert _needs(first) == [] and "SimulatedDevice()" in first, heading
+
+
+@pytest.mark.parametrize("block, needs", _block_params())
+def test_every_python_block_runs_as_pasted(block, needs, tmp_path):
+    for module in needs:
+        pytest.importorskip(module)
+    # A script of its own (not -c): a block that starts processes with 'spawn' needs a file.
+    script = tmp_path / "readme_block.py"
+    script.write_text(block)
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"{block}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+
 def test_the_example_for_any_machine_prints_what_its_comments_say():
-    (block,) = [b for b in _code_blocks("python") if "SimulatedDevice()" in b]
+    (block,) = [b for b in _code_blocks("python") if "SimulatedDevice()" in b
+                and "gpupool.pool_status(pool=pool)" in b]
     printed = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True,
                              timeout=120, cwd=REPO)
     assert printed.returncode == 0, printed.stderr

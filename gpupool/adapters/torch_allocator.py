@@ -13,7 +13,9 @@ on. No CUDA toolkit is needed: the headers of the ``nvidia-cuda-runtime`` and
 
 :func:`install` raises :class:`Unavailable` with the reason and the fix when the allocator
 cannot be built or loaded (PyTorch without CUDA, no compiler, no headers, a failed compile);
-``gpupool.torch.use()`` then falls back to PyTorch's pluggable allocator.
+``gpupool.torch.use()`` then falls back to PyTorch's pluggable allocator. :func:`state` says
+in one line, without compiling, whether it is built, still to be built, or why it cannot be
+(``python -m gpupool`` shows it).
 """
 
 import ctypes
@@ -200,14 +202,20 @@ def _check_torch(torch):
     return lib
 
 
-def build(torch):
-    """The path of the allocator built for this PyTorch, compiled first if not cached.
+def plan(torch):
+    """Where the allocator for this PyTorch is kept, and how it is compiled.
+
+    Returns
+    -------
+    (Path, list of str, str)
+        The built library's path in :func:`cache_dir` (its name hashes the sources, the
+        compiler's command and version, and PyTorch's version and place), the compiler's
+        command line with ``"OUT"`` for the file it writes, and the compiler.
 
     Raises
     ------
     Unavailable
-        PyTorch has no CUDA, no compiler or headers are found, or the compile failed (the
-        message gives the compiler's first errors and the log's path).
+        PyTorch has no CUDA, or no compiler, Python headers or CUDA headers are found.
     """
     lib = _check_torch(torch)
     if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
@@ -223,11 +231,38 @@ def build(torch):
         key.update(part)
     key.update("\0".join([*command, _compiler_version(cxx), torch.__version__,
                           torch.__file__]).encode())
-    folder = cache_dir()
     version = torch.__version__.replace("+", "_")
-    path = folder / f"torch_allocator-{version}-{key.hexdigest()[:16]}.so"
+    return cache_dir() / f"torch_allocator-{version}-{key.hexdigest()[:16]}.so", command, cxx
+
+
+def state(torch):
+    """One line for a report: whether the allocator for ``torch`` is built, is still to be
+    compiled by the first ``gpupool.torch.use()``, or cannot be built here, and why. Never
+    raises for a missing prerequisite."""
+    try:
+        path, _command, cxx = plan(torch)
+    except Unavailable as exc:
+        return (f"cannot be built here: {exc}; gpupool.torch.use() serves PyTorch through its "
+                f"pluggable allocator instead (malloc and free only)")
+    if path.is_file():
+        return f"built for PyTorch {torch.__version__}: {path}"
+    return (f"not built yet for PyTorch {torch.__version__}: the first gpupool.torch.use() "
+            f"compiles it (a few seconds, with {cxx}) into {path.parent}")
+
+
+def build(torch):
+    """The path of the allocator built for this PyTorch, compiled first if not cached.
+
+    Raises
+    ------
+    Unavailable
+        PyTorch has no CUDA, no compiler or headers are found, or the compile failed (the
+        message gives the compiler's first errors and the log's path).
+    """
+    path, command, cxx = plan(torch)
     if path.is_file():
         return path
+    folder = path.parent
     folder.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(dir=folder, suffix=".so.partial")
     os.close(fd)

@@ -170,7 +170,8 @@ cdef class Region:
             raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
         if max_cached_bytes is not None:
             # Bytes, or a limit string ("512MiB", "10%" of the device) as for Pool's limits.
-            max_cached_bytes = parse_limit(max_cached_bytes, lambda: pool.mem_info()[1])
+            max_cached_bytes = parse_limit(max_cached_bytes, lambda: pool.mem_info()[1],
+                                           "max_cached_bytes")
         self.pool = pool
         self.on_exit = on_exit
         self.scope = scope

@@ -5,12 +5,16 @@ import enum
 import os
 import subprocess
 import sys
+import sysconfig
+import types
+from pathlib import Path
 
 import pytest
 from conftest import REPO, gpu_available
 
 import gpupool
 from gpupool import diagnose
+from gpupool.adapters import torch_allocator
 from gpupool.testing import SimulatedDevice
 
 GIB = 1 << 30
@@ -80,9 +84,9 @@ class NoLibcuda:
                            'system search.')
 
 
-def _lines(environ=None, driver=None, pools=None):
+def _lines(environ=None, driver=None, pools=None, torch=None):
     facts = diagnose.gather(environ=environ or {}, driver=driver or NoLibcuda(),
-                            pools=pools or {})
+                            pools=pools or {}, torch=torch)
     return diagnose.format_report(facts).splitlines()
 
 
@@ -104,6 +108,8 @@ def test_python_dash_m_gpupool_exits_0_and_names_the_driver_problem():
     assert not any(line.startswith("Device ") for line in lines), output
     assert "GPUPOOL_HARD_LIMIT: 'lots': the pool refuses it: malformed memory limit" \
         in proc.stdout, output
+    assert sum(line.startswith("gpupool's allocator for PyTorch: ") for line in lines) == 1, \
+        output
     assert lines[-1] == "Pools: none made in this process", output
 
 
@@ -238,3 +244,78 @@ def test_report_shows_the_default_pools(default_pools):
 def test_other_installed_distributions_are_named(monkeypatch):
     monkeypatch.setattr(diagnose, "FRAMEWORKS", ("pytest", "no-such-distribution"))
     assert f"Also installed: pytest {pytest.__version__}" in _lines()
+
+
+# gpupool's allocator for PyTorch ------------------------------------------------------------
+
+TORCH_LINE = "gpupool's allocator for PyTorch: "
+
+
+def fake_torch(root, cuda="13.0"):
+    """A PyTorch as the allocator's build sees one: headers, libraries, its CUDA version
+    (None: a CPU-only build)."""
+    for header in ("c10/cuda/CUDACachingAllocator.h", "torch/csrc/cuda/CUDAPluggableAllocator.h"):
+        (root / "include" / header).parent.mkdir(parents=True, exist_ok=True)
+        (root / "include" / header).write_text("")
+    (root / "lib").mkdir(exist_ok=True)
+    for name in torch_allocator.LIBRARIES:
+        (root / "lib" / f"lib{name}.so").write_text("")
+    return types.SimpleNamespace(
+        __version__="2.11.0+cu130", __file__=str(root / "__init__.py"),
+        version=types.SimpleNamespace(cuda=cuda),
+        backends=types.SimpleNamespace(cuda=types.SimpleNamespace(is_built=lambda: bool(cuda))),
+        _C=types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True))
+
+
+@pytest.fixture
+def buildable(monkeypatch, tmp_path):
+    """A fake CUDA PyTorch with every prerequisite of the build (a compiler that only reports
+    its version, CUDA headers), its cache in tmp_path."""
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        pytest.skip("this Python has no C headers")
+    cuda = tmp_path / "cuda"
+    (cuda / "crt").mkdir(parents=True)
+    (cuda / "crt" / "host_config.h").write_text("")
+    (cuda / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 13000\n")
+    monkeypatch.setattr(torch_allocator, "_cuda_candidates", lambda: iter([cuda]))
+    monkeypatch.setattr(torch_allocator, "compiler", lambda: sys.executable)
+    monkeypatch.setenv("GPUPOOL_CACHE_DIR", str(tmp_path / "cache"))
+    return fake_torch(tmp_path / "torch")
+
+
+def test_the_report_says_the_allocator_for_pytorch_is_still_to_be_built(buildable):
+    (line,) = [x for x in _lines(torch=buildable) if x.startswith(TORCH_LINE)]
+    path, _command, _cxx = torch_allocator.plan(buildable)
+    assert line == (f"{TORCH_LINE}not built yet for PyTorch 2.11.0+cu130: the first "
+                    f"gpupool.torch.use() compiles it (a few seconds, with {sys.executable}) "
+                    f"into {path.parent}")
+
+
+def test_the_report_names_the_built_allocator_for_pytorch(buildable):
+    path, _command, _cxx = torch_allocator.plan(buildable)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    assert f"{TORCH_LINE}built for PyTorch 2.11.0+cu130: {path}" in _lines(torch=buildable)
+
+
+def test_the_report_says_why_the_allocator_for_pytorch_cannot_be_built(buildable, tmp_path,
+                                                                       monkeypatch):
+    (line,) = [x for x in _lines(torch=fake_torch(tmp_path / "cpu", cuda=None))
+               if x.startswith(TORCH_LINE)]
+    assert line.startswith(f"{TORCH_LINE}cannot be built here: PyTorch 2.11.0+cu130 was built "
+                           f"without CUDA")
+    assert line.endswith("gpupool.torch.use() serves PyTorch through its pluggable allocator "
+                         "instead (malloc and free only)")
+    monkeypatch.setattr(torch_allocator, "_cuda_candidates", lambda: iter([]))
+    assert any(x.startswith(f"{TORCH_LINE}cannot be built here: no CUDA runtime headers")
+               for x in _lines(torch=buildable))
+
+
+def test_the_report_says_when_pytorch_is_missing_or_the_pluggable_allocator_is_chosen(
+        buildable, monkeypatch):
+    lines = _lines(environ={"GPUPOOL_TORCH_ALLOCATOR": "pluggable"}, torch=buildable)
+    assert any(x.startswith(TORCH_LINE) and x.endswith(
+        "(GPUPOOL_TORCH_ALLOCATOR='pluggable': use() takes the pluggable allocator)")
+        for x in lines)
+    monkeypatch.setattr(diagnose, "_version", lambda name: None)
+    assert diagnose.torch_allocator_state() == "PyTorch is not installed"
