@@ -2,12 +2,13 @@
 simulated device and check laziness and errors without RMM; GPU tests (marked gpu) run RMM,
 CuPy and PyTorch on a gpupool resource, and skip where RMM is not installed."""
 
+import configparser
 import sys
 import types
 
 import numpy as np
 import pytest
-from conftest import SLOW_WRITE, fresh_python
+from conftest import REPO, SLOW_WRITE, fresh_python
 
 import gpupool
 import gpupool.rmm
@@ -349,3 +350,9 @@ def test_a_region_covers_rmm_allocations(rmm, gpu_pool):
     assert ptrs[0] == ptrs[1] == ptrs[2]
     assert region.stats().cache_hits == 2
 
+
+
+def test_the_rmm_extra_installs_rmm_for_cuda_13():
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    assert config["options.extras_require"]["rmm"].split() == ["rmm-cu13>=26.10"]
