@@ -215,9 +215,7 @@ def test_use_sets_a_callback_resource_over_the_pool(monkeypatch, callbacks):
 
 @pytest.fixture
 def rmm():
-    rmm = pytest.importorskip("rmm")
-    import rmm.mr
-
+    rmm = pytest.importorskip("rmm")               # imports rmm.mr too
     saved = rmm.mr.get_per_device_resource(0)
     yield rmm
     rmm.mr.set_per_device_resource(0, saved)
