@@ -211,6 +211,48 @@ def test_use_sets_a_callback_resource_over_the_pool(monkeypatch, callbacks):
     assert gpupool.rmm.resource().pool is pool                  # the device's default pool
 
 
+# RMM's own callback machinery, on the simulated device (RMM needs no GPU for this) ---------
+
+@pytest.fixture
+def rmm_on_sim(monkeypatch, callbacks):
+    """(rmm, a gpupool.rmm resource over the simulated pool of ``callbacks``): RMM's resource
+    calls the pool's functions without touching the memory, so RMM runs here without a GPU."""
+    rmm = pytest.importorskip("rmm")
+    monkeypatch.setattr(gpupool.rmm, "_check_pool", lambda pool, device: None)
+    return rmm, gpupool.rmm.resource(callbacks.pool)
+
+
+def test_rmm_calls_the_pool_with_its_streams(rmm_on_sim):
+    rmm, mr = rmm_on_sim
+    from rmm.pylibrmm.stream import DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM
+
+    assert isinstance(mr, rmm.mr.DeviceMemoryResource)
+    for stream in (DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM):
+        ptr = mr.allocate(1000, stream)
+        assert mr.pool.stats().in_use_bytes == 1024
+        mr.deallocate(ptr, 1000, stream)
+        assert mr.pool.stats().in_use_bytes == 0
+
+
+def test_rmm_raises_memory_error_with_gpupools_message(rmm_on_sim):
+    rmm, mr = rmm_on_sim
+    with pytest.raises(MemoryError, match="gpupool: out of memory on device 0") as failure:
+        mr.allocate(32 * MiB)
+    assert not isinstance(failure.value, gpupool.GpupoolError)    # RMM's, from C++
+    assert mr.pool.memory_stats()["num_ooms"] == 1
+    with pytest.raises(RuntimeError, match="for RMM on device 0 failed: invalid value"):
+        mr.allocate(1 << 51)
+
+
+def test_rmm_hands_a_bad_free_to_the_unraisable_hook(rmm_on_sim, monkeypatch):
+    rmm, mr = rmm_on_sim
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    mr.deallocate(12345, 10)
+    assert [type(u.exc_value) for u in seen] == [gpupool.GpupoolError]
+    assert mr.allocate(0) == 0                                  # and RMM goes on
+
+
 # On the GPU, with RMM ----------------------------------------------------------------------
 
 @pytest.fixture
