@@ -30,12 +30,10 @@ returns) whose two functions are compiled (``gpupool.adapters.rmm_entry``): RMM 
 with the GIL and a fresh ``Stream`` each time, so an allocation costs RMM's Python round trip
 on top of gpupool's (``bench/rmm_resource.py`` measures it against RMM's own pool).
 
-Only this route exists. A resource in C++ (RMM's ``callback_memory_resource`` over the C
-API's functions, with no GIL or Python call) would have to be a Cython class deriving from
-RMM's ``DeviceMemoryResource``, whose C++ resource sits in fields only code compiled against
-the installed RMM's ``.pxd`` files reaches: gpupool is built without RMM (an optional extra),
-so it would be cythonized and compiled on first use, against RMM's ``.pxd`` files, librmm's
-and CCCL's headers, the CUDA runtime's headers and ``librmm.so``, and needs Cython at run time.
+Only this route exists; a resource in C++ (RMM's ``callback_memory_resource`` over the C
+API's functions, no GIL or Python call per allocation) would be a Cython class deriving from
+RMM's ``DeviceMemoryResource``, compiled against the installed RMM, so on first use and with
+Cython at run time: see Note [RMM resource route] in docs/design.md.
 
 RMM is imported when a resource is made, not when this module is.
 """
