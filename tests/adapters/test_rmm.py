@@ -13,7 +13,6 @@ from conftest import REPO, SLOW_WRITE, fresh_python
 import gpupool
 import gpupool.rmm
 from gpupool.adapters.rmm_entry import RmmCallbacks
-from gpupool.testing import SimulatedDevice
 
 MiB = 1 << 20
 
@@ -28,13 +27,6 @@ class Stream:
 
     def __cuda_stream__(self):
         return (0, self.handle)
-
-
-@pytest.fixture
-def sim():
-    device = SimulatedDevice(capacity=64 * MiB)
-    yield device
-    assert device.errors == []
 
 
 @pytest.fixture
