@@ -30,10 +30,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # real_models: about 15-25 s per (model, allocator), 21 pairs (seen on an H200, 2026-12-01).
 SCRIPTS = [("alloc_latency", 240), ("cross_stream", 120), ("capi_latency", 120),
            ("threads", 180), ("trace_replay", 180), ("fragmentation", 60), ("ipc", 120),
-           ("region_memory", 240), ("real_models", 900)]
+           ("region_memory", 240), ("real_models", 900), ("rmm_resource", 120)]
 # Scripts that ``--repeat N`` runs N times (the latency and throughput ones), for the spread
 # of the same code's medians between runs.
-REPEATABLE = ("alloc_latency", "cross_stream", "capi_latency", "threads")
+REPEATABLE = ("alloc_latency", "cross_stream", "capi_latency", "threads", "rmm_resource")
 # Scripts that draw a plot: each gets ``--plot OUT/NAME.png``.
 PLOTTING = {"region_memory", "real_models"}
 

@@ -1,6 +1,6 @@
 """The benchmark harness on CPU: the trace format, trace replay on the simulated device, the
-threads harness and run_all's spread. (The benchmarks' GPU numbers come from bench/run_all.py
-on a GPU machine.)"""
+threads harness, the RMM resource harness and run_all's spread. (The benchmarks' GPU numbers
+come from bench/run_all.py on a GPU machine.)"""
 
 import json
 import os
@@ -23,6 +23,7 @@ import fragmentation  # noqa: E402
 import ipc  # noqa: E402
 import real_models  # noqa: E402
 import region_memory  # noqa: E402
+import rmm_resource  # noqa: E402
 import run_all  # noqa: E402
 import threads  # noqa: E402
 import trace_replay  # noqa: E402
@@ -587,3 +588,51 @@ def test_record_trace_takes_the_workloads_by_name(capsys):
     with pytest.raises(SystemExit) as exc:
         record_trace.main(["--models", "gpt2-ckpt,gpt2-generate", "--simulated"])
     assert exc.value.code == 0 and "skipped" in capsys.readouterr().out
+
+
+# The RMM resource harness ------------------------------------------------------------------
+
+def fake_rmm():
+    """RMM's resources and DeviceBuffer as the harness calls them, counting allocations."""
+    import types
+
+    counts = {"alloc": 0, "free": 0}
+
+    class Resource:
+        def __init__(self, *args, **kwargs):
+            pass
+
+    class DeviceBuffer:
+        def __init__(self, *, size, mr):
+            counts["alloc"] += 1
+
+        def __del__(self):
+            counts["free"] += 1
+
+    mr = types.SimpleNamespace(PoolMemoryResource=Resource, CudaMemoryResource=Resource,
+                               CudaAsyncMemoryResource=Resource)
+    return types.SimpleNamespace(DeviceBuffer=DeviceBuffer, mr=mr), counts
+
+
+@pytest.mark.parametrize("argv, reason", [(["--simulated"], "no simulated run"),
+                                          ([], "pip install 'gpupool[rmm]'")])
+def test_rmm_resource_skips_without_rmm_or_a_gpu(monkeypatch, capsys, argv, reason):
+    monkeypatch.setitem(sys.modules, "rmm", None)
+    with pytest.raises(SystemExit) as done:
+        rmm_resource.main(argv)
+    assert done.value.code == 0
+    assert reason in capsys.readouterr().out
+
+
+def test_rmm_resource_times_rmm_resources_and_judges_the_target(sim):
+    rmm, counts = fake_rmm()
+    columns = [c for c in rmm_resource.COLUMNS if c.key != "gp"]   # gp needs a GPU
+    out = rmm_resource.run(columns, Context(gpupool, sim=sim), rmm, quick=True)
+    assert list(out["columns"]) == ["rmm.pool", "rmm.async"] and not out["errors"]
+    assert counts["alloc"] == counts["free"] > 0
+    pool_ns = out["columns"]["rmm.pool"]["results"][str(MiB)]["median"]
+    out["columns"]["gp"] = {"label": "gp", "results": {str(MiB): {"median": 2 * pool_ns}}}
+    out["targets"] = rmm_resource.targets(out)
+    assert [(t["size"], t["ok"]) for t in out["targets"]] == [(MiB, False)]
+    printed = rmm_resource.report(out)
+    assert "[MISS] gpupool resource <= RMM pool resource: 1 MiB: 2.00x" in printed

@@ -151,13 +151,20 @@ cdef free_fn record_stream_in = <free_fn>_record_stream
 cdef stats_fn get_stats_in = <stats_fn>_get_stats
 
 
-cdef int capi_allocate(int device, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
-    cdef PyObject* pool
+cdef int _refused(size_t nbytes, void** ptr) noexcept nogil:
+    """The status of an allocation refused before any pool is looked up (GPUPOOL_OK: none);
+    clears ptr."""
     if ptr == NULL or nbytes == 0 or nbytes > MAX_NBYTES:
         return GPUPOOL_ERROR_INVALID_VALUE
     ptr[0] = NULL
-    if FORKED[0]:
-        return GPUPOOL_ERROR_FORKED
+    return GPUPOOL_ERROR_FORKED if FORKED[0] else GPUPOOL_OK
+
+
+cdef int capi_allocate(int device, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+    cdef PyObject* pool
+    cdef int r = _refused(nbytes, ptr)
+    if r != GPUPOOL_OK:
+        return r
     pool = default_pool(_pools, device)
     if pool == NULL:
         return GPUPOOL_ERROR_NO_DEVICE
@@ -174,6 +181,19 @@ cdef int capi_free(int device, void* ptr, uintptr_t stream) noexcept nogil:
     if pool == NULL:
         return GPUPOOL_ERROR_NO_DEVICE
     return free_in(pool, ptr, stream)
+
+
+cdef int pool_allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
+    """The C API's allocate from the given pool rather than the device's default one."""
+    cdef int r = _refused(nbytes, ptr)
+    return r if r != GPUPOOL_OK else _allocate(pool, nbytes, stream, ptr)
+
+
+cdef int pool_free(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
+    """The C API's free to the given pool rather than the device's default one."""
+    if ptr == NULL:
+        return GPUPOOL_OK
+    return GPUPOOL_ERROR_FORKED if FORKED[0] else _free(pool, ptr, stream)
 
 
 cdef int capi_record_stream(int device, void* ptr, uintptr_t stream) noexcept nogil:
@@ -372,12 +392,9 @@ cdef int capi_private_new(int device, void** out) noexcept nogil:
 cdef int capi_private_allocate(void* handle, size_t nbytes, uintptr_t stream,
                                void** ptr) noexcept nogil:
     cdef PrivatePool* pp = <PrivatePool*>handle
-    cdef int r
-    if pp == NULL or ptr == NULL or nbytes == 0 or nbytes > MAX_NBYTES:
-        return GPUPOOL_ERROR_INVALID_VALUE
-    ptr[0] = NULL
-    if FORKED[0]:
-        return GPUPOOL_ERROR_FORKED
+    cdef int r = _refused(nbytes, ptr) if pp != NULL else GPUPOOL_ERROR_INVALID_VALUE
+    if r != GPUPOOL_OK:
+        return r
     # The private pool is the calling thread's innermost region for this one request.
     if not region_try_push(pp.rc):
         return GPUPOOL_ERROR_INTERNAL

@@ -1,0 +1,9 @@
+from typing import Any
+
+from gpupool.core.pool import Pool
+
+class RmmCallbacks:
+    pool: Pool
+    def __init__(self, pool: Pool) -> None: ...
+    def allocate(self, nbytes: int, stream: Any) -> int: ...
+    def deallocate(self, ptr: int, nbytes: int, stream: Any) -> None: ...
