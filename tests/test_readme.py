@@ -1,7 +1,7 @@
 """README.md as a new user meets it: its first screen (what gpupool is, then the two commands),
 the commands themselves (those .ci/run and setup.cfg agree with; the main job's extra installs
 all the main job needs, and no more), every Python block run as pasted (the GPU ones, which
-import CuPy, PyTorch or Numba, marked ``gpu``), and links that work on a package index page."""
+import CuPy, PyTorch, Numba or RMM, marked ``gpu``), and links that work on a package index page."""
 
 import configparser
 import re
@@ -15,7 +15,7 @@ from conftest import REPO
 
 README = (REPO / "README.md").read_text()
 FIRST_SCREEN_LINES = 24        # a terminal's or a repository page's first screen
-FRAMEWORKS = ("cupy", "torch", "numba")     # a block importing one needs a GPU
+FRAMEWORKS = ("cupy", "torch", "numba", "rmm")     # a block importing one needs a GPU
 
 
 def _code_blocks(language):
