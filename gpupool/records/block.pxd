@@ -32,7 +32,7 @@ cdef struct Segment:
 cdef struct RegionLink:
     void* cache
     bint escaped        # live: outlived an exit of its region, so it returns to the pool
-    size_t stamp        # free: the entry of its region that last used it
+    size_t stamp        # free: the entry of its region that last used it; live: that allocated it
     Block* prev
     Block* next
 
