@@ -43,6 +43,25 @@ cdef inline Block* pl_block_at(PoolState* st, PlanTable* p, size_t k,
     return b
 
 
+cdef inline Block* pl_served(PlanTable* p, size_t k, Block* b) noexcept nogil:
+    """Request k took b at its place: counted, and b is the anchor of the requests above."""
+    p.hits += 1
+    p.live[k] = b
+    b.region.place = k + 1
+    return b
+
+
+cdef inline void pl_unpark(PoolState* st, Block* b) noexcept nogil:
+    """Take parked block b out of the parked slots."""
+    cdef int i, j
+    for i in range(st.nparked):
+        if st.parked[i] == b:
+            for j in range(i, st.nparked - 1):
+                st.parked[j] = st.parked[j + 1]
+            st.nparked -= 1
+            return
+
+
 cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t size,
                            StreamKey s) noexcept nogil:
     """Request number rc.plan.next of the entry, of size bytes (rounded) on s: its block cut
@@ -65,7 +84,15 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
     addr = p.base + <uintptr_t>p.offsets[k]
     b = pl_block_at(st, p, k, addr)
     if b != NULL and b.state == PARKED:
-        pk_flush(st)                    # the place's bytes were freed last: join them first
+        # Freed last, held aside unjoined: taken as it is when it is the place itself, else
+        # every parked block is put back joined (the place may span several).
+        if b.ptr == addr and b.size == size and same_stream(b.stream, s) and \
+                b.extra_events == NULL and (b.region.cache == NULL or
+                                            b.region.cache == <void*>rc):
+            pl_unpark(st, b)
+            rc_disown(b)
+            return pl_served(p, k, b)
+        pk_flush(st)
         b = pl_block_at(st, p, k, addr)
     if b == NULL or b.state != FREE or addr + size > b.ptr + b.size or \
             not (b.region.cache == NULL or b.region.cache == <void*>rc) or \
@@ -95,10 +122,7 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
         sg_put(st, front)
     sg_split(st, b, size, s, owner)
     b.stream = s
-    p.hits += 1
-    p.live[k] = b
-    p.where[b.ptr] = k
-    return b
+    return pl_served(p, k, b)
 
 
 cdef inline bint pl_movable(RegionCache* rc, Block* b) noexcept nogil:

@@ -2,9 +2,7 @@
 # what goes in it): the requests and frees its entries make, recorded in order, and the plan
 # its next entry is served from. Types and the notes the region's bookkeeping takes
 # (core/regioncache.pxd); the planned take itself is core/planned.pxd's. Under the pool's lock.
-from cython.operator cimport dereference as deref
 from libc.stdint cimport uintptr_t, int64_t
-from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
 
@@ -30,7 +28,6 @@ cdef cppclass PlanTable:
     vector[uintptr_t] streams       # request k's stream handle
     vector[int64_t] anchors         # a request placed just below k and live when k comes; -1
     vector[Block*] live             # the live block at each place served (NULL: none)
-    unordered_map[uintptr_t, size_t] where      # a live planned block's address: its request
     size_t next                     # this entry's requests so far
     size_t hits                     # this entry's requests served at their place
     size_t misses                   # this entry's planned requests that were not
@@ -45,16 +42,11 @@ cdef inline void pt_note_alloc(PlanTable* p, Block* b) noexcept nogil:
 
 cdef inline void pt_forget(PlanTable* p, Block* b) noexcept nogil:
     """A block leaves the region (freed, kept or detached): no longer a live planned one."""
-    cdef unordered_map[uintptr_t, size_t].iterator it
-    cdef size_t k
-    if p.where.empty():
-        return
-    it = p.where.find(b.ptr)
-    if it != p.where.end():
-        k = deref(it).second
-        if p.live[k] == b:
-            p.live[k] = NULL
-        p.where.erase(it)
+    cdef size_t k = b.region.place
+    if k:
+        b.region.place = 0
+        if k <= p.live.size() and p.live[k - 1] == b:
+            p.live[k - 1] = NULL
 
 
 cdef inline void pt_note_free(PlanTable* p, Block* b) noexcept nogil:
@@ -72,4 +64,3 @@ cdef inline void pt_clear(PlanTable* p) noexcept nogil:
     p.streams.clear()
     p.anchors.clear()
     p.live.clear()
-    p.where.clear()
