@@ -92,6 +92,7 @@ class RegionStats:
     plan_hits: int = 0          # requests served at their planned place
     plan_misses: int = 0        # planned requests that went the online way
     plans_given_up: int = 0     # plans given up for serving badly or growing the pool
+    plans_not_fitting: int = 0  # plans larger than the memory they would take: not used
     plan_bytes: int = 0         # bytes of the largest plan's range kept
 
     def as_dict(self):

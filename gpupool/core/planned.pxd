@@ -7,7 +7,7 @@
 # the online one would.
 # Under the pool's lock; only core/acquire.pxd (the take) and core/pool.pyx (the window) use it.
 from libc.stdint cimport uintptr_t, int64_t
-from gpupool.records.block cimport Block, Segment, FREE, LIVE, PARKED, UNMAPPED
+from gpupool.records.block cimport Block, Segment, FREE, LIVE, PARKED
 from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.cutjoin cimport sg_split, sg_put
 from gpupool.core.freelist cimport fl_unbin
@@ -126,13 +126,14 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
 
 
 cdef inline bint pl_movable(RegionCache* rc, Block* b) noexcept nogil:
-    """Whether b's bytes may take a new plan's places: free (the pool's or rc's, or unmapped),
-    or live and allocated by rc's entry that just ended (its tails: freed next entry)."""
+    """Whether b's bytes may take a new plan's places: free (the pool's or rc's), or live and
+    allocated by rc's entry that just ended (its tails: freed next entry). Unmapped bytes
+    (an expandable segment's hole) may not: a plan maps nothing."""
     if b.state == LIVE:
         return b.region.cache == <void*>rc and b.region.stamp == rc.entries
     if b.state == FREE or b.state == PARKED:
         return b.region.cache == NULL or b.region.cache == <void*>rc
-    return b.state == UNMAPPED
+    return False
 
 
 cdef inline uintptr_t pl_layout(PoolState* st, RegionCache* rc, PlanTable* io) noexcept nogil:

@@ -456,7 +456,7 @@ cdef class Region:
         counts = self.planner.counts
         return {"planned": True, "plans": counts["plans"], "planning_ms": counts["planning_ms"],
                 "plan_hits": counts["hits"], "plan_misses": counts["misses"],
-                "plans_given_up": counts["given_up"],
+                "plans_given_up": counts["given_up"], "plans_not_fitting": counts["no_room"],
                 "plan_bytes": max((p.nbytes for p in self.planner.plans), default=0)}
 
     def reset_peak_stats(self):
