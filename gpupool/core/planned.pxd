@@ -9,13 +9,13 @@
 from libc.stdint cimport uintptr_t, int64_t
 from gpupool.records.block cimport Block, Segment, FREE, LIVE, PARKED
 from gpupool.records.streams cimport StreamKey, same_stream
-from gpupool.core.cutjoin cimport sg_split, sg_put
+from gpupool.core.cutjoin cimport sg_split, sg_cut_front
 from gpupool.core.freelist cimport fl_unbin
 from gpupool.core.parking cimport pk_flush
 from gpupool.core.plantable cimport (
     PlanTable, PlanEvent, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, pt_clear,
 )
-from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
+from gpupool.core.regioncache cimport RegionCache, rc_disown
 from gpupool.core.state cimport PoolState
 from gpupool.core.streamorder cimport so_ready, so_drop_events
 from gpupool.upstream.base cimport Upstream
@@ -73,7 +73,6 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
     cdef size_t k = p.next
     cdef uintptr_t addr
     cdef Block* b
-    cdef Block* front
     cdef RegionCache* owner
     p.next += 1
     if not p.active or k >= p.offsets.size() or p.offsets[k] < 0:
@@ -104,22 +103,10 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
     if not same_stream(b.stream, s):
         so_drop_events(&st.order, b)    # its earlier work is ordered before s's next
     if b.ptr < addr:
-        # Cut the front off as core/private.pxd does: the rest, from addr on, is taken; the
-        # front goes back free, cached by the block's owner.
-        front = b
-        sg_split(st, front, addr - front.ptr, s, owner)
-        b = front.seg_next
-        front.state = FREE
-        if b == NULL or b.ptr != addr:          # not cut (no host memory for a record)
-            rc_own(owner, front)
-            sg_put(st, front)
+        b = sg_cut_front(st, b, addr, s, owner)     # the front stays free, the owner's
+        if b == NULL:
             p.misses += 1
             return NULL
-        fl_unbin(&st.free, b)
-        rc_disown(b)
-        b.state = LIVE
-        rc_own(owner, front)
-        sg_put(st, front)
     sg_split(st, b, size, s, owner)
     b.stream = s
     return pl_served(p, k, b)
