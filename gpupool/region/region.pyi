@@ -11,6 +11,7 @@ class Region:
     skip_first: bool
     debug: bool
     trace: bool
+    planner: Any
     def __init__(
         self,
         pool: Pool | None = None,

@@ -130,8 +130,9 @@ cdef class Region:
         the online way. The plan holds no memory of its own. A plan that serves less than
         half of an entry's planned requests, or whose entries grow the pool, twice, is
         given up. A dict passes options to ``gpupool.region.planned.Planner``
-        (``max_plans``, ``max_plan_requests``, ``budget_ms``, ``min_hit_rate``). See
-        ``stats()`` for its counters.
+        (``max_plans``, ``max_plan_requests``, ``budget_ms``, ``min_hit_rate``), which is
+        the region's ``planner`` attribute (None without a plan); ``stats()`` has its
+        counters. Note [Planned regions] in docs/design.md has the design.
 
     Warns
     -----
