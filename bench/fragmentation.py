@@ -32,7 +32,11 @@ maximum of the sizes seen (the envelope), re-planned when a step of that structu
 more; the next entry uses the plan last learned, and ``placement.servable`` decides online
 which of its requests take their planned place. "served" is the share of the steps' requests
 the plan served, by envelope and, beside it, with plans keyed by exact sizes; the peak is the
-pool's peak reserved bytes with the range in it. The other columns do not change with the flag.
+pool's peak reserved bytes with the range in it. A last table replays the real runs through
+the runtime ``gpupool.Region(plan=True)`` entered at each step start (as the "vmm + region"
+column), beside the pool alone and the pool with a plain region: peak reserved MiB and / run
+floor, the share of the planned requests served at their planned place, the plans made, given
+up and not used for want of room, and the planning milliseconds in all. The other columns do not change with the flag.
 """
 
 import json
@@ -75,16 +79,17 @@ def traces():
     return found + [alloc_trace.load(path) for path in alloc_trace.find(REAL_DIR)]
 
 
-def peak_reserved(gpupool, trace, kind, region=False):
+def peak_reserved(gpupool, trace, kind, region=False, plan=False, out=None):
     """Replay through a fresh pool on a simulated device (plain or vmm), with a region
-    entered at each of the trace's step starts if asked; its peak reserved bytes."""
+    entered at each of the trace's step starts if asked (a planned one with ``plan``; its
+    stats() go to ``out``); its peak reserved bytes."""
     from gpupool.testing import SimulatedDevice
 
     sim = SimulatedDevice(capacity=1 << 40, virtual_memory=kind == "vmm")
     pool = gpupool.Pool(upstream=sim)
     streams = [None] + [sim.create_stream() for _ in range(1, trace.num_streams)]
     starts = set(trace.meta.get("step_starts", ())) if region else set()
-    step = gpupool.Region(pool=pool, collect=None) if starts else None
+    step = gpupool.Region(pool=pool, collect=None, plan=plan) if starts else None
     live, entered = {}, False
     for k, (op, i, n, s) in enumerate(trace.events(streams)):
         if k in starts:
@@ -98,6 +103,8 @@ def peak_reserved(gpupool, trace, kind, region=False):
             live[i] = pool.allocate(n, s)
     if entered:
         step.__exit__(None, None, None)
+    if out is not None and step is not None:
+        out.update(step.stats().as_dict())
     live.clear()
     return pool.stats().peak_reserved_bytes
 
@@ -278,6 +285,15 @@ def run_planner(gpupool, rows):
                        served_exact=exact["served"] / exact["requests"],
                        plans_exact=exact["plans"], peak=env["peak"], peak_exact=exact["peak"],
                        pool=rows[trace.name]["vmm"])
+            stats = {}
+            row["runtime"] = peak_reserved(gpupool, trace, "vmm", region=True, plan=True,
+                                           out=stats)
+            row["pool_region"] = rows[trace.name]["vmm_region"]
+            tried = stats["plan_hits"] + stats["plan_misses"]
+            row.update(runtime_served=stats["plan_hits"] / tried if tried else 0.0,
+                       runtime_plans=stats["plans"], runtime_ms=stats["planning_ms"],
+                       runtime_given_up=stats["plans_given_up"],
+                       runtime_unfit=stats["plans_not_fitting"])
     return found
 
 
@@ -301,6 +317,23 @@ def report_planner(found):
          for name, r in found.items()],
         title="the planner (gpupool.region.placement) on the recorded traces: one step's plan, "
               "and a planned region over the whole run (plans by structure and envelope)")
+
+
+def report_runtime(found):
+    """The real Region(plan=True) beside the pool alone and the pool with a region."""
+    def mib(row, key):
+        return f"{row[key] / MiB:,.0f} ({row[key] / row['run_floor']:.4f}x)"
+
+    return format_table(
+        ["trace", "run floor MiB", "pool (vmm) MiB (/ floor)", "pool + region",
+         "Region(plan=True)", "planned / pool + region", "served at the planned place",
+         "plans", "given up", "not fitting", "planning ms"],
+        [[name, f"{r['run_floor'] / MiB:,.0f}", mib(r, "pool"), mib(r, "pool_region"),
+          mib(r, "runtime"), f"{r['runtime'] / r['pool_region']:.4f}",
+          f"{r['runtime_served']:.1%}", str(r["runtime_plans"]), str(r["runtime_given_up"]),
+          str(r["runtime_unfit"]), f"{r['runtime_ms']:.0f}"] for name, r in found.items() if "runtime" in r],
+        title="the planned region at run time (gpupool.Region(plan=True), a region per step) on "
+              "the expandable simulated device: peak reserved MiB and / run floor")
 
 
 def run(gpupool, planner=False):
@@ -367,7 +400,7 @@ def report(out):
     if out.get("recorded"):
         lines += ["", report_recorded(out)]
     if "planner" in out:
-        lines += ["", report_planner(out["planner"])]
+        lines += ["", report_planner(out["planner"]), "", report_runtime(out["planner"])]
     return "\n".join(lines)
 
 

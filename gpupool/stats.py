@@ -75,7 +75,8 @@ class RegionStats:
     """A region's counters: entries, hits and misses of its cache, bytes it caches, bytes of
     its buffers alive at the last exit (after the collection; buffers given to ``keep``
     excluded, buffers that escaped earlier entries and still live included), peak bytes in
-    use by the buffers of a step, and the exit collections (count, seconds summed)."""
+    use by the buffers of a step, and the exit collections (count, seconds summed); for a
+    planned region (``Region(plan=True)``) its plans' counters."""
 
     entries: int
     cache_hits: int
@@ -85,6 +86,14 @@ class RegionStats:
     peak_in_use_bytes: int
     collections: int
     collect_seconds: float
+    planned: bool = False       # Region(plan=True): the counters below are its plans'
+    plans: int = 0              # plans made
+    planning_ms: float = 0.0    # milliseconds spent planning, in all
+    plan_hits: int = 0          # requests served at their planned place
+    plan_misses: int = 0        # planned requests that went the online way
+    plans_given_up: int = 0     # plans given up for serving badly or growing the pool
+    plans_not_fitting: int = 0  # plans larger than the memory they would take: not used
+    plan_bytes: int = 0         # bytes of the largest plan's range kept
 
     def as_dict(self):
         """The counters as a plain ``dict``."""

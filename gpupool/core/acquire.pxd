@@ -16,6 +16,7 @@ from gpupool.core.magpool cimport (
     mp_count_taken,
 )
 from gpupool.core.parking cimport pk_unpark, pk_flush
+from gpupool.core.planned cimport pl_take
 from gpupool.core.regioncache cimport RegionCache, rc_link, rc_disown
 from gpupool.core.segments cimport round_request
 from gpupool.core.state cimport PoolState
@@ -51,7 +52,9 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
             mp_give_up(st, fp_mine(pool), s)
             so_mark_blocks(st, up, s)
     rc = current_cache(pool, st.process_region)
-    b = pk_unpark(st, size, s, rc) if st.nparked else NULL
+    b = pl_take(st, up, rc, size, s) if rc != NULL and rc.plan != NULL else NULL
+    if b == NULL and st.nparked:
+        b = pk_unpark(st, size, s, rc)
     if b == NULL and rc == NULL:
         b = mp_take_locked(st, fp_mine(pool), size, s)
     if b != NULL:

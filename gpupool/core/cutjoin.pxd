@@ -161,6 +161,29 @@ cdef inline void sg_split(PoolState* st, Block* b, size_t size,
     sg_put(st, rest)
 
 
+cdef inline Block* sg_cut_front(PoolState* st, Block* b, uintptr_t ptr, StreamKey s,
+                                RegionCache* owner) noexcept nogil:
+    """Free block b, out of the free lists and untagged, holds ptr > b.ptr, a multiple of 512
+    bytes above it: its front [b.ptr, ptr) goes back into the free lists, cached by owner, and
+    the rest, from ptr on, is returned out of the lists and untagged (LIVE, so that the two do
+    not join), its events kept; NULL when b could not be cut (no host memory for a record: b
+    goes back whole)."""
+    cdef Block* front = b
+    sg_split(st, front, ptr - front.ptr, s, owner)     # front LIVE, the rest free in the lists
+    b = front.seg_next
+    front.state = FREE
+    if b == NULL or b.ptr != ptr:
+        rc_own(owner, front)
+        sg_put(st, front)
+        return NULL
+    fl_unbin(&st.free, b)
+    rc_disown(b)
+    b.state = LIVE
+    rc_own(owner, front)
+    sg_put(st, front)
+    return b
+
+
 cdef inline Block* sg_split_top(PoolState* st, Block* b,
                                 size_t size, StreamKey s, RegionCache* owner) noexcept nogil:
     """As sg_split, but the request takes b's top end (a small request placed below a small

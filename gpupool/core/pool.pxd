@@ -10,6 +10,7 @@ from gpupool.records.block cimport Block
 from gpupool.records.counters cimport Counters
 from gpupool.core.magazine cimport Magazine
 from gpupool.core.regioncache cimport RegionCache
+from gpupool.core.plantable cimport PlanTable, PlanCall
 from gpupool.core.poolbase cimport PoolBase
 from gpupool.records.streams cimport StreamKey
 
@@ -38,6 +39,7 @@ cdef class Pool(PoolBase):      # final: its cdef methods are direct calls the c
     # fields (_st) or calls lock()/unlock().
     cdef size_t region_exit(self, RegionCache* rc, set kept, bint detach, int poison,
                             list escaping) except? 0
+    cdef uintptr_t region_plan(self, RegionCache* rc, PlanCall op, PlanTable* io) noexcept nogil
     cdef Block* region_find_live(self, RegionCache* rc, uintptr_t ptr) noexcept nogil
     cdef RegionCache region_counters(self, RegionCache* rc) noexcept nogil
     cdef void region_reset_peak(self, RegionCache* rc) noexcept nogil

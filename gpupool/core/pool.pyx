@@ -38,6 +38,7 @@ from gpupool.core.regioncache cimport (
     RegionCache, rc_detach, rc_drain, rc_return_unused, rc_find_live,
 )
 from gpupool.core.private cimport pp_allocate_at, pp_end
+from gpupool.core.planned cimport pl_call
 from gpupool.core.segments cimport sg_find_live
 from gpupool.core.acquire cimport ps_acquire_locked
 from gpupool.core.fastpath cimport (
@@ -337,6 +338,14 @@ cdef class Pool(PoolBase):
         self.unlock()
         self.upstream.raise_error(status, "poisoning invalidated blocks")
         return escaped
+
+    cdef uintptr_t region_plan(self, RegionCache* rc, PlanCall op, PlanTable* io) noexcept nogil:
+        """A planned region's call on its table, under the lock (core/planned.pxd, pl_call)."""
+        cdef uintptr_t r
+        self.lock()
+        r = pl_call(&self._st, rc, op, io)
+        self.unlock()
+        return r
 
     cdef Block* region_find_live(self, RegionCache* rc, uintptr_t ptr) noexcept nogil:
         """The live block of region rc holding ptr; NULL if none."""

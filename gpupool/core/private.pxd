@@ -5,10 +5,10 @@ from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block, FREE, LIVE
 from gpupool.records.ptrtable cimport pt_insert
 from gpupool.records.streams cimport StreamKey
-from gpupool.core.cutjoin cimport sg_split, sg_put
+from gpupool.core.cutjoin cimport sg_split, sg_cut_front
 from gpupool.core.freelist cimport fl_unbin
 from gpupool.core.magpool cimport mp_count_taken
-from gpupool.core.regioncache cimport RegionCache, rc_link, rc_own, rc_disown, rc_detach, rc_drain
+from gpupool.core.regioncache cimport RegionCache, rc_link, rc_disown, rc_detach, rc_drain
 from gpupool.core.state cimport PoolState
 from gpupool.core.streamorder cimport so_drop_events
 
@@ -38,26 +38,14 @@ cdef inline bint pp_allocate_at(PoolState* st, RegionCache* rc, uintptr_t ptr, s
     through the C API; whether it was free there. The free memory before it and after it
     stays rc's."""
     cdef Block* b = pp_free_holding(rc, ptr, nbytes)
-    cdef Block* front
     if b == NULL:
         return False
     pp_take(st, b)
     if b.ptr < ptr:
-        # Cut the front off (sg_split leaves the rest, from ptr on, free in the lists), then
-        # take the rest and give the front back; the rest is LIVE while the front is put,
-        # so that the two do not join again.
-        front = b
-        sg_split(st, front, ptr - front.ptr, s, rc)
-        b = front.seg_next
-        front.state = FREE
-        if b == NULL or b.ptr != ptr:           # not cut (no host memory for a record)
-            rc_own(rc, front)
-            sg_put(st, front)
+        b = sg_cut_front(st, b, ptr, s, rc)    # the front stays rc's free memory
+        if b == NULL:
             return False
-        pp_take(st, b)
-        b.state = LIVE
-        rc_own(rc, front)
-        sg_put(st, front)
+        so_drop_events(&st.order, b)
     sg_split(st, b, nbytes, s, rc)
     b.state = LIVE
     b.stream = s

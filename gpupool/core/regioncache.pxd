@@ -15,6 +15,7 @@ from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
+from gpupool.core.plantable cimport PlanTable, pt_note_alloc, pt_note_free, pt_forget
 
 cdef cppclass RegionCache:
     void* pool                  # the Pool it belongs to (borrowed; the Region keeps it alive)
@@ -32,6 +33,7 @@ cdef cppclass RegionCache:
     size_t max_cached_bytes     # 0: no cap
     bint held                   # a private pool's (region/privatepool.pxd): joins no pool block
     PyObject* on_alloc          # called with each new block's pointer (trace=True); borrowed
+    PlanTable* plan             # a planned region's (core/plantable.pxd); NULL: none
 
 
 cdef inline bint rc_lends(RegionCache* rc) noexcept nogil:
@@ -43,6 +45,7 @@ cdef inline void rc_link(RegionCache* rc, Block* b) noexcept nogil:
     """b, just handed out inside the region, joins its list of live blocks."""
     b.region.cache = <void*>rc
     b.region.escaped = False
+    b.region.stamp = rc.entries         # live: the entry that allocated it
     b.region.prev = NULL
     b.region.next = rc.live_head
     if rc.live_head != NULL:
@@ -52,6 +55,8 @@ cdef inline void rc_link(RegionCache* rc, Block* b) noexcept nogil:
     rc.live_bytes += b.size
     if rc.live_bytes > rc.peak_in_use_bytes:
         rc.peak_in_use_bytes = rc.live_bytes
+    if rc.plan != NULL:
+        pt_note_alloc(rc.plan, b)
 
 
 cdef inline void _unlink(Block** head, Block* b) noexcept nogil:
@@ -69,6 +74,8 @@ cdef inline void rc_detach(Block* b) noexcept nogil:
     cdef RegionCache* rc = <RegionCache*>b.region.cache
     if rc == NULL:
         return
+    if rc.plan != NULL:
+        pt_forget(rc.plan, b)
     _unlink(&rc.live_head, b)
     if b.region.escaped:
         rc.escaped_bytes -= b.size
@@ -122,6 +129,8 @@ cdef inline RegionCache* rc_freed_into(Block* b) noexcept nogil:
     if rc == NULL:
         return NULL
     escaped = b.region.escaped
+    if rc.plan != NULL:
+        pt_note_free(rc.plan, b)
     rc_detach(b)
     if escaped or (rc.max_cached_bytes and rc.cached_bytes + b.size > rc.max_cached_bytes):
         return NULL

@@ -32,7 +32,8 @@ cdef struct Segment:
 cdef struct RegionLink:
     void* cache
     bint escaped        # live: outlived an exit of its region, so it returns to the pool
-    size_t stamp        # free: the entry of its region that last used it
+    size_t stamp        # free: the entry of its region that last used it; live: that allocated it
+    size_t place        # live: 1 + its request in its region's plan (core/planned.pxd); 0: none
     Block* prev
     Block* next
 

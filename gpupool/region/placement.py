@@ -299,22 +299,26 @@ def _step_floor(step):
     return floor_bytes(step.nbytes[keep], step.alloc[keep], step.free[keep], step.length)
 
 
-def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline):
-    """Offsets by one greedy strategy, or None past ``deadline`` (a perf_counter time)."""
+def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pinned):
+    """Offsets by one greedy strategy, or None past ``deadline`` (a perf_counter time).
+    ``fixed``: (offsets, ends, first event, last event + 1) of bytes taken for a while;
+    ``pinned``: each request's given offset, -1 where the strategy places it."""
     if order_key == "size":
         order = np.lexsort((starts, -sizes))
     else:
         life = ends - starts
         key = -life if order_key == "lifetime" else -(life * sizes)
         order = np.lexsort((starts, -sizes, key))
-    offsets = np.zeros(len(sizes), np.int64)
-    done = np.zeros(len(sizes), bool)
+    done = pinned >= 0
+    offsets = np.where(done, pinned, 0)
+    order = order[~done[order]]
     for count, i in enumerate(order):
         if count % 64 == 63 and time.perf_counter() > deadline:
             return None
         busy = done & busy_with[i]
-        lo = offsets[busy]
-        hi = lo + sizes[busy]
+        now = (fixed[2] < ends[i]) & (starts[i] < fixed[3])
+        lo = np.concatenate((offsets[busy], fixed[0][now]))
+        hi = np.concatenate((offsets[busy] + sizes[busy], fixed[1][now]))
         at = 0
         if len(lo):
             by_lo = np.argsort(lo, kind="stable")
@@ -380,7 +384,7 @@ def _give_back(gaps, at, size):
 
 
 def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATEGIES,
-         share_streams=False):
+         share_streams=False, fixed=None, pinned=None):
     """Place ``step``'s requests in one range; keep the smallest of the strategies' plans.
 
     Parameters
@@ -398,6 +402,13 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
     share_streams : bool
         False (the default): requests of different streams never share bytes, so no plan needs
         an event. True: they may, and ``plan.events`` lists the pairs that do.
+    fixed : array-like of (offset, nbytes) or (offset, nbytes, first, end), optional
+        Bytes of the range taken (blocks that are there): throughout the step, or from event
+        ``first`` to event ``end`` (exclusive) of it. The greedy strategies place no request
+        on them while they are taken; the first-fit plan ignores them.
+    pinned : array-like of int, optional
+        Per request, an offset it must take (-1: none, the strategy places it); the greedy
+        strategies place the others around the pinned ones. The first-fit plan ignores it.
 
     Returns
     -------
@@ -405,6 +416,15 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
     """
     start = time.perf_counter()
     deadline = start + budget_ms / 1e3
+    fixed = np.asarray(fixed if fixed is not None and len(fixed) else np.zeros((0, 2)),
+                       dtype=np.int64)
+    forever = np.iinfo(np.int64).max
+    if fixed.shape[1] == 2:
+        fixed = np.column_stack([fixed, np.zeros(len(fixed), np.int64),
+                                 np.full(len(fixed), forever)])
+    fixed = (fixed[:, 0], fixed[:, 0] + fixed[:, 1], fixed[:, 2], fixed[:, 3])
+    pinned = np.full(len(step), -1, np.int64) if pinned is None else \
+        np.asarray(pinned, dtype=np.int64)
     keep = step.planned
     idx = np.flatnonzero(keep)
     best, method, fallback, tried = None, "first-fit", None, {}
@@ -419,7 +439,8 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
         if not share_streams:
             busy_with |= step.stream[idx][:, None] != step.stream[idx][None, :]
         for name in strategies:
-            found = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name], deadline)
+            found = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name], deadline, fixed,
+                            pinned[idx])
             if found is None:
                 fallback = None if best is not None else "time"
                 break

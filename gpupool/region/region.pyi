@@ -11,6 +11,7 @@ class Region:
     skip_first: bool
     debug: bool
     trace: bool
+    planner: Any
     def __init__(
         self,
         pool: Pool | None = None,
@@ -22,6 +23,7 @@ class Region:
         trace: bool = False,
         scope: Literal["thread", "process"] = "thread",
         name: str | None = None,
+        plan: bool | dict[str, Any] = False,
     ) -> None: ...
     def __enter__(self) -> Region: ...
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool: ...

@@ -17,6 +17,9 @@ from gpupool.buffer.dlpack cimport capsule_data
 from gpupool.driver.calls cimport forked
 from gpupool.core.pool cimport Pool, region_push, region_pop, uncached_marker
 from gpupool.core.regioncache cimport RegionCache
+from gpupool.core.plantable cimport (
+    PlanTable, PL_ENTRY, PL_READ, PL_INSTALL, PL_CLEAR, PL_LAYOUT,
+)
 
 cimport cython
 
@@ -35,6 +38,7 @@ from gpupool.buffer.interface import read_cai
 from gpupool.limits import parse_limit
 from gpupool.stats import RegionStats, format_bytes
 from gpupool.buffer.view import BufferView
+from gpupool.region.planned import Planner
 
 # "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
 # collector is incremental with a young and an old generation, the young generation plus one
@@ -83,7 +87,7 @@ cdef class Region:
     """A cached scope of allocations.
 
     ``Region(pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
-    skip_first=False, debug=False, trace=False, scope="thread", name=None)``
+    skip_first=False, debug=False, trace=False, scope="thread", name=None, plan=False)``
 
     Parameters
     ----------
@@ -115,6 +119,20 @@ cdef class Region:
         example PyTorch's autograd thread); one such region per pool at a time.
     name : str, optional
         Name used in warnings; default: the region's repr.
+    plan : bool or dict
+        Plan the step (a planned region): the region records its entries' requests (sizes,
+        order, lifetimes, streams); once a step's signature (that record without addresses)
+        has been seen twice, it places the whole step in one address range of the pool's
+        memory, where the region's own step lies (``gpupool.region.placement``, greedy by
+        size, within a time budget), and later entries take each request's planned place
+        (the k-th request of the entry, if its size fits and its stream is the planned one,
+        and the place's bytes are free now; stream order as the pool's). Other requests go
+        the online way. The plan holds no memory of its own. A plan that serves less than
+        half of an entry's planned requests, or whose entries grow the pool, twice, is
+        given up. A dict passes options to ``gpupool.region.planned.Planner``
+        (``max_plans``, ``max_plan_requests``, ``budget_ms``, ``min_hit_rate``), which is
+        the region's ``planner`` attribute (None without a plan); ``stats()`` has its
+        counters. Note [Planned regions] in docs/design.md has the design.
 
     Warns
     -----
@@ -153,16 +171,22 @@ cdef class Region:
     cdef list _escapes
     cdef size_t entries, live_at_exit_bytes, collections
     cdef double collect_seconds
+    cdef readonly object planner          # a planned region's Planner (region/planned.py); None
+    cdef size_t _misses_at_entry
     cdef object __weakref__
 
     def __cinit__(self, pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
-                  skip_first=False, debug=False, trace=False, scope="thread", name=None):
+                  skip_first=False, debug=False, trace=False, scope="thread", name=None,
+                  plan=False):
         if on_exit not in _POLICIES:
             raise ValueError(f"on_exit must be one of {_POLICIES}, got {on_exit!r}")
         if collect not in _COLLECT:
             raise ValueError(f"collect must be 'young', 'full' or None, got {collect!r}")
         if scope not in _SCOPES:
             raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
+        if plan is not False and plan is not True and not isinstance(plan, dict):
+            raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
+        planner = Planner(**plan) if isinstance(plan, dict) else Planner() if plan else None
         if pool is None:
             from gpupool.core.defaults import get_pool
             pool = get_pool()
@@ -185,6 +209,9 @@ cdef class Region:
         self._escapes = []
         self.rc = new RegionCache()
         self.rc.max_cached_bytes = max_cached_bytes or 0
+        if planner is not None:
+            self.planner = planner
+            self.rc.plan = new PlanTable()
         if trace:
             self._on_alloc = self._record_site
             self.rc.on_alloc = <PyObject*>self._on_alloc
@@ -198,6 +225,8 @@ cdef class Region:
         if self.rc != NULL:
             if self.pool is not None:
                 self.pool.region_unregister(self.rc)
+            if self.rc.plan != NULL:
+                del self.rc.plan
             del self.rc
             self.rc = NULL
 
@@ -217,6 +246,9 @@ cdef class Region:
                     "another Region with scope='process' is entered on this pool")
         if not self._skipping:
             self.pool.region_enter(self.rc, True)
+            if self.planner is not None:
+                self._misses_at_entry = self.pool.region_counters(self.rc).misses
+                self.pool.region_plan(self.rc, PL_ENTRY, NULL)
         self._active_thread = threading.get_ident()
         _entered_here().append(self)
         self.entries += 1
@@ -253,7 +285,44 @@ cdef class Region:
             if not self._skipping:
                 self.pool.region_leave(self.rc)
             self._active_thread = None
+        if self.planner is not None:
+            self._replan()
         return False
+
+    cdef int _replan(self) except -1:
+        """Hand the recorded events to the planner; install the plan it returns."""
+        cdef PlanTable io
+        cdef size_t i
+        self.pool.region_plan(self.rc, PL_READ, &io)
+        events = [(io.events[i].ptr, io.events[i].nbytes, io.events[i].stream)
+                  for i in range(io.events.size())]
+        grew = self.pool.region_counters(self.rc).misses > self._misses_at_entry
+        action = self.planner.exited(events, io.hits, io.misses, grew)
+        if action == "clear":
+            self.pool.region_plan(self.rc, PL_CLEAR, NULL)
+        elif action == "layout":
+            base = self.pool.region_plan(self.rc, PL_LAYOUT, &io)
+            if base == 0:
+                self.planner.no_room()
+                self.pool.region_plan(self.rc, PL_CLEAR, NULL)
+                return 0
+            obstacles = [(io.events[i].ptr, io.events[i].nbytes)
+                         for i in range(io.events.size())]
+            placed = self.planner.place(base, io.nbytes, obstacles)
+            if placed is None:
+                self.pool.region_plan(self.rc, PL_CLEAR, NULL)
+                return 0
+            found, anchors = placed
+            step = found.step
+            for i in range(len(step)):
+                io.offsets.push_back(found.offsets[i])
+                io.sizes.push_back(step.nbytes[i])
+                io.streams.push_back(<uintptr_t>int(step.stream[i]))
+                io.anchors.push_back(anchors[i])
+            io.nbytes = found.nbytes
+            self.pool.region_plan(self.rc, PL_INSTALL, &io)
+            self.planner.base = base
+        return 0
 
     cdef int _check_exit(self) except -1:
         """Raise unless this exit closes the innermost region entered on this thread; the
@@ -368,8 +437,12 @@ cdef class Region:
         """Give the region's cached blocks back to the pool (buffers alive are untouched).
 
         They stay where they are, free: other allocations may take them, and a trim gives
-        them back to the upstream."""
+        them back to the upstream. A planned region's plan is dropped too (the places it
+        claims are the pool's again); the next entries plan again."""
         self.pool.region_drain(self.rc)
+        if self.planner is not None:
+            self.pool.region_plan(self.rc, PL_CLEAR, NULL)
+            self.planner.clear()
 
     def stats(self):
         """The region's counters as a :class:`gpupool.RegionStats`."""
@@ -378,7 +451,15 @@ cdef class Region:
             entries=self.entries, cache_hits=rc.hits, cache_misses=rc.misses,
             cached_bytes=rc.cached_bytes, live_at_exit_bytes=self.live_at_exit_bytes,
             peak_in_use_bytes=rc.peak_in_use_bytes, collections=self.collections,
-            collect_seconds=self.collect_seconds)
+            collect_seconds=self.collect_seconds,
+            **(self._plan_stats() if self.planner is not None else {}))
+
+    def _plan_stats(self):
+        counts = self.planner.counts
+        return {"planned": True, "plans": counts["plans"], "planning_ms": counts["planning_ms"],
+                "plan_hits": counts["hits"], "plan_misses": counts["misses"],
+                "plans_given_up": counts["given_up"], "plans_not_fitting": counts["no_room"],
+                "plan_bytes": max((p.nbytes for p in self.planner.plans), default=0)}
 
     def reset_peak_stats(self):
         """Set the region's peak bytes in use to the bytes its live buffers hold now."""

@@ -1,0 +1,197 @@
+# A planned region's requests in the core (Note [Planned regions] in docs/design.md): request k
+# of an entry takes its planned place, the bytes [base + offsets[k], + its size), when they are
+# free in the pool now (the pool's or the region's own free memory, in one free block) and the
+# request's stream may use them; otherwise it takes the online path. The plan holds no memory
+# of its own: its places are addresses in the pool's segment where the region's own step
+# already lies, around the blocks that stay there (pl_layout), so a planned step takes memory
+# the online one would.
+# Under the pool's lock; only core/acquire.pxd (the take) and core/pool.pyx (the window) use it.
+from libc.stdint cimport uintptr_t, int64_t
+from gpupool.records.block cimport Block, Segment, FREE, LIVE, PARKED
+from gpupool.records.streams cimport StreamKey, same_stream
+from gpupool.core.cutjoin cimport sg_split, sg_cut_front
+from gpupool.core.freelist cimport fl_unbin
+from gpupool.core.parking cimport pk_flush
+from gpupool.core.plantable cimport (
+    PlanTable, PlanEvent, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, pt_clear,
+)
+from gpupool.core.regioncache cimport RegionCache, rc_disown
+from gpupool.core.state cimport PoolState
+from gpupool.core.streamorder cimport so_ready, so_drop_events
+from gpupool.upstream.base cimport Upstream
+
+
+cdef inline Block* pl_block_at(PoolState* st, PlanTable* p, size_t k,
+                               uintptr_t addr) noexcept nogil:
+    """The block holding address addr: found from request k's anchor (a live planned block
+    just below its place, usually its neighbour) or from the start of the segment holding
+    addr; NULL if no segment holds it."""
+    cdef Block* b = NULL
+    cdef Segment* seg
+    cdef int64_t a = p.anchors[k]
+    if a >= 0 and p.live[a] != NULL and p.live[a].ptr <= addr:
+        b = p.live[a]
+    else:
+        seg = st.segments.head
+        while seg != NULL and not (seg.base <= addr < seg.base + seg.nbytes):
+            seg = seg.next
+        if seg == NULL:
+            return NULL
+        b = seg.first
+    while b != NULL and b.ptr + b.size <= addr:
+        b = b.seg_next
+    return b
+
+
+cdef inline Block* pl_served(PlanTable* p, size_t k, Block* b) noexcept nogil:
+    """Request k took b at its place: counted, and b is the anchor of the requests above."""
+    p.hits += 1
+    p.live[k] = b
+    b.region.place = k + 1
+    return b
+
+
+cdef inline void pl_unpark(PoolState* st, Block* b) noexcept nogil:
+    """Take parked block b out of the parked slots."""
+    cdef int i, j
+    for i in range(st.nparked):
+        if st.parked[i] == b:
+            for j in range(i, st.nparked - 1):
+                st.parked[j] = st.parked[j + 1]
+            st.nparked -= 1
+            return
+
+
+cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t size,
+                           StreamKey s) noexcept nogil:
+    """Request number rc.plan.next of the entry, of size bytes (rounded) on s: its block cut
+    at its planned place and out of the free lists (the caller links it, live), or NULL
+    (no plan for it, another size or stream, or its bytes are not free now: the online path
+    serves it). Stream order as so_take's: another stream's free bytes are taken once that
+    stream's work on them has completed, or after s waits for it on the GPU."""
+    cdef PlanTable* p = rc.plan
+    cdef size_t k = p.next
+    cdef uintptr_t addr
+    cdef Block* b
+    cdef RegionCache* owner
+    p.next += 1
+    if not p.active or k >= p.offsets.size() or p.offsets[k] < 0:
+        return NULL
+    if <int64_t>size > p.sizes[k] or s.handle != p.streams[k]:
+        p.misses += 1
+        return NULL
+    addr = p.base + <uintptr_t>p.offsets[k]
+    b = pl_block_at(st, p, k, addr)
+    if b != NULL and b.state == PARKED:
+        # Freed last, held aside unjoined: taken as it is when it is the place itself, else
+        # every parked block is put back joined (the place may span several).
+        if b.ptr == addr and b.size == size and same_stream(b.stream, s) and \
+                b.extra_events == NULL and (b.region.cache == NULL or
+                                            b.region.cache == <void*>rc):
+            pl_unpark(st, b)
+            rc_disown(b)
+            return pl_served(p, k, b)
+        pk_flush(st)
+        b = pl_block_at(st, p, k, addr)
+    if b == NULL or b.state != FREE or addr + size > b.ptr + b.size or \
+            not (b.region.cache == NULL or b.region.cache == <void*>rc) or \
+            not so_ready(&st.order, up, b, s, True):
+        p.misses += 1
+        return NULL
+    fl_unbin(&st.free, b)
+    owner = rc_disown(b)
+    if not same_stream(b.stream, s):
+        so_drop_events(&st.order, b)    # its earlier work is ordered before s's next
+    if b.ptr < addr:
+        b = sg_cut_front(st, b, addr, s, owner)     # the front stays free, the owner's
+        if b == NULL:
+            p.misses += 1
+            return NULL
+    sg_split(st, b, size, s, owner)
+    b.stream = s
+    return pl_served(p, k, b)
+
+
+cdef inline bint pl_movable(RegionCache* rc, Block* b) noexcept nogil:
+    """Whether b's bytes may take a new plan's places: free (the pool's or rc's), or live and
+    allocated by rc's entry that just ended (its tails: freed next entry). Unmapped bytes
+    (an expandable segment's hole) may not: a plan maps nothing."""
+    if b.state == LIVE:
+        return b.region.cache == <void*>rc and b.region.stamp == rc.entries
+    if b.state == FREE or b.state == PARKED:
+        return b.region.cache == NULL or b.region.cache == <void*>rc
+    return False
+
+
+cdef inline uintptr_t pl_layout(PoolState* st, RegionCache* rc, PlanTable* io) noexcept nogil:
+    """Where a new plan goes: the segment holding most of rc's bytes (cached and live). Its
+    base goes to io.base, its bytes of memory (an expandable one's mapped from its base on)
+    to io.nbytes, and each run of its blocks that are not pl_movable (the obstacles a plan
+    places around) to io.events as (offset from the base, bytes, 0). Returns the base; 0
+    when rc holds no bytes in any segment."""
+    cdef Segment* seg = st.segments.head
+    cdef Segment* best = NULL
+    cdef Block* b
+    cdef size_t mine, most = 0
+    cdef PlanEvent e
+    while seg != NULL:
+        mine = 0
+        b = seg.first
+        while b != NULL:
+            if b.region.cache == <void*>rc:
+                mine += b.size
+            b = b.seg_next
+        if mine > most:
+            best, most = seg, mine
+        seg = seg.next
+    io.events.clear()
+    if best == NULL:
+        return 0
+    io.base = best.base
+    io.nbytes = best.nbytes
+    e.stream = 0
+    e.nbytes = 0
+    b = best.first
+    while b != NULL:
+        if not pl_movable(rc, b):
+            if e.nbytes and e.ptr + e.nbytes == b.ptr - best.base:
+                e.nbytes += b.size
+            else:
+                if e.nbytes:
+                    io.events.push_back(e)
+                e.ptr, e.nbytes = b.ptr - best.base, b.size
+        b = b.seg_next
+    if e.nbytes:
+        io.events.push_back(e)
+    return best.base
+
+
+cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
+                              PlanTable* io) noexcept nogil:
+    """The region's calls on its table (core/plantable.pxd's PlanCall), exchanging with io.
+    PL_LAYOUT returns pl_layout's base; PL_INSTALL installs io's plan at io.base."""
+    cdef PlanTable* p = rc.plan
+    cdef PlanEvent marker
+    if op == PL_ENTRY:
+        marker.ptr, marker.nbytes, marker.stream = 0, 0, 0
+        p.events.push_back(marker)
+        p.next = p.hits = p.misses = 0
+    elif op == PL_READ:
+        io.events.swap(p.events)
+        io.hits, io.misses = p.hits, p.misses
+    elif op == PL_LAYOUT:
+        return pl_layout(st, rc, io)
+    elif op == PL_INSTALL:
+        pt_clear(p)
+        p.base = io.base
+        p.offsets.swap(io.offsets)
+        p.sizes.swap(io.sizes)
+        p.streams.swap(io.streams)
+        p.anchors.swap(io.anchors)
+        p.live.assign(p.offsets.size(), NULL)
+        p.nbytes = io.nbytes
+        p.active = True
+        return p.base
+    else:
+        pt_clear(p)
+    return 0

@@ -1,0 +1,66 @@
+# A planned region's table (Note [Planned regions] in docs/design.md; region/planned.py decides
+# what goes in it): the requests and frees its entries make, recorded in order, and the plan
+# its next entry is served from. Types and the notes the region's bookkeeping takes
+# (core/regioncache.pxd); the planned take itself is core/planned.pxd's. Under the pool's lock.
+from libc.stdint cimport uintptr_t, int64_t
+from libcpp.vector cimport vector
+from gpupool.records.block cimport Block
+
+cdef enum PlanCall:
+    PL_ENTRY = 0        # an entry starts: its requests count from 0
+    PL_READ = 1         # the events recorded and the entry's hits and misses, to the caller
+    PL_INSTALL = 2      # the caller's plan becomes the one served, its range placed
+    PL_CLEAR = 3        # no plan
+    PL_LAYOUT = 4       # where a new plan goes: a segment, and the blocks staying in it
+
+cdef struct PlanEvent:
+    uintptr_t ptr           # the block's address; 0: an entry starts
+    size_t nbytes           # an allocation's bytes (rounded); 0: a free
+    uintptr_t stream        # an allocation's stream handle
+
+cdef cppclass PlanTable:
+    vector[PlanEvent] events        # recorded since the region last read them
+    bint active                     # a plan is installed
+    size_t nbytes                   # its range's bytes
+    uintptr_t base                  # the address of its offset 0
+    vector[int64_t] offsets         # request k's place (bytes from base); -1: not planned
+    vector[int64_t] sizes           # the most bytes request k may ask to be served there
+    vector[uintptr_t] streams       # request k's stream handle
+    vector[int64_t] anchors         # a request placed just below k and live when k comes; -1
+    vector[Block*] live             # the live block at each place served (NULL: none)
+    size_t next                     # this entry's requests so far
+    size_t hits                     # this entry's requests served at their place
+    size_t misses                   # this entry's planned requests that were not
+
+
+cdef inline void pt_note_alloc(PlanTable* p, Block* b) noexcept nogil:
+    """Record an allocation of the region (its block just handed out)."""
+    cdef PlanEvent e
+    e.ptr, e.nbytes, e.stream = b.ptr, b.size, b.stream.handle
+    p.events.push_back(e)
+
+
+cdef inline void pt_forget(PlanTable* p, Block* b) noexcept nogil:
+    """A block leaves the region (freed, kept or detached): no longer a live planned one."""
+    cdef size_t k = b.region.place
+    if k:
+        b.region.place = 0
+        if k <= p.live.size() and p.live[k - 1] == b:
+            p.live[k - 1] = NULL
+
+
+cdef inline void pt_note_free(PlanTable* p, Block* b) noexcept nogil:
+    """Record a free of one of the region's blocks."""
+    cdef PlanEvent e
+    e.ptr, e.nbytes, e.stream = b.ptr, 0, 0
+    p.events.push_back(e)
+
+
+cdef inline void pt_clear(PlanTable* p) noexcept nogil:
+    """No plan: every request goes the online way."""
+    p.active = False
+    p.offsets.clear()
+    p.sizes.clear()
+    p.streams.clear()
+    p.anchors.clear()
+    p.live.clear()

@@ -1,0 +1,248 @@
+"""What a planned region (``Region(plan=True)``) serves its next entry from: its steps, recorded
+by the core, their signatures, the plans it keeps and when it gives one up.
+
+The core records the region's allocations and frees in order, with a marker where each entry
+starts (core/plantable.pxd). At each exit the step before the one that just ended is complete
+(the entry that just ended has freed its tails), so it becomes a :class:`placement.Step`,
+keyed by its signature: its structure (the order of its allocations and frees, their streams)
+and its sizes. A signature seen twice is planned (:func:`placement.plan`, within a time
+budget); the next entry is served from the plan of the last complete step's signature.
+
+A plan holds no memory: its places are addresses in the pool's segments (the core chooses the
+range where the region's own step already lies, core/planned.pxd), taken when they are free,
+so a deviating step (another size, an extra request, another order, another thread) only
+costs misses that go the online way. A plan that serves badly is given up for good: one whose
+entries get less than ``min_hit_rate`` of their planned requests served, or during whose
+entries (after the first, where the tails of the entry before still lie outside the plan)
+the region's requests grew the pool, twice. See Note [Planned regions] in docs/design.md.
+
+Pure Python and NumPy; the region (region/region.pyx) moves the events and the plans between
+this and the core.
+"""
+
+import hashlib
+from collections import OrderedDict
+
+import numpy as np
+
+from gpupool.region import placement
+
+__all__ = ["Planner", "anchors", "signature"]
+
+SEEN_MAX = 64               # signatures remembered (how often each was seen), oldest dropped
+STRIKES = 2                 # bad entries before a plan is given up
+
+
+def signature(step):
+    """A step's shape signature: a digest of its structure and sizes (16 bytes)."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in step.structure()[1:] + (step.nbytes.tobytes(),):
+        h.update(part)
+    h.update(step.length.to_bytes(8, "little"))
+    return h.digest()
+
+
+def _meets(plan, obstacles):
+    """Whether any of ``obstacles`` ((offset, bytes) rows) meets a place of ``plan``."""
+    keep = plan.step.planned
+    lo = plan.offsets[keep]
+    if not len(lo) or not len(obstacles):
+        return False
+    hi = lo + plan.step.nbytes[keep]
+    order = np.argsort(lo)
+    lo, reach = lo[order], np.maximum.accumulate(hi[order])
+    # An obstacle [a, b) meets a place when some place starting below b reaches past a.
+    k = np.searchsorted(lo, obstacles[:, 0] + obstacles[:, 1], side="left")
+    return bool(((k > 0) & (reach[np.maximum(k - 1, 0)] > obstacles[:, 0])).any())
+
+
+def anchors(plan):
+    """For each planned request k, a request placed just below it (the largest end at or
+    below k's offset) among those allocated before k in the entry and still live when k is
+    allocated; -1 if none. The core finds k's place by walking the pool's blocks from that
+    one's, usually its neighbour. int64 array, one entry per request."""
+    step, off = plan.step, plan.offsets
+    ends = off + step.nbytes
+    out = np.full(len(step), -1, np.int64)
+    planned = step.planned
+    for k in np.flatnonzero(planned):
+        cand = np.flatnonzero(planned[:k] & (step.free[:k] > step.alloc[k]) &
+                              (ends[:k] <= off[k]))
+        if len(cand):
+            out[k] = cand[np.argmax(ends[cand])]
+    return out
+
+
+class Planner:
+    """A planned region's decisions.
+
+    Parameters
+    ----------
+    max_plans : int
+        Plans kept (one per signature), the least recently used dropped past it.
+    max_plan_requests : int
+        Requests of the kept plans together (their host memory), the least recently used
+        dropped past it; a step of more requests than this is never planned.
+    budget_ms : float
+        Milliseconds one plan may take (``placement.plan``'s budget).
+    min_hit_rate : float
+        Share of an entry's planned requests that must be served at their place.
+    """
+
+    def __init__(self, max_plans=4, max_plan_requests=1 << 16, budget_ms=200.0,
+                 min_hit_rate=0.5):
+        if int(max_plans) < 1:
+            raise ValueError(f"max_plans must be >= 1, got {max_plans!r}")
+        self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
+        self.budget_ms, self.min_hit_rate = float(budget_ms), float(min_hit_rate)
+        self._events = []           # (ptr, nbytes, stream); ptr 0: an entry starts
+        self._seen = OrderedDict()
+        self._plans = OrderedDict()     # signature -> (Plan, anchors)
+        self._banned = set()
+        self.current = None         # the signature whose plan is installed
+        self.base = 0               # the address of its range (0: none)
+        self._transition = False    # the plan installed is the current one's transition
+        self._carried = {}          # the last entry's blocks live at its exit: k -> (ptr, bytes)
+        self._entries_on = 0        # entries served by the current plan so far
+        self._strikes = 0
+        self.counts = {"plans": 0, "planning_ms": 0.0, "hits": 0, "misses": 0,
+                       "installs": 0, "given_up": 0, "no_room": 0}
+
+    def exited(self, events, hits, misses, grew):
+        """An entry has exited: ``events`` recorded since the last call, the entry's planned
+        requests served (``hits``) and not (``misses``), and whether its requests grew the
+        pool. Returns ``"layout"`` when a plan is to be installed (the region then asks the
+        core where it goes and calls :meth:`place`), ``"clear"`` to serve the next entry
+        online, or None to keep what is installed."""
+        self._events.extend(events)
+        self.counts["hits"] += hits
+        self.counts["misses"] += misses
+        action = None
+        if self.current is not None:
+            self._entries_on += 1
+            tried = hits + misses
+            bad = (tried and hits < self.min_hit_rate * tried) or \
+                (grew and self._entries_on > 1)
+            self._strikes += bool(bad)
+            if self._strikes >= STRIKES:
+                self._banned.add(self.current)
+                self._plans.pop(self.current, None)
+                self.current = None
+                self.counts["given_up"] += 1
+                action = "clear"
+        step = self._complete_step()
+        if step is None:
+            return action
+        sig = signature(step)
+        self._seen[sig] = self._seen.pop(sig, 0) + 1
+        while len(self._seen) > SEEN_MAX:
+            self._seen.popitem(last=False)
+        if sig in self._banned or self._seen[sig] < 2 or \
+                (sig == self.current and not self._transition) or \
+                len(step) > self.max_plan_requests or not step.planned.any():
+            return action
+        self._wanted = (sig, step)
+        return "layout"
+
+    def place(self, base, span, obstacles):
+        """The plan to install for the step :meth:`exited` asked a layout for, as ``(Plan,
+        anchors)``: the one kept for its signature when it was made at ``base`` and none of
+        ``obstacles`` (an (m, 2) array of (offset from base, bytes) that stay where they are)
+        meets its places, else a new one placed around them; None when the plan does not fit
+        in the ``span`` bytes of memory from ``base`` (its signature is not planned again:
+        mapping more for it would cost memory the online way does not take)."""
+        sig, step = self._wanted
+        obstacles = self.obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
+        steady = self._steady(sig, step, base, obstacles)
+        if steady[0].nbytes > span:
+            self._plans.pop(sig, None)
+            self._banned.add(sig)
+            self.no_room()
+            return None
+        if self.current == sig:
+            self._transition = False
+            return steady
+        self.current, self._entries_on, self._strikes = sig, 0, 0
+        self.counts["installs"] += 1
+        self._transition = True
+        return self._transition_plan(step, steady[0], base, obstacles)
+
+    def _transition_plan(self, step, steady, base, obstacles):
+        """The plan of the first entry served: the steady plan's tails where it puts them,
+        the other requests placed around them, the obstacles, and the blocks the entry before
+        left live (its tails until the entry frees them, anything else throughout), so that
+        the next entry finds the tails at their steady places."""
+        forever = np.iinfo(np.int64).max
+        rows = [(o, n, 0, forever) for o, n in obstacles]
+        for j, (ptr, nbytes) in self._carried.items():
+            if ptr < base:
+                continue
+            tail = j < len(step) and step.tails[j] and step.nbytes[j] >= nbytes
+            rows.append((ptr - base, nbytes, 0, step.free[j] - step.length if tail else forever))
+        pinned = np.where(step.tails & step.planned, steady.offsets, -1)
+        made = placement.plan(step, budget_ms=self.budget_ms, fixed=np.array(rows, np.int64)
+                              .reshape(-1, 4), pinned=pinned)
+        self.counts["plans"] += 1
+        self.counts["planning_ms"] += made.planning_ms
+        return made, anchors(made)
+
+    def _steady(self, sig, step, base, obstacles):
+        """The plan kept for sig, or a new one placed around the obstacles."""
+        kept = self._plans.get(sig)
+        if kept is None or kept[2] != base or _meets(kept[0], obstacles):
+            made = placement.plan(step, budget_ms=self.budget_ms, fixed=obstacles)
+            self.counts["plans"] += 1
+            self.counts["planning_ms"] += made.planning_ms
+            self._plans[sig] = kept = (made, anchors(made), base)
+            while len(self._plans) > self.max_plans or \
+                    sum(len(p.offsets) for p, _, _ in self._plans.values()) > \
+                    self.max_plan_requests:
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(sig)
+        return kept[:2]
+
+    def no_room(self):
+        """No room for the plan asked for: the next entries are served online."""
+        self.current = None
+        self._transition = False
+        self.counts["no_room"] += 1
+
+    def clear(self):
+        """The installed plan is dropped (``Region.release``); it may be installed again."""
+        self.current = None
+
+    @property
+    def plans(self):
+        """The plans kept, least recently used first."""
+        return [p for p, _, _ in self._plans.values()]
+
+    def _complete_step(self):
+        """The step of the entry before the last one, its tails' frees looked up in the last
+        one, as a placement.Step; None before two entries. Events before it are dropped."""
+        starts = [i for i, e in enumerate(self._events) if e[0] == 0]
+        index, count = {}, 0            # the last entry's live blocks: ptr -> (k, bytes)
+        for ptr, nbytes, _ in self._events[starts[-1] + 1:] if starts else ():
+            if nbytes:
+                index[ptr] = (count, nbytes)
+                count += 1
+            else:
+                index.pop(ptr, None)
+        self._carried = {k: (ptr, n) for ptr, (k, n) in index.items()}
+        if len(starts) < 2:
+            return None
+        lo, hi = starts[-2], starts[-1]
+        del self._events[:lo]
+        hi -= lo
+        trace, ids, end, mid = [], {}, len(self._events), None
+        for t, (ptr, nbytes, stream) in enumerate(self._events):
+            if ptr == 0:
+                if t == hi:
+                    mid = len(trace)
+                continue
+            if nbytes:
+                ids[ptr] = len(trace)
+                trace.append((0, len(trace), nbytes, stream))
+            else:
+                trace.append((1, ids.pop(ptr, -1), 0, 0))
+        end = len(trace)
+        return placement.record_step(trace, 0, mid, end) if mid else None

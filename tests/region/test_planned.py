@@ -1,0 +1,309 @@
+"""Planned regions (Region(plan=True)) on the simulated device: the step is planned once its
+signature repeats, later entries take their planned places, and every deviation stays correct."""
+
+import threading
+
+import numpy as np
+import pytest
+from conftest import check_invariants
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gpupool
+from gpupool.region.planned import Planner
+from gpupool.testing import SimulatedDevice
+
+KIB, MIB = 1024, 1 << 20
+
+
+@pytest.fixture
+def vsim():
+    device = SimulatedDevice(capacity=1 << 32, virtual_memory=True)
+    yield device
+    assert device.errors == [], "the pool misused the simulated device"
+
+
+@pytest.fixture
+def vpool(vsim):
+    return gpupool.Pool(upstream=vsim)
+
+
+class Checked:
+    """The live buffers of a test, checked for overlap at every allocation."""
+
+    def __init__(self, pool):
+        self.pool, self.live = pool, {}
+
+    def allocate(self, key, nbytes, stream=None):
+        buf = self.pool.allocate(nbytes, stream)
+        self.live[key] = buf
+        spans = sorted((b.ptr, b.ptr + b.nbytes) for b in self.live.values() if b.nbytes)
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert end <= start, "two live blocks share bytes"
+        return buf
+
+    def free(self, key):
+        del self.live[key]
+
+
+def run_step(mem, sizes, frees, tails, entry):
+    """One step: allocate ``sizes`` in order, free request ``frees[k]`` after allocation k
+    (None: none), keep the ``tails`` live until the next step frees them first. Returns the
+    addresses of the step's buffers."""
+    for key in [k for k in mem.live if k[0] == "tail"]:
+        mem.free(key)
+    addrs = []
+    for k, n in enumerate(sizes):
+        tag = ("tail", entry, k) if k in tails else ("step", entry, k)
+        addrs.append(mem.allocate(tag, n).ptr)
+        j = frees[k]
+        if j is not None and ("step", entry, j) in mem.live:
+            mem.free(("step", entry, j))
+    for key in [k for k in mem.live if k[0] == "step"]:
+        mem.free(key)
+    return addrs
+
+
+SIZES = [3 * MIB, 1 * MIB, 5 * MIB, 2 * MIB, 512 * KIB, 4 * MIB]
+FREES = [None, None, 0, 1, 3, None]
+TAILS = {5}
+
+
+def entries(pool, region, count, sizes=SIZES, frees=FREES, tails=TAILS, mem=None):
+    mem = mem or Checked(pool)
+    found = []
+    for e in range(count):
+        with region:
+            found.append(run_step(mem, sizes, frees, tails, e))
+        check_invariants(pool)
+    return found, mem
+
+
+def test_later_entries_take_their_planned_places_at_the_same_addresses(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    found, _ = entries(vpool, region, 8)
+    stats = region.stats()
+    assert stats.planned and stats.plans >= 1 and stats.plan_misses == 0
+    # The first step frees no tails of an entry before it: its structure is its own. The
+    # second step's repeats at the fourth exit, and entries 5 to 8 are served whole.
+    assert stats.plan_hits == 4 * len(SIZES)
+    assert all(addrs == found[-1] for addrs in found[4:])
+    assert stats.planning_ms >= 0 and stats.plan_bytes >= max(SIZES)
+
+
+def test_a_planned_step_takes_no_more_memory_than_the_online_one(vsim):
+    def peak(plan):
+        pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32, virtual_memory=True))
+        entries(pool, gpupool.Region(pool=pool, plan=plan, collect=None), 10)
+        return pool.stats().peak_reserved_bytes
+    assert peak(True) <= peak(False)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_steps_never_overlap_and_conserve_bytes(data):
+    n = data.draw(st.integers(1, 12))
+    sizes = data.draw(st.lists(st.integers(1, 4 * MIB), min_size=n, max_size=n))
+    frees = [data.draw(st.one_of(st.none(), st.integers(0, k))) for k in range(n)]
+    tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3)))
+    vary = data.draw(st.booleans())
+    pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32, virtual_memory=True))
+    region = gpupool.Region(pool=pool, plan=True, collect=None)
+    mem = Checked(pool)
+    for e in range(7):
+        grown = [s + (e % 2) * 4096 if vary else s for s in sizes]
+        with region:
+            run_step(mem, grown, frees, tails, e)
+        check_invariants(pool)
+    mem.live.clear()
+    stats = check_invariants(pool)
+    assert stats.in_use_bytes == 0
+
+
+@pytest.mark.parametrize("deviation", ["larger", "extra", "order", "fewer"])
+def test_deviating_entries_fall_back_and_stay_correct(vpool, deviation):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    _, mem = entries(vpool, region, 5)
+    before = region.stats()
+    sizes, frees = list(SIZES), list(FREES)
+    if deviation == "larger":
+        sizes[2] += 1 * MIB
+    elif deviation == "extra":
+        sizes.insert(1, 700 * KIB)
+        frees.insert(1, None)
+    elif deviation == "order":
+        sizes[0], sizes[2] = sizes[2], sizes[0]
+    else:
+        sizes, frees = sizes[:3], frees[:3]
+    with region:
+        run_step(mem, sizes, frees, {5} if len(sizes) > 5 else set(), 99)
+    check_invariants(vpool)
+    after = region.stats()
+    if deviation == "fewer":
+        assert after.plan_hits == before.plan_hits + 3      # a prefix of the step is served
+    else:
+        assert after.plan_misses > before.plan_misses
+    # Back to the planned step: still correct, and served again after the deviation.
+    found, _ = entries(vpool, region, 4, mem=mem)
+    assert region.stats().plan_hits > after.plan_hits
+    mem.live.clear()
+    assert check_invariants(vpool).in_use_bytes == 0
+
+
+def test_another_thread_inside_the_region_is_recorded_and_stays_correct(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    mem = Checked(vpool)
+    lock = threading.Lock()
+
+    def worker(e):
+        with region.enter_in_thread(), lock:
+            mem.allocate(("w", e), 3 * MIB)
+            mem.free(("w", e))
+
+    for e in range(6):
+        with region:
+            run_step(mem, SIZES, FREES, TAILS, e)
+            t = threading.Thread(target=worker, args=(e,))
+            t.start()
+            t.join()
+        check_invariants(vpool)
+    assert region.stats().plan_hits > 0
+
+
+def test_scope_process_covers_other_threads(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None, scope="process")
+    held = []
+
+    def backward():
+        held.append(vpool.allocate(2 * MIB))
+        held.clear()
+
+    for _ in range(6):
+        with region:
+            a = vpool.allocate(1 * MIB)
+            t = threading.Thread(target=backward)
+            t.start()
+            t.join()
+            del a
+        check_invariants(vpool)
+    stats = region.stats()
+    assert stats.plan_hits >= 2 * 2 and stats.plan_misses == 0
+
+
+def test_a_new_signature_is_planned_and_the_cache_is_capped(vpool):
+    region = gpupool.Region(pool=vpool, plan={"max_plans": 2}, collect=None)
+    mem = Checked(vpool)
+    shapes = [SIZES, [s * 2 for s in SIZES], [s + 4096 for s in SIZES]]
+    made = []
+    for sizes in shapes:
+        entries(vpool, region, 5, sizes=sizes, mem=mem)
+        made.append(region.stats().plans)
+    assert made[0] < made[1] < made[2]          # each new signature planned
+    assert len(region.planner.plans) <= 2
+    found, _ = entries(vpool, region, 3, sizes=shapes[2], mem=mem)
+    assert found[-1] == found[-2]
+
+
+def test_a_plan_serving_badly_is_given_up(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    mem = Checked(vpool)
+    entries(vpool, region, 5, mem=mem)
+    keep = []
+    for e in range(4):
+        # Something else lives on the planned places now: nearly every request misses.
+        with gpupool.uncached():
+            keep.append(vpool.allocate(16 * MIB))
+        with region:
+            run_step(mem, list(reversed(SIZES)), [None] * len(SIZES), set(), 100 + e)
+        check_invariants(vpool)
+    assert region.stats().plans_given_up >= 1
+
+
+def test_a_plan_on_another_stream_waits_for_the_old_streams_work(vpool, vsim):
+    s1, s2 = vsim.create_stream(), vsim.create_stream()
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    addrs = []
+    for _ in range(6):
+        with region:
+            a = vpool.allocate(1 * MIB, s1)
+            a.record_stream(s2)
+            vsim.launch(s2)                 # s2 still works on a when it is freed
+            addrs.append(a.ptr)
+            del a
+        check_invariants(vpool)
+    assert region.stats().plan_hits >= 2
+    assert addrs[-1] == addrs[-2]
+    # Each planned take of the place made s1 wait for s2's event (or saw it complete).
+    waits = vsim.calls_named("stream_wait_event")
+    assert any(stream == s1 for stream, _ in waits)
+    vsim.complete()
+
+
+def test_keep_and_invalidate_escape_a_planned_step(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None, on_exit="invalidate")
+    kept = []
+    mem = Checked(vpool)
+    for e in range(7):
+        with region:
+            run_step(mem, SIZES, FREES, set(), e)
+            b = vpool.allocate(1 * MIB)
+            if e == 5:
+                kept.append(region.keep(b))
+            lost = vpool.allocate(2 * MIB)
+            mem.live[("lost", e)] = lost
+        check_invariants(vpool)
+        assert lost.closed and not kept or not kept[0].closed
+        del mem.live[("lost", e)]
+    assert region.stats().plan_hits > 0
+    with region:                            # the kept buffer's place is not handed out
+        mem.live["kept"] = kept[0]
+        run_step(mem, SIZES, FREES, set(), 99)
+        mem.allocate("b", 1 * MIB)
+    check_invariants(vpool)
+
+
+def test_release_drops_the_plan_and_gives_the_memory_back(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    _, mem = entries(vpool, region, 6, tails=set())
+    assert region.planner.current is not None
+    region.release()
+    assert region.planner.current is None
+    vpool.trim()
+    assert vpool.stats().reserved_bytes == 0
+    hits = region.stats().plan_hits
+    entries(vpool, region, 6, tails=set(), mem=mem)     # planned again
+    assert region.stats().plan_hits > hits
+
+
+def test_a_plan_that_does_not_fit_the_memory_is_not_used(vpool):
+    planner = Planner()
+    step = planner._wanted = None
+    from gpupool.region import placement
+    step = placement.Step([4096, 4096], [0, 1], [2, 3], [0, 0], 4)
+    planner._seen, planner._wanted = {}, (b"sig", step)
+    assert planner.place(base=1 << 20, span=4096, obstacles=[]) is None
+    assert planner.counts["no_room"] == 1 and planner.current is None
+    placed = Planner()
+    placed._wanted = (b"sig", step)
+    plan, anchors = placed.place(base=1 << 20, span=1 << 20, obstacles=[(0, 4096)])
+    assert (plan.offsets >= 4096).all() and len(anchors) == 2
+
+
+def test_bad_plan_options_are_refused(vpool):
+    with pytest.raises(TypeError, match="plan must be"):
+        gpupool.Region(pool=vpool, plan="yes")
+    with pytest.raises(ValueError, match="max_plans"):
+        gpupool.Region(pool=vpool, plan={"max_plans": 0})
+    with pytest.raises(TypeError):
+        gpupool.Region(pool=vpool, plan={"no_such_option": 1})
+
+
+def test_placement_keeps_fixed_and_pinned_bytes():
+    from gpupool.region import placement
+    step = placement.Step([1024, 1024, 1024], [0, 1, 2], [3, 4, 5], [0, 0, 0], 6)
+    made = placement.plan(step, fixed=[(0, 1024, 0, 2)], pinned=[-1, -1, 4096])
+    assert made.offsets[2] == 4096
+    assert made.offsets[0] >= 1024 and made.offsets[1] >= 1024      # (0, 1024) is taken
+    spans = sorted(zip(made.offsets, made.offsets + 1024, strict=True))
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert np.array_equal(placement.plan(step).offsets, [0, 1024, 2048])
