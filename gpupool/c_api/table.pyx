@@ -34,9 +34,8 @@ from gpupool.driver.status cimport (
     GP_REENTRANT,
 )
 from gpupool.records.streams cimport (
-    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, free_key, key_of,
+    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, free_key, key_status,
     resolved_free_key, stream_key,
-    refused_stream_status,
 )
 
 from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
@@ -76,9 +75,10 @@ cdef void fill_stats(Counters* c, gpupool_stats* out) noexcept nogil:
 cdef int _acquire(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexcept nogil:
     cdef Block* b = NULL
     cdef int r
-    cdef StreamKey key = key_of(pool.upstream, stream)
-    if key.tag == BAD_STREAM_TAG:
-        return refused_stream_status(pool.upstream, stream)     # not a stream, or destroyed
+    cdef StreamKey key
+    r = key_status(pool.upstream, stream, &key)
+    if r != 0:
+        return r                                # not a stream, destroyed, or a failed query
     if stream > STREAM_PER_THREAD:              # (the default streams tried it already)
         b = pool.mag_take(nbytes, key, True)
         if b != NULL:
@@ -138,9 +138,10 @@ cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
 
 cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef Block* b
-    cdef StreamKey key = key_of(pool.upstream, stream)
-    if key.tag == BAD_STREAM_TAG:
-        return refused_stream_status(pool.upstream, stream)
+    cdef StreamKey key
+    cdef int r = key_status(pool.upstream, stream, &key)
+    if r != 0:
+        return r
     b = pool.find_handed(<uintptr_t>ptr)
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
@@ -257,9 +258,10 @@ cdef int _private_live(Pool pool, RegionCache* rc, uintptr_t* ptrs, size_t* size
 
 cdef int _private_allocate_at(Pool pool, RegionCache* rc, void* ptr, size_t nbytes,
                               uintptr_t stream) noexcept nogil:
-    cdef StreamKey key = key_of(pool.upstream, stream)
-    if key.tag == BAD_STREAM_TAG:
-        return refused_stream_status(pool.upstream, stream)
+    cdef StreamKey key
+    cdef int r = key_status(pool.upstream, stream, &key)
+    if r != 0:
+        return r
     if pool.private_allocate_at(rc, <uintptr_t>ptr, nbytes, key):
         return GPUPOOL_OK
     return GPUPOOL_ERROR_INVALID_VALUE

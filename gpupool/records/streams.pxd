@@ -7,7 +7,6 @@
 # driver's stream ID (cuStreamGetId), unique for the process's lifetime: a handle value reused
 # by a new stream after cuStreamDestroy gives another key.
 from libc.stdint cimport uintptr_t
-from cuda.bindings.cydriver cimport CUDA_ERROR_INVALID_HANDLE
 from gpupool.upstream.base cimport Upstream
 
 cdef extern from "<pthread.h>" nogil:
@@ -61,22 +60,29 @@ cdef inline StreamKey stream_key(uintptr_t handle) noexcept nogil:
     return StreamKey(handle, current_thread() if handle == STREAM_PER_THREAD else 0)
 
 
+cdef inline int key_status(Upstream upstream, uintptr_t handle, StreamKey* out) noexcept nogil:
+    """The key of the stream with this handle, as the calling thread names it, into out; no
+    driver call for the default streams (the hot path). Returns the status of the one
+    cuStreamGetId asked for a created stream: not 0 for a handle the driver refuses (not a
+    stream, or destroyed; out's tag is then BAD_STREAM_TAG) or a failed query, whose
+    exception (a Python upstream's) is the one pending for raise_error."""
+    cdef unsigned long long sid = 0
+    cdef int r
+    if handle <= STREAM_PER_THREAD:
+        out[0] = stream_key(handle)
+        return 0
+    r = upstream.stream_id(handle, &sid)
+    out[0] = StreamKey(handle, <uintptr_t>sid if r == 0 else BAD_STREAM_TAG)
+    return r
+
+
 cdef inline StreamKey created_stream_key(Upstream upstream, uintptr_t handle) noexcept nogil:
     """The key of a created stream (handle > 2): it carries the driver's stream ID. A handle
-    the driver refuses (not a stream, or destroyed) gets the tag BAD_STREAM_TAG:
-    allocations refuse it, frees key it by its handle alone."""
-    cdef unsigned long long sid = 0
-    if upstream.stream_id(handle, &sid) != 0:
-        return StreamKey(handle, BAD_STREAM_TAG)
-    return StreamKey(handle, <uintptr_t>sid)
-
-
-cdef inline StreamKey key_of(Upstream upstream, uintptr_t handle) noexcept nogil:
-    """The key of the stream with this handle, as the calling thread names it; no driver call
-    for the default streams (the hot path)."""
-    if handle <= STREAM_PER_THREAD:
-        return stream_key(handle)
-    return created_stream_key(upstream, handle)
+    the driver refuses (not a stream, or destroyed) gets the tag BAD_STREAM_TAG: frees key
+    it by its handle alone."""
+    cdef StreamKey key
+    key_status(upstream, handle, &key)
+    return key
 
 
 cdef inline StreamKey free_key(uintptr_t handle) noexcept nogil:
@@ -104,15 +110,8 @@ cdef inline StreamKey resolved_free_key(Upstream upstream, StreamKey s,
     s = created_stream_key(upstream, s.handle)
     if s.tag == BAD_STREAM_TAG:
         s.tag = 0                                   # a free never fails
+        upstream.clear_error()
     return s
-
-
-cdef inline int refused_stream_status(Upstream upstream, uintptr_t handle) noexcept nogil:
-    """The driver's status for a handle whose key came out bad (asked again, for the error;
-    CUDA_ERROR_INVALID_HANDLE should it now answer)."""
-    cdef unsigned long long sid = 0
-    cdef int r = upstream.stream_id(handle, &sid)
-    return r if r != 0 else CUDA_ERROR_INVALID_HANDLE
 
 
 cdef inline uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF:
