@@ -44,6 +44,14 @@ cdef inline StreamKey no_stream() noexcept nogil:
     return StreamKey(HANDLE_MAX, 0)
 
 
+cdef inline StreamKey unordered() noexcept nogil:
+    """The key of a free block whose use on some stream could be ordered neither by an event
+    nor by a device synchronize (the driver failed both): no request's stream has it, so no
+    request takes the block (it never reads as complete) until a synchronize makes it free
+    for any stream (a trim, merge_streams)."""
+    return StreamKey(HANDLE_MAX, BAD_STREAM_TAG)
+
+
 cdef inline bint same_stream(StreamKey a, StreamKey b) noexcept nogil:
     return a.handle == b.handle and a.tag == b.tag
 
