@@ -24,40 +24,27 @@ def consistent(pool, sim, lost=0):
     assert sim.errors == []
 
 
-@pytest.fixture
-def callbacks():
-    registered = []
-
-    def register(callback):
-        registered.append(gpupool.on_oom(callback))
-        return callback
-
-    yield register
-    for callback in registered:
-        gpupool.remove_oom_callback(callback)
-
-
 # The out-of-memory ladder and on_oom (RMM: failure_callback_resource_adaptor) -------------
 
-def test_an_injected_allocation_failure_runs_the_callback_and_the_retry_succeeds(callbacks):
+def test_an_injected_allocation_failure_runs_the_callback_and_the_retry_succeeds(oom_callback):
     sim = SimulatedDevice(capacity=16 * MIB, failures=Failures("alloc", nth=1))
     pool = gpupool.Pool(upstream=sim)
-    asked = callbacks(lambda nbytes: asked_for.append(nbytes))
     asked_for = []
+    oom_callback(asked_for.append)
     buf = pool.allocate(3 * MIB)                # the first cuMemAlloc fails, the retry works
-    assert asked_for == [3 * MIB] and asked is not None
+    assert asked_for == [3 * MIB]
     assert [name for name, _ in sim.calls] == ["alloc", "alloc"]
     assert pool.stats().num_allocs == 1
     del buf
     consistent(pool, sim)
 
 
-def test_the_ladder_gives_the_cache_back_before_the_callbacks(callbacks):
+def test_the_ladder_gives_the_cache_back_before_the_callbacks(oom_callback):
     sim = SimulatedDevice(capacity=16 * MIB)
     pool = gpupool.Pool(upstream=sim)
     pool.allocate(4 * MIB).close()              # 4 MiB cached
     asked_for = []
-    callbacks(asked_for.append)
+    oom_callback(asked_for.append)
     sim.inject(Failures("alloc", nth=1, times=2))   # the growth and the ladder's retry fail
     buf = pool.allocate(6 * MIB)                    # the callbacks' retry works
     assert asked_for == [6 * MIB]
@@ -70,11 +57,11 @@ def test_the_ladder_gives_the_cache_back_before_the_callbacks(callbacks):
     consistent(pool, sim)
 
 
-def test_a_callback_that_frees_memory_lets_the_retry_succeed(callbacks):
+def test_a_callback_that_frees_memory_lets_the_retry_succeed(oom_callback):
     sim = SimulatedDevice(capacity=8 * MIB)
     pool = gpupool.Pool(upstream=sim)
     held = [pool.allocate(6 * MIB)]
-    callbacks(lambda nbytes: held.clear())      # frees the 6 MiB buffer
+    oom_callback(lambda nbytes: held.clear())      # frees the 6 MiB buffer
     sim.inject(Failures("alloc", nth=1))        # and the device fails once more
     buf = pool.allocate(6 * MIB)
     assert held == [] and buf.nbytes == 6 * MIB
@@ -82,11 +69,11 @@ def test_a_callback_that_frees_memory_lets_the_retry_succeed(callbacks):
     consistent(pool, sim)
 
 
-def test_a_device_that_keeps_failing_raises_out_of_memory_after_one_retry(callbacks):
+def test_a_device_that_keeps_failing_raises_out_of_memory_after_one_retry(oom_callback):
     sim = SimulatedDevice(capacity=16 * MIB, failures=Failures("alloc", nth=1, times=None))
     pool = gpupool.Pool(upstream=sim)
     asked_for = []
-    callbacks(asked_for.append)
+    oom_callback(asked_for.append)
     with pytest.raises(gpupool.OutOfMemoryError) as info:
         pool.allocate(MIB)
     assert asked_for == [MIB] and info.value.requested_bytes == MIB
@@ -94,11 +81,11 @@ def test_a_device_that_keeps_failing_raises_out_of_memory_after_one_retry(callba
     consistent(pool, sim)
 
 
-def test_an_allocation_failing_otherwise_raises_its_cuda_error_without_the_ladder(callbacks):
+def test_an_allocation_failing_otherwise_raises_its_cuda_error_without_the_ladder(oom_callback):
     sim = SimulatedDevice(failures=Failures("alloc", nth=1, code=999))
     pool = gpupool.Pool(upstream=sim)
     asked_for = []
-    callbacks(asked_for.append)
+    oom_callback(asked_for.append)
     with pytest.raises(gpupool.CudaError) as info:
         pool.allocate(MIB)
     assert info.value.code == 999 and info.value.message == sim.failures.injected[0][2]
