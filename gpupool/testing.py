@@ -17,6 +17,15 @@ Every simulated driver call is appended to ``sim.calls`` as ``(name, args)``.
 map: allocations (and, with ``virtual_memory``, pages) are ``memfd`` files mapped shared, so a
 buffer's ``ipc_handle()`` opens with ``gpupool.open_ipc`` in another process on a pool of its
 own simulated device, and both see the same bytes.
+
+``Failures`` injects driver failures: the n-th call of a kind fails, or calls fail at random
+at a seeded rate. The memory source's calls fail as the driver's out of memory (the pool's
+out-of-memory ladder runs, then ``OutOfMemoryError``), the others as a ``CudaError``::
+
+    from gpupool.testing import Failures
+    sim = SimulatedDevice(failures=Failures("alloc", nth=2))   # the second cuMemAlloc fails
+    sim.inject(Failures(("event_record", "free"), rate=0.1, seed=1))
+    sim.inject(None)                                            # no call fails any more
 """
 
 import ctypes
@@ -25,6 +34,7 @@ import mmap
 import numpy as np
 
 from gpupool.limits import parse_limit
+from gpupool.simulated.failures import Failures
 from gpupool.simulated.sharing import SimulatedSharing
 from gpupool.simulated.streams import (
     LEGACY_STREAM,  # noqa: F401  (re-exported)
@@ -34,7 +44,7 @@ from gpupool.simulated.streams import (
 from gpupool.simulated.virtual_memory import SimulatedVirtualMemory
 from gpupool.upstream.python import PythonUpstream
 
-__all__ = ["SimulatedDevice"]
+__all__ = ["Failures", "SimulatedDevice"]
 
 ALIGNMENT = 256
 PAGE_BYTES = 2 << 20                    # the driver's page (cuMemAlloc rounds to it)
@@ -77,6 +87,15 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
     uuid : bytes, optional
         The 16-byte device UUID IPC handles carry (default: one per ``device`` ordinal, the
         same in every process): another value simulates another GPU.
+    failures : Failures, optional
+        Simulated driver calls that fail (``gpupool.testing.Failures``: the n-th call of the
+        named kinds, or each at a seeded rate); ``inject`` changes or clears it later. A
+        failed call has no effect on the device: a failed ``free`` or ``unmap`` leaves the
+        memory allocated, a failed ``alloc`` or ``map`` takes none. ``alloc``, ``reserve``
+        and ``map`` (and its ``create`` step) fail as out of memory, by default (they raise
+        ``MemoryError``, which the pool reads as CUDA_ERROR_OUT_OF_MEMORY); other calls
+        raise ``gpupool.CudaError`` (CUDA_ERROR_UNKNOWN, 999, by default), which reaches the
+        caller of the pool operation that made the call unless the pool handles it.
 
     Raises
     ------
@@ -84,7 +103,8 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         A capacity or page that is not a positive size (``gpupool.limits.parse_limit``), a
         page that is not a multiple of 512 B (of the host's page with ``shareable`` and
         ``virtual_memory``), an impossible device (negative, not an int), ``shareable`` with
-        ``stream_ordered``, or a ``uuid`` that is not 16 bytes.
+        ``stream_ordered``, a ``uuid`` that is not 16 bytes, or ``failures`` that is not a
+        ``Failures``.
 
     Notes
     -----
@@ -105,7 +125,11 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         ``event_destroy``, ``event_record``, ``event_query``, ``stream_wait_event``,
         ``synchronize``, ``copy``, ``memset``, ``mem_info``, ``trim``, ``stream_capturing``;
         with ``virtual_memory``, ``reserve``, ``unreserve``, ``map``, ``unmap``. With
-        ``stream_ordered``, ``alloc``'s arguments are ``(nbytes, stream)``.
+        ``stream_ordered``, ``alloc``'s arguments are ``(nbytes, stream)``. A call that an
+        injected failure fails is logged all the same.
+    failures : Failures or None
+        The failures injected now (``inject`` sets it); its ``injected`` lists the calls
+        that failed.
     used : int
         Bytes currently allocated (or mapped).
     device_bytes, peak_device_bytes : int
@@ -123,7 +147,7 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
     """
 
     def __init__(self, capacity=1 << 30, device=0, stream_ordered=False, virtual_memory=False,
-                 page=PAGE_BYTES, shareable=False, uuid=None):
+                 page=PAGE_BYTES, shareable=False, uuid=None, failures=None):
         self._set_device(device)            # first: an impossible device is refused first
         capacity = parse_limit(capacity, _no_total, "capacity")
         page = parse_limit(page, _no_total, "page")
@@ -147,7 +171,7 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         if virtual_memory:
             self._set_expandable(self.page, -(-self.capacity // self.page) * self.page)
         self._init_virtual_memory()
-        self._init_base()
+        self._init_base(failures)
         self._arrays = {}               # pointer -> (numpy array holding it, nbytes)
         self._init_streams()
         self.allocated_on = {}          # stream-ordered: pointer -> (stream, work number)
@@ -155,7 +179,7 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
     # The upstream's memory source (called by the pool) ---------------------------------
 
     def _alloc(self, nbytes, stream=None):
-        self.calls.append(("alloc", (nbytes,) if stream is None else (nbytes, stream)))
+        self._called("alloc", (nbytes,) if stream is None else (nbytes, stream))
         if stream is not None:
             stream = self._check_stream(stream)
         if self.used + nbytes > self.capacity:
@@ -173,7 +197,7 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         return ptr
 
     def _free(self, ptr):
-        self.calls.append(("free", (ptr,)))
+        self._called("free", (ptr,))
         if ptr not in self._arrays:
             self._misuse(f"free of unknown pointer {ptr:#x}")
         nbytes = self._arrays.pop(ptr)[1]
@@ -186,23 +210,23 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         return self._arrays[ptr][1]
 
     def _trim(self):
-        self.calls.append(("trim", ()))
+        self._called("trim", ())
 
     def _mem_info(self):
-        self.calls.append(("mem_info", ()))
+        self._called("mem_info", ())
         return self.capacity - self.used, self.capacity
 
     # Copies ----------------------------------------------------------------------------
 
     def _copy(self, kind, dst, src, nbytes, stream):
-        self.calls.append(("copy", (kind, dst, src, nbytes, stream)))
+        self._called("copy", (kind, dst, src, nbytes, stream))
         self._check_stream(stream)
         self._check_mapped(dst, nbytes, "copy")
         self._check_mapped(src, nbytes, "copy")
         ctypes.memmove(dst, src, nbytes)
 
     def _memset(self, dst, value, nbytes, stream):
-        self.calls.append(("memset", (dst, value, nbytes, stream)))
+        self._called("memset", (dst, value, nbytes, stream))
         self._check_stream(stream)
         self._check_mapped(dst, nbytes, "memset")
         ctypes.memset(dst, value, nbytes)

@@ -72,6 +72,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def oom_callback():
+    """``oom_callback(fn)`` registers fn with ``gpupool.on_oom`` for the test (returns fn)."""
+    registered = []
+
+    def register(fn):
+        registered.append(gpupool.on_oom(fn))
+        return fn
+
+    yield register
+    for fn in registered:
+        gpupool.remove_oom_callback(fn)
+
+
+@pytest.fixture
 def sim():
     device = SimulatedDevice(capacity=1 << 30)
     yield device

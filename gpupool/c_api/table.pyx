@@ -33,7 +33,7 @@ from gpupool.driver.status cimport (
     GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GP_FORKED,
 )
 from gpupool.records.streams cimport (
-    StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, resolve_free, stream_key, refused_stream_status,
+    StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, key_status, resolve_free, stream_key,
 )
 
 from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
@@ -77,9 +77,10 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
     cdef Block* b = NULL
     cdef int r
     cdef bint retried = False
-    cdef StreamKey key = stream_key(stream, pool.upstream)     # no driver call: default streams
-    if key.tag == BAD_STREAM_TAG:
-        return _code(refused_stream_status(pool.upstream, stream))
+    cdef StreamKey key
+    r = key_status(pool.upstream, stream, &key)    # no driver call: default streams
+    if r != 0:
+        return _code(r)                         # not a stream, destroyed, or a failed query
     while True:
         b = pool.mag_take(nbytes, key, True)
         r = 0 if b != NULL else pool.acquire_handed(nbytes, key, &b)
@@ -126,9 +127,10 @@ cdef int _free_as(Pool pool, uintptr_t ptr, StreamKey key) noexcept nogil:
 
 cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     cdef Block* b
-    cdef StreamKey key = stream_key(stream, pool.upstream)
-    if key.tag == BAD_STREAM_TAG:
-        return refused_stream_status(pool.upstream, stream)
+    cdef StreamKey key
+    cdef int r = key_status(pool.upstream, stream, &key)
+    if r != 0:
+        return r
     b = pool.find_handed(<uintptr_t>ptr)
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
@@ -265,9 +267,10 @@ cdef int _private_live(Pool pool, RegionCache* rc, uintptr_t* ptrs, size_t* size
 
 cdef int _private_allocate_at(Pool pool, RegionCache* rc, void* ptr, size_t nbytes,
                               uintptr_t stream) noexcept nogil:
-    cdef StreamKey key = stream_key(stream, pool.upstream)
-    if key.tag == BAD_STREAM_TAG:
-        return refused_stream_status(pool.upstream, stream)
+    cdef StreamKey key
+    cdef int r = key_status(pool.upstream, stream, &key)
+    if r != 0:
+        return r
     if pool.private_allocate_at(rc, <uintptr_t>ptr, nbytes, key):
         return GPUPOOL_OK
     return GPUPOOL_ERROR_INVALID_VALUE

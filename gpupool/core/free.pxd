@@ -5,7 +5,7 @@ from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
 from gpupool.records.counters cimport count_freed
-from gpupool.records.streams cimport StreamKey, same_stream
+from gpupool.records.streams cimport StreamKey, same_stream, unordered
 from gpupool.history.ring cimport hist_on, hist_free
 from gpupool.core.lock cimport ps_copy_wanted
 from gpupool.core.parking cimport pk_park
@@ -20,6 +20,7 @@ cdef inline void ps_free_locked(PoolState* st, Upstream up, Block* b,
     """Under the pool's lock: take back live block b, last used on s."""
     cdef size_t i, size = b.size
     cdef uintptr_t e
+    cdef bint ordered = True
     if hist_on(st.segments.recording[0]):
         hist_free(st.segments.device, st.segments.pool_id, b.ptr, size, s.handle)
     b.stream = s
@@ -41,8 +42,11 @@ cdef inline void ps_free_locked(PoolState* st, Upstream up, Block* b,
                 up.clear_error()
                 if up.synchronize() != 0:
                     up.clear_error()
+                    ordered = False
         del b.extra_streams
         b.extra_streams = NULL
+        if not ordered:
+            b.stream = unordered()      # no request takes it until a synchronize
     rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
     b.used = st.counters.num_allocs     # last live now (sg_reclaim's cold blocks)
     pk_park(st, b)                      # may put a parked block: size was kept above

@@ -85,7 +85,8 @@ cdef inline size_t sg_unmap_free(PoolState* st, Upstream up, Block* b) noexcept 
         sg_remove(hole)
         sg_retire(st, hole)
         if seg.first == NULL:
-            up.unreserve(seg.base)
+            if up.unreserve(seg.base) != 0:
+                up.clear_error()        # the range stays reserved: address space, no memory
             sg_drop_segment(sg, seg)
     return hi - lo
 
@@ -106,17 +107,23 @@ cdef inline void sg_rejoin(PoolState* st, vector[Block*]* blocks,
             sg_join(st, b, b.seg_next)
 
 
-cdef inline void sg_free_segment(PoolState* st, Upstream up, Block* b) noexcept nogil:
+cdef inline bint sg_free_segment(PoolState* st, Upstream up, Block* b) noexcept nogil:
     """Give b's plain segment, of which b (out of the free lists, its work done) is the one
-    block, back to the upstream."""
+    block, back to the upstream. False: the upstream's free failed, so the memory is still
+    the pool's (a failed cuMemFree frees nothing), and b, out of the free lists, goes back
+    there by the caller: it stays cached, and a later trim tries again. Its export is
+    forgotten all the same (a new one is made should it be shared again)."""
     cdef Segments* sg = &st.segments
     cdef Segment* seg = b.segment
-    sg_forget_export(seg)
-    up.free(seg.base)
+    sg_forget_export(seg)               # first: no importer may open it while it goes
+    if up.free(seg.base) != 0:
+        up.clear_error()
+        return False
     count_returned(&st.counters, seg.nbytes)
     sg_note(sg, ACT_SEGMENT_FREE, seg.base, seg.nbytes, seg.stream)
     sg_drop_segment(sg, seg)
     sg_retire(st, b)
+    return True
 
 
 cdef inline size_t sg_shed(PoolState* st, Upstream up, size_t size, StreamKey s) noexcept nogil:
@@ -138,8 +145,9 @@ cdef inline size_t sg_shed(PoolState* st, Upstream up, size_t size, StreamKey s)
         b = seg.first
         if not seg.va_bytes and seg.nbytes < size and b == seg.last and b.state == FREE and \
                 b.region.cache == NULL and not sg_imported(seg) and \
-                so_done(&st.order, up, b, s) and fl_unbin(&st.free, b):
-            sg_free_segment(st, up, b)
+                so_done(&st.order, up, b, s) and fl_unbin(&st.free, b) and \
+                not sg_free_segment(st, up, b):
+            fl_put(&st.free, b)
         seg = nxt
     return before - st.counters.reserved
 
@@ -180,7 +188,8 @@ cdef inline size_t sg_trim(PoolState* st, Upstream up) noexcept nogil:
         elif seg.va_bytes:
             sg_unmap_free(st, up, b)
         elif b.seg_prev == NULL and b.seg_next == NULL and not sg_imported(seg):
-            sg_free_segment(st, up, b)
+            if not sg_free_segment(st, up, b):
+                fl_put(fl, b)           # the free failed: it stays cached
         else:
             fl_put(fl, b)
     return before - c.reserved
@@ -199,22 +208,27 @@ cdef inline void sg_merge_streams(PoolState* st, size_t* moved) noexcept nogil:
 
 
 cdef inline void sg_release_all(PoolState* st, Upstream up) noexcept nogil:
-    """At the pool's end (no block live): give every segment back, drop every record."""
+    """At the pool's end (no block live): give every segment back, drop every record. What
+    the upstream fails to give back stays with it (nothing is left to try again): a failed
+    free's allocation, and the pages of a failed unmap with their range, which is then not
+    unreserved (the driver frees no range with pages mapped in it)."""
     cdef Segments* sg = &st.segments
     cdef StreamOrder* so = &st.order
     cdef Segment* seg
     cdef Block *b, *nxt
     cdef uintptr_t start = 0
     cdef size_t i
+    cdef bint unmapped
     while sg.head != NULL:
         seg = sg.head
         b = seg.first
         start = seg.base
+        unmapped = True
         while b != NULL:                # expandable: unmap each run of mapped pages
             nxt = b.seg_next
             if seg.va_bytes and b.state == UNMAPPED:
                 if b.ptr > start:
-                    up.unmap(start, b.ptr - start)
+                    unmapped = up.unmap(start, b.ptr - start) == 0 and unmapped
                     sg_note(sg, ACT_SEGMENT_UNMAP, start, b.ptr - start, seg.stream)
                 start = b.ptr + b.size
             so_drop_events(so, b)
@@ -222,10 +236,11 @@ cdef inline void sg_release_all(PoolState* st, Upstream up) noexcept nogil:
             b = nxt
         if seg.va_bytes:
             if seg.base + seg.nbytes > start:
-                up.unmap(start, seg.base + seg.nbytes - start)
+                unmapped = up.unmap(start, seg.base + seg.nbytes - start) == 0 and unmapped
                 sg_note(sg, ACT_SEGMENT_UNMAP, start, seg.base + seg.nbytes - start,
                         seg.stream)
-            up.unreserve(seg.base)
+            if unmapped:
+                up.unreserve(seg.base)
         elif not sg_imported(seg):
             up.free(seg.base)
             sg_note(sg, ACT_SEGMENT_FREE, seg.base, seg.nbytes, seg.stream)

@@ -7,6 +7,7 @@ from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.records.block cimport Block, Segment, FREE, UNMAPPED
 from gpupool.records.counters cimport Counters, count_reserved, count_returned
 from gpupool.history.ring cimport ACT_SEGMENT_MAP, ACT_SEGMENT_UNMAP
+from gpupool.driver.status cimport GP_PY_ERROR
 from gpupool.core.cutjoin cimport sg_record, sg_insert_after, sg_put
 from gpupool.core.freelist cimport FreeLists, fl_unbin
 from gpupool.core.giveback cimport sg_unmap_free
@@ -142,7 +143,8 @@ cdef inline int sg_extend(PoolState* st, Upstream up, size_t size, StreamKey s, 
     r = sg_map(st, up, seg.base + seg.nbytes, need, s)
     if r != 0:
         if fresh:                       # an empty range is given back at once
-            up.unreserve(seg.base)
+            if up.unreserve(seg.base) != 0 and r != GP_PY_ERROR:
+                up.clear_error()        # it stays reserved (address space, no memory)
             sg_drop_segment(sg, seg)
         return r
     if have:

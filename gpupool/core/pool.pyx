@@ -22,8 +22,7 @@ from gpupool.records.counters cimport Counters
 from gpupool.records.ptrtable cimport pt_insert
 from gpupool.records.sizes cimport MAX_NBYTES, check_nbytes
 from gpupool.records.streams cimport (
-    StreamKey, BAD_STREAM_TAG, STREAM_PER_THREAD, current_thread, resolve_free, same_stream,
-    BY_HANDLE, stream_key, refused_stream_status, stream_handle,
+    StreamKey, current_thread, key_status, resolve_free, same_stream, stream_handle,
 )
 from gpupool.history.ring cimport (
     LOG_CALLBACK_RETRY, hist_on, hist_subscribe, hist_alloc, hist_oom, hist_log, hist_flush_log,
@@ -133,12 +132,9 @@ cdef class Pool(PoolBase):
         stream, or a destroyed one): for allocations and stream changes, where a bad handle
         is the caller's mistake."""
         cdef StreamKey key
-        if handle <= STREAM_PER_THREAD:
-            return stream_key(handle, BY_HANDLE)    # no driver call, no upstream
-        key = stream_key(handle, self.upstream)
-        if key.tag == BAD_STREAM_TAG:
-            self.upstream.raise_error(refused_stream_status(self.upstream, handle),
-                                      f"cuStreamGetId (stream handle {handle:#x})")
+        cdef int r = key_status(self.upstream, handle, &key)
+        if r != 0:
+            self.upstream.raise_error(r, f"cuStreamGetId (stream handle {handle:#x})")
         return key
 
     cdef int acquire(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:

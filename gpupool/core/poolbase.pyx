@@ -92,6 +92,7 @@ cdef class PoolBase(BlockOwner):
         sg_release_all(&self._st, self.upstream)
         for i in range(self._st.order.events.size()):
             self.upstream.event_destroy(self._st.order.events[i])
+        self.upstream.clear_error()         # at the end nothing reports a failure
         self._st.mutex.unlock()
 
     def cached_blocks(self):

@@ -61,6 +61,7 @@ cdef inline bint so_after(Upstream up, uintptr_t event, StreamKey s, bint wait) 
     it on the GPU (cuStreamWaitEvent), which never blocks the host."""
     if up.event_query(event) == 0:
         return True
+    up.clear_error()                    # not complete, or the query failed: a wait may order it
     if wait and up.stream_wait(s.handle, event) == 0:
         return True
     up.clear_error()                    # not ordered (yet): the block is not taken

@@ -7,7 +7,6 @@
 # driver's stream ID (cuStreamGetId), unique for the process's lifetime: a handle value reused
 # by a new stream after cuStreamDestroy gives another key.
 from libc.stdint cimport uintptr_t
-from cuda.bindings.cydriver cimport CUDA_ERROR_INVALID_HANDLE
 from gpupool.upstream.base cimport Upstream
 
 cdef extern from "<pthread.h>" nogil:
@@ -72,6 +71,14 @@ cdef inline StreamKey stream_key(uintptr_t handle, KeyLookup lookup) noexcept no
         return StreamKey(handle, <uintptr_t>sid)
 
 
+cdef inline StreamKey unordered() noexcept nogil:
+    """The key of a free block whose use on some stream could be ordered neither by an event
+    nor by a device synchronize (the driver failed both): no request's stream has it, so no
+    request takes the block (it never reads as complete) until a synchronize makes it free
+    for any stream (a trim, merge_streams)."""
+    return StreamKey(HANDLE_MAX, BAD_STREAM_TAG)
+
+
 cdef inline bint same_stream(StreamKey a, StreamKey b) noexcept nogil:
     return a.handle == b.handle and a.tag == b.tag
 
@@ -79,6 +86,23 @@ cdef inline bint same_stream(StreamKey a, StreamKey b) noexcept nogil:
 cdef inline bint is_no_stream(StreamKey a) noexcept nogil:
     """Whether a is NO_STREAM's key: a block never used on any stream."""
     return a.handle == NO_STREAM and a.tag == BY_HANDLE
+
+
+cdef inline int key_status(Upstream upstream, uintptr_t handle, StreamKey* out) noexcept nogil:
+    """The key of the stream with this handle, as the calling thread names it, into out, and
+    the status of the one cuStreamGetId asked for a created stream: not 0 for a handle the
+    driver refuses (not a stream, or destroyed; out's tag is then BAD_STREAM_TAG) or a failed
+    query, whose exception (a Python upstream's) is the one pending for raise_error. No driver
+    call for the default streams (the hot path). stream_key(handle, upstream) is the same key
+    where the caller needs no status."""
+    cdef unsigned long long sid = 0
+    cdef int r
+    if handle <= STREAM_PER_THREAD:
+        out[0] = stream_key(handle, BY_HANDLE)
+        return 0
+    r = upstream.stream_id(handle, &sid)
+    out[0] = StreamKey(handle, <uintptr_t>sid if r == 0 else BAD_STREAM_TAG)
+    return r
 
 
 cdef inline StreamKey resolve_free(Upstream upstream, StreamKey s, StreamKey own) noexcept nogil:
@@ -97,15 +121,8 @@ cdef inline StreamKey resolve_free(Upstream upstream, StreamKey s, StreamKey own
     s = stream_key(s.handle, upstream)
     if s.tag == BAD_STREAM_TAG:
         s.tag = BY_HANDLE                           # a free never fails
+        upstream.clear_error()
     return s
-
-
-cdef inline int refused_stream_status(Upstream upstream, uintptr_t handle) noexcept nogil:
-    """The driver's status for a handle whose key came out bad (asked again, for the error;
-    CUDA_ERROR_INVALID_HANDLE should it now answer)."""
-    cdef unsigned long long sid = 0
-    cdef int r = upstream.stream_id(handle, &sid)
-    return r if r != 0 else CUDA_ERROR_INVALID_HANDLE
 
 
 cdef inline uintptr_t stream_handle(object stream) except? 0xFFFFFFFFFFFFFFFF:

@@ -1,15 +1,46 @@
 """What every part of the simulated device shares: the log of its simulated driver calls, the
-misuses it saw, and its byte counts."""
+failures injected into them, the misuses it saw, and its byte counts."""
+
+from gpupool.simulated.failures import Failures
 
 
 class SimulatedBase:
-    """The call log, the misuses and the byte counts of a ``SimulatedDevice`` (see its
-    Attributes: ``calls``, ``errors``, ``used``, ``device_bytes``, ``peak_device_bytes``)."""
+    """The call log, the injected failures, the misuses and the byte counts of a
+    ``SimulatedDevice`` (see its Attributes: ``calls``, ``failures``, ``errors``, ``used``,
+    ``device_bytes``, ``peak_device_bytes``)."""
 
-    def _init_base(self):
+    def _init_base(self, failures=None):
         self.used = self.device_bytes = self.peak_device_bytes = 0
         self.calls = []
         self.errors = []
+        self.inject(failures)
+
+    def inject(self, failures):
+        """Make simulated driver calls fail as ``failures`` says (a
+        ``gpupool.simulated.failures.Failures``, replacing the one before); None: no call
+        fails any more. Returns ``failures``, whose ``injected`` lists what failed.
+
+        Raises
+        ------
+        TypeError
+            ``failures`` is neither a ``Failures`` nor None.
+        """
+        if failures is not None and not isinstance(failures, Failures):
+            raise TypeError(f"inject takes a gpupool.testing.Failures or None, got "
+                            f"{type(failures).__name__}")
+        self.failures = failures
+        return failures
+
+    def _called(self, name, args):
+        """Log the simulated driver call ``name(*args)``; raise its injected failure, if any
+        (before the call has any effect, as a failed driver call has none)."""
+        self.calls.append((name, args))
+        self._fail(name, args)
+
+    def _fail(self, name, args):
+        """Raise the injected failure of a call or step ``name`` (not logged), if any."""
+        if self.failures is not None:
+            self.failures.check(name, args)
 
     def calls_named(self, name):
         """The arguments of every call named ``name``, in order."""

@@ -84,7 +84,7 @@ class SimulatedSharing(SimulatedBase):
                 "SimulatedDevice(shareable=True) to simulate CUDA IPC")
 
     def _ipc_export(self, base, size):
-        self.calls.append(("ipc_export", (base, size)))
+        self._called("ipc_export", (base, size))
         if not self.shareable:
             raise IpcError(self.ipc_refusal, "not_exportable")
         if self.expandable:
@@ -98,7 +98,7 @@ class SimulatedSharing(SimulatedBase):
         return f"{os.getpid()}:{fd}:{os.fstat(fd).st_ino}".encode()
 
     def _ipc_open(self, kind, payload, size):
-        self.calls.append(("ipc_open", (kind, size)))
+        self._called("ipc_open", (kind, size))
         if kind == "posix_fd":
             page = size // len(payload)
             va = map_rw(None, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
@@ -128,7 +128,7 @@ class SimulatedSharing(SimulatedBase):
         return va
 
     def _ipc_close(self, kind, address, size):
-        self.calls.append(("ipc_close", (kind, size)))
+        self._called("ipc_close", (kind, size))
         if address not in self._opened:
             self._misuse(f"close of {address:#x}, which no IPC open mapped")
         fd, length, _ = self._opened.pop(address)
@@ -138,20 +138,20 @@ class SimulatedSharing(SimulatedBase):
 
     def _ipc_event_create(self):
         event = self._new_handle()
-        self.calls.append(("ipc_event_create", (event,)))
+        self._called("ipc_event_create", (event,))
         return event
 
     def _ipc_event_record(self, event, stream):
-        self.calls.append(("ipc_event_record", (event, stream)))
+        self._called("ipc_event_record", (event, stream))
         self._check_stream(stream)
         # Simulated work is done when a host copy returns: nothing to wait for elsewhere.
         return f"simulated-event-{os.getpid()}-{event}".encode()
 
     def _ipc_event_destroy(self, event):
-        self.calls.append(("ipc_event_destroy", (event,)))
+        self._called("ipc_event_destroy", (event,))
 
     def _ipc_wait(self, handle, stream):
-        self.calls.append(("ipc_wait", (bytes(handle), stream)))
+        self._called("ipc_wait", (bytes(handle), stream))
         self._check_stream(stream)
 
     def _device_uuid(self):

@@ -132,25 +132,25 @@ class SimulatedStreams(SimulatedBase):
 
     def _event_create(self):
         event = self._new_handle()
-        self.calls.append(("event_create", (event,)))
+        self._called("event_create", (event,))
         self._events[event] = []
         return event
 
     def _event_destroy(self, event):
-        self.calls.append(("event_destroy", (event,)))
+        self._called("event_destroy", (event,))
         del self._events[event]
 
     def _event_record(self, event, stream):
-        self.calls.append(("event_record", (event, stream)))
+        self._called("event_record", (event, stream))
         # The event completes when the stream's work so far, and what it waits for, is done.
         self._events[event] = self._covered(self._check_stream(stream))
 
     def _event_query(self, event):
-        self.calls.append(("event_query", (event,)))
+        self._called("event_query", (event,))
         return all(self._done.get(s, n) >= n for s, n in self._events[event])
 
     def _stream_wait_event(self, stream, event):
-        self.calls.append(("stream_wait_event", (stream, event)))
+        self._called("stream_wait_event", (stream, event))
         key = self._check_stream(stream)
         # The wait is on the event as recorded now; a later record of it changes nothing.
         copy = self._new_handle()
@@ -158,18 +158,19 @@ class SimulatedStreams(SimulatedBase):
         self._waits.setdefault(key, []).append(copy)
 
     def _synchronize(self):
-        self.calls.append(("synchronize", ()))
+        self._called("synchronize", ())
         if self.capturing:
             self._misuse(f"synchronize while streams {sorted(self.capturing)} are being "
                          f"captured (the captures would be invalidated)")
         self.complete()
 
     def _stream_capturing(self, stream):
-        self.calls.append(("stream_capturing", (stream,)))
+        self._called("stream_capturing", (stream,))
         self._check_stream(stream)
         return stream in self.capturing
 
     def _stream_id(self, stream):
+        self._fail("stream_id", (stream,))
         self._check_stream(stream)
         return self._stream_ids[stream]
 

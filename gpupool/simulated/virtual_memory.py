@@ -18,7 +18,7 @@ class SimulatedVirtualMemory(SimulatedBase):
 
     def _reserve(self):
         size = self.va_bytes
-        self.calls.append(("reserve", (size,)))
+        self._called("reserve", (size,))
         va = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
                        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
         if va in (None, MAP_FAILED):
@@ -27,7 +27,7 @@ class SimulatedVirtualMemory(SimulatedBase):
         return va
 
     def _unreserve(self, va):
-        self.calls.append(("unreserve", (va,)))
+        self._called("unreserve", (va,))
         if va not in self._ranges:
             self._misuse(f"unreserve of unknown range {va:#x}")
         size, mapped = self._ranges[va]
@@ -47,6 +47,8 @@ class SimulatedVirtualMemory(SimulatedBase):
 
     def _map(self, va, nbytes):
         self.calls.append(("map", (va, nbytes)))
+        for step in ("create", "map", "set_access"):   # cuMemCreate, cuMemMap, cuMemSetAccess
+            self._fail(step, (va, nbytes))
         mapped, pages = self._pages(va, nbytes, "map")
         if any(p in mapped for p in pages):
             self._misuse(f"map of {nbytes} B at {va:#x}: a page is mapped already")
@@ -58,7 +60,7 @@ class SimulatedVirtualMemory(SimulatedBase):
         self._count(nbytes, nbytes)
 
     def _unmap(self, va, nbytes):
-        self.calls.append(("unmap", (va, nbytes)))
+        self._called("unmap", (va, nbytes))
         mapped, pages = self._pages(va, nbytes, "unmap")
         if not all(p in mapped for p in pages):
             self._misuse(f"unmap of {nbytes} B at {va:#x}: a page is not mapped")

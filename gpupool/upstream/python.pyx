@@ -178,7 +178,8 @@ cdef class PythonUpstream(Upstream):
         with gil:
             if hasattr(self, "_stream_id"):
                 # On failure the exception stays pending: an allocation raises it
-                # (Pool.check_stream); a free keys the stream by its handle alone.
+                # (Pool.check_stream); a free keys the stream by its handle alone and
+                # clears it (resolve_free).
                 r = self._call("_stream_id", (stream,), &sid, NULL)
         out[0] = sid if r == 0 else 0
         return r

@@ -39,17 +39,6 @@ def idle():
         pass
 
 
-@pytest.fixture
-def callback():
-    """Register ``callback(fn)``'s fn with on_oom for the test."""
-    registered = []
-
-    def register(fn):
-        registered.append(gpupool.on_oom(fn))
-    yield register
-    for fn in registered:
-        gpupool.remove_oom_callback(fn)
-
 
 def test_ladder_step_1_gives_the_pool_s_cache_back(debug):
     pool = limited(8 * MIB)
@@ -81,11 +70,11 @@ def test_ladder_step_2_gives_every_region_s_cache_back(debug):
     del big
 
 
-def test_ladder_step_3_runs_the_callbacks_and_the_error_is_logged(debug, callback):
+def test_ladder_step_3_runs_the_callbacks_and_the_error_is_logged(debug, oom_callback):
     pool = limited(4 * MIB)
     keep = pool.allocate(3 * MIB)
     ran = []
-    callback(ran.append)
+    oom_callback(ran.append)
     with pytest.raises(gpupool.OutOfMemoryError):
         pool.allocate(2 * MIB)
     step = f"gpupool: out of memory growing the pool of device 0 for {2 * MIB} B: step"
@@ -104,10 +93,10 @@ def test_ladder_step_3_runs_the_callbacks_and_the_error_is_logged(debug, callbac
     del keep
 
 
-def test_a_callback_that_frees_makes_the_retry_succeed(debug, callback):
+def test_a_callback_that_frees_makes_the_retry_succeed(debug, oom_callback):
     pool = limited(4 * MIB)
     held = [pool.allocate(3 * MIB)]
-    callback(lambda nbytes: held.clear())
+    oom_callback(lambda nbytes: held.clear())
     buf = pool.allocate(2 * MIB)
     idle()
     assert messages(debug)[-1] == (

@@ -3,6 +3,7 @@ its next request of the same size are served without the pool's lock; whatever r
 across threads (growth, trims, stream merges, statistics, thread exit, the C API's frees by
 pointer) finds the blocks a thread holds; statistics stay exact, the peak included."""
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -485,7 +486,9 @@ def test_threads_allocating_at_once_keep_the_counts_exact(threads):
 
 
 def test_a_thread_that_used_many_pools_still_gets_a_magazine_for_a_new_one():
-    # A thread has room for 8 magazines; those of pools that are gone are reused.
+    # A thread has room for 8 magazines; those of pools that are gone are reused. Pools of
+    # earlier tests left in reference cycles are alive and hold theirs until collected.
+    gc.collect()
     for _ in range(20):
         pool = gpupool.Pool(upstream=SimulatedDevice())
         pool.allocate(1000).close()
