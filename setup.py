@@ -75,13 +75,19 @@ include = cuda_include()
 # No debug info in the shared objects (it tripled the wheel); GPUPOOL_DEBUG_INFO=1 keeps it,
 # for line-level profiles and debuggers.
 debug_info = [] if os.environ.get("GPUPOOL_DEBUG_INFO") == "1" else ["-g0"]
+# GCC stops inlining once a module has grown by inline-unit-growth percent (40 by default),
+# whatever is left: at 40, core/pool.pyx runs out before the magazine fast path
+# (core/fastpath.pxd's fp_take) goes into Pool.mag_take, which the C API calls. 100 inlines
+# it with room to spare: see Note [Hot path across the PoolBase split] in docs/design.md
+# (tests/test_packaging.py checks it).
+inlining = ["--param", "inline-unit-growth=100"]
 extensions = [
     Extension(
         name.replace("/", "."),
         [f"{name}.pyx"],
         include_dirs=[include, "gpupool/include", "gpupool/src"],
         language="c++",
-        extra_compile_args=["-O3", "-std=c++17", *debug_info],
+        extra_compile_args=["-O3", "-std=c++17", *inlining, *debug_info],
         # C entry points keep plain C names (PyTorch's pluggable allocator looks them up).
         define_macros=[("CYTHON_EXTERN_C", 'extern "C"')],
     )

@@ -46,6 +46,14 @@ def test_section_names_of_a_compiled_module():
         check_dist.section_names(b"#!/bin/sh\n")
 
 
+def test_function_symbols_of_a_compiled_module():
+    functions = check_dist.function_symbols(COMPILED.read_bytes())
+    assert any("4Pool_mag_take" in f for f in functions)        # a local (static) function
+    assert any("PyInit_pool" in f for f in functions)           # an exported one
+    with pytest.raises(ValueError, match="not a 64-bit"):
+        check_dist.function_symbols(b"#!/bin/sh\n")
+
+
 def test_a_good_wheel_passes(tmp_path):
     files = dict.fromkeys(WHEEL_BASICS, b"")
     files["gpupool/core/pool.cpython-311-x86_64-linux-gnu.so"] = COMPILED.read_bytes()

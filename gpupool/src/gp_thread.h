@@ -49,7 +49,10 @@ struct gp_magazine_reaper {
 
 static thread_local gp_magazine_reaper gp_thread_reaper;
 
-static gp_thread* gp_make_thread(void) {
+/* Once per thread, so out of line and cold: inlined, it takes registers and stack from the
+ * magazine fast path around every gp_this_thread (Note [Hot path across the PoolBase split]
+ * in docs/design.md). */
+__attribute__((noinline, cold)) static gp_thread* gp_make_thread(void) {
     gp_thread* t = new gp_thread();             /* value-initialized: depth 0, no magazines */
     gp_thread_ptr = t;
     if (!gp_thread_gone)

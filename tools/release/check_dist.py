@@ -34,8 +34,9 @@ SDIST_SOURCES = ("gpupool/**/*.py", "gpupool/**/*.pyx", "gpupool/**/*.pxd", "gpu
 GENERATED = ("*.cpp", "gpupool/c_api/table.h", "gpupool/adapters/torch_entry.h")  # Cython's output
 
 
-def section_names(elf):
-    """The section names of an ELF64 little-endian shared object, given as bytes.
+def _section_headers(elf):
+    """(name offset, type, file offset, size, link) of each section of an ELF64 little-endian
+    file, and the section names' table (bytes).
 
     Raises
     ------
@@ -46,14 +47,55 @@ def section_names(elf):
         raise ValueError("not a 64-bit little-endian ELF file")
     (offset,) = struct.unpack_from("<Q", elf, 0x28)
     entry_size, count, names_index = struct.unpack_from("<HHH", elf, 0x3A)
-
-    def header(i):  # (name offset, file offset, size) of section i
+    headers = []
+    for i in range(count):
         base = offset + i * entry_size
-        return struct.unpack_from("<I", elf, base)[0], *struct.unpack_from("<QQ", elf, base + 0x18)
+        name, kind = struct.unpack_from("<II", elf, base)
+        at, size = struct.unpack_from("<QQ", elf, base + 0x18)
+        (link,) = struct.unpack_from("<I", elf, base + 0x28)
+        headers.append((name, kind, at, size, link))
+    _, _, names_at, names_size, _ = headers[names_index]
+    return headers, elf[names_at:names_at + names_size]
 
-    _, names_at, names_size = header(names_index)
-    names = elf[names_at:names_at + names_size]
-    return [names[n:names.index(b"\0", n)].decode() for n, _, _ in map(header, range(count))]
+
+def _string(table, n):
+    return table[n:table.index(b"\0", n)].decode()
+
+
+def section_names(elf):
+    """The section names of an ELF64 little-endian shared object, given as bytes.
+
+    Raises
+    ------
+    ValueError
+        ``elf`` is not a 64-bit little-endian ELF file.
+    """
+    headers, names = _section_headers(elf)
+    return [_string(names, h[0]) for h in headers]
+
+
+def function_symbols(elf):
+    """The (mangled) names of the functions in the symbol table (``.symtab``, local functions
+    included) of an ELF64 little-endian shared object, given as bytes; an empty set when the
+    object is stripped.
+
+    Raises
+    ------
+    ValueError
+        ``elf`` is not a 64-bit little-endian ELF file.
+    """
+    headers, _ = _section_headers(elf)
+    functions = set()
+    for _, kind, at, size, link in headers:
+        if kind != 2:                       # SHT_SYMTAB
+            continue
+        strings_at, strings_size = headers[link][2:4]
+        strings = elf[strings_at:strings_at + strings_size]
+        for base in range(at, at + size, 24):
+            name, info = struct.unpack_from("<IB", elf, base)
+            if info & 0xF == 2:             # STT_FUNC
+                functions.add(_string(strings, name))
+    return functions
 
 
 def _matching(names, patterns):
