@@ -85,11 +85,16 @@ def oom_callback():
         gpupool.remove_oom_callback(fn)
 
 
-@pytest.fixture
-def sim():
-    device = SimulatedDevice(capacity=1 << 30)
+def checked(device):
+    """For a fixture (``yield from checked(device)``): the simulated device, then, when the
+    test ends, the check that the pool never misused it (``device.errors``)."""
     yield device
     assert device.errors == [], "the pool misused the simulated device"
+
+
+@pytest.fixture
+def sim():
+    yield from checked(SimulatedDevice(capacity=1 << 30))
 
 
 @pytest.fixture

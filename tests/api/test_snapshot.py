@@ -14,7 +14,7 @@ import sys
 import threading
 
 import pytest
-from conftest import TESTS, check_invariants
+from conftest import TESTS, check_invariants, checked
 
 import gpupool
 from gpupool.adapters import torch_entry
@@ -37,9 +37,7 @@ def recording():
 
 @pytest.fixture
 def vsim():
-    device = SimulatedDevice(capacity=64 * MIB, virtual_memory=True, page=PAGE)
-    yield device
-    assert device.errors == [], "the pool misused the simulated device"
+    yield from checked(SimulatedDevice(capacity=64 * MIB, virtual_memory=True, page=PAGE))
 
 
 def here():

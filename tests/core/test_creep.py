@@ -3,7 +3,7 @@ gives back the wholly free segments too small for the request, once their work i
 (core/growplain.pxd, sg_shed in core/giveback.pxd)."""
 
 import pytest
-from conftest import check_invariants
+from conftest import check_invariants, checked
 
 import gpupool
 from gpupool.testing import SimulatedDevice
@@ -36,9 +36,7 @@ class WatchedDevice(SimulatedDevice):
 
 @pytest.fixture(params=[False, True], ids=["driver", "async"])
 def sim(request):
-    device = WatchedDevice(stream_ordered=request.param)
-    yield device
-    assert device.errors == [], "the pool misused the simulated device"
+    yield from checked(WatchedDevice(stream_ordered=request.param))
 
 
 def creep(pool, sim, stream=None, work=False, steps=STEPS):

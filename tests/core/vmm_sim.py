@@ -17,6 +17,7 @@ import pytest
 
 import gpupool
 from gpupool.testing import SimulatedDevice
+from conftest import checked
 
 KIB, MIB = 1 << 10, 1 << 20
 PAGE = 4 * KIB                          # host pages are multiples of it: ranges align
@@ -30,9 +31,7 @@ def vmm(capacity=64 * MIB):
 
 @pytest.fixture
 def vsim():
-    device = SimulatedDevice(capacity=64 * MIB, virtual_memory=True, page=PAGE)
-    yield device
-    assert device.errors == [], "the pool misused the simulated device"
+    yield from checked(SimulatedDevice(capacity=64 * MIB, virtual_memory=True, page=PAGE))
 
 
 @pytest.fixture

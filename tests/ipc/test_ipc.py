@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SLOW_WRITE, check_invariants
+from conftest import SLOW_WRITE, check_invariants, checked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -52,9 +52,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs m
 
 @pytest.fixture
 def msim():
-    device = SimulatedDevice(capacity=256 * MIB, shareable=True)
-    yield device
-    assert device.errors == [], "the pool misused the simulated device"
+    yield from checked(SimulatedDevice(capacity=256 * MIB, shareable=True))
 
 
 @pytest.fixture
@@ -64,9 +62,7 @@ def mpool(msim):
 
 @pytest.fixture
 def vsim():
-    device = SimulatedDevice(capacity=256 * MIB, shareable=True, virtual_memory=True, page=PAGE)
-    yield device
-    assert device.errors == [], "the pool misused the simulated device"
+    yield from checked(SimulatedDevice(capacity=256 * MIB, shareable=True, virtual_memory=True, page=PAGE))
 
 
 @pytest.fixture

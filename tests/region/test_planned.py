@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import check_invariants
+from conftest import check_invariants, checked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,9 +18,7 @@ KIB, MIB = 1024, 1 << 20
 
 @pytest.fixture
 def vsim():
-    device = SimulatedDevice(capacity=1 << 32, virtual_memory=True)
-    yield device
-    assert device.errors == [], "the pool misused the simulated device"
+    yield from checked(SimulatedDevice(capacity=1 << 32, virtual_memory=True))
 
 
 @pytest.fixture

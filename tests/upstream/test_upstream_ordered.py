@@ -2,7 +2,7 @@
 stream reaches another only behind that allocation (CPU, simulated device)."""
 
 import pytest
-from conftest import check_invariants
+from conftest import check_invariants, checked
 
 import gpupool
 from gpupool.testing import SimulatedDevice
@@ -13,9 +13,7 @@ LARGE = 12 << 20      # above the segment limit (10 MiB): its own upstream alloc
 
 @pytest.fixture
 def osim():
-    device = SimulatedDevice(capacity=1 << 30, stream_ordered=True)
-    yield device
-    assert device.errors == [], "the pool misused the simulated device"
+    yield from checked(SimulatedDevice(capacity=1 << 30, stream_ordered=True))
 
 
 @pytest.fixture
