@@ -74,25 +74,32 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
     """The C API's allocate: a block from the calling thread's magazine (no pool lock), else
     through the pool's shared path, listed as handed; out of memory, the on_oom callbacks
     and one retry. A handle the driver refuses (not a stream, or destroyed) gets its status."""
-    cdef Block* b = NULL
-    cdef int r
-    cdef bint retried = False
+    cdef Block* b
     cdef StreamKey key
-    r = key_status(pool.upstream, stream, &key)    # no driver call: default streams
+    cdef int r = key_status(pool.upstream, stream, &key)    # no driver call: default streams
     if r != 0:
         return _code(r)                         # not a stream, destroyed, or a failed query
-    while True:
+    b = pool.mag_take(nbytes, key, True)
+    if b == NULL:
+        return _allocate_shared(pool, nbytes, stream, key, ptr)
+    ptr[0] = <void*>b.ptr
+    return GPUPOOL_OK
+
+
+cdef int _allocate_shared(Pool pool, size_t nbytes, uintptr_t stream, StreamKey key,
+                          void** ptr) noexcept nogil:
+    """_allocate's way when the thread's magazine has no block: the pool's shared path, listed
+    as handed; out of memory, the on_oom callbacks, then one retry (the magazine, then the
+    shared path)."""
+    cdef Block* b = NULL
+    cdef int r = pool.acquire_handed(nbytes, key, &b)
+    if r == CUDA_ERROR_OUT_OF_MEMORY and _callbacks(pool, nbytes):
         b = pool.mag_take(nbytes, key, True)
         r = 0 if b != NULL else pool.acquire_handed(nbytes, key, &b)
-        if r == 0:
-            ptr[0] = <void*>b.ptr
-            break
-        if r != CUDA_ERROR_OUT_OF_MEMORY or retried or not _callbacks(pool, nbytes):
-            break
-        retried = True          # after the on_oom callbacks, once
-    if retried:
         hist_log(LOG_CALLBACK_RETRY, pool.device, nbytes, 0, r)
-    if r == CUDA_ERROR_OUT_OF_MEMORY:
+    if r == 0:
+        ptr[0] = <void*>b.ptr
+    elif r == CUDA_ERROR_OUT_OF_MEMORY:
         _out_of_memory(pool, nbytes, stream)
     return _code(r)
 
