@@ -245,9 +245,10 @@ def test_a_block_whose_other_stream_use_cannot_be_ordered_waits_for_a_synchroniz
     sim.inject(Failures(("event_record", "synchronize"), nth=1, times=2))
     buf.close()                                         # no event, no synchronize
     assert [name for name, _, _ in sim.failures.injected] == ["event_record", "synchronize"]
+    others = []                # kept alive: no other free block of 3 MiB, in a magazine or not
     for stream in (0, s1, s2):
-        other = pool.allocate(3 * MIB, stream=stream)
-        assert other.ptr != ptr, f"handed to stream {stream:#x} with s2's work unordered"
+        others.append(pool.allocate(3 * MIB, stream=stream))
+        assert others[-1].ptr != ptr, f"handed to stream {stream:#x} with s2's work unordered"
     consistent(pool, sim)
     pool.merge_streams()                                # a synchronize: s2's work is done
     assert pool.allocate(3 * MIB, stream=s1).ptr == ptr
