@@ -33,7 +33,8 @@ from gpupool.driver.status cimport (
     GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GP_FORKED,
 )
 from gpupool.records.streams cimport (
-    StreamKey, BAD_STREAM_TAG, OWN_HANDLE_TAG, key_status, resolve_free, stream_key,
+    StreamKey, BAD_STREAM_TAG, BY_HANDLE, OWN_HANDLE_TAG, STREAM_PER_THREAD, key_status,
+    resolve_free, stream_key,
 )
 
 from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
@@ -76,9 +77,13 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
     and one retry. A handle the driver refuses (not a stream, or destroyed) gets its status."""
     cdef Block* b
     cdef StreamKey key
-    cdef int r = key_status(pool.upstream, stream, &key)    # no driver call: default streams
-    if r != 0:
-        return _code(r)                         # not a stream, destroyed, or a failed query
+    cdef int r
+    if stream <= STREAM_PER_THREAD:             # the default streams: no driver call
+        key = stream_key(stream, BY_HANDLE)
+    else:
+        r = key_status(pool.upstream, stream, &key)
+        if r != 0:
+            return _code(r)                     # not a stream, destroyed, or a failed query
     b = pool.mag_take(nbytes, key, True)
     if b == NULL:
         return _allocate_shared(pool, nbytes, stream, key, ptr)
