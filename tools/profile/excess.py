@@ -61,7 +61,8 @@ def replay(trace, stop=None, region=False):
         else:
             live[i] = pool.allocate(n, s)
             recent.append((live[i].ptr, n))
-        reserved[k] = pool.stats().reserved_bytes
+        reserved[k] = sim.device_bytes     # the pool's reserved bytes; reading them here
+        # leaves the pool alone (pool.stats() would freeze and thaw the thread's magazine)
     return pool, live, reserved, recent[-COLD_ALLOCS:], step if entered else None
 
 
