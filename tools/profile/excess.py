@@ -26,11 +26,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import alloc_trace  # noqa: E402
+import fragmentation  # noqa: E402
 import numpy as np  # noqa: E402
 
 import gpupool  # noqa: E402
 from gpupool.core.pool import _snapshot_of  # noqa: E402
-from gpupool.testing import SimulatedDevice  # noqa: E402
 
 MiB = 1 << 20
 PAGE = 2 << 20              # the expandable device's page (core/segments.pxd PAGE_BYTES)
@@ -40,30 +40,18 @@ SIZE_BINS = (PAGE, 20 * MiB, 100 * MiB)
 
 def replay(trace, stop=None, region=False):
     """Replay ``trace`` through a fresh pool on the expandable simulated device up to event
-    ``stop`` (excluded; None: all); returns (pool, live {id: buffer}, reserved bytes after
-    each event, recent allocations [(ptr, nbytes)], region or None)."""
-    sim = SimulatedDevice(capacity=1 << 40, virtual_memory=True)
-    pool = gpupool.Pool(upstream=sim)
-    streams = [None] + [sim.create_stream() for _ in range(1, trace.num_streams)]
-    starts = set(trace.meta.get("step_starts", ())) if region else set()
-    step = gpupool.Region(pool=pool, collect=None) if starts else None
-    events = trace.events(streams)
-    stop = len(events) if stop is None else stop
-    live, reserved, recent, entered = {}, np.zeros(stop, np.int64), [], False
-    for k, (op, i, n, s) in enumerate(events[:stop]):
-        if k in starts:
-            if entered:
-                step.__exit__(None, None, None)
-            step.__enter__()
-            entered = True
-        if op:
-            del live[i]
-        else:
-            live[i] = pool.allocate(n, s)
-            recent.append((live[i].ptr, n))
+    ``stop`` (excluded; None: all), as fragmentation.py does; returns (pool, live {id:
+    buffer}, reserved bytes after each event, the last COLD_ALLOCS allocations [(ptr,
+    nbytes)])."""
+    n = len(trace) if stop is None else stop
+    reserved, recent, pool, live = np.zeros(n, np.int64), [], None, {}
+    for k, op, i, sim, pool, _, live in fragmentation.replay(gpupool, trace, "vmm", region,
+                                                            stop=stop):
+        if not op:
+            recent.append((live[i].ptr, int(trace.nbytes[k])))
         reserved[k] = sim.device_bytes     # the pool's reserved bytes; reading them here
         # leaves the pool alone (pool.stats() would freeze and thaw the thread's magazine)
-    return pool, live, reserved, recent[-COLD_ALLOCS:], step if entered else None
+    return pool, live, reserved, recent[-COLD_ALLOCS:]
 
 
 def step_of(trace, k):
@@ -79,14 +67,14 @@ def whole_pages(lo, size):
 
 def breakdown(trace, region=False):
     """The breakdown as a dict (bytes), see the module docstring."""
-    _, _, reserved, _, _ = replay(trace, region=region)
+    _, _, reserved, _ = replay(trace, region=region)
     peak = int(reserved.max())
     k = int(np.argmax(reserved == peak))            # the event that set the peak
     ev = trace.events()
     live_curve = np.cumsum(np.where(trace.op == 0, (trace.nbytes + 511) // 512 * 512,
                                     -((trace.nbytes + 511) // 512 * 512)))
     floor_k = int(np.argmax(live_curve))
-    pool, live, before, recent, step = replay(trace, stop=k, region=region)
+    pool, live, before, recent = replay(trace, stop=k, region=region)
     _, segments, _, _ = _snapshot_of(pool, {})
     op, _, n, s = ev[k]
     assert op == 0, "the peak is set by an allocation"
