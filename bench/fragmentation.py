@@ -79,10 +79,12 @@ def traces():
     return found + [alloc_trace.load(path) for path in alloc_trace.find(REAL_DIR)]
 
 
-def peak_reserved(gpupool, trace, kind, region=False, plan=False, out=None):
-    """Replay through a fresh pool on a simulated device (plain or vmm), with a region
-    entered at each of the trace's step starts if asked (a planned one with ``plan``; its
-    stats() go to ``out``); its peak reserved bytes."""
+def replay(gpupool, trace, kind, region=False, plan=False, stop=None):
+    """Replay the first ``stop`` events of ``trace`` (None: all) through a fresh pool on a
+    simulated device (plain or vmm), with a region entered at each of the trace's step starts
+    if asked (a planned one with ``plan``). A generator: after each event ``k`` it yields
+    ``(k, op, id, sim, pool, region or None, live {id: DeviceBuffer})``; after the last event
+    of a whole replay it exits the region."""
     from gpupool.testing import SimulatedDevice
 
     sim = SimulatedDevice(capacity=1 << 40, virtual_memory=kind == "vmm")
@@ -91,7 +93,7 @@ def peak_reserved(gpupool, trace, kind, region=False, plan=False, out=None):
     starts = set(trace.meta.get("step_starts", ())) if region else set()
     step = gpupool.Region(pool=pool, collect=None, plan=plan) if starts else None
     live, entered = {}, False
-    for k, (op, i, n, s) in enumerate(trace.events(streams)):
+    for k, (op, i, n, s) in enumerate(trace.events(streams)[:stop]):
         if k in starts:
             if entered:
                 step.__exit__(None, None, None)
@@ -101,8 +103,17 @@ def peak_reserved(gpupool, trace, kind, region=False, plan=False, out=None):
             del live[i]
         else:
             live[i] = pool.allocate(n, s)
-    if entered:
+        yield k, op, i, sim, pool, step if entered else None, live
+    if entered and stop is None:
         step.__exit__(None, None, None)
+
+
+def peak_reserved(gpupool, trace, kind, region=False, plan=False, out=None):
+    """Replay through a fresh pool on a simulated device (plain or vmm), with a region
+    entered at each of the trace's step starts if asked (a planned one with ``plan``; its
+    stats() go to ``out``); its peak reserved bytes."""
+    for *_, pool, step, live in replay(gpupool, trace, kind, region, plan):
+        pass
     if out is not None and step is not None:
         out.update(step.stats().as_dict())
     live.clear()
