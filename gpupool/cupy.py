@@ -55,7 +55,13 @@ def allocator(pool=None):
     """
     if pool is not None and not isinstance(pool, Pool):
         raise TypeError(f"pool must be a gpupool.Pool or None, got {type(pool).__name__}")
-    import cupy
+    try:
+        import cupy
+    except ModuleNotFoundError as exc:
+        if exc.name != "cupy":
+            raise
+        raise ImportError("gpupool.cupy needs CuPy for CUDA 13: pip install 'gpupool[cupy]' "
+                          "(or pip install cupy-cuda13x)") from exc
 
     instance = CupyAllocator(
         pool,

@@ -76,5 +76,6 @@ def _manager_class():
         if exc.name is None or exc.name.split(".")[0] != "numba":
             raise
         raise ImportError(
-            "gpupool.numba needs Numba's CUDA target: pip install numba-cuda") from exc
+            "gpupool.numba needs Numba's CUDA target: pip install 'gpupool[numba]' "
+            "(or pip install numba-cuda)") from exc
     return GpupoolNumbaManager

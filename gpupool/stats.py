@@ -87,7 +87,7 @@ class RegionStats:
     collections: int
     collect_seconds: float
     planned: bool = False       # Region(plan=True): the counters below are its plans'
-    plans: int = 0              # plans made
+    plans: int = 0              # placements computed: steady plans and first-entry transitions
     planning_ms: float = 0.0    # milliseconds spent planning, in all
     plan_hits: int = 0          # requests served at their planned place
     plan_misses: int = 0        # planned requests that went the online way

@@ -154,7 +154,8 @@ def _cuda_torch():
     except ModuleNotFoundError as exc:
         if exc.name != "torch":
             raise
-        raise ImportError("gpupool.torch needs PyTorch with CUDA: pip install torch") from exc
+        raise ImportError("gpupool.torch needs PyTorch with CUDA: pip install 'gpupool[torch]' "
+                          "(or pip install torch)") from exc
 
     if not torch.backends.cuda.is_built():
         raise NoDeviceError(

@@ -187,15 +187,17 @@ cdef class Region:
         if plan is not False and plan is not True and not isinstance(plan, dict):
             raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
         planner = Planner(**plan) if isinstance(plan, dict) else Planner() if plan else None
-        if pool is None:
-            from gpupool.core.defaults import get_pool
-            pool = get_pool()
-        if not isinstance(pool, Pool):
+        from gpupool.core.defaults import get_pool
+        if pool is not None and not isinstance(pool, Pool):
             raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
         if max_cached_bytes is not None:
-            # Bytes, or a limit string ("512MiB", "10%" of the device) as for Pool's limits.
-            max_cached_bytes = parse_limit(max_cached_bytes, lambda: pool.mem_info()[1],
-                                           "max_cached_bytes")
+            # Bytes, or a limit string ("512MiB", "10%" of the device) as for Pool's limits,
+            # checked before the default pool is looked up (a device needed only for "10%").
+            max_cached_bytes = parse_limit(
+                max_cached_bytes, lambda: (pool if pool is not None else get_pool()).mem_info()[1],
+                "max_cached_bytes")
+        if pool is None:
+            pool = get_pool()
         self.pool = pool
         self.on_exit = on_exit
         self.scope = scope

@@ -66,7 +66,8 @@ def test_without_cupy_making_an_allocator_raises_import_error():
             print(type(exc).__name__, exc)
     """)
     assert code == 0, out
-    assert out.strip() == "ModuleNotFoundError No module named 'cupy'"
+    assert out.strip() == ("ImportError gpupool.cupy needs CuPy for CUDA 13: pip install "
+                           "'gpupool[cupy]' (or pip install cupy-cuda13x)")
 
 
 def test_an_allocation_is_a_device_buffer_wrapped_for_cupy(fake, pool):

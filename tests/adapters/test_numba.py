@@ -67,7 +67,7 @@ def test_without_numba_the_plugin_says_what_to_install():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[:3] == ["ImportError gpupool.numba needs Numba's CUDA target: "
-                         "pip install numba-cuda"] * 3
+                         "pip install 'gpupool[numba]' (or pip install numba-cuda)"] * 3
     assert lines[3] == "AttributeError module 'gpupool.numba' has no attribute 'no_such_name'"
 
 

@@ -500,3 +500,10 @@ def test_keep_accepts_a_dlpack_exporter(pool):
         buf = pool.allocate(4096)
         region.keep(DLPackOver(buf))
     assert not buf.closed
+
+
+@pytest.mark.parametrize("value, error", [(-1, ValueError), ("lots", ValueError), (1.5, TypeError)])
+def test_a_bad_max_cached_bytes_is_named_before_any_pool_is_looked_up(value, error):
+    # No pool given: the argument is checked before the default pool (which needs a device).
+    with pytest.raises(error, match=f"^max_cached_bytes={value!r}: "):
+        gpupool.Region(max_cached_bytes=value)
