@@ -17,6 +17,18 @@ from gpupool.errors import GpupoolError
 EMM_INTERFACE_VERSION = 1
 
 
+def _device_ordinal(device):
+    """The ordinal of a Numba context's device: a Numba ``Device`` (or a weak proxy of one)
+    has ``.id``; a ``cuda.bindings.driver.CUdevice`` converts with ``int``."""
+    ordinal = getattr(device, "id", None)
+    if ordinal is not None:
+        return ordinal
+    if not hasattr(type(device), "__int__"):
+        raise TypeError(f"a Numba context's device has no ordinal: {device!r} has no 'id' "
+                        f"and is not a CUdevice")
+    return int(device)
+
+
 class GpupoolNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     """Numba's device memory from a gpupool pool (EMM plugin, interface version 1).
 
@@ -28,7 +40,10 @@ class GpupoolNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     ----------
     context : numba.cuda.cudadrv.driver.Context or None
         The context served; None for the throwaway instance ``numba.cuda.set_memory_manager``
-        makes to read ``interface_version``.
+        makes to read ``interface_version``. Its ``device`` is a Numba ``Device`` (ordinal
+        ``.id``) or, for a context made over a primary context that another library created
+        (``driver.Context(CUdevice(n), handle)``), a ``cuda.bindings.driver.CUdevice``
+        (ordinal ``int(device)``).
     pool : gpupool.Pool, optional
         The pool to draw from; default: ``gpupool.get_pool(d)`` at each allocation, ``d``
         the context's device (so ``gpupool.set_pool`` applies).
@@ -37,11 +52,13 @@ class GpupoolNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     ------
     ValueError
         ``pool`` belongs to another device than the context.
+    TypeError
+        The context's device is neither shape above.
     """
 
     def __init__(self, *args, pool=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self._device = None if self.context is None else self.context.device.id
+        self._device = None if self.context is None else _device_ordinal(self.context.device)
         if pool is not None and self._device is not None and pool.device != self._device:
             raise ValueError(f"gpupool pool of device {pool.device} given for a Numba context "
                              f"of device {self._device}")

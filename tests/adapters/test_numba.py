@@ -216,6 +216,45 @@ def test_refusals(manager_class, manager, pool):
             upstream=SimulatedDevice(capacity=1 << 20))).memalloc(4 << 20)
 
 
+class FakeRawDevice:
+    """What a ``cuda.bindings.driver.CUdevice`` offers the plugin: ``int()``, no ``id``."""
+
+    def __init__(self, ordinal):
+        self._ordinal = ordinal
+
+    def __int__(self):
+        return self._ordinal
+
+
+def _context_of(device):
+    context = FakeContext()
+    context.device = device
+    return context
+
+
+@pytest.mark.parametrize("shape", ["Device", "weak proxy of a Device", "CUdevice stand-in",
+                                   "CUdevice"])
+def test_the_context_device_is_a_numba_device_or_a_raw_cudevice(manager_class, pool, shape):
+    # Numba's own contexts hold a weak proxy of a Device; a context made over a primary
+    # context that another library created holds the CUdevice it was given.
+    from numba.cuda.cudadrv.driver import binding
+
+    made = [{"Device": FakeDevice, "CUdevice stand-in": FakeRawDevice,
+             "CUdevice": binding.CUdevice}.get(shape, FakeDevice)(n) for n in (0, 1)]
+    devices = [weakref.proxy(d) for d in made] if shape.startswith("weak") else made
+    manager = manager_class(context=_context_of(devices[0]), pool=pool)
+    pointer = manager.memalloc(1000)
+    assert pool.stats().num_allocs == 1
+    del pointer
+    with pytest.raises(ValueError, match="pool of device 0 given for a Numba context of device 1"):
+        manager_class(context=_context_of(devices[1]), pool=pool)
+
+
+def test_a_context_device_without_an_ordinal_is_refused(manager_class, pool):
+    with pytest.raises(TypeError, match="Numba context's device has no ordinal: 'gpu0'"):
+        manager_class(context=_context_of("gpu0"), pool=pool)
+
+
 # On a GPU ------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -405,3 +444,32 @@ def test_use_after_numba_made_its_context_is_refused():
     """)
     assert result.returncode == 0, result.stderr
     assert "Numba already created its CUDA context on device 0" in result.stdout
+
+
+@pytest.mark.gpu
+def test_numba_on_a_primary_context_another_library_created():
+    # As numba-cuda's Test3rdPartyContext: a Numba Context made from a raw CUdevice and the
+    # primary context's handle, then Numba's own context over it, under the plugin.
+    pytest.importorskip("numba.cuda")
+    result = run_python("""
+        import numpy as np
+        from numba import cuda
+        from numba.cuda.cudadrv import driver
+        import gpupool
+
+        device = driver.binding.CUdevice(0)
+        handle = driver.driver.cuDevicePrimaryCtxRetain(device)
+        outside = driver.Context(device, handle)
+        outside.push()
+        try:
+            assert int(cuda.current_context().handle) == int(outside.handle)
+            array = cuda.to_device(np.arange(1000))
+            print(type(outside.memory_manager).__name__, int(array.copy_to_host().sum()),
+                  gpupool.get_pool(0).stats().num_allocs >= 1)
+            del array
+        finally:
+            outside.pop()
+            driver.driver.cuDevicePrimaryCtxRelease(device)
+    """, NUMBA_CUDA_MEMORY_MANAGER="gpupool.numba")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["GpupoolNumbaManager", str(sum(range(1000))), "True"]
