@@ -25,6 +25,15 @@
 #             idle ones), one run under perf where the machine has it (perf.txt; PERF_ARGS
 #             its options, default 8 threads on per-thread streams beside 7 idle ones)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
+#   numba     numba-cuda's own tests (the driver layer, arrays, __cuda_array_interface__, IPC,
+#             streams) under Numba's default memory manager and under gpupool.numba, one
+#             process each: tools/gpu/numba_suite.py (NUMBA_SUITE_ARGS its options, default
+#             "--parallel --timeout 400": both runs at once, so that they and a fresh build
+#             fit one call; e.g. "--modules numba.cuda.tests.cudadrv --timeout 250" runs one
+#             after the other; NUMBA_TIMEOUT the step's limit, default 450 s): numba.log,
+#             numba.json (outcomes, tracebacks of failures) and numba-runs.tar (each run's
+#             log and record); rc 0 when no test fails only under gpupool. numba-cuda's
+#             tests import filecheck (its wheel in .whl)
 # Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first;
 # SKIP_BUILD=1 skips the build where gpupool imports (an earlier run on the same machine
 # made it); a machine started fresh between calls builds anyway.
@@ -160,6 +169,14 @@ if step threads; then
     timeout ${THREADS_TIMEOUT:-120} python3 bench/threads.py ${THREADS_ARGS:-} > "$OUT/threads.log" 2>&1
     summary "threads.py rc=$?"
 fi
+if step numba; then
+    rm -rf /tmp/gpupool-numba-suite
+    timeout ${NUMBA_TIMEOUT:-450} python3 tools/gpu/numba_suite.py --json "$OUT/numba.json" \
+        --log-dir /tmp/gpupool-numba-suite ${NUMBA_SUITE_ARGS:---parallel --timeout 400} \
+        > "$OUT/numba.log" 2>&1
+    summary "numba-cuda tests, default vs gpupool.numba (rc=$?): $(grep -E '^fail only under gpupool' "$OUT/numba.log")"
+    (cd /tmp/gpupool-numba-suite && tar cf "$OUT/numba-runs.tar" *.log *.jsonl 2>/dev/null)
+fi
 if step models; then
     timeout ${MODELS_TIMEOUT:-480} python3 bench/real_models.py --json "$OUT/real_models.json" \
         --plot "$OUT/real_models.png" ${MODELS_TRACES:+--trace-dir /tmp/gpupool-traces} \
@@ -186,5 +203,6 @@ grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/memcheck.log 2>/dev/null | he
 [ -f "$OUT/example.log" ] && tail -12 "$OUT/example.log"
 [ -f "$OUT/models.log" ] && tail -80 "$OUT/models.log"
 [ -f "$OUT/bench-tables.txt" ] && grep -E "target|MISS|met" "$OUT/bench-tables.txt" | head -20
+[ -f "$OUT/numba.log" ] && tail -40 "$OUT/numba.log"
 [ -f "$OUT/threads.log" ] && sed -n "/^scaling/,/^columns:/p" "$OUT/threads.log"
 cat "$OUT/summary.log"

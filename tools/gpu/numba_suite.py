@@ -1,0 +1,358 @@
+"""numba-cuda's own tests under Numba's default memory manager and under gpupool's EMM plugin
+(``NUMBA_CUDA_MEMORY_MANAGER=gpupool.numba``): no test may fail under gpupool that passes under
+the default.
+
+    python tools/gpu/numba_suite.py [--modules M,M,...] [--timeout S] [--json PATH]
+                                    [--log-dir DIR] [--parallel]
+
+Each manager gets a fresh process of this script in ``child`` mode, which runs the modules
+with unittest (numba-cuda's tests are unittest TestCases; under pytest their classes ask for a
+fixture defined in the conftest.py of numba-cuda's source tree, which the wheel does not ship)
+and appends a JSON line to a record file as each test starts and ends. A run that crashes or
+runs past its timeout so keeps the outcomes so far and names the test that was running
+(outcome ``crash`` or ``timeout``). numba-cuda's test support imports ``filecheck``: without it
+every module fails to import, under both managers.
+
+The table gives the outcomes per manager and the tests that fail only under gpupool (the
+criterion: none), under both, and only under the default. Exit status: 0 when no test fails
+only under gpupool and both runs finished with the manager asked for; 1 when some test fails
+only under gpupool; 2 when a run did not finish (crash, timeout) or ran under another manager.
+"""
+
+import argparse
+import functools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import unittest
+from collections import Counter
+
+# The memory-management parts of numba-cuda's tests: the driver layer whole, and the
+# array, __cuda_array_interface__, IPC, stream and threading parts of the kernel tests.
+DEFAULT_MODULES = (
+    "numba.cuda.tests.cudadrv",
+    "numba.cuda.tests.cudapy.test_array",
+    "numba.cuda.tests.cudapy.test_cuda_array_interface",
+    "numba.cuda.tests.cudapy.test_ipc",
+    "numba.cuda.tests.cudapy.test_stream_api",
+    "numba.cuda.tests.cudapy.test_device_array_capture",
+    "numba.cuda.tests.cudapy.test_multithreads",
+)
+# Run name -> NUMBA_CUDA_MEMORY_MANAGER value.
+MANAGERS = {"default": "default", "gpupool": "gpupool.numba"}
+OUTCOMES = ("pass", "fail", "error", "skip", "xfail", "xpass", "crash", "timeout")
+FAILING = frozenset({"fail", "error", "xpass", "crash", "timeout"})
+DETAIL_CHARS = 2000         # of a failure's traceback kept in the record (its end)
+
+
+# The child: unittest with a result that records each test as it goes -----------------------
+
+class RecordingResult(unittest.TextTestResult):
+    """unittest's verbose result that also appends JSON lines to ``record`` (a text file
+    opened for appending): ``{"event": "start", "test": id}`` before each test and
+    ``{"event": "end", "test": id, "outcome": ..., "detail": ...}`` after it, flushed."""
+
+    def __init__(self, stream, descriptions, verbosity, *, record, **kwargs):
+        super().__init__(stream, descriptions, verbosity, **kwargs)
+        self._record = record
+        self._outcome = None
+        self._detail = ""
+
+    def _write(self, **event):
+        self._record.write(json.dumps(event) + "\n")
+        self._record.flush()
+
+    def _set(self, outcome, err=None, detail=""):
+        # A failing subtest makes the test fail; a later pass of the test does not undo it.
+        if self._outcome in FAILING and outcome not in FAILING:
+            return
+        self._outcome = outcome
+        if err is not None:
+            detail += "".join(traceback.format_exception(*err))
+        self._detail = detail[-DETAIL_CHARS:]
+
+    def startTest(self, test):
+        super().startTest(test)
+        self._outcome, self._detail = None, ""
+        self._write(event="start", test=test.id())
+
+    def stopTest(self, test):
+        super().stopTest(test)
+        self._write(event="end", test=test.id(), outcome=self._outcome or "pass",
+                    detail=self._detail)
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._set("pass")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._error_outside_a_test(test, "fail", err)
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._error_outside_a_test(test, "error", err)
+
+    def _error_outside_a_test(self, test, outcome, err):
+        # setUpClass/setUpModule errors come on a stand-in that never starts or stops.
+        if isinstance(test, unittest.TestCase):
+            self._set(outcome, err)
+        else:
+            self._write(event="end", test=str(test), outcome=outcome,
+                        detail="".join(traceback.format_exception(*err))[-DETAIL_CHARS:])
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        if isinstance(test, unittest.TestCase):
+            self._set("skip", detail=reason)
+        else:
+            self._write(event="end", test=str(test), outcome="skip", detail=reason)
+
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self._set("xfail")
+
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self._set("xpass", detail="unexpected success")
+
+    def addSubTest(self, test, subtest, err):
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            failed = issubclass(err[0], test.failureException)
+            self._set("fail" if failed else "error", err, detail=f"{subtest}\n")
+
+
+def run_child(record_path, names):
+    """Run the tests ``names`` (modules, classes or methods) with unittest, verbose output on
+    stderr, recording into ``record_path``; the process's exit status is 0 when all passed."""
+    with open(record_path, "a") as record:
+        record.write(json.dumps({"event": "begin", "manager": os.environ.get(
+            "NUMBA_CUDA_MEMORY_MANAGER", "default"), "names": list(names)}) + "\n")
+        record.flush()
+        suite = unittest.defaultTestLoader.loadTestsFromNames(names)
+        runner = unittest.TextTestRunner(
+            stream=sys.stderr, verbosity=2,
+            resultclass=functools.partial(RecordingResult, record=record))
+        result = runner.run(suite)
+        driver = sys.modules.get("numba.cuda.cudadrv.driver")
+        installed = getattr(driver, "_memory_manager", None)
+        record.write(json.dumps({"event": "done", "tests_run": result.testsRun,
+                                 "memory_manager": getattr(installed, "__name__", None)}) + "\n")
+    return 0 if result.wasSuccessful() else 1
+
+
+# The parent: one child per manager, their records compared ----------------------------------
+
+def read_record(lines, *, timed_out=False):
+    """The outcome of a run from its record's lines.
+
+    Parameters
+    ----------
+    lines : iterable of str
+        JSON lines as :class:`RecordingResult` writes them (a last line cut short by a crash
+        is ignored).
+    timed_out : bool
+        Whether the parent killed the child at its timeout.
+
+    Returns
+    -------
+    dict
+        ``tests``: test id -> ``{"outcome", "detail"}`` (a test started and never ended gets
+        ``timeout`` when ``timed_out``, else ``crash``); ``finished``: whether the child
+        reached its end; ``manager``: the NUMBA_CUDA_MEMORY_MANAGER it saw;
+        ``memory_manager``: the name of the class Numba installed (None before a context).
+    """
+    tests, running = {}, None
+    run = {"tests": tests, "finished": False, "manager": None, "memory_manager": None}
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        kind = event.get("event")
+        if kind == "begin":
+            run["manager"] = event["manager"]
+        elif kind == "start":
+            running = event["test"]
+        elif kind == "end":
+            tests[event["test"]] = {"outcome": event["outcome"], "detail": event["detail"]}
+            if running == event["test"]:
+                running = None
+        elif kind == "done":
+            run["finished"] = True
+            run["memory_manager"] = event["memory_manager"]
+    if running is not None:
+        tests[running] = {"outcome": "timeout" if timed_out else "crash", "detail":
+                          "the run was killed at its timeout" if timed_out else
+                          "the process died during this test"}
+    return run
+
+
+def counts(tests):
+    """Tests per outcome, every outcome of OUTCOMES present (0 where none)."""
+    found = Counter(t["outcome"] for t in tests.values())
+    return {outcome: found.get(outcome, 0) for outcome in OUTCOMES}
+
+
+def compare(default, gpupool):
+    """The tests whose outcomes differ in kind between the runs (test id -> ``{"outcome",
+    "detail"}`` each): sorted lists of ids.
+
+    ``gpupool_only``: failing under gpupool, not under the default (passed, skipped, or not
+    run there); ``both``: failing under both; ``default_only``: failing only under the
+    default; ``skipped_only_under_gpupool``: skipped under gpupool, run under the default
+    (tests numba-cuda limits to its own manager).
+    """
+    def failing(tests, name):
+        return name in tests and tests[name]["outcome"] in FAILING
+
+    names = sorted(set(default) | set(gpupool))
+    return {
+        "gpupool_only": [n for n in names if failing(gpupool, n) and not failing(default, n)],
+        "both": [n for n in names if failing(gpupool, n) and failing(default, n)],
+        "default_only": [n for n in names if failing(default, n) and not failing(gpupool, n)],
+        "skipped_only_under_gpupool": [
+            n for n in names if gpupool.get(n, {}).get("outcome") == "skip"
+            and n in default and default[n]["outcome"] != "skip"],
+    }
+
+
+def run_problems(runs):
+    """Why the comparison of ``runs`` (run name -> run as :func:`read_record` gives, with
+    ``rc``) cannot be trusted: a run that did not finish or saw another manager; [] if none."""
+    problems = []
+    for name, run in runs.items():
+        if not run["finished"]:
+            problems.append(f"{name}: the run did not finish (rc={run['rc']})")
+        if run["manager"] != MANAGERS[name]:
+            problems.append(f"{name}: ran with NUMBA_CUDA_MEMORY_MANAGER={run['manager']}, "
+                            f"not {MANAGERS[name]}")
+    return problems
+
+
+# The line of a traceback that names the exception ("pkg.SomeError: message").
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*:")
+
+
+def _why(detail):
+    """The exception line of a traceback (its last), else its last non-empty line."""
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    named = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return (named or lines or [""])[-1]
+
+
+def format_report(runs, diff):
+    """The table: outcomes per manager, then the tests in each list of :func:`compare`."""
+    width = max(len(o) for o in OUTCOMES)
+    head = "manager  " + " ".join(f"{o:>{width}}" for o in OUTCOMES) + "   total  seconds  rc"
+    lines = [head]
+    for name, run in runs.items():
+        row = counts(run["tests"])
+        lines.append(f"{name:<8} " + " ".join(f"{row[o]:>{width}}" for o in OUTCOMES)
+                     + f" {len(run['tests']):>7} {run['seconds']:>8.0f} {run['rc']:>3}"
+                     + ("" if run["finished"] else "  (did not finish)"))
+    for name, run in runs.items():
+        lines.append(f"{name}: NUMBA_CUDA_MEMORY_MANAGER={run['manager']}, Numba's manager "
+                     f"class at the end: {run['memory_manager']}")
+    titles = {"gpupool_only": "fail only under gpupool (must be none)",
+              "both": "fail under both", "default_only": "fail only under the default",
+              "skipped_only_under_gpupool": "skipped only under gpupool"}
+    for key, title in titles.items():
+        lines.append(f"{title}: {len(diff[key])}")
+        for name in diff[key]:
+            outcomes = ", ".join(f"{run_name} {run['tests'].get(name, {}).get('outcome', '-')}"
+                                 for run_name, run in runs.items())
+            details = [run["tests"].get(name, {}).get("detail", "") for run in runs.values()]
+            why = _why(next((d for d in reversed(details) if d), ""))
+            lines.append(f"  {name}  [{outcomes}]  {why[:160]}")
+    return "\n".join(lines)
+
+
+def start_run(name, modules, log_dir, python=sys.executable):
+    """Start the child for run ``name`` (a key of MANAGERS) in a session of its own; its
+    record and log go to ``log_dir``/``name``.jsonl and .log. Returns (Popen, paths)."""
+    record = os.path.join(log_dir, f"{name}.jsonl")
+    log = os.path.join(log_dir, f"{name}.log")
+    open(record, "w").close()
+    env = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER=MANAGERS[name])
+    with open(log, "w") as out:
+        child = subprocess.Popen([python, os.path.abspath(__file__), "child", record,
+                                  *modules], stdout=out, stderr=subprocess.STDOUT,
+                                 env=env, start_new_session=True)
+    return child, record
+
+
+def finish_run(child, record, timeout, started):
+    """Wait for ``child`` until ``timeout`` seconds after ``started`` (time.monotonic()),
+    killing its session (with the processes its tests started) past that; the run as
+    :func:`read_record` gives it, with ``rc`` and ``seconds``."""
+    timed_out = False
+    try:
+        rc = child.wait(timeout=max(0.0, started + timeout - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(child.pid, signal.SIGKILL)
+        rc = child.wait()
+    with open(record) as lines:
+        run = read_record(lines, timed_out=timed_out)
+    run.update(rc=rc, seconds=time.monotonic() - started)
+    return run
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modules", default=",".join(DEFAULT_MODULES),
+                        help="comma-separated test modules, classes or methods (default: "
+                             "%(default)s)")
+    parser.add_argument("--timeout", type=float, default=240,
+                        help="seconds each run may take (default %(default)s)")
+    parser.add_argument("--json", help="write the runs and the comparison here")
+    parser.add_argument("--log-dir", default="/tmp/gpupool-numba-suite",
+                        help="each run's log and record (default %(default)s)")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run both managers at once (two processes on the one GPU)")
+    args = parser.parse_args(argv)
+    modules = [m.strip() for m in args.modules.split(",") if m.strip()]
+    if not modules:
+        parser.error("--modules names no test module")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be > 0 seconds, not {args.timeout}")
+    os.makedirs(args.log_dir, exist_ok=True)
+
+    runs = {}
+    if args.parallel:
+        started = time.monotonic()
+        children = {name: start_run(name, modules, args.log_dir) for name in MANAGERS}
+        for name, (child, record) in children.items():
+            runs[name] = finish_run(child, record, args.timeout, started)
+    else:
+        for name in MANAGERS:
+            started = time.monotonic()
+            child, record = start_run(name, modules, args.log_dir)
+            runs[name] = finish_run(child, record, args.timeout, started)
+    diff = compare(runs["default"]["tests"], runs["gpupool"]["tests"])
+    problems = run_problems(runs)
+    print(f"numba-cuda tests: {', '.join(modules)}")
+    print(format_report(runs, diff))
+    for problem in problems:
+        print("NOT COMPARABLE:", problem)
+    status = 1 if diff["gpupool_only"] else 2 if problems else 0
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"modules": modules, "runs": runs, **diff, "problems": problems,
+                       "status": status}, out, indent=1)
+    return status
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["child"]:
+        if len(sys.argv) < 4:
+            sys.exit("usage: numba_suite.py child RECORD NAME [NAME ...]")
+        sys.exit(run_child(sys.argv[2], sys.argv[3:]))
+    sys.exit(main())
