@@ -2,9 +2,14 @@
 each manager's environment variable (outcomes, subtests, class set-up errors, a crash and a
 timeout), the comparison, the table and the exit status; the record's parser on canned lines."""
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from conftest import REPO
@@ -164,6 +169,28 @@ def test_a_run_that_dies_names_the_test_it_was_in_and_keeps_the_rest(canned, mon
         "canned_ends.TestEnds.test_b_dies_under_gpupool": outcome}
     assert not gpupool["finished"] and result["runs"]["default"]["finished"]
     assert result["problems"] == [f"gpupool: the run did not finish (rc={gpupool['rc']})"]
+
+
+def test_stopping_the_suite_stops_its_runs(canned, monkeypatch):
+    # As gpu-check.sh's timeout does: SIGTERM to the suite while a run's test hangs.
+    monkeypatch.setenv("CANNED_END", "hang")
+    record = canned / "logs" / "gpupool.jsonl"
+    suite = subprocess.Popen([sys.executable, str(REPO / "tools" / "gpu" / "numba_suite.py"),
+                              "--modules", "canned_ends", "--parallel", "--timeout", "300",
+                              "--log-dir", str(canned / "logs")])
+    deadline = time.monotonic() + 120
+    while "test_b_dies_under_gpupool" not in (record.read_text() if record.exists() else ""):
+        assert time.monotonic() < deadline and suite.poll() is None
+        time.sleep(0.1)
+    pid = json.loads(record.read_text().splitlines()[0])["pid"]
+    suite.send_signal(signal.SIGTERM)
+    assert suite.wait(timeout=60) == 128 + signal.SIGTERM
+    try:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):    # a failing check leaves none behind
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_module_that_does_not_import_errors_under_both(canned):

@@ -133,7 +133,8 @@ def run_child(record_path, names):
     stderr, recording into ``record_path``; the process's exit status is 0 when all passed."""
     with open(record_path, "a") as record:
         record.write(json.dumps({"event": "begin", "manager": os.environ.get(
-            "NUMBA_CUDA_MEMORY_MANAGER", "default"), "names": list(names)}) + "\n")
+            "NUMBA_CUDA_MEMORY_MANAGER", "default"), "names": list(names),
+            "pid": os.getpid()}) + "\n")
         record.flush()
         suite = unittest.defaultTestLoader.loadTestsFromNames(names)
         runner = unittest.TextTestRunner(
@@ -325,17 +326,24 @@ def main(argv=None):
         parser.error(f"--timeout must be > 0 seconds, not {args.timeout}")
     os.makedirs(args.log_dir, exist_ok=True)
 
-    runs = {}
-    if args.parallel:
-        started = time.monotonic()
-        children = {name: start_run(name, modules, args.log_dir) for name in MANAGERS}
-        for name, (child, record) in children.items():
-            runs[name] = finish_run(child, record, args.timeout, started)
-    else:
-        for name in MANAGERS:
+    runs, children = {}, {}
+    try:
+        if args.parallel:
             started = time.monotonic()
-            child, record = start_run(name, modules, args.log_dir)
-            runs[name] = finish_run(child, record, args.timeout, started)
+            children = {name: start_run(name, modules, args.log_dir) for name in MANAGERS}
+            for name, (child, record) in children.items():
+                runs[name] = finish_run(child, record, args.timeout, started)
+        else:
+            for name in MANAGERS:
+                started = time.monotonic()
+                children[name] = start_run(name, modules, args.log_dir)
+                runs[name] = finish_run(*children[name], args.timeout, started)
+    finally:
+        # Stopped early (an exception, or SIGTERM from an outer timeout): no run outlives it.
+        for child, _ in children.values():
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
     diff = compare(runs["default"]["tests"], runs["gpupool"]["tests"])
     problems = run_problems(runs)
     print(f"numba-cuda tests: {', '.join(modules)}")
@@ -355,4 +363,5 @@ if __name__ == "__main__":
         if len(sys.argv) < 4:
             sys.exit("usage: numba_suite.py child RECORD NAME [NAME ...]")
         sys.exit(run_child(sys.argv[2], sys.argv[3:]))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     sys.exit(main())
