@@ -275,15 +275,15 @@ def format_report(runs, diff):
     return "\n".join(lines)
 
 
-def start_run(name, modules, log_dir, python=sys.executable):
+def start_run(name, modules, log_dir):
     """Start the child for run ``name`` (a key of MANAGERS) in a session of its own; its
-    record and log go to ``log_dir``/``name``.jsonl and .log. Returns (Popen, paths)."""
+    record and log go to ``log_dir``/``name``.jsonl and .log. Returns (Popen, record path)."""
     record = os.path.join(log_dir, f"{name}.jsonl")
     log = os.path.join(log_dir, f"{name}.log")
     open(record, "w").close()
     env = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER=MANAGERS[name])
     with open(log, "w") as out:
-        child = subprocess.Popen([python, os.path.abspath(__file__), "child", record,
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "child", record,
                                   *modules], stdout=out, stderr=subprocess.STDOUT,
                                  env=env, start_new_session=True)
     return child, record
