@@ -13,7 +13,7 @@ from gpupool.core.freelist cimport FreeLists, fl_unbin
 from gpupool.core.giveback cimport sg_unmap_free
 from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
 from gpupool.core.segments cimport (
-    COLD_ALLOCS, WARM_SHARE, SEGMENT_BYTES, round_up, sg_note, sg_new_segment, sg_drop_segment,
+    COLD_ALLOCS, round_up, sg_note, sg_new_segment, sg_drop_segment,
 )
 from gpupool.core.state cimport PoolState, Segments, StreamOrder
 from gpupool.core.streamorder cimport so_drop_events
@@ -190,28 +190,9 @@ cdef inline bint sg_cold(Block* b, StreamKey s, Counters* c, size_t g,
     graph reads its memory), not the segment's last block (growth joins that one), holding a
     whole page, and untouched by the last COLD_ALLOCS allocations (a step that reuses it
     would cut it again soon). Other regions' cached blocks never move."""
-    return sg_movable(b, s, g, owner) and c.num_allocs - b.used >= COLD_ALLOCS
-
-
-cdef inline bint sg_movable(Block* b, StreamKey s, size_t g, void* owner) noexcept nogil:
-    """Whether free block b of s's expandable segment may give its pages to s's growth for a
-    request made through cache owner, however recently it was used (sg_cold less the age)."""
     return (sg_extends(b, s, owner) and b.seg_next != NULL
             and (b.region.cache == NULL or not (<RegionCache*>owner).held)
-            and sg_whole_pages(b, g) > 0)
-
-
-cdef inline void sg_largest_first(vector[Block*]& blocks) noexcept nogil:
-    """Sort blocks by size, largest first (insertion sort: a few blocks)."""
-    cdef size_t i, j
-    cdef Block* b
-    for i in range(1, blocks.size()):
-        b = blocks[i]
-        j = i
-        while j > 0 and blocks[j - 1].size < b.size:
-            blocks[j] = blocks[j - 1]
-            j -= 1
-        blocks[j] = b
+            and c.num_allocs - b.used >= COLD_ALLOCS and sg_whole_pages(b, g) > 0)
 
 
 cdef inline size_t sg_reclaim(PoolState* st, Upstream up, size_t size, StreamKey s,
@@ -225,12 +206,6 @@ cdef inline size_t sg_reclaim(PoolState* st, Upstream up, size_t size, StreamKey
     growth then maps as many new pages, at the segment's end or in a hole, so the pool's
     reserved bytes do not grow for memory it already has in pieces too small for the request
     (ViT-B/16: a 37.1 MiB request while 151 MiB were free, the largest piece 36.9 MiB).
-    When the cold blocks fall short and the growth is large (at least SEGMENT_BYTES and
-    1 / WARM_SHARE of the reserved bytes), warm free blocks move too (sg_movable), largest
-    first, if with the cold ones they hold at least half the pages the growth maps: a large
-    request in a pool whose free memory is in smaller pieces (checkpointed GPT-2: a 2.4 GiB
-    request while 1.9 GiB were free, the largest piece 1.2 GiB, most of it freed moments
-    before).
     Returns the bytes unmapped (0: nothing done, no synchronize). Pages are unmapped with the
     device idle, as a trim does (sg_trim)."""
     cdef Segments* sg = &st.segments
@@ -240,8 +215,7 @@ cdef inline size_t sg_reclaim(PoolState* st, Upstream up, size_t size, StreamKey
     cdef Segment* seg = sg_stream_segment(sg, s)
     cdef Block* b
     cdef vector[Block*] cold
-    cdef vector[Block*] warm
-    cdef size_t i, have = 0, need, total = 0, warm_total = 0, got = 0, g = up.granularity
+    cdef size_t i, j, have = 0, need, total = 0, got = 0, g = up.granularity
     cdef bint capturing = True
     if seg == NULL:
         return 0
@@ -257,21 +231,18 @@ cdef inline size_t sg_reclaim(PoolState* st, Upstream up, size_t size, StreamKey
                 if sg_cold(b, s, c, g, owner):
                     cold.push_back(b)
                     total += sg_whole_pages(b, g)
-                elif sg_movable(b, s, g, owner):
-                    warm.push_back(b)
-                    warm_total += sg_whole_pages(b, g)
                 b = b.seg_next
         seg = seg.next
-    if total < need:                    # a large growth takes warm pages too
-        if (need < SEGMENT_BYTES or need * WARM_SHARE < c.reserved
-                or (total + warm_total) * 2 < need):
-            return 0
-        for i in range(warm.size()):
-            cold.push_back(warm[i])
-    if up.stream_capturing(s.handle, &capturing) != 0 or capturing:
+    if total < need or up.stream_capturing(s.handle, &capturing) != 0 or capturing:
         up.clear_error()                # (a failed query counts as capturing)
         return 0
-    sg_largest_first(cold)
+    for i in range(1, cold.size()):     # largest first (insertion sort: a few blocks)
+        b = cold[i]
+        j = i
+        while j > 0 and cold[j - 1].size < b.size:
+            cold[j] = cold[j - 1]
+            j -= 1
+        cold[j] = b
     if up.synchronize() != 0:
         up.clear_error()
         return 0

@@ -18,9 +18,8 @@
 #   range of address space set aside once, whose pages are mapped as it grows, so free space at
 #   its end joins the next request instead of fragmenting (sg_extend). A hole that a trim
 #   unmapped is mapped again first when it and its free neighbours fit the request. Before it
-#   grows, the pages of cold free blocks move to the growth when they cover it, and for a large
-#   growth those of recently freed blocks too (sg_reclaim): reserved bytes do not grow for
-#   memory the pool holds in pieces too small for the request.
+#   grows, the pages of cold free blocks move to the growth when they cover it (sg_reclaim):
+#   reserved bytes do not grow for memory the pool holds in pieces too small for the request.
 # * core/giveback.pxd: a trim (sg_trim), after the device's work is done: plain segments wholly
 #   free go back to the upstream; in expandable segments every whole free page is unmapped. A
 #   plain segment whose CUDA IPC handle another process holds open stays (sg_imported): freeing
@@ -51,7 +50,6 @@ cdef enum:
     BLOCK_ALIGN = 512           # requests are rounded to this; no block is smaller
     SEGMENT_SHARE = 8           # a shared segment is at most this share of reserved bytes
     COLD_ALLOCS = 128           # a free block untouched by this many allocations is cold
-    WARM_SHARE = 8              # a growth of 1/this of reserved bytes takes warm pages too
 
 
 cdef inline void sg_note(Segments* sg, HistAction action, uintptr_t addr, size_t nbytes,

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 
 import pytest
 from conftest import check_invariants
-from vmm_sim import KIB, MIB, PAGE, device_used, names, vmm
+from vmm_sim import KIB, MIB, PAGE, device_used, names
 from vmm_sim import gpu_pool, vpool, vsim  # noqa: F401 (fixtures)
 
 import gpupool
@@ -264,50 +264,6 @@ def test_growth_adds_pages_when_no_cold_free_pages_cover_it(vpool, vsim, case):
     if case == "capturing":
         assert ("stream_capturing", (0,)) in vsim.calls
     check_invariants(vpool)
-
-
-GIB = 1 << 30
-WARM_SHARE = 8          # core/segments.pxd: a large growth is 1/8 of reserved bytes (and 20 MiB)
-
-
-def test_a_large_growth_takes_the_pages_of_recently_freed_blocks():
-    # Two pieces of 12 MiB freed just now (warm), then a request of 40 MiB: a growth of more
-    # than SEGMENT_BYTES and an eighth of the pool, which the pieces cover at least half of,
-    # takes their pages: reserved bytes grow by 16 MiB instead of 40 (checkpointed training:
-    # a large request at the end of the forward while the free memory is in smaller pieces).
-    vsim, vpool = vmm(capacity=GIB)
-    live, reserved = pieces(vpool, vsim, pages=12 * MIB // PAGE, churn=0)
-    assert 40 * MIB * WARM_SHARE >= reserved
-    vsim.calls.clear()
-    big = vpool.allocate(40 * MIB)
-    assert names(vsim, "synchronize", "unmap", "map") == ["synchronize", "unmap", "unmap", "map"]
-    stats = check_invariants(vpool)
-    assert stats.reserved_bytes == reserved + 16 * MIB == vsim.device_bytes
-    assert vsim.mapped(big.ptr, 40 * MIB)
-    for i, b in enumerate(live[:-1]):               # the live blocks' pages and data stay
-        assert vsim.mapped(b.ptr, PAGE) and (b.copy_to_host() == i + 1).all()
-    assert vsim.errors == []
-
-
-@pytest.mark.parametrize("case", ["small_growth", "share", "too_few", "capturing"])
-def test_warm_pages_stay_for_a_small_growth_or_one_they_cover_less_than_half_of(case):
-    # Warm pages move only for a large growth (SEGMENT_BYTES and an eighth of the reserved
-    # bytes) that they cover at least half of, and never during a capture.
-    vsim, vpool = vmm(capacity=GIB)
-    held = vpool.allocate(400 * MIB) if case == "share" else None    # a larger pool
-    live, reserved = pieces(vpool, vsim, pages=12 * MIB // PAGE, churn=0)
-    request = {"small_growth": 18 * MIB, "too_few": 52 * MIB}.get(case, 40 * MIB)
-    assert case != "share" or request * WARM_SHARE < reserved
-    vsim.calls.clear()
-    if case == "capturing":
-        vsim.capturing.add(0)                       # the legacy stream's handle
-    big = vpool.allocate(request)
-    vsim.capturing.clear()
-    assert names(vsim, "synchronize", "unmap") == []
-    assert vpool.stats().reserved_bytes > reserved and vsim.mapped(big.ptr, request)
-    check_invariants(vpool)
-    del held
-    assert vsim.errors == []
 
 
 # (5) A segment per stream --------------------------------------------------------------------
