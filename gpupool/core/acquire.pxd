@@ -1,6 +1,7 @@
-# The shared path of a request, under the pool's lock: the wanted streams' answer, parked
-# blocks, the thread's held blocks beyond credit, best fit in stream order (the region's, the
-# pool's, idle regions'), the magazines' blocks, growth, the out-of-memory ladder, the cut.
+# The shared path of a request, under the pool's lock (a tagged one: core/tagged.pxd's): the
+# wanted streams' answer, parked blocks, the thread's held blocks beyond credit, best fit in
+# stream order (the region's, the pool's, idle regions'), the magazines' blocks, growth, the
+# out-of-memory ladder, the cut.
 # Only core/pool.pyx cimports this (it reads the thread's state: core/thread.pxd).
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.records.block cimport Block, LIVE
@@ -23,6 +24,7 @@ from gpupool.core.state cimport PoolState
 from gpupool.core.streamorder cimport (
     WANTED_MAX, so_take, so_take_small, so_under_small, so_mark_blocks, so_clear_wanted,
 )
+from gpupool.core.tagged cimport gp_current_tag, tg_acquire
 from gpupool.core.thread cimport current_cache
 from gpupool.upstream.base cimport Upstream
 
@@ -38,6 +40,8 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
     cdef Block* b
     cdef bint grew = False, answered = False, top = False
     cdef int r
+    if gp_current_tag and up.expandable:    # (on a plain upstream a tag marks nothing)
+        return tg_acquire(st, up, nbytes, s, gp_current_tag, out)
     if st.segments.hard_limit and size > st.segments.hard_limit:
         size = nbytes               # only the exact request fits under the limit
     if not st.order.wanted.empty():

@@ -1,0 +1,228 @@
+"""Tags, sleep and wake (Note [Sleep and wake] in docs/design.md) on the simulated device with
+virtual memory: a tag's blocks live in pages of their own, which Pool.sleep unmaps (after a
+synchronize, offloading their bytes on request) and Pool.wake maps again at the same
+addresses."""
+
+import threading
+
+import numpy as np
+import pytest
+from conftest import check_invariants
+from vmm_sim import MIB, PAGE, names
+from vmm_sim import vpool, vsim  # noqa: F401 (fixtures)
+
+import gpupool
+from gpupool.testing import Failures, SimulatedDevice
+
+
+def pattern(n, seed=0):
+    return (np.arange(n, dtype=np.uint32) * 2654435761 + seed).astype(np.uint8)
+
+
+def test_tagged_blocks_get_pages_of_their_own(vpool):
+    plain = vpool.allocate(PAGE // 2)
+    with gpupool.tag("weights"):
+        w = vpool.allocate(PAGE // 2)
+        w2 = vpool.allocate(3 * PAGE)
+    other = vpool.allocate(PAGE // 2)
+    # Not in the untagged segment's pages: another range.
+    assert abs(w.ptr - plain.ptr) >= 64 * MIB
+    assert w2.ptr == w.ptr + PAGE // 2          # the tag's blocks share its segment
+    assert other.ptr == plain.ptr + PAGE // 2 or other.ptr < plain.ptr + PAGE
+    check_invariants(vpool)
+
+
+def test_the_tag_is_per_thread_and_nests(vpool):
+    seen = {}
+
+    def other_thread():
+        seen["ptr"] = vpool.allocate(512).ptr     # untagged: the other thread's tag is not
+    with gpupool.tag("a"):
+        a = vpool.allocate(512)
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+        with gpupool.tag("b"):
+            b = vpool.allocate(512)
+        a2 = vpool.allocate(512)
+    assert abs(b.ptr - a.ptr) >= 64 * MIB
+    assert a2.ptr == a.ptr + 512
+    assert abs(seen["ptr"] - a.ptr) >= 64 * MIB and abs(seen["ptr"] - b.ptr) >= 64 * MIB
+    check_invariants(vpool)
+
+
+def test_sleep_unmaps_the_tags_pages_and_leaves_untagged_blocks(vpool, vsim):
+    plain = vpool.allocate(2 * PAGE)
+    plain.copy_from_host(pattern(2 * PAGE, 1))
+    with gpupool.tag("weights"):
+        bufs = [vpool.allocate(n) for n in (PAGE, 5000, 3 * PAGE)]
+    freed = None
+    with gpupool.tag("weights"):
+        freed = vpool.allocate(PAGE)
+    freed.close()                                   # cached free space of the tag
+    before = check_invariants(vpool)
+    used = vsim.device_bytes
+    tagged_reserved = before.reserved_bytes - 2 * PAGE
+    vpool.sleep("weights")
+    after = check_invariants(vpool)
+    assert used - vsim.device_bytes >= 0.99 * tagged_reserved
+    assert after.reserved_bytes == 2 * PAGE
+    assert after.asleep_bytes == sum(b.nbytes for b in bufs) + 512 - 5000 % 512 - 0 \
+        or after.asleep_bytes >= sum(b.nbytes for b in bufs)
+    assert after.in_use_bytes == 2 * PAGE
+    assert not any(vsim.mapped(b.ptr) for b in bufs)
+    np.testing.assert_array_equal(plain.copy_to_host(), pattern(2 * PAGE, 1))
+    assert vsim.errors == []
+
+
+def test_wake_maps_the_same_addresses_and_offload_keeps_the_bytes(vpool, vsim):
+    with gpupool.tag("weights"):
+        bufs = [vpool.allocate(n) for n in (PAGE, 5000, 3 * PAGE)]
+    ptrs = [b.ptr for b in bufs]
+    for i, b in enumerate(bufs):
+        b.copy_from_host(pattern(b.nbytes, i))
+    vpool.sleep(["weights"], offload=True)
+    stats = check_invariants(vpool)
+    assert stats.offloaded_bytes >= sum(b.nbytes for b in bufs)
+    vpool.wake("weights")
+    stats = check_invariants(vpool)
+    assert (stats.asleep_bytes, stats.offloaded_bytes) == (0, 0)
+    assert [b.ptr for b in bufs] == ptrs
+    for i, b in enumerate(bufs):
+        np.testing.assert_array_equal(b.copy_to_host(), pattern(b.nbytes, i))
+    assert all(vsim.mapped(b.ptr, b.nbytes) for b in bufs)
+    assert vsim.errors == []
+
+
+def test_without_offload_the_bytes_are_discarded(vpool, vsim):
+    with gpupool.tag("kv"):
+        b = vpool.allocate(2 * PAGE)
+    b.copy_from_host(pattern(2 * PAGE, 3))
+    vpool.sleep("kv")
+    assert vpool.stats().offloaded_bytes == 0
+    vpool.wake("kv")
+    check_invariants(vpool)
+    # New pages: the simulated device's are zeroed, the old bytes are gone.
+    assert not (b.copy_to_host() == pattern(2 * PAGE, 3)).all()
+    b.memset(5)
+    assert (b.copy_to_host() == 5).all()
+
+
+def test_use_while_asleep_is_refused(vpool, vsim):
+    with gpupool.tag("weights"):
+        b = vpool.allocate(PAGE)
+    ptr = b.ptr
+    vpool.sleep("weights")
+    for use in (lambda: b.copy_to_host(), lambda: b.copy_from_host(bytes(PAGE)),
+                lambda: b.memset(0), lambda: b.__cuda_array_interface__,
+                lambda: b.__dlpack__(), lambda: b.copy()):
+        with pytest.raises(gpupool.SleepingMemoryError, match="sleeps"):
+            use()
+    assert b.ptr == ptr                             # the pointer stays readable
+    assert vsim.errors == []
+    vpool.wake("weights")
+    b.memset(1)
+    assert (b.copy_to_host() == 1).all()
+
+
+def test_allocating_with_a_sleeping_tag_is_refused(vpool):
+    with gpupool.tag("weights"):
+        vpool.allocate(PAGE)
+    vpool.sleep("weights")
+    with gpupool.tag("weights"):
+        with pytest.raises(gpupool.SleepingMemoryError, match="'weights'.*wake"):
+            vpool.allocate(512)
+    with gpupool.tag("other"):
+        vpool.allocate(512)                         # another tag, and no tag, go on
+    vpool.allocate(512)
+    check_invariants(vpool)
+
+
+def test_freeing_while_asleep_then_wake(vpool):
+    with gpupool.tag("weights"):
+        a = vpool.allocate(PAGE)
+        b = vpool.allocate(PAGE)
+    vpool.sleep("weights", offload=True)
+    a.close()
+    stats = check_invariants(vpool)
+    assert stats.asleep_bytes == PAGE
+    vpool.wake("weights")
+    stats = check_invariants(vpool)
+    assert stats.in_use_bytes == PAGE and stats.asleep_bytes == 0
+    with gpupool.tag("weights"):
+        c = vpool.allocate(PAGE)                    # the freed block serves again
+    assert c.ptr == b.ptr - PAGE
+    del b, c
+    check_invariants(vpool)
+
+
+def test_sleep_waits_for_pending_work_on_every_stream(vpool, vsim):
+    s1, s2 = vsim.create_stream(), vsim.create_stream()
+    with gpupool.tag("weights"):
+        a = vpool.allocate(PAGE, stream=s1)
+        b = vpool.allocate(PAGE, stream=s2)
+    vsim.launch(s1)
+    vsim.launch(s2)
+    vsim.calls.clear()
+    vpool.sleep("weights", offload=True)
+    assert names(vsim, "synchronize", "unmap")[0] == "synchronize"
+    assert "unmap" in names(vsim, "unmap")
+    assert vsim.errors == []
+    vpool.wake("weights")
+    del a, b
+    check_invariants(vpool)
+
+
+def test_sleep_needs_the_vmm_upstream():
+    pool = gpupool.Pool(upstream=SimulatedDevice())
+    with gpupool.tag("weights"):
+        b = pool.allocate(512)                      # a plain upstream: untagged
+    with pytest.raises(gpupool.GpupoolError, match=r"upstream='vmm'"):
+        pool.sleep("weights")
+    with pytest.raises(gpupool.GpupoolError, match=r"upstream='vmm'"):
+        pool.wake("weights")
+    del b
+    check_invariants(pool)
+
+
+def test_a_failed_map_at_wake_leaves_the_tag_asleep(vpool, vsim):
+    with gpupool.tag("weights"):
+        b = vpool.allocate(2 * PAGE)
+    b.copy_from_host(pattern(2 * PAGE, 9))
+    vpool.sleep("weights", offload=True)
+    vsim.inject(Failures("map", nth=1))
+    with pytest.raises(gpupool.OutOfMemoryError):
+        vpool.wake("weights")
+    stats = check_invariants(vpool)
+    assert stats.asleep_bytes == 2 * PAGE and stats.offloaded_bytes >= 2 * PAGE
+    with pytest.raises(gpupool.SleepingMemoryError):
+        b.copy_to_host()
+    vsim.inject(None)
+    vpool.wake("weights")
+    np.testing.assert_array_equal(b.copy_to_host(), pattern(2 * PAGE, 9))
+    check_invariants(vpool)
+
+
+def test_sleep_twice_and_unknown_tags_are_no_ops(vpool, vsim):
+    with gpupool.tag("weights"):
+        b = vpool.allocate(PAGE)
+    vpool.sleep("never-used")
+    vpool.sleep("weights")
+    vpool.sleep("weights")
+    vpool.wake("weights")
+    vpool.wake("weights")
+    check_invariants(vpool)
+    with pytest.raises(TypeError):
+        gpupool.tag(3)
+    del b
+
+
+def test_a_pool_closed_with_a_sleeping_tag_gives_its_ranges_back(vsim):
+    pool = gpupool.Pool(upstream=vsim)
+    with gpupool.tag("weights"):
+        b = pool.allocate(PAGE)
+    pool.sleep("weights")
+    del b
+    check_invariants(pool)
+    del pool
+    assert vsim.errors == [] and vsim.device_bytes == 0
