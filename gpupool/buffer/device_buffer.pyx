@@ -422,7 +422,7 @@ cdef class DeviceBuffer:
         is not returned to the driver (``Pool.trim``, the out-of-memory ladder) until the
         importer closes it.
         """
-        self._live_ptr()
+        awake_ptr(self)
         return ipc_exporter()(self, stream)
 
     def close(self):
