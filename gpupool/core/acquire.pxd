@@ -14,7 +14,7 @@ from gpupool.core.freelist cimport fl_has_exact
 from gpupool.core.ladder cimport ld_ladder, ld_grow_once, ld_trim_logged
 from gpupool.core.magpool cimport (
     mp_take_locked, mp_flush_own, mp_flush_idle, mp_reap, mp_want, mp_give_up, mp_flush_all,
-    mp_count_taken,
+    mp_count_taken, mp_hand_out,
 )
 from gpupool.core.parking cimport pk_unpark, pk_flush
 from gpupool.core.planned cimport pl_take
@@ -112,12 +112,7 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
         b = sg_split_top(st, b, size, s, owner)
     else:
         sg_split(st, b, size, s, owner)
-    b.state = LIVE
-    b.stream = s
-    if grew:
-        st.counters.cache_misses += 1
-    else:
-        st.counters.cache_hits += 1
+    mp_hand_out(st, b, s, grew)
     if rc != NULL:
         rc_link(rc, b)
         if grew:

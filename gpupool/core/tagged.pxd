@@ -16,7 +16,7 @@ from gpupool.history.ring cimport hist_on, hist_free
 from gpupool.core.cutjoin cimport sg_record, sg_insert_after, sg_remove, sg_retire
 from gpupool.core.growexpand cimport sg_map
 from gpupool.core.ladder cimport ld_trim
-from gpupool.core.magpool cimport mp_count_taken, mp_settle_peak
+from gpupool.core.magpool cimport mp_count_taken, mp_hand_out, mp_settle_peak
 from gpupool.core.segments cimport BLOCK_ALIGN, round_up, round_request, sg_new_segment
 from gpupool.core.state cimport PoolState, Segments
 from gpupool.upstream.base cimport Upstream
@@ -128,12 +128,7 @@ cdef inline int tg_acquire(PoolState* st, Upstream up, size_t nbytes, StreamKey 
             rest.state, rest.tag, rest.stream, rest.used = TAGGED, tag, best.stream, best.used
             best.size = size
             sg_insert_after(best, rest)
-    best.state = LIVE
-    best.stream = s
-    if grew:
-        st.counters.cache_misses += 1
-    else:
-        st.counters.cache_hits += 1
+    mp_hand_out(st, best, s, grew)
     mp_count_taken(st, best.size)
     out[0] = best
     return 0
