@@ -24,8 +24,8 @@ from gpupool.core.state cimport PoolState
 from gpupool.core.streamorder cimport (
     WANTED_MAX, so_take, so_take_small, so_under_small, so_mark_blocks, so_clear_wanted,
 )
-from gpupool.core.tagged cimport gp_current_tag, tg_acquire
-from gpupool.core.thread cimport current_cache
+from gpupool.core.tagged cimport tg_acquire
+from gpupool.core.thread cimport current_cache, gp_this_thread
 from gpupool.upstream.base cimport Upstream
 
 
@@ -40,8 +40,8 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
     cdef Block* b
     cdef bint grew = False, answered = False, top = False
     cdef int r
-    if gp_current_tag and up.expandable:    # (on a plain upstream a tag marks nothing)
-        return tg_acquire(st, up, nbytes, s, gp_current_tag, out)
+    if up.expandable and gp_this_thread().tag:     # (on a plain upstream a tag marks nothing)
+        return tg_acquire(st, up, nbytes, s, gp_this_thread().tag, out)
     if st.segments.hard_limit and size > st.segments.hard_limit:
         size = nbytes               # only the exact request fits under the limit
     if not st.order.wanted.empty():

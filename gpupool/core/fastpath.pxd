@@ -15,7 +15,6 @@ from gpupool.core.magpool cimport MAG_MAX, mp_hold, mp_drop
 from gpupool.core.free cimport ps_unlock
 from gpupool.core.segments cimport round_request
 from gpupool.core.state cimport PoolState, WANTED_FAST
-from gpupool.core.tagged cimport gp_current_tag
 from gpupool.core.thread cimport (
     gp_thread, gp_thread_magazine, gp_this_thread, gp_thread_alive, gp_arm_reaper,
     GP_THREAD_POOLS, thread_cache,
@@ -134,16 +133,18 @@ cdef inline Block* fp_take(PoolState* st, void* pool, size_t nbytes, StreamKey s
     """A block for nbytes on s from the calling thread's magazine, without the pool's lock:
     a held block of the exact size last used on s, within the thread's credit, when the
     thread is in no region of this pool and its stream is not wanted. NULL: take the shared
-    path (as always while the memory history is recording or a tag is current). capi: list it as handed (the C
-    API frees by pointer)."""
+    path (as always while the memory history is recording or a tag is current). capi: list
+    it as handed (the C API frees by pointer)."""
     cdef gp_thread* t
     cdef size_t size
     cdef Magazine* m
     cdef Block* b = NULL
     cdef int i, empty = -1
-    if nbytes > MAG_MAX or recording or gp_current_tag:     # (a tagged request: its tag's)
+    if nbytes > MAG_MAX or recording:
         return NULL
     t = gp_this_thread()
+    if t.tag:
+        return NULL                         # a tagged request: its tag's segment serves it
     if t.magazines[0].pool == pool:
         m = <Magazine*>t.magazines[0].magazine
     else:

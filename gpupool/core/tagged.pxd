@@ -24,10 +24,6 @@ from gpupool.upstream.base cimport Upstream
 cdef enum:
     TAGS_MAX = 255              # tag ids are 1..TAGS_MAX (0: untagged; core/tags.py names them)
 
-cdef extern from "gpupool_tag.h" nogil:
-    int gp_current_tag          # the calling thread's (only core/pool.pyx's module's counts)
-    int gp_tag_swap(int tag)
-
 
 cdef inline Segment* tg_segment(Segments* sg, int tag) noexcept nogil:
     """The segment of tag's blocks, or NULL (none allocated yet)."""

@@ -1,8 +1,7 @@
-# The calling thread's current tag (gpupool.tag): a C thread-local of this module, which the
-# pool's requests read (core/acquire.pxd, core/fastpath.pxd; core/tagged.pxd serves them).
+# gpupool.tag: it sets the calling thread's current tag (the tag field of its state,
+# src/gp_thread.h, which only this module may touch: core/thread.pxd), which the pool's
+# requests read (core/fastpath.pxd, core/acquire.pxd; core/tagged.pxd serves them).
 # Included into core/pool.pyx.
-# (The thread-local is gpupool_tag.h's, declared in core/tagged.pxd.)
-from gpupool.core.tagged cimport gp_current_tag, gp_tag_swap
 from gpupool.core.tags import asleep_error, tag_id
 
 
@@ -38,11 +37,13 @@ class tag:
         self._prev = []
 
     def __enter__(self):
-        self._prev.append(gp_tag_swap(self._id))
+        cdef gp_thread* t = gp_this_thread()
+        self._prev.append(t.tag)
+        t.tag = self._id
         return self
 
     def __exit__(self, *exc):
-        gp_tag_swap(self._prev.pop())
+        gp_this_thread().tag = self._prev.pop()
         return False
 
     def __repr__(self):
