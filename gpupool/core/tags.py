@@ -38,11 +38,21 @@ def tag_id(name, create=True):
 
 def tag_ids(tags):
     """The ids of ``tags`` (a str or an iterable of str) used so far, in order, each once;
-    names never used are left out (no memory carries them)."""
+    names never used are left out (no memory carries them).
+
+    Raises
+    ------
+    TypeError
+        ``tags`` neither a str nor an iterable of non-empty str.
+    """
     if isinstance(tags, str):
         tags = (tags,)
+    try:
+        names = list(tags)
+    except TypeError:
+        raise TypeError(f"tags must be a str or an iterable of str, got {tags!r}") from None
     ids = []
-    for name in tags:
+    for name in names:
         i = tag_id(name, create=False)
         if i is not None and i not in ids:
             ids.append(i)

@@ -213,8 +213,14 @@ def test_sleep_twice_and_unknown_tags_are_no_ops(vpool, vsim):
     vpool.wake("weights")
     vpool.wake("weights")
     check_invariants(vpool)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="non-empty str"):
         gpupool.tag(3)
+    with pytest.raises(TypeError, match="non-empty str"):
+        gpupool.tag("")
+    with pytest.raises(TypeError, match="iterable of str"):
+        vpool.sleep(3)
+    with pytest.raises(TypeError, match="non-empty str"):
+        vpool.wake(["weights", None])
     del b
 
 
