@@ -6,7 +6,7 @@ from gpupool.records.block cimport Block
 
 cdef class PoolBase(BlockOwner):
     cdef PoolState _st                  # everything below the Python API (core/state.pxd)
-    cdef dict _offloaded                # sleeping tag id -> [(ptr, bytearray)] (Pool.sleep)
+    cdef dict _offloaded                # sleeping tag id -> (held, copies): poolbase.pyx copy_out
     cdef object __weakref__
 
     cdef bint block_asleep(self, Block* blk) noexcept nogil

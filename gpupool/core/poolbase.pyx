@@ -25,7 +25,7 @@ from gpupool.core.growexpand cimport sg_map
 from gpupool.core.segments cimport sg_note
 from gpupool.core.tagged cimport tg_segment, tg_sleep_counts
 from gpupool.history.ring cimport ACT_SEGMENT_UNMAP
-from gpupool.upstream.base cimport Upstream, DEVICE_TO_HOST, HOST_TO_DEVICE
+from gpupool.upstream.base cimport Upstream, DEVICE_TO_HOST, DEVICE_TO_PINNED, HOST_TO_DEVICE
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 
@@ -53,6 +53,52 @@ def size_class(nbytes):
         Request in bytes, 0 <= nbytes <= 2**50.
     """
     return round_request(check_nbytes(nbytes))
+
+
+cdef int copy_out(Upstream up, Segment* seg, list held, list copies) except? -1:
+    """With the pool's lock: copy the live blocks of sleeping segment seg to host memory, one
+    page-locked chunk of the upstream's (host_alloc) for them all, copied into without a wait
+    and synchronized once; where the upstream has none (or refuses), one bytearray a block.
+    copies gets (device pointer, host address, bytes) per block, held what keeps the host
+    memory (the chunk's address, or the bytearrays: release_host gives a chunk back).
+    Returns a status code."""
+    cdef Block* b = seg.first
+    cdef size_t total = 0
+    cdef uintptr_t chunk = 0, host
+    cdef bytearray buf
+    cdef int r = 0
+    while b != NULL:
+        total += b.size if b.state == LIVE else 0
+        b = b.seg_next
+    if total and up.host_alloc(total, &chunk) != 0:
+        up.clear_error()
+        chunk = 0
+    if chunk:
+        held.append(chunk)
+    b = seg.first
+    while b != NULL and r == 0:
+        if b.state == LIVE:
+            if chunk:
+                host = chunk
+                chunk += b.size
+                r = up.copy(DEVICE_TO_PINNED, host, b.ptr, b.size, 0)
+            else:
+                buf = bytearray(b.size)
+                held.append(buf)
+                host = <uintptr_t>PyByteArray_AS_STRING(buf)
+                r = up.copy(DEVICE_TO_HOST, host, b.ptr, b.size, 0)
+            copies.append((b.ptr, host, b.size))
+        b = b.seg_next
+    return r if r else up.synchronize()
+
+
+cdef void release_host(Upstream up, list held):
+    """Give back the host memory copy_out took (its page-locked chunk; bytearrays go with
+    the list)."""
+    for item in held:
+        if type(item) is int and up.host_free(<uintptr_t>item) != 0:
+            up.clear_error()            # (the chunk stays with the upstream)
+    held.clear()
 
 
 cdef class PoolBase(BlockOwner):
@@ -100,6 +146,8 @@ cdef class PoolBase(BlockOwner):
             if self.upstream.synchronize() != 0:
                 self.upstream.clear_error()
         sg_release_all(&self._st, self.upstream)
+        for held, _ in (self._offloaded or {}).values():
+            release_host(self.upstream, held)       # page-locked chunks of sleeping tags
         for i in range(self._st.order.events.size()):
             self.upstream.event_destroy(self._st.order.events[i])
         self.upstream.clear_error()         # at the end nothing reports a failure
@@ -320,29 +368,19 @@ cdef class PoolBase(BlockOwner):
 
     def _sleep_one(self, int tid, bint offload):
         cdef Segment* seg
-        cdef Block* b
         cdef Upstream up = self.upstream
         cdef int r = 0
         cdef str what = "synchronize"
-        kept = []
+        held, copies = [], []
         ps_lock(&self._st)
         try:
             seg = tg_segment(&self._st.segments, tid)
             if seg == NULL or seg.asleep:
                 return
             r = up.synchronize()
-            b = seg.first
-            while offload and r == 0 and b != NULL:
-                if b.state == LIVE:
-                    host = bytearray(b.size)
-                    what = "copy to the host"
-                    r = up.copy(DEVICE_TO_HOST, <uintptr_t>PyByteArray_AS_STRING(host), b.ptr,
-                                b.size, 0)
-                    kept.append((b.ptr, host))
-                b = b.seg_next
-            if offload and r == 0 and kept:
-                what = "synchronize"
-                r = up.synchronize()
+            if offload and r == 0:
+                what = "copy to the host"
+                r = copy_out(up, seg, held, copies)
             if r == 0 and seg.nbytes:
                 what = "unmap"
                 r = up.unmap(seg.base, seg.nbytes)
@@ -350,19 +388,24 @@ cdef class PoolBase(BlockOwner):
                 tg_sleep_counts(&self._st, seg, True)
                 seg.asleep = True
                 sg_note(&self._st.segments, ACT_SEGMENT_UNMAP, seg.base, seg.nbytes, seg.stream)
-                self._st.counters.offloaded += sum(len(h) for _, h in kept)
-                self._offloaded[tid] = kept
+                self._st.counters.offloaded += sum(n for _, _, n in copies)
+                self._offloaded[tid] = (held, copies)
         finally:
             ps_unlock(&self._st, up)
-        up.raise_error(r, f"sleep ({what})")
+        try:
+            up.raise_error(r, f"sleep ({what})")
+        finally:
+            if r != 0:
+                release_host(up, held)      # after the error is taken: it clears its own
 
     def _wake_one(self, int tid):
         cdef Segment* seg
         cdef Upstream up = self.upstream
-        cdef uintptr_t ptr
+        cdef uintptr_t ptr, host
+        cdef size_t n
         cdef int r = 0
         cdef str what = "map"
-        cdef bytearray host
+        held = []
         ps_lock(&self._st)
         try:
             seg = tg_segment(&self._st.segments, tid)
@@ -373,24 +416,27 @@ cdef class PoolBase(BlockOwner):
             if r == 0:
                 seg.asleep = False
                 tg_sleep_counts(&self._st, seg, False)
-                kept = self._offloaded.pop(tid, [])
-                self._st.counters.offloaded -= sum(len(h) for _, h in kept)
+                held, copies = self._offloaded.pop(tid, ([], []))
+                self._st.counters.offloaded -= sum(n for _, _, n in copies)
                 what = "copy from the host"
-                for ptr, host in kept:
+                for ptr, host, n in copies:
                     if r == 0:
-                        r = up.copy(HOST_TO_DEVICE, ptr, <uintptr_t>PyByteArray_AS_STRING(host),
-                                    len(host), 0)
+                        r = up.copy(HOST_TO_DEVICE, ptr, host, n, 0)
                 if r == 0:
                     what = "synchronize"
                     r = up.synchronize()
         finally:
             ps_unlock(&self._st, up)
-        if r == CUDA_ERROR_OUT_OF_MEMORY and what == "map":
-            raise OutOfMemoryError(
-                f"wake of tag {tag_name(tid)!r}: {seg.nbytes} B could not be mapped (out of "
-                f"memory, or over the hard limit); the tag stays asleep",
-                requested_bytes=seg.nbytes)
-        up.raise_error(r, f"wake ({what})")
+        try:
+            if r == CUDA_ERROR_OUT_OF_MEMORY and what == "map":
+                raise OutOfMemoryError(
+                    f"wake of tag {tag_name(tid)!r}: {seg.nbytes} B could not be mapped (out "
+                    f"of memory, or over the hard limit); the tag stays asleep",
+                    requested_bytes=seg.nbytes)
+            up.raise_error(r, f"wake ({what})")
+        finally:
+            if what != "map":
+                release_host(up, held)      # after the error is taken: it clears its own
 
     def mem_info(self):
         """``(free, total)`` bytes of the device (``cuMemGetInfo``)."""

@@ -11,7 +11,7 @@ from cuda.bindings.cydriver cimport (
     CUresult, CUcontext, CUdevice, CUstream, CUevent, CUdeviceptr, CUDA_SUCCESS,
 )
 from gpupool.driver cimport calls as drv
-from gpupool.upstream.base cimport CopyKind, HOST_TO_DEVICE, DEVICE_TO_HOST
+from gpupool.upstream.base cimport CopyKind, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_PINNED
 
 # Per thread, the stream ID last seen for a few stream handles (see DriverDevice.stream_id).
 cdef extern from *:
@@ -119,9 +119,24 @@ cdef class DriverDevice(Upstream):
             r = drv.memcpy_dtoh(<void*>dst, <CUdeviceptr>src, nbytes, s)
             if r == 0:
                 r = drv.stream_synchronize(s)
+        elif kind == DEVICE_TO_PINNED:
+            r = drv.memcpy_dtoh(<void*>dst, <CUdeviceptr>src, nbytes, s)     # (the caller waits)
         else:
             r = drv.memcpy_dtod(<CUdeviceptr>dst, <CUdeviceptr>src, nbytes, s)
         return self.restore_current(prev, r)
+
+    cdef int host_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
+        cdef void* prev = NULL
+        cdef void* p = NULL
+        cdef int r = self.make_current(&prev)
+        r = r if r else self.restore_current(prev, drv.mem_host_alloc(&p, nbytes))
+        ptr[0] = <uintptr_t>p
+        return r
+
+    cdef int host_free(self, uintptr_t ptr) noexcept nogil:
+        cdef void* prev = NULL
+        cdef int r = self.make_current(&prev)
+        return r if r else self.restore_current(prev, drv.mem_free_host(<void*>ptr))
 
     cdef int memset(self, uintptr_t dst, unsigned char value, size_t nbytes,
                     uintptr_t stream) noexcept nogil:

@@ -286,7 +286,8 @@ def test_random_sleeps_and_wakes_with_failures_stay_consistent(seed):
     rng = np.random.default_rng(seed)
     sim = SimulatedDevice(capacity=4 * MIB, virtual_memory=True, page=PAGE)
     pool = gpupool.Pool(upstream=sim)
-    sim.inject(Failures(("map", "unmap", "synchronize", "copy"), rate=0.15, seed=seed))
+    failures = sim.inject(Failures(("map", "unmap", "synchronize", "copy", "host_alloc",
+                                    "host_free"), rate=0.15, seed=seed))
     live, tags = [], ("a", "b", None)
     for _ in range(300):
         op = rng.integers(5)
@@ -310,9 +311,56 @@ def test_random_sleeps_and_wakes_with_failures_stay_consistent(seed):
         stats = check_invariants(pool)
         assert stats.reserved_bytes == sim.device_bytes
         assert sim.errors == []
+        # Page-locked memory is held only for offloaded bytes (a failed host_free keeps its
+        # chunk with the upstream).
+        kept = any(call == "host_free" for call, _, _ in failures.injected)
+        assert kept or sim.pinned_bytes <= stats.offloaded_bytes
     sim.inject(None)
     pool.wake(["a", "b"])
     for buf in live:
         buf.memset(1)
     del live
     check_invariants(pool)
+
+
+def test_offload_copies_into_one_page_locked_chunk_given_back_at_wake(vpool, vsim):
+    with gpupool.tag("weights"):
+        bufs = [vpool.allocate(n) for n in (PAGE, 5000, 3 * PAGE)]
+    for i, b in enumerate(bufs):
+        b.copy_from_host(pattern(b.nbytes, i))
+    vsim.calls.clear()
+    vpool.sleep("weights", offload=True)
+    total = PAGE + 5120 + 3 * PAGE
+    assert vsim.calls_named("host_alloc") == [(total,)]
+    assert vsim.pinned_bytes == total == vpool.stats().offloaded_bytes
+    # Copied without a wait each (kind 4), then one synchronize before the unmap.
+    assert [args[0] for args in vsim.calls_named("copy")] == [4, 4, 4]
+    assert names(vsim, "copy", "synchronize", "unmap")[-2:] == ["synchronize", "unmap"]
+    vpool.wake("weights")
+    assert vsim.pinned_bytes == 0
+    for i, b in enumerate(bufs):
+        np.testing.assert_array_equal(b.copy_to_host(), pattern(b.nbytes, i))
+    check_invariants(vpool)
+
+
+def test_without_page_locked_memory_offload_uses_host_buffers(vpool, vsim):
+    with gpupool.tag("weights"):
+        b = vpool.allocate(2 * PAGE)
+    b.copy_from_host(pattern(2 * PAGE, 4))
+    vsim.inject(Failures("host_alloc", nth=1))     # the upstream refuses: the pool's own
+    vpool.sleep("weights", offload=True)
+    assert vsim.pinned_bytes == 0 and vpool.stats().offloaded_bytes == 2 * PAGE
+    vpool.wake("weights")
+    np.testing.assert_array_equal(b.copy_to_host(), pattern(2 * PAGE, 4))
+    check_invariants(vpool)
+
+
+def test_a_pool_ending_asleep_gives_its_page_locked_chunk_back(vsim):
+    pool = gpupool.Pool(upstream=vsim)
+    with gpupool.tag("weights"):
+        b = pool.allocate(PAGE)
+    pool.sleep("weights", offload=True)
+    assert vsim.pinned_bytes == PAGE
+    del b, pool
+    gc.collect()
+    assert vsim.pinned_bytes == 0 and vsim.errors == []
