@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """A device's primary context and the driver's device work on it: events, stream waits,
-copies, memory queries and stream identity. The driver upstreams derive from it and add a
-memory source (``gpupool.upstream.driver``, ``mempool``, ``vmm``).
+copies, page-locked host memory, memory queries and stream identity. The driver upstreams
+derive from it and add a memory source (``gpupool.upstream.driver``, ``mempool``, ``vmm``).
 
 Every call runs with the device's primary context current and restores the caller's, so a
 block freed on another thread, or with another device current, goes back with its own context.
@@ -127,11 +127,8 @@ cdef class DriverDevice(Upstream):
 
     cdef int host_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
         cdef void* prev = NULL
-        cdef void* p = NULL
         cdef int r = self.make_current(&prev)
-        r = r if r else self.restore_current(prev, drv.mem_host_alloc(&p, nbytes))
-        ptr[0] = <uintptr_t>p
-        return r
+        return r if r else self.restore_current(prev, drv.mem_host_alloc(<void**>ptr, nbytes))
 
     cdef int host_free(self, uintptr_t ptr) noexcept nogil:
         cdef void* prev = NULL
