@@ -1,7 +1,8 @@
 """Tags, sleep and wake (Note [Sleep and wake] in docs/design.md) on the simulated device with
 virtual memory: a tag's blocks live in pages of their own, which Pool.sleep unmaps (after a
 synchronize, offloading their bytes on request) and Pool.wake maps again at the same
-addresses."""
+addresses; and on a real device (marked gpu): the device's free memory, a CUDA graph captured
+before sleep replayed after wake, the plain driver upstream refused."""
 
 import gc
 import threading
@@ -11,7 +12,7 @@ import pytest
 from capi_table import allocate, call
 from conftest import check_invariants
 from vmm_sim import MIB, PAGE, names
-from vmm_sim import vpool, vsim  # noqa: F401 (fixtures)
+from vmm_sim import gpu_pool, vpool, vsim  # noqa: F401 (fixtures)
 
 import gpupool
 from gpupool.testing import Failures, SimulatedDevice
@@ -364,3 +365,61 @@ def test_a_pool_ending_asleep_gives_its_page_locked_chunk_back(vsim):
     del b, pool
     gc.collect()
     assert vsim.pinned_bytes == 0 and vsim.errors == []
+
+
+# On a real device (marked gpu) --------------------------------------------------------------
+
+def _ok(result):
+    """A cuda.bindings.driver call's results after its CUresult, which must be success."""
+    from cuda.bindings import driver
+
+    assert result[0] == driver.CUresult.CUDA_SUCCESS, result[0]
+    return result[1] if len(result) == 2 else result[1:]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_sleep_frees_the_pages_and_a_graph_replays_after_wake(gpu_pool):
+    from cuda.bindings import driver
+
+    _ok(driver.cuInit(0))
+    dev = _ok(driver.cuDeviceGet(0))
+    _ok(driver.cuCtxSetCurrent(_ok(driver.cuDevicePrimaryCtxRetain(dev))))
+    n = 64 * MIB + 12345
+    before = gpu_pool.stats().reserved_bytes
+    with gpupool.tag("gpu-weights"):
+        w = gpu_pool.allocate(n)
+    tagged = gpu_pool.stats().reserved_bytes - before
+    ptr, data = w.ptr, pattern(n, 5)
+    w.copy_from_host(data)
+    # A graph that sets the block to 9, captured before sleep.
+    stream = _ok(driver.cuStreamCreate(0))
+    _ok(driver.cuStreamBeginCapture(
+        stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+    _ok(driver.cuMemsetD8Async(driver.CUdeviceptr(ptr), 9, n, stream))
+    graph = _ok(driver.cuStreamEndCapture(stream))
+    graph_exec = _ok(driver.cuGraphInstantiate(graph, 0))
+    free_awake = gpu_pool.mem_info()[0]
+    mapped_awake = gpu_pool.upstream.mapped_bytes
+    gpu_pool.sleep("gpu-weights", offload=True)
+    assert mapped_awake - gpu_pool.upstream.mapped_bytes == tagged
+    assert gpu_pool.mem_info()[0] - free_awake >= 0.99 * tagged
+    with pytest.raises(gpupool.SleepingMemoryError):
+        w.copy_to_host()
+    gpu_pool.wake("gpu-weights")
+    assert w.ptr == ptr
+    np.testing.assert_array_equal(w.copy_to_host(), data)
+    _ok(driver.cuGraphLaunch(graph_exec, stream))
+    _ok(driver.cuStreamSynchronize(stream))
+    assert (w.copy_to_host() == 9).all()
+    _ok(driver.cuGraphExecDestroy(graph_exec))
+    _ok(driver.cuGraphDestroy(graph))
+    _ok(driver.cuStreamDestroy(stream))
+    del w
+    check_invariants(gpu_pool)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_driver_upstream_refuses_sleep():
+    pool = gpupool.Pool(device=0, upstream="driver")
+    with pytest.raises(gpupool.GpupoolError, match=r"upstream='vmm'"):
+        pool.sleep("weights")
