@@ -11,7 +11,7 @@ from gpupool import (
 )
 from gpupool.buffer.device_buffer import DeviceBuffer
 from gpupool.core.defaults import _pools, get_pool, set_pool  # noqa: F401  (_pools: the registry)
-from gpupool.core.pool import Pool, uncached
+from gpupool.core.pool import Pool, tag, uncached
 from gpupool.core.poolbase import size_class
 from gpupool.core.oom import on_oom, remove_oom_callback
 from gpupool.region.region import Region
@@ -27,6 +27,7 @@ from gpupool.errors import (
     IpcError,
     NoDeviceError,
     OutOfMemoryError,
+    SleepingMemoryError,
 )
 from gpupool.interop import as_buffer
 from gpupool.ipc import IpcHandle, open_ipc
@@ -52,6 +53,7 @@ __all__ = [
     "PythonUpstream",
     "Region",
     "RegionStats",
+    "SleepingMemoryError",
     "allocate",
     "as_buffer",
     "dump_snapshot",
@@ -65,6 +67,7 @@ __all__ = [
     "set_pool",
     "remove_oom_callback",
     "size_class",
+    "tag",
     "testing",
     "uncached",
     "Upstream",

@@ -12,6 +12,7 @@ __all__ = [
     "IpcError",
     "NoDeviceError",
     "OutOfMemoryError",
+    "SleepingMemoryError",
 ]
 
 #: The message of the GpupoolError that every call raises in a child of fork() whose parent
@@ -123,6 +124,12 @@ class OutOfMemoryError(GpupoolError, MemoryError):
 
 class InvalidBufferError(GpupoolError, ValueError):
     """A buffer was used after ``close()``, or after its region invalidated it."""
+
+
+class SleepingMemoryError(GpupoolError, RuntimeError):
+    """Memory of a tag that sleeps (``Pool.sleep``) was used or requested: a buffer's
+    contents read, written or exported, or an allocation under ``gpupool.tag`` of that tag.
+    ``Pool.wake`` maps it again."""
 
 
 class NoDeviceError(GpupoolError, RuntimeError):

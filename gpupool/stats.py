@@ -12,6 +12,8 @@ class PoolStats:
     ``in_use_bytes + cached_bytes == reserved_bytes``, where cached bytes are free memory held
     by the pool (free, parked and held blocks) or by any of its regions
     (``pool.trim()`` returns the pool's; ``Region.release()`` hands a region's to the pool).
+    ``asleep_bytes``: live blocks of sleeping tags (``Pool.sleep``), in no other count (their
+    pages are unmapped); ``offloaded_bytes``: their contents kept in host memory.
     ``num_allocs == cache_hits + cache_misses`` for non-empty requests: a hit is served from a
     free list (the pool's or a region's); a miss needs new memory: the pool grows from its
     upstream (``upstream_allocs`` counts the upstream calls).
@@ -29,6 +31,8 @@ class PoolStats:
     upstream_allocs: int
     upstream_frees: int
     oom_retries: int
+    asleep_bytes: int = 0
+    offloaded_bytes: int = 0
 
     def as_dict(self):
         """The counters as a plain ``dict``."""
@@ -43,7 +47,8 @@ class PoolStats:
             cached_bytes=c["cached"], num_allocs=c["num_allocs"], num_frees=c["num_frees"],
             cache_hits=c["cache_hits"], cache_misses=c["cache_misses"],
             upstream_allocs=c["upstream_allocs"], upstream_frees=c["upstream_frees"],
-            oom_retries=c["oom_retries"])
+            oom_retries=c["oom_retries"], asleep_bytes=c.get("asleep", 0),
+            offloaded_bytes=c.get("offloaded", 0))
 
 
 def torch_memory_stats(c):

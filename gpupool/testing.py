@@ -35,6 +35,7 @@ import numpy as np
 
 from gpupool.limits import parse_limit
 from gpupool.simulated.failures import Failures
+from gpupool.simulated.host import libc, map_rw
 from gpupool.simulated.sharing import SimulatedSharing
 from gpupool.simulated.streams import (
     LEGACY_STREAM,  # noqa: F401  (re-exported)
@@ -173,6 +174,7 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         self._init_virtual_memory()
         self._init_base(failures)
         self._arrays = {}               # pointer -> (numpy array holding it, nbytes)
+        self._pinned = {}               # host_alloc's: pointer -> bytes
         self._init_streams()
         self.allocated_on = {}          # stream-ordered: pointer -> (stream, work number)
 
@@ -230,6 +232,24 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         self._check_stream(stream)
         self._check_mapped(dst, nbytes, "memset")
         ctypes.memset(dst, value, nbytes)
+
+    def _host_alloc(self, nbytes):
+        """Host memory standing in for page-locked memory (Pool.sleep's offload)."""
+        self._called("host_alloc", (nbytes,))
+        ptr = map_rw(None, nbytes, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._pinned[ptr] = nbytes
+        return ptr
+
+    def _host_free(self, ptr):
+        self._called("host_free", (ptr,))
+        if ptr not in self._pinned:
+            self._misuse(f"host_free of {ptr:#x}: not from host_alloc")
+        libc.munmap(ptr, self._pinned.pop(ptr))
+
+    @property
+    def pinned_bytes(self):
+        """Bytes of host memory from ``_host_alloc`` not given back."""
+        return sum(self._pinned.values())
 
     def __repr__(self):
         kind = ", virtual_memory=True" if self.expandable else ""

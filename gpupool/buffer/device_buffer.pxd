@@ -31,3 +31,16 @@ cdef class DeviceBuffer:
     cdef void _ipc_retired(self) noexcept nogil
 
 cdef DeviceBuffer new_buffer(BlockOwner pool, Block* blk, size_t nbytes, StreamKey stream)
+
+
+cdef inline uintptr_t awake_ptr(DeviceBuffer buf) except? 0:
+    """buf's pointer for a use of its bytes (a copy, a memset, an export): as _live_ptr,
+    and SleepingMemoryError while its memory sleeps (Pool.sleep; its pointer stays valid)."""
+    cdef uintptr_t ptr = buf._live_ptr()
+    cdef DeviceBuffer base = buf if buf._blk != NULL else buf._base
+    if base is not None and base._blk != NULL and base.pool.block_asleep(base._blk):
+        from gpupool.errors import SleepingMemoryError
+        raise SleepingMemoryError(
+            f"the buffer's memory ({base._nbytes} B at {ptr:#x}) sleeps (Pool.sleep): call "
+            f"pool.wake(...) for its tag before using its contents")
+    return ptr

@@ -174,7 +174,7 @@ cdef class DeviceBuffer:
         thread than the one whose per-thread stream the buffer is on, 2 names the reader's
         own: that stream is first made to follow the buffer's (a GPU-side wait).
         """
-        cdef uintptr_t ptr = self._live_ptr()
+        cdef uintptr_t ptr = awake_ptr(self)
         return {
             "shape": (self._nbytes,),
             "typestr": "|u1",
@@ -236,7 +236,7 @@ cdef class DeviceBuffer:
         """The DLPack capsule of ``__dlpack__`` for this memory seen as ``shape`` elements of
         (DLPack type ``code``, ``bits``), strides in elements or None; ``keeper`` (this
         buffer or a view of it) stays alive until the deleter runs. No elements: pointer 0."""
-        cdef uintptr_t ptr = self._live_ptr()
+        cdef uintptr_t ptr = awake_ptr(self)
         cdef uintptr_t handle
         device = self.__dlpack_device__()
         if copy:
@@ -353,7 +353,7 @@ cdef class DeviceBuffer:
             As ``Pool.allocate``.
         """
         cdef uintptr_t handle = self._work_stream(stream)
-        self._live_ptr()
+        awake_ptr(self)
         out = self.pool.allocate(self._nbytes, stream=handle)
         out.copy_from_host(self)
         return out
@@ -376,7 +376,7 @@ cdef class DeviceBuffer:
         InvalidBufferError
             The buffer was closed or invalidated.
         """
-        self._live_ptr()
+        awake_ptr(self)
         return reduce_buffer(self, protocol)
 
     def ipc_handle(self, stream=None):
@@ -422,7 +422,7 @@ cdef class DeviceBuffer:
         is not returned to the driver (``Pool.trim``, the out-of-memory ladder) until the
         importer closes it.
         """
-        self._live_ptr()
+        awake_ptr(self)
         return ipc_exporter()(self, stream)
 
     def close(self):
@@ -477,7 +477,7 @@ cdef class DeviceBuffer:
         InvalidBufferError
             The buffer (or a gpupool source) was closed or invalidated.
         """
-        cdef uintptr_t dst = self._live_ptr()
+        cdef uintptr_t dst = awake_ptr(self)
         cdef uintptr_t s = self._work_stream(stream)
         cdef size_t n
         cai = read_cai(src)
@@ -518,7 +518,7 @@ cdef class DeviceBuffer:
         numpy.ndarray
             ``out``, filled.
         """
-        cdef uintptr_t src = self._live_ptr()
+        cdef uintptr_t src = awake_ptr(self)
         cdef uintptr_t s = self._work_stream(stream)
         if out is None:
             out = np.empty(self._nbytes, dtype=np.uint8)
@@ -537,7 +537,7 @@ cdef class DeviceBuffer:
         """Set every byte to ``value`` (0-255) on ``stream`` (default: the buffer's), ordered
         after earlier work on that stream (``cuMemsetD8Async``); does not wait for it. A
         wrapper's stream is a use of the gpupool buffer it wraps (as in ``copy_from_host``)."""
-        cdef uintptr_t dst = self._live_ptr()
+        cdef uintptr_t dst = awake_ptr(self)
         cdef uintptr_t s = self._work_stream(stream)
         if not 0 <= value <= 255:
             raise ValueError(f"value must be a byte (0-255), got {value}")

@@ -13,3 +13,4 @@ cdef class BlockOwner:
     cdef void free_block(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil
     cdef StreamKey check_stream(self, uintptr_t handle) except *
+    cdef bint block_asleep(self, Block* blk) noexcept nogil

@@ -45,3 +45,7 @@ cdef class BlockOwner:
     cdef StreamKey check_stream(self, uintptr_t handle) except *:
         """The key of a stream handle, raising for one the driver refuses."""
         return stream_key(handle, BY_HANDLE)
+
+    cdef bint block_asleep(self, Block* blk) noexcept nogil:
+        """Whether a live block's memory sleeps (``Pool.sleep``): its bytes may not be used."""
+        return False

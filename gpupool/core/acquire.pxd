@@ -1,6 +1,7 @@
-# The shared path of a request, under the pool's lock: the wanted streams' answer, parked
-# blocks, the thread's held blocks beyond credit, best fit in stream order (the region's, the
-# pool's, idle regions'), the magazines' blocks, growth, the out-of-memory ladder, the cut.
+# The shared path of a request, under the pool's lock (a tagged one: core/tagged.pxd's): the
+# wanted streams' answer, parked blocks, the thread's held blocks beyond credit, best fit in
+# stream order (the region's, the pool's, idle regions'), the magazines' blocks, growth, the
+# out-of-memory ladder, the cut.
 # Only core/pool.pyx cimports this (it reads the thread's state: core/thread.pxd).
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.records.block cimport Block, LIVE
@@ -13,7 +14,7 @@ from gpupool.core.freelist cimport fl_has_exact
 from gpupool.core.ladder cimport ld_ladder, ld_grow_once, ld_trim_logged
 from gpupool.core.magpool cimport (
     mp_take_locked, mp_flush_own, mp_flush_idle, mp_reap, mp_want, mp_give_up, mp_flush_all,
-    mp_count_taken,
+    mp_count_taken, mp_hand_out,
 )
 from gpupool.core.parking cimport pk_unpark, pk_flush
 from gpupool.core.planned cimport pl_take
@@ -23,7 +24,8 @@ from gpupool.core.state cimport PoolState
 from gpupool.core.streamorder cimport (
     WANTED_MAX, so_take, so_take_small, so_under_small, so_mark_blocks, so_clear_wanted,
 )
-from gpupool.core.thread cimport current_cache
+from gpupool.core.tagged cimport tg_acquire
+from gpupool.core.thread cimport current_cache, gp_this_thread
 from gpupool.upstream.base cimport Upstream
 
 
@@ -38,6 +40,8 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
     cdef Block* b
     cdef bint grew = False, answered = False, top = False
     cdef int r
+    if up.expandable and gp_this_thread().tag:     # (on a plain upstream a tag marks nothing)
+        return tg_acquire(st, up, nbytes, s, gp_this_thread().tag, out)
     if st.segments.hard_limit and size > st.segments.hard_limit:
         size = nbytes               # only the exact request fits under the limit
     if not st.order.wanted.empty():
@@ -108,12 +112,7 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
         b = sg_split_top(st, b, size, s, owner)
     else:
         sg_split(st, b, size, s, owner)
-    b.state = LIVE
-    b.stream = s
-    if grew:
-        st.counters.cache_misses += 1
-    else:
-        st.counters.cache_hits += 1
+    mp_hand_out(st, b, s, grew)
     if rc != NULL:
         rc_link(rc, b)
         if grew:

@@ -133,8 +133,8 @@ cdef inline Block* fp_take(PoolState* st, void* pool, size_t nbytes, StreamKey s
     """A block for nbytes on s from the calling thread's magazine, without the pool's lock:
     a held block of the exact size last used on s, within the thread's credit, when the
     thread is in no region of this pool and its stream is not wanted. NULL: take the shared
-    path (as always while the memory history is recording). capi: list it as handed (the C
-    API frees by pointer)."""
+    path (as always while the memory history is recording or a tag is current). capi: list
+    it as handed (the C API frees by pointer)."""
     cdef gp_thread* t
     cdef size_t size
     cdef Magazine* m
@@ -143,6 +143,8 @@ cdef inline Block* fp_take(PoolState* st, void* pool, size_t nbytes, StreamKey s
     if nbytes > MAG_MAX or recording:
         return NULL
     t = gp_this_thread()
+    if t.tag:
+        return NULL                         # a tagged request: its tag's segment serves it
     if t.magazines[0].pool == pool:
         m = <Magazine*>t.magazines[0].magazine
     else:
@@ -184,12 +186,12 @@ cdef inline Block* fp_take(PoolState* st, void* pool, size_t nbytes, StreamKey s
 cdef inline bint fp_put(PoolState* st, Upstream up, void* pool, Block* b, StreamKey s,
                         bint recording, bint enabled) noexcept nogil:
     """Hold freed block b (last used on s) in the calling thread's magazine, without the
-    pool's lock when it has room. False: b is not for a magazine (a region's, used on other
-    streams, large; any while the memory history records, or with magazines not enabled) or
+    pool's lock when it has room. False: b is not for a magazine (a region's, a tag's, used
+    on other streams, large; any while the memory history records, or with magazines not enabled) or
     the thread has none: the shared path."""
     cdef Magazine* m
     if b.size > MAG_MAX or b.region.cache != NULL or b.extra_streams != NULL or recording \
-            or not enabled:
+            or not enabled or b.tag:
         return False
     m = fp_thread_magazine(st, up, pool, True)
     if m == NULL:

@@ -11,6 +11,7 @@ from gpupool.core.lock cimport ps_copy_wanted
 from gpupool.core.parking cimport pk_park
 from gpupool.core.regioncache cimport rc_own, rc_freed_into
 from gpupool.core.state cimport PoolState
+from gpupool.core.tagged cimport tg_free
 from gpupool.core.streamorder cimport so_event
 from gpupool.upstream.base cimport Upstream
 
@@ -21,6 +22,9 @@ cdef inline void ps_free_locked(PoolState* st, Upstream up, Block* b,
     cdef size_t i, size = b.size
     cdef uintptr_t e
     cdef bint ordered = True
+    if b.tag:
+        tg_free(st, up, b, s)           # its tag's segment keeps it (core/tagged.pxd)
+        return
     if hist_on(st.segments.recording[0]):
         hist_free(st.segments.device, st.segments.pool_id, b.ptr, size, s.handle)
     b.stream = s

@@ -221,6 +221,8 @@ cdef inline void sg_release_all(PoolState* st, Upstream up) noexcept nogil:
     cdef bint unmapped
     while sg.head != NULL:
         seg = sg.head
+        if seg.asleep:
+            seg.nbytes = 0              # a sleeping tag's: no page is mapped
         b = seg.first
         start = seg.base
         unmapped = True

@@ -6,7 +6,7 @@ from libc.stdint cimport uintptr_t
 from libcpp.algorithm cimport sort
 from libcpp.pair cimport pair
 from libcpp.vector cimport vector
-from gpupool.records.block cimport Block, HELD
+from gpupool.records.block cimport Block, HELD, LIVE
 from gpupool.records.counters cimport Counters, count_acquired
 from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.magazine cimport (
@@ -268,6 +268,17 @@ cdef inline bint mp_sweep(PoolState* st, bint exited_only) noexcept nogil:
         m.mutex.unlock()
         k += 1
     return moved
+
+
+cdef inline void mp_hand_out(PoolState* st, Block* b, StreamKey s, bint grew) noexcept nogil:
+    """Under the pool's lock: block b, cut for a request on s by the shared path, is live;
+    a cache miss when the pool grew for it, else a hit."""
+    b.state = LIVE
+    b.stream = s
+    if grew:
+        st.counters.cache_misses += 1
+    else:
+        st.counters.cache_hits += 1
 
 
 cdef inline void mp_count_taken(PoolState* st, size_t size) noexcept nogil:

@@ -16,7 +16,7 @@ from libc.stdint cimport uintptr_t, SIZE_MAX
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.driver.calls cimport fork_flag
-from gpupool.driver.status cimport GP_REENTRANT, GP_FORKED
+from gpupool.driver.status cimport GP_REENTRANT, GP_FORKED, GP_ASLEEP
 from gpupool.records.block cimport Block, Segment, LIVE, UNMAPPED
 from gpupool.records.counters cimport Counters
 from gpupool.records.ptrtable cimport pt_insert
@@ -75,6 +75,7 @@ cdef bint MAGAZINES = os.environ.get("GPUPOOL_MAGAZINES", "").strip() != "0"
 
 
 include "regionstack.pxi"
+include "tagging.pxi"
 
 
 cdef class Pool(PoolBase):
@@ -198,6 +199,8 @@ cdef class Pool(PoolBase):
             raise GpupoolError(FORK_MESSAGE)
         if status == GP_REENTRANT:
             raise GpupoolError("the pool was used from inside its own upstream call")
+        if status == GP_ASLEEP:
+            raise asleep_error(gp_this_thread().tag)
         self.upstream.raise_error(status, "allocate")
 
     cdef object _oom_error(self, size_t nbytes):

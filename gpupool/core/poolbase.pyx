@@ -5,7 +5,8 @@ maintains that state (statistics, the consistency check, ``trim``, ``merge_strea
 limits). ``Pool`` (core/pool.pyx) adds the requests and frees and the operations the layers
 above call."""
 from libcpp.vector cimport vector
-from gpupool.records.block cimport Block
+from libc.stdint cimport uintptr_t
+from gpupool.records.block cimport Block, Segment, LIVE
 from gpupool.driver.calls cimport fork_flag
 from gpupool.core.freelist cimport fl_each
 from gpupool.core.magpool cimport mp_reap, mp_flush_all, mp_counters_view, mp_reset_peaks
@@ -20,12 +21,20 @@ from gpupool.core.lock cimport ps_lock
 from gpupool.core.free cimport ps_unlock
 from gpupool.history.ring cimport register_pool, hist_flush_log
 from gpupool.core.oom cimport oom_note_total
+from gpupool.core.growexpand cimport sg_map
+from gpupool.core.segments cimport sg_note
+from gpupool.core.tagged cimport tg_segment, tg_sleep_counts
+from gpupool.history.ring cimport ACT_SEGMENT_UNMAP
+from gpupool.upstream.base cimport Upstream, DEVICE_TO_HOST, DEVICE_TO_PINNED, HOST_TO_DEVICE
+from cpython.bytearray cimport PyByteArray_AS_STRING
+from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 
 import logging
 
 from gpupool.core.upstreams import make_upstream
 from gpupool.driver.ordinals import check_ordinal
-from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
+from gpupool.core.tags import tag_ids, tag_name
+from gpupool.errors import FORK_MESSAGE, GpupoolError, OutOfMemoryError, not_picklable
 from gpupool.limits import resolve_limits
 from gpupool.stats import PoolStats, torch_memory_stats
 from gpupool.upstream.python import PythonUpstream
@@ -46,11 +55,58 @@ def size_class(nbytes):
     return round_request(check_nbytes(nbytes))
 
 
+cdef int copy_out(Upstream up, Segment* seg, list held, list copies) except? -1:
+    """With the pool's lock: copy the live blocks of sleeping segment seg to host memory, one
+    page-locked chunk of the upstream's (host_alloc) for them all, copied into without a wait
+    and synchronized once; where the upstream has none (or refuses), one bytearray a block.
+    copies gets (device pointer, host address, bytes) per block, held what keeps the host
+    memory (the chunk's address, or the bytearrays: release_host gives a chunk back).
+    Returns a status code."""
+    cdef Block* b = seg.first
+    cdef size_t total = 0
+    cdef uintptr_t chunk = 0, host
+    cdef bytearray buf
+    cdef int r = 0
+    while b != NULL:
+        total += b.size if b.state == LIVE else 0
+        b = b.seg_next
+    if total and up.host_alloc(total, &chunk) != 0:
+        up.clear_error()
+        chunk = 0
+    if chunk:
+        held.append(chunk)
+    b = seg.first
+    while b != NULL and r == 0:
+        if b.state == LIVE:
+            if chunk:
+                host = chunk
+                chunk += b.size
+                r = up.copy(DEVICE_TO_PINNED, host, b.ptr, b.size, 0)
+            else:
+                buf = bytearray(b.size)
+                held.append(buf)
+                host = <uintptr_t>PyByteArray_AS_STRING(buf)
+                r = up.copy(DEVICE_TO_HOST, host, b.ptr, b.size, 0)
+            copies.append((b.ptr, host, b.size))
+        b = b.seg_next
+    return r if r else up.synchronize()
+
+
+cdef void release_host(Upstream up, list held):
+    """Give back the host memory copy_out took (its page-locked chunk; bytearrays go with
+    the list)."""
+    for item in held:
+        if type(item) is int and up.host_free(<uintptr_t>item) != 0:
+            up.clear_error()            # (the chunk stays with the upstream)
+    held.clear()
+
+
 cdef class PoolBase(BlockOwner):
     """A pool's state, construction and upkeep; see ``Pool`` for its arguments."""
 
     def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None):
         cdef size_t free = 0, total = 0
+        self._offloaded = {}
         self.upstream = make_upstream(check_ordinal(device), upstream)
         self.device = self._st.segments.device = self.upstream.device
         self._st.segments.hard_limit, self._st.soft_limit = resolve_limits(
@@ -90,6 +146,8 @@ cdef class PoolBase(BlockOwner):
             if self.upstream.synchronize() != 0:
                 self.upstream.clear_error()
         sg_release_all(&self._st, self.upstream)
+        for held, _ in (self._offloaded or {}).values():
+            release_host(self.upstream, held)       # page-locked chunks of sleeping tags
         for i in range(self._st.order.events.size()):
             self.upstream.event_destroy(self._st.order.events[i])
         self.upstream.clear_error()         # at the end nothing reports a failure
@@ -235,6 +293,150 @@ cdef class PoolBase(BlockOwner):
                       released, self.device, reserved)
         self.upstream.raise_error(r, "trim")
         return released
+
+    def sleep(self, tags, offload=False):
+        """Give the physical memory of tagged blocks back, keeping their addresses.
+
+        For each tag (``gpupool.tag``): the device is synchronized (``cuCtxSynchronize``:
+        every stream's work on the tag's blocks is done; a stream being captured into a
+        CUDA graph must not be), with ``offload`` the bytes of the tag's live blocks are
+        copied to host memory, then every page of the tag's segment (live blocks and its
+        free space) is unmapped and released; its range of address space stays reserved.
+        Buffers keep their objects and pointers; reading, writing or exporting one raises
+        ``SleepingMemoryError`` until ``wake``, and so does an allocation with the tag.
+        Untagged memory and other tags' are untouched. A tag already asleep, or with no
+        memory, is skipped.
+
+        Parameters
+        ----------
+        tags : str or iterable of str
+            The tags to put to sleep.
+        offload : bool
+            Keep the live blocks' bytes (copied to host memory, restored by ``wake``); False
+            discards them (activations, KV caches).
+
+        Raises
+        ------
+        GpupoolError
+            The upstream is not expandable: sleep needs ``Pool(upstream="vmm")``.
+        CudaError
+            The synchronize, a copy or the unmap failed: the tag stays awake, its bytes kept.
+        """
+        ids = self._tag_targets(tags)
+        for tid in ids:
+            self._sleep_one(tid, offload)
+
+    def wake(self, tags):
+        """Map new physical memory for sleeping tags at the same addresses.
+
+        For each sleeping tag: its segment's pages are mapped again (at the addresses
+        they had), the bytes ``sleep(offload=True)`` kept are copied back, and the device is
+        synchronized, so the memory is usable on any stream when this returns. Contents
+        not offloaded are undefined (not zeroed). A tag that is awake is skipped.
+
+        Parameters
+        ----------
+        tags : str or iterable of str
+            The tags to wake.
+
+        Raises
+        ------
+        OutOfMemoryError, CudaError
+            The pages could not be mapped (the tag stays asleep, its host bytes kept) or the
+            copies failed (the tag is awake, its offloaded bytes lost).
+        GpupoolError
+            The upstream is not expandable.
+        """
+        for tid in self._tag_targets(tags):
+            self._wake_one(tid)
+
+    cdef bint block_asleep(self, Block* blk) noexcept nogil:
+        """Whether live block blk's pages are unmapped (its tag sleeps); read without the
+        lock: a buffer's check before its own copies and exports (sleep and wake must not
+        race with the buffer's use, as any free must not)."""
+        return blk.segment.asleep
+
+    def _tag_targets(self, tags):
+        if FORKED[0]:
+            raise GpupoolError(FORK_MESSAGE)
+        if not self.upstream.expandable:
+            raise GpupoolError(
+                f"sleep and wake need an expandable upstream, whose pages can be unmapped at "
+                f"fixed addresses: make the pool with gpupool.Pool(upstream='vmm') (this one's "
+                f"upstream is {self.upstream!r})")
+        return tag_ids(tags)
+
+    def _sleep_one(self, int tid, bint offload):
+        cdef Segment* seg
+        cdef Upstream up = self.upstream
+        cdef int r = 0
+        cdef str what = "synchronize"
+        held, copies = [], []
+        ps_lock(&self._st)
+        try:
+            seg = tg_segment(&self._st.segments, tid)
+            if seg == NULL or seg.asleep:
+                return
+            r = up.synchronize()
+            if offload and r == 0:
+                what = "copy to the host"
+                r = copy_out(up, seg, held, copies)
+            if r == 0 and seg.nbytes:
+                what = "unmap"
+                r = up.unmap(seg.base, seg.nbytes)
+            if r == 0:
+                tg_sleep_counts(&self._st, seg, True)
+                seg.asleep = True
+                sg_note(&self._st.segments, ACT_SEGMENT_UNMAP, seg.base, seg.nbytes, seg.stream)
+                self._st.counters.offloaded += sum(n for _, _, n in copies)
+                self._offloaded[tid] = (held, copies)
+        finally:
+            ps_unlock(&self._st, up)
+        try:
+            up.raise_error(r, f"sleep ({what})")
+        finally:
+            if r != 0:
+                release_host(up, held)      # after the error is taken: it clears its own
+
+    def _wake_one(self, int tid):
+        cdef Segment* seg
+        cdef Upstream up = self.upstream
+        cdef uintptr_t ptr, host
+        cdef size_t n
+        cdef int r = 0
+        cdef str what = "map"
+        held = []
+        ps_lock(&self._st)
+        try:
+            seg = tg_segment(&self._st.segments, tid)
+            if seg == NULL or not seg.asleep:
+                return
+            if seg.nbytes:
+                r = sg_map(&self._st, up, seg.base, seg.nbytes, seg.stream)
+            if r == 0:
+                seg.asleep = False
+                tg_sleep_counts(&self._st, seg, False)
+                held, copies = self._offloaded.pop(tid, ([], []))
+                self._st.counters.offloaded -= sum(n for _, _, n in copies)
+                what = "copy from the host"
+                for ptr, host, n in copies:
+                    if r == 0:
+                        r = up.copy(HOST_TO_DEVICE, ptr, host, n, 0)
+                if r == 0:
+                    what = "synchronize"
+                    r = up.synchronize()
+        finally:
+            ps_unlock(&self._st, up)
+        try:
+            if r == CUDA_ERROR_OUT_OF_MEMORY and what == "map":
+                raise OutOfMemoryError(
+                    f"wake of tag {tag_name(tid)!r}: {seg.nbytes} B could not be mapped (out "
+                    f"of memory, or over the hard limit); the tag stays asleep",
+                    requested_bytes=seg.nbytes)
+            up.raise_error(r, f"wake ({what})")
+        finally:
+            if what != "map":
+                release_host(up, held)      # after the error is taken: it clears its own
 
     def mem_info(self):
         """``(free, total)`` bytes of the device (``cuMemGetInfo``)."""

@@ -64,7 +64,7 @@ def _snapshot_of(Pool pool, dict cache):
         open_row = NO_ROW
         b = seg.first
         while b != NULL:
-            if b.state == UNMAPPED:
+            if b.state == UNMAPPED or seg.asleep:       # no memory (a sleeping tag's too)
                 open_row = NO_ROW
                 b = b.seg_next
                 continue

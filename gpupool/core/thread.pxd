@@ -1,4 +1,5 @@
-# The calling thread's state (src/gp_thread.h): its stack of entered regions and its magazines,
+# The calling thread's state (src/gp_thread.h): its stack of entered regions, its current tag
+# (gpupool.tag) and its magazines,
 # fetched once per call. Its thread-local variables are static in the header: only
 # core/pool.pyx's module may call these functions (and the .pxd files that only it cimports:
 # core/fastpath.pxd, core/acquire.pxd), or a thread would have one state per module.
@@ -22,6 +23,7 @@ cdef extern from "gp_thread.h" nogil:
         void* entries[64]
     struct gp_thread:
         gp_region_stack regions
+        int tag                 # the current gpupool.tag's id; 0: none
         gp_thread_magazine magazines[8]
     gp_thread* gp_this_thread()
     void (*gp_magazine_exit_hook)(void*) noexcept nogil

@@ -1,7 +1,7 @@
 # The pool's consistency check and diagnostics (for tests and tools): functions of the pool's
 # state, run under the pool's lock (Pool._verify, Pool._magazines_info, Pool._sweep_counts).
 from libc.stdint cimport uintptr_t
-from gpupool.records.block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED, HELD
+from gpupool.records.block cimport Block, Segment, LIVE, FREE, PARKED, UNMAPPED, HELD, TAGGED
 from gpupool.core.magazine cimport Magazine
 from gpupool.core.magpool cimport mp_reap, mp_counters_view
 from gpupool.core.regioncache cimport RegionCache
@@ -18,7 +18,7 @@ cdef inline list ps_verify(PoolState* st):
     cdef Block* prev
     cdef uintptr_t pos
     cdef size_t live = 0, idle = 0, mapped = 0, nfree = 0, nparked = 0, nheld = 0, holes
-    cdef size_t magazine_blocks = 0
+    cdef size_t magazine_blocks = 0, asleep = 0
     cdef size_t i
     cdef RegionCache* rc
     problems, tagged, counted = [], {}, {}
@@ -30,9 +30,16 @@ cdef inline list ps_verify(PoolState* st):
             if b.ptr != pos or b.seg_prev != prev or b.segment != seg:
                 problems.append(f"segment {seg.base:#x}: block {b.ptr:#x} out of place")
                 break
-            if b.state == LIVE:
+            if b.tag != seg.tag or (seg.tag and b.state != LIVE and b.state != TAGGED):
+                problems.append(f"segment {seg.base:#x} (tag {seg.tag}): block {b.ptr:#x} "
+                                f"of tag {b.tag}, state {b.state}")
+            if b.state == LIVE and seg.asleep:
+                asleep += b.size
+            elif b.state == LIVE:
                 live += b.size
-            elif b.state == FREE or b.state == PARKED or b.state == HELD:
+            elif seg.asleep:
+                pass                    # a sleeping tag's free block: no memory
+            elif b.state == FREE or b.state == PARKED or b.state == HELD or b.state == TAGGED:
                 idle += b.size
                 nfree += b.state == FREE
                 nparked += b.state == PARKED
@@ -48,7 +55,7 @@ cdef inline list ps_verify(PoolState* st):
         if seg.last != prev or pos != seg.base + seg.nbytes:
             problems.append(f"segment {seg.base:#x}: its blocks end at {pos:#x}, "
                             f"it at {seg.base + seg.nbytes:#x}")
-        mapped += seg.nbytes - holes
+        mapped += 0 if seg.asleep else seg.nbytes - holes
         seg = seg.next
     c = mp_counters_view(st)
     for i in range(st.magazines.size()):
@@ -61,6 +68,8 @@ cdef inline list ps_verify(PoolState* st):
     if (c.reserved, c.cached, c.in_use) != (mapped, idle, live):
         problems.append(f"counters reserved/cached/in use {c.reserved}/{c.cached}/"
                         f"{c.in_use}, blocks {mapped}/{idle}/{live}")
+    if c.asleep != asleep:
+        problems.append(f"counter asleep {c.asleep}, sleeping blocks {asleep}")
     if nfree != st.free.nblocks or nparked != <size_t>st.nparked:
         problems.append(f"{nfree} free and {nparked} parked blocks, lists hold "
                         f"{st.free.nblocks} and {st.nparked}")

@@ -26,6 +26,8 @@ cdef CUresult mem_free(CUdeviceptr ptr) noexcept nogil
 cdef CUresult mem_get_info(size_t* free, size_t* total) noexcept nogil
 cdef CUresult memcpy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream s) noexcept nogil
 cdef CUresult memcpy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream s) noexcept nogil
+cdef CUresult mem_host_alloc(void** ptr, size_t nbytes) noexcept nogil
+cdef CUresult mem_free_host(void* ptr) noexcept nogil
 cdef CUresult memcpy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) noexcept nogil
 cdef CUresult memset_d8(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) noexcept nogil
 cdef CUresult stream_synchronize(CUstream s) noexcept nogil

@@ -66,6 +66,8 @@ ctypedef CUresult (*fn_info)(size_t*, size_t*) noexcept nogil
 ctypedef CUresult (*fn_htod)(CUdeviceptr, const void*, size_t, CUstream) noexcept nogil
 ctypedef CUresult (*fn_dtoh)(void*, CUdeviceptr, size_t, CUstream) noexcept nogil
 ctypedef CUresult (*fn_dtod)(CUdeviceptr, CUdeviceptr, size_t, CUstream) noexcept nogil
+ctypedef CUresult (*fn_host_alloc)(void**, size_t, unsigned int) noexcept nogil
+ctypedef CUresult (*fn_host_free)(void*) noexcept nogil
 ctypedef CUresult (*fn_memset)(CUdeviceptr, unsigned char, size_t, CUstream) noexcept nogil
 ctypedef CUresult (*fn_stream)(CUstream) noexcept nogil
 ctypedef CUresult (*fn_wait)(CUstream, CUevent, unsigned int) noexcept nogil
@@ -177,6 +179,13 @@ cdef CUresult memcpy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream s
 
 cdef CUresult memcpy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream s) noexcept nogil:
     return _result((<fn_dtoh>cydriver.cuMemcpyDtoHAsync)(dst, src, n, s))
+
+cdef CUresult mem_host_alloc(void** ptr, size_t nbytes) noexcept nogil:
+    """Page-locked host memory of the current context (cuMemHostAlloc, no flags)."""
+    return _result((<fn_host_alloc>cydriver.cuMemHostAlloc)(ptr, nbytes, 0))
+
+cdef CUresult mem_free_host(void* ptr) noexcept nogil:
+    return _result((<fn_host_free>cydriver.cuMemFreeHost)(ptr))
 
 cdef CUresult memcpy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) noexcept nogil:
     return _result((<fn_dtod>cydriver.cuMemcpyDtoDAsync)(dst, src, n, s))

@@ -10,4 +10,5 @@ cdef extern from "gpupool_status.h" nogil:
         GP_NO_DRIVER
         GP_PY_ERROR
         GP_REENTRANT
+        GP_ASLEEP
         GP_FORKED

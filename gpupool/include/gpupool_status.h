@@ -23,6 +23,7 @@ enum {
     GP_NO_DRIVER = 100000,               /* libcuda or a driver symbol could not be loaded */
     GP_PY_ERROR = 100001,                /* a Python upstream raised; the exception is kept */
     GP_REENTRANT = 100002,               /* the pool was entered again by its lock's holder */
+    GP_ASLEEP = 100005,                  /* a request with a tag whose memory sleeps */
     GP_FORKED = GPUPOOL_ERROR_FORKED
 };
 

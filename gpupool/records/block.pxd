@@ -14,6 +14,7 @@ cdef enum BlockState:
     UNMAPPED = 3        # an expandable segment's pages given back: no memory behind it
     PARKED = 4          # freed last, held aside unjoined for a request of its exact size
     HELD = 5            # in a thread's magazine (core/magazine.pxd): free, not in the free lists
+    TAGGED = 6          # free in a tag's segment (core/tagged.pxd): not in the free lists
 
 cdef struct Segment:
     uintptr_t base
@@ -24,6 +25,8 @@ cdef struct Segment:
     Block* last
     Segment* next       # the pool's segments
     gp_ipc_slot* ipc    # its CUDA IPC export slot (ipc/share.pyx); NULL: never exported
+    int tag             # a tag's segment (core/tagged.pxd): the tag's id; 0: none
+    bint asleep         # a tag's segment whose pages are unmapped (Pool.sleep)
 
 # A block's place in its region (core/regioncache.pxd keeps it). While the block is live: the
 # region it was allocated in and returns to, and that region's list of live blocks. While it
@@ -42,6 +45,7 @@ cdef struct Block:
     size_t size                     # bytes (a multiple of 512)
     int cls                         # free: the size class it is binned in
     BlockState state
+    int tag                         # its segment's tag (core/tagged.pxd); 0: untagged
     Segment* segment
     Block* seg_prev                 # address neighbours in its segment; NULL: none
     Block* seg_next

@@ -18,6 +18,8 @@ cdef struct Counters:
     size_t num_ooms
     size_t allocated_bytes      # cumulative, as PyTorch's allocated_bytes.all.allocated
     size_t freed_bytes
+    size_t asleep               # bytes of live blocks of sleeping tags (pages unmapped)
+    size_t offloaded            # bytes of sleeping blocks copied to host memory
 
 
 cdef inline void add_with_peak(size_t* value, size_t* peak, size_t nbytes) noexcept nogil:

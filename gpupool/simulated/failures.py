@@ -17,7 +17,7 @@ OUT_OF_MEMORY_CALLS = frozenset({"alloc", "reserve", "create", "map"})
 CALLS = OUT_OF_MEMORY_CALLS | frozenset({
     "set_access", "free", "unmap", "unreserve", "trim", "mem_info",
     "event_create", "event_destroy", "event_record", "event_query", "stream_wait_event",
-    "synchronize", "stream_capturing", "stream_id", "copy", "memset",
+    "synchronize", "stream_capturing", "stream_id", "copy", "memset", "host_alloc", "host_free",
     "ipc_export", "ipc_open", "ipc_close", "ipc_event_create", "ipc_event_record",
     "ipc_event_destroy", "ipc_wait",
 })

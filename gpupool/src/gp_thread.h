@@ -1,6 +1,6 @@
 /* The calling thread's state that the pool reads on every allocation, in one thread-local
  * struct so that the hot path fetches it once: its stack of entered regions
- * (gp_region_stack.h) and its magazines (gp_magazine.h), one per pool it has freed into, found
+ * (gp_region_stack.h), its current tag (gpupool.tag) and its magazines (gp_magazine.h), one per pool it has freed into, found
  * by the pool's address. The struct is plain data (reading it costs no initialization check);
  * a second thread-local object, touched only when a magazine is made, hands the thread's
  * magazines to gp_magazine_exit_hook when the thread exits. The thread-local variables are
@@ -14,6 +14,8 @@
 
 struct gp_thread {
     gp_region_stack regions;
+    int tag;        /* the current gpupool.tag's id (core/tagged.pxd), 0: none; on the cache
+                       line of magazines[0], which the fast path reads next */
     gp_thread_magazine magazines[GP_THREAD_POOLS];
 };
 

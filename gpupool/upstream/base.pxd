@@ -10,6 +10,7 @@ cdef enum CopyKind:
     HOST_TO_DEVICE = 1
     DEVICE_TO_HOST = 2
     DEVICE_TO_DEVICE = 3
+    DEVICE_TO_PINNED = 4        # into host_alloc's memory, not waited for (synchronize)
 
 cdef class Upstream:
     cdef readonly int device
@@ -42,6 +43,8 @@ cdef class Upstream:
     cdef int memset(self, uintptr_t dst, unsigned char value, size_t nbytes,
                     uintptr_t stream) noexcept nogil
     cdef int mem_info(self, size_t* free, size_t* total) noexcept nogil
+    cdef int host_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil
+    cdef int host_free(self, uintptr_t ptr) noexcept nogil
     cdef int stream_id(self, uintptr_t stream, unsigned long long* out) noexcept nogil
     cdef int stream_capturing(self, uintptr_t stream, bint* out) noexcept nogil
 

@@ -10,7 +10,7 @@ code (0, a CUresult, or GP_PY_ERROR) and never raises, so the pool can call it u
 (virtual memory pages), ``python`` (Python methods, such as ``gpupool.testing.SimulatedDevice``).
 """
 from libc.stdint cimport uintptr_t
-from cuda.bindings.cydriver cimport CUresult
+from cuda.bindings.cydriver cimport CUresult, CUDA_ERROR_NOT_SUPPORTED
 from gpupool.driver cimport calls as drv
 
 from gpupool.errors import GpupoolError, IpcError
@@ -96,6 +96,15 @@ cdef class Upstream:
     cdef int memset(self, uintptr_t dst, unsigned char value, size_t nbytes,
                     uintptr_t stream) noexcept nogil:
         return GP_PY_ERROR
+
+    cdef int host_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
+        """Host memory the device copies into and from at full speed (page-locked), for
+        Pool.sleep's offload; CUDA_ERROR_NOT_SUPPORTED: none (the pool uses its own)."""
+        return CUDA_ERROR_NOT_SUPPORTED
+
+    cdef int host_free(self, uintptr_t ptr) noexcept nogil:
+        """Give back host_alloc's memory."""
+        return CUDA_ERROR_NOT_SUPPORTED
 
     cdef int mem_info(self, size_t* free, size_t* total) noexcept nogil:
         return GP_PY_ERROR

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """A device's primary context and the driver's device work on it: events, stream waits,
-copies, memory queries and stream identity. The driver upstreams derive from it and add a
-memory source (``gpupool.upstream.driver``, ``mempool``, ``vmm``).
+copies, page-locked host memory, memory queries and stream identity. The driver upstreams
+derive from it and add a memory source (``gpupool.upstream.driver``, ``mempool``, ``vmm``).
 
 Every call runs with the device's primary context current and restores the caller's, so a
 block freed on another thread, or with another device current, goes back with its own context.
@@ -11,7 +11,7 @@ from cuda.bindings.cydriver cimport (
     CUresult, CUcontext, CUdevice, CUstream, CUevent, CUdeviceptr, CUDA_SUCCESS,
 )
 from gpupool.driver cimport calls as drv
-from gpupool.upstream.base cimport CopyKind, HOST_TO_DEVICE, DEVICE_TO_HOST
+from gpupool.upstream.base cimport CopyKind, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_PINNED
 
 # Per thread, the stream ID last seen for a few stream handles (see DriverDevice.stream_id).
 cdef extern from *:
@@ -119,9 +119,21 @@ cdef class DriverDevice(Upstream):
             r = drv.memcpy_dtoh(<void*>dst, <CUdeviceptr>src, nbytes, s)
             if r == 0:
                 r = drv.stream_synchronize(s)
+        elif kind == DEVICE_TO_PINNED:
+            r = drv.memcpy_dtoh(<void*>dst, <CUdeviceptr>src, nbytes, s)     # (the caller waits)
         else:
             r = drv.memcpy_dtod(<CUdeviceptr>dst, <CUdeviceptr>src, nbytes, s)
         return self.restore_current(prev, r)
+
+    cdef int host_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
+        cdef void* prev = NULL
+        cdef int r = self.make_current(&prev)
+        return r if r else self.restore_current(prev, drv.mem_host_alloc(<void**>ptr, nbytes))
+
+    cdef int host_free(self, uintptr_t ptr) noexcept nogil:
+        cdef void* prev = NULL
+        cdef int r = self.make_current(&prev)
+        return r if r else self.restore_current(prev, drv.mem_free_host(<void*>ptr))
 
     cdef int memset(self, uintptr_t dst, unsigned char value, size_t nbytes,
                     uintptr_t stream) noexcept nogil:

@@ -3,7 +3,9 @@
 (``gpupool.testing.SimulatedDevice`` is one).
 """
 from libc.stdint cimport uintptr_t
-from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_READY
+from cuda.bindings.cydriver cimport (
+    CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_SUPPORTED,
+)
 from gpupool.driver.status cimport GP_PY_ERROR
 from gpupool.upstream.base cimport CopyKind
 
@@ -30,9 +32,12 @@ cdef class PythonUpstream(Upstream):
     ``_event_record(event, stream)``, ``_event_query(event) -> bool``,
     ``_stream_wait_event(stream, event)``, ``_synchronize()``,
     ``_copy(kind, dst, src, nbytes, stream)`` (kind: 1 host to device, 2 device to host,
-    3 device to device), ``_memset(dst, value, nbytes, stream)`` and
+    3 device to device, 4 device to ``_host_alloc``'s memory), ``_memset(dst, value, nbytes, stream)`` and
     ``_mem_info() -> (free, total)``, ``_stream_id(stream) -> int``, ``_trim()`` and
-    ``_stream_capturing(stream) -> bool`` (optional: without it, never); an
+    ``_stream_capturing(stream) -> bool`` (optional: without it, never),
+    ``_host_alloc(nbytes) -> int`` and ``_host_free(ptr)`` (optional: page-locked host memory
+    for ``Pool.sleep``'s offload, kind 4 of ``_copy`` copies into it; without them the pool
+    uses its own); an
     expandable one (``_set_expandable``) also ``_reserve() -> int``, ``_unreserve(va)``,
     ``_map(va, nbytes)`` (raise ``MemoryError`` when out of memory) and ``_unmap(va,
     nbytes)``. Exceptions other than ``MemoryError`` reach the caller of the pool operation
@@ -164,6 +169,18 @@ cdef class PythonUpstream(Upstream):
                     uintptr_t stream) noexcept nogil:
         with gil:
             return self._call("_memset", (dst, value, nbytes, stream), NULL, NULL)
+
+    cdef int host_alloc(self, size_t nbytes, uintptr_t* ptr) noexcept nogil:
+        with gil:
+            if not hasattr(self, "_host_alloc"):
+                return CUDA_ERROR_NOT_SUPPORTED
+            return self._call("_host_alloc", (nbytes,), ptr, NULL)
+
+    cdef int host_free(self, uintptr_t ptr) noexcept nogil:
+        with gil:
+            if not hasattr(self, "_host_free"):
+                return CUDA_ERROR_NOT_SUPPORTED
+            return self._call("_host_free", (ptr,), NULL, NULL)
 
     cdef int mem_info(self, size_t* free, size_t* total) noexcept nogil:
         cdef uintptr_t f = 0
