@@ -16,6 +16,7 @@ when an allocator is made, not when this module is.
 import gpupool
 from gpupool.adapters.cupy_allocator import CupyAllocator
 from gpupool.core.pool import Pool
+from gpupool.errors import import_extra
 
 __all__ = ["allocator"]
 
@@ -55,13 +56,7 @@ def allocator(pool=None):
     """
     if pool is not None and not isinstance(pool, Pool):
         raise TypeError(f"pool must be a gpupool.Pool or None, got {type(pool).__name__}")
-    try:
-        import cupy
-    except ModuleNotFoundError as exc:
-        if exc.name != "cupy":
-            raise
-        raise ImportError("gpupool.cupy needs CuPy for CUDA 13: pip install 'gpupool[cupy]' "
-                          "(or pip install cupy-cuda13x)") from exc
+    cupy = import_extra("cupy", "cupy", "CuPy for CUDA 13", "cupy-cuda13x")
 
     instance = CupyAllocator(
         pool,

@@ -27,6 +27,38 @@ FORK_MESSAGE = (
     "fork before the parent's first use of gpupool")
 
 
+def import_extra(module, extra, needs, package):
+    """``importlib.import_module(module)``, or, where the framework it needs is missing, an
+    ImportError that names gpupool's extra for it.
+
+    Parameters
+    ----------
+    module : str
+        The module to import (``"cupy"``, ``"gpupool.adapters.numba_manager"``...).
+    extra : str
+        gpupool's extra and adapter that need it (``"cupy"``, ``"torch"``, ``"numba"``...).
+    needs : str
+        What the adapter needs, in words (``"CuPy for CUDA 13"``).
+    package : str
+        The framework's own distribution (``"cupy-cuda13x"``), named after the extra.
+
+    Raises
+    ------
+    ImportError
+        ``gpupool.{extra} needs {needs}: pip install 'gpupool[{extra}]' (or pip install
+        {package})``, from the ModuleNotFoundError of the framework itself (the extra's name is
+        the framework's top-level module); a missing module of anything else propagates."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != extra:
+            raise
+        raise ImportError(f"gpupool.{extra} needs {needs}: pip install 'gpupool[{extra}]' "
+                          f"(or pip install {package})") from exc
+
+
 def not_picklable(what, instead):
     """The TypeError raised when pickling or copying ``what`` (a pool, a region), which holds
     this process's device memory; ``instead`` says what to do."""

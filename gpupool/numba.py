@@ -19,6 +19,8 @@ Numba is imported when the class is first asked for (``gpupool.numba.GpupoolNumb
 
 from typing import TYPE_CHECKING
 
+from gpupool.errors import import_extra
+
 if TYPE_CHECKING:                    # at run time the class comes from __getattr__, lazily
     pass
 
@@ -70,12 +72,5 @@ def __dir__():
 
 
 def _manager_class():
-    try:
-        from gpupool.adapters.numba_manager import GpupoolNumbaManager
-    except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.split(".")[0] != "numba":
-            raise
-        raise ImportError(
-            "gpupool.numba needs Numba's CUDA target: pip install 'gpupool[numba]' "
-            "(or pip install numba-cuda)") from exc
-    return GpupoolNumbaManager
+    return import_extra("gpupool.adapters.numba_manager", "numba", "Numba's CUDA target",
+                        "numba-cuda").GpupoolNumbaManager

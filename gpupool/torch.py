@@ -95,7 +95,7 @@ import warnings
 
 import gpupool
 from gpupool.adapters import torch_entry
-from gpupool.errors import GpupoolError, NoDeviceError
+from gpupool.errors import GpupoolError, NoDeviceError, import_extra
 
 # OutOfMemoryError subclasses torch's: module __getattr__ makes it on first access.
 __all__ = [  # noqa: F822
@@ -149,13 +149,7 @@ def _oom_type():
 
 def _cuda_torch():
     """``torch``, once it has CUDA and sees a device; NoDeviceError otherwise."""
-    try:
-        import torch
-    except ModuleNotFoundError as exc:
-        if exc.name != "torch":
-            raise
-        raise ImportError("gpupool.torch needs PyTorch with CUDA: pip install 'gpupool[torch]' "
-                          "(or pip install torch)") from exc
+    torch = import_extra("torch", "torch", "PyTorch with CUDA", "torch")
 
     if not torch.backends.cuda.is_built():
         raise NoDeviceError(

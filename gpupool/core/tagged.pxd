@@ -40,7 +40,8 @@ cdef inline bint tg_fits(Block* b, size_t size, StreamKey s) noexcept nogil:
             and (same_stream(b.stream, s) or is_no_stream(b.stream)))
 
 
-cdef inline int tg_grow(PoolState* st, Upstream up, Segment** segp, size_t size, int tag) noexcept nogil:
+cdef inline int tg_grow(PoolState* st, Upstream up, Segment** segp, size_t size,
+                        int tag) noexcept nogil:
     """Map pages at the end of tag's segment (reserving its range first) so that its last
     block, free, holds size bytes; the segment goes to segp. Returns 0 or a status code."""
     cdef Segments* sg = &st.segments

@@ -66,5 +66,6 @@ def tag_name(tag):
 
 def asleep_error(tag):
     """The SleepingMemoryError of a request made with tag id ``tag`` while that tag sleeps."""
-    return SleepingMemoryError(f"the memory of tag {tag_name(tag)!r} sleeps (Pool.sleep): wake it with "
-            f"pool.wake({tag_name(tag)!r}) before allocating with this tag")
+    name = tag_name(tag)
+    return SleepingMemoryError(f"the memory of tag {name!r} sleeps (Pool.sleep): wake it with "
+                               f"pool.wake({name!r}) before allocating with this tag")

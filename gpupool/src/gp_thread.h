@@ -1,7 +1,7 @@
 /* The calling thread's state that the pool reads on every allocation, in one thread-local
  * struct so that the hot path fetches it once: its stack of entered regions
- * (gp_region_stack.h), its current tag (gpupool.tag) and its magazines (gp_magazine.h), one per pool it has freed into, found
- * by the pool's address. The struct is plain data (reading it costs no initialization check);
+ * (gp_region_stack.h), its current tag (gpupool.tag) and its magazines (gp_magazine.h), one
+ * per pool it has freed into, found by the pool's address. The struct is plain data (reading it costs no initialization check);
  * a second thread-local object, touched only when a magazine is made, hands the thread's
  * magazines to gp_magazine_exit_hook when the thread exits. The thread-local variables are
  * static: only core/pool.pyx's module may call these functions (core/thread.pxd says so), so

@@ -5,7 +5,8 @@ memory a long run settles at can be above their peak (Note [Excess on checkpoint
 A free of an id not live is skipped and an id still live is not allocated again. At each
 repetition's start the last step's tails (its gradients, freed in the step that would follow)
 stay live for good, so the replay's own floor (the most bytes live at once, printed) is above
-the trace's; compare policies on the same replay, and each with that floor. Run from the repository root::
+the trace's; compare policies on the same replay, and each with that floor. Run from the
+repository root::
 
     PYTHONPATH=$PWD python tools/profile/long_replay.py TRACE PASSES    # TRACE: gpt2-ckpt ...
 """
