@@ -8,7 +8,7 @@
 from libc.stdint cimport uintptr_t
 from gpupool.driver.status cimport (   # the status codes (gpupool_status.h, included by gpupool.h)
     GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE, GPUPOOL_ERROR_OUT_OF_MEMORY,
-    GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL,
+    GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GPUPOOL_ERROR_ASLEEP,
 )
 
 cdef extern from "gpupool.h" nogil:

@@ -13,6 +13,10 @@ import gpupool._capi
 _I, _P, _U, _S = C.c_int, C.c_void_p, C.c_size_t, C.c_size_t     # uintptr_t, size_t: 64-bit
 _PS, _PU, _PP = C.POINTER(_S), C.POINTER(_U), C.POINTER(_P)
 
+# GPUPOOL_ERROR_ASLEEP (include/gpupool_status.h): a request made while the calling thread's
+# tag sleeps.
+ASLEEP = 100005
+
 STATS_FIELDS = ("in_use_bytes", "peak_in_use_bytes", "reserved_bytes", "peak_reserved_bytes",
                 "cached_bytes", "num_allocs", "num_frees", "cache_hits", "cache_misses",
                 "upstream_allocs", "upstream_frees", "oom_retries", "num_ooms",

@@ -12,8 +12,8 @@ compiled code with no interpreted Python of gpupool's in between.
 from libc.stdint cimport uintptr_t
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.c_api.table cimport pool_allocate, pool_free, capi_error_string
-from gpupool.core.pool cimport Pool
-from gpupool.driver.status cimport GPUPOOL_OK
+from gpupool.core.pool cimport Pool, asleep_here
+from gpupool.driver.status cimport GPUPOOL_OK, GPUPOOL_ERROR_ASLEEP
 from gpupool.records.streams cimport stream_handle
 
 from gpupool.errors import GpupoolError, OutOfMemoryError
@@ -57,6 +57,8 @@ cdef class RmmCallbacks:
             No memory after the pool's out-of-memory ladder and ``on_oom`` callbacks (a
             ``MemoryError``: RMM turns it into ``rmm::out_of_memory``, which Python sees as a
             ``MemoryError`` with this message); counted in the pool's ``num_ooms``.
+        gpupool.SleepingMemoryError
+            The calling thread's tag (``gpupool.tag``) sleeps (``Pool.sleep``).
         gpupool.GpupoolError
             Any other failure: an absurd size, a stream the driver refuses, a driver error, a
             pool inherited through ``fork()``.
@@ -107,6 +109,8 @@ cdef class RmmCallbacks:
     cdef object _failure(self, int status, size_t nbytes):
         if status == CUDA_ERROR_OUT_OF_MEMORY:
             return OutOfMemoryError(self.pool.oom_failure(nbytes))
+        if status == GPUPOOL_ERROR_ASLEEP:
+            return asleep_here()                # names the calling thread's tag
         return GpupoolError(
             f"gpupool: allocating {nbytes} B for RMM on device {self.pool.device} failed: "
             f"{capi_error_string(status).decode()} (status {status})")

@@ -15,11 +15,11 @@ from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.core.defaults cimport pool_of
 from gpupool.driver.calls cimport relaxed_capture
 from gpupool.history.ring cimport hist_on, hist_subscribe, hist_gather, hist_gathered_done
-from gpupool.core.pool cimport Pool
-from gpupool.driver.status cimport GPUPOOL_OK
+from gpupool.core.pool cimport Pool, asleep_here
+from gpupool.driver.status cimport GPUPOOL_OK, GPUPOOL_ERROR_ASLEEP
 from gpupool.capi cimport gpupool_api, gpupool_import
 
-from gpupool.errors import GpupoolError, OutOfMemoryError
+from gpupool.errors import GpupoolError, OutOfMemoryError, SleepingMemoryError
 
 cdef const gpupool_api* _api = gpupool_import()
 # The memory history's switch (history/ring.pxd), read by gpupool's C++ allocator too.
@@ -101,7 +101,8 @@ _torch_last_error = None
 cdef PyObject* _torch_failure(int status, int device, size_t size,
                               string* msg) noexcept with gil:
     """Describe a failed PyTorch allocation in msg (and count it if out of memory); returns the
-    Python exception type to raise (borrowed: a module-level type)."""
+    Python exception type to raise (borrowed: a module-level type). Called on the allocating
+    thread, so a request refused for its sleeping tag names the thread's current tag."""
     global _torch_last_error
     cdef PyObject* found = pool_of(device)
     cdef Pool pool
@@ -111,6 +112,10 @@ cdef PyObject* _torch_failure(int status, int device, size_t size,
             pool = <Pool>found
             text = pool.oom_failure(size)
             kind = _torch_oom_type
+        elif status == GPUPOOL_ERROR_ASLEEP:
+            kind = SleepingMemoryError
+            text = (f"gpupool: allocating {size} B for PyTorch on device {device} failed: "
+                    f"{asleep_here()}")
         else:
             text = (f"gpupool: allocating {size} B for PyTorch on device {device} failed: "
                     f"{_api.error_string(status).decode()} (status {status})")

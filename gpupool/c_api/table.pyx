@@ -30,7 +30,8 @@ from gpupool.core.segments cimport BLOCK_ALIGN
 from gpupool.records.sizes cimport MAX_NBYTES
 from gpupool.driver.status cimport (
     GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE, GPUPOOL_ERROR_OUT_OF_MEMORY,
-    GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GP_FORKED,
+    GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GPUPOOL_ERROR_ASLEEP,
+    GP_ASLEEP, GP_FORKED,
 )
 from gpupool.records.streams cimport (
     StreamKey, BAD_STREAM_TAG, BY_HANDLE, OWN_HANDLE_TAG, STREAM_PER_THREAD, key_status,
@@ -45,8 +46,9 @@ cdef const int* FORKED = fork_flag()
 
 
 cdef int _code(int status) noexcept nogil:
-    if status == 0 or status == CUDA_ERROR_OUT_OF_MEMORY or status == GP_FORKED:
-        return status
+    if (status == 0 or status == CUDA_ERROR_OUT_OF_MEMORY or status == GP_FORKED
+            or status == GP_ASLEEP):
+        return status                       # public codes of the same value
     if status < 1000:
         return status                       # a CUresult from the driver
     return GPUPOOL_ERROR_INTERNAL
@@ -239,6 +241,9 @@ cdef const char* capi_error_string(int code) noexcept nogil:
         return "the pool was inherited through fork() and cannot be used"
     if code == GPUPOOL_ERROR_INTERNAL:
         return "internal error (see the Python exception of the same call from Python)"
+    if code == GPUPOOL_ERROR_ASLEEP:
+        return ("the memory of the calling thread's tag (gpupool.tag) sleeps (Pool.sleep): wake "
+                "it (Pool.wake) before allocating with that tag")
     return "CUDA driver error (a CUresult: see cuGetErrorName)"
 
 

@@ -69,6 +69,8 @@ cdef class Pool(PoolBase):      # final: its cdef methods are direct calls the c
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil
 
 cdef bint run_oom_callbacks(Pool pool, size_t nbytes) except -1
+# The error of a request made with the calling thread's tag asleep (core/tagging.pxi).
+cdef object asleep_here()
 
 # The calling thread's stack of entered regions (and uncached() markers), innermost last
 # (core/regionstack.pxi, compiled into this module).

@@ -200,7 +200,7 @@ cdef class Pool(PoolBase):
         if status == GP_REENTRANT:
             raise GpupoolError("the pool was used from inside its own upstream call")
         if status == GP_ASLEEP:
-            raise asleep_error(gp_this_thread().tag)
+            raise asleep_here()
         self.upstream.raise_error(status, "allocate")
 
     cdef object _oom_error(self, size_t nbytes):

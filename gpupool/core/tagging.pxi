@@ -48,3 +48,10 @@ class tag:
 
     def __repr__(self):
         return f"gpupool.tag({self.name!r})"
+
+
+cdef object asleep_here():
+    """The SleepingMemoryError of a request the calling thread made with its current tag while
+    that tag sleeps (GP_ASLEEP), naming the tag: for the pool's own requests and the PyTorch
+    adapter's, which reaches the pool through the C API (GPUPOOL_ERROR_ASLEEP)."""
+    return asleep_error(gp_this_thread().tag)

@@ -7,6 +7,7 @@ cdef extern from "gpupool_status.h" nogil:
         GPUPOOL_ERROR_NO_DEVICE
         GPUPOOL_ERROR_FORKED
         GPUPOOL_ERROR_INTERNAL
+        GPUPOOL_ERROR_ASLEEP
         GP_NO_DRIVER
         GP_PY_ERROR
         GP_REENTRANT

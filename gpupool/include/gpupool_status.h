@@ -15,15 +15,18 @@ enum {
                                             (the value of CUDA_ERROR_OUT_OF_MEMORY) */
     GPUPOOL_ERROR_NO_DEVICE = 100,       /* no driver, or no such device */
     GPUPOOL_ERROR_FORKED = 100003,       /* the pool was inherited through fork() */
-    GPUPOOL_ERROR_INTERNAL = 100004      /* anything else */
+    GPUPOOL_ERROR_INTERNAL = 100004,     /* anything else */
+    GPUPOOL_ERROR_ASLEEP = 100005        /* the calling thread's tag (gpupool.tag) sleeps
+                                            (Pool.sleep): wake it before allocating with it */
 };
 
-/* Internal: never returned by the C API (GP_FORKED is GPUPOOL_ERROR_FORKED). */
+/* Internal: never returned by the C API (GP_FORKED is GPUPOOL_ERROR_FORKED, GP_ASLEEP is
+ * GPUPOOL_ERROR_ASLEEP). */
 enum {
     GP_NO_DRIVER = 100000,               /* libcuda or a driver symbol could not be loaded */
     GP_PY_ERROR = 100001,                /* a Python upstream raised; the exception is kept */
     GP_REENTRANT = 100002,               /* the pool was entered again by its lock's holder */
-    GP_ASLEEP = 100005,                  /* a request with a tag whose memory sleeps */
+    GP_ASLEEP = GPUPOOL_ERROR_ASLEEP,    /* a request with a tag whose memory sleeps */
     GP_FORKED = GPUPOOL_ERROR_FORKED
 };
 

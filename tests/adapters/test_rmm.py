@@ -13,6 +13,7 @@ from conftest import REPO, SLOW_WRITE, fresh_python
 import gpupool
 import gpupool.rmm
 from gpupool.adapters.rmm_entry import RmmCallbacks
+from gpupool.testing import SimulatedDevice
 
 MiB = 1 << 20
 
@@ -143,6 +144,18 @@ def test_other_failures_are_gpupool_errors(callbacks):
                                                    r"failed: invalid value"):
         callbacks.allocate(1 << 51, Stream(0))                  # absurd: over 1 PiB
     assert callbacks.pool.memory_stats()["num_ooms"] == 0
+
+
+def test_a_sleeping_tag_s_request_names_the_tag():
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=4096), device=0)
+    callbacks = RmmCallbacks(pool)
+    with gpupool.tag("kv"):
+        ptr = callbacks.allocate(1000, Stream(0))
+    pool.sleep("kv")
+    with gpupool.tag("kv"), pytest.raises(gpupool.SleepingMemoryError, match=r"tag 'kv' sleeps"):
+        callbacks.allocate(1000, Stream(0))
+    callbacks.deallocate(ptr, 1000, Stream(0))          # a sleeping block may be freed
+    assert pool.stats().asleep_bytes == 0
 
 
 def test_a_bad_free_goes_to_the_unraisable_hook_not_to_rmm(callbacks, monkeypatch):

@@ -2,19 +2,23 @@
 simulated device and check laziness and errors without CUDA; GPU tests (marked gpu) run
 PyTorch on gpupool, in fresh processes where use() is involved (tests/torch_child.py)."""
 
+import ctypes
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from capi_table import ASLEEP
 from conftest import TESTS, simulated_default_pool
 
 import gpupool
 import gpupool.torch
 from gpupool.adapters import torch_entry
+from gpupool.testing import SimulatedDevice
 
 CHILD = TESTS / "torch_child.py"
 MiB = 1 << 20
@@ -108,6 +112,52 @@ def test_global_entry_point_other_failures_are_gpupool_errors(limited):
         torch_entry._torch_malloc_checked(1000, 63, 0)
     assert not isinstance(info.value, MemoryError)
     assert gpupool.torch.last_error() == str(info.value)
+
+
+@pytest.fixture
+def asleep():
+    """Device 0's default pool on a simulated device with virtual memory, tag "trainer"
+    asleep (one block of it live)."""
+    sim = SimulatedDevice(capacity=64 * MiB, virtual_memory=True, page=4096)
+    pool = gpupool.Pool(upstream=sim, device=0)
+    gpupool.set_pool(pool)
+    with gpupool.tag("trainer"):
+        kept = pool.allocate(4096)
+    pool.sleep("trainer")
+    yield pool
+    del kept
+    assert sim.errors == []
+
+
+SLEEPS = r"allocating 1000 B for PyTorch on device 0 failed: the memory of tag 'trainer' " \
+         r"sleeps \(Pool.sleep\): wake it with pool.wake\('trainer'\)"
+
+
+def test_entry_points_refuse_a_sleeping_tag_naming_it(asleep):
+    # use()'s pluggable route: the C++ exception names SleepingMemoryError.
+    with gpupool.tag("trainer"), pytest.raises(gpupool.SleepingMemoryError,
+                                               match=SLEEPS) as info:
+        torch_entry._torch_malloc_checked(1000, 0, 0)
+    assert gpupool.torch.last_error() == str(info.value)
+    # mempool(): NULL, then PyTorch's out-of-memory observer raises gpupool's error.
+    with gpupool.tag("trainer"):
+        assert torch_entry._torch_malloc(1000, 0, 0) == 0
+        with pytest.raises(gpupool.SleepingMemoryError, match=SLEEPS):
+            gpupool.torch._on_torch_oom(0, 1000, 80 << 30, 1 << 30)
+    # gpupool's C++ allocator: the message it throws (as PyTorch's RuntimeError), not out of
+    # memory.
+    hooks = ctypes.PyDLL(torch_entry.__file__)
+    describe = hooks.gpupool_torch_failure_message
+    describe.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p,
+                         ctypes.c_size_t]
+    out = ctypes.create_string_buffer(1024)
+    with gpupool.tag("trainer"):
+        assert describe(ASLEEP, 0, 1000, out, len(out)) == 0
+    assert re.search(SLEEPS, out.value.decode())
+    with gpupool.tag("other"):                          # another tag, and none, go on
+        torch_entry._torch_free(torch_entry._torch_malloc_checked(1000, 0, 0), 1000, 0, 0)
+    torch_entry._torch_free(torch_entry._torch_malloc_checked(1000, 0, 0), 1000, 0, 0)
+    assert asleep.stats().in_use_bytes == 0 and asleep.stats().asleep_bytes == 4096
 
 
 def test_mempool_entry_point_returns_null_and_the_observer_raises(torch, limited):

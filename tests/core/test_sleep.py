@@ -5,11 +5,13 @@ addresses; and on a real device (marked gpu): the device's free memory, a CUDA g
 before sleep replayed after wake, the plain driver upstream refused."""
 
 import gc
+import re
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
-from capi_table import allocate, call
+from capi_table import ASLEEP, allocate, call
 from conftest import check_invariants
 from vmm_sim import MIB, PAGE, names
 from vmm_sim import gpu_pool, vpool, vsim  # noqa: F401 (fixtures)
@@ -256,13 +258,24 @@ def test_the_c_api_honours_the_tag(vpool, default_pools):
     assert abs(p - plain.ptr) >= 64 * MIB
     vpool.sleep("capi")
     assert vpool.stats().asleep_bytes == 4096
-    with gpupool.tag("capi"), pytest.raises(AssertionError, match="returned 100004"):
-        allocate(512)                                   # refused (internal): the tag sleeps
+    with gpupool.tag("capi"), pytest.raises(AssertionError, match=f"returned {ASLEEP}"):
+        allocate(512)                                   # refused: the tag sleeps
+    with gpupool.tag("other"):
+        assert call("free_ptr", 0, allocate(512)) == 0  # another tag goes on
     assert call("free_ptr", 0, p) == 0                  # a sleeping block may be freed
     stats = check_invariants(vpool)
     assert stats.asleep_bytes == 0
     vpool.wake("capi")
     check_invariants(vpool)
+
+
+def test_the_c_api_s_asleep_status_is_the_header_s_and_says_what_to_do():
+    header = (Path(gpupool.get_include()) / "gpupool_status.h").read_text()
+    assert re.search(rf"GPUPOOL_ERROR_ASLEEP = {ASLEEP}\b", header)
+    assert re.search(r"GP_ASLEEP = GPUPOOL_ERROR_ASLEEP\b", header)
+    text = call("error_string", ASLEEP).decode()
+    assert "tag (gpupool.tag) sleeps" in text and "Pool.wake" in text
+    assert call("error_string", ASLEEP) != call("error_string", 100004)
 
 
 def test_a_snapshot_leaves_sleeping_memory_out(vpool):
