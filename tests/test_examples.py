@@ -3,7 +3,8 @@ between two processes on the simulated device; the GPU-only examples (and --devi
 with one line, no traceback. On a GPU (marked gpu): train_digits trains to >= 0.95 with flat
 reserved memory in region mode; mixed_frameworks passes data between CuPy, Numba and PyTorch on
 one pool; ipc_pipeline shares batches between two processes through CUDA IPC, on both upstreams
-that export."""
+that export; sleep_wake swaps a PyTorch trainer and an inference engine through sleep and wake,
+on both of use()'s allocators."""
 
 import os
 import pickle
@@ -22,6 +23,7 @@ SIMULATED_LINE = "train_digits: training with NumPy on gpupool's simulated devic
                                            ["--epochs", "1", "--compile", "reduce-overhead",
                                             "--cudnn-benchmark"]),
                                           ("mixed_frameworks", []),
+                                          ("sleep_wake", []),
                                           ("ipc_pipeline", ["--device", "gpu"])])
 def test_example_without_gpu_exits_2_with_one_line(run_script, script, args):
     # Where a framework is not installed (CI) the example stops even earlier, with the same
@@ -290,3 +292,20 @@ def test_train_digits_torch_compiled_with_cudnn_benchmark(run_script, compile_mo
     # The same checks as the eager run's: accuracy, flat memory in the region mode, the gpupool
     # modes' losses equal to PyTorch's allocator's under the same compiled model.
     assert proc.returncode == 0, output
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allocator", ["gpupool", "pluggable"])
+def test_sleep_wake_swaps_a_trainer_and_an_engine(run_script, allocator):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA GPU")
+    proc, output = run_script("examples/sleep_wake.py",
+                              env=dict(os.environ, GPUPOOL_TORCH_ALLOCATOR=allocator))
+    # Exit status 0 means every check passed: the device's free memory after sleep, addresses
+    # and bytes kept, the sleeping tag's allocation refused naming it, the losses equal to the
+    # run without sleeping, the engine's output kept across its own sleep.
+    assert proc.returncode == 0, output
+    assert f"allocator {allocator!r}" in proc.stdout.splitlines()[0], output
+    checks = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(checks) == 6 and all(line.startswith("[ok] ") for line in checks), output

@@ -4,7 +4,7 @@ out-of-memory test should not leave its state behind).
 
 ``python tests/torch_child.py SCENARIO`` prints one JSON object on its last line of stdout.
 Scenarios: ``train-native``, ``train-use``, ``train-mempool``, ``too-late``, ``oom-use``,
-``oom-mempool``, ``region-ptr``, ``snapshot-use PATH``, and ``FEATURE-MODE`` for each PyTorch
+``oom-mempool``, ``region-ptr``, ``snapshot-use PATH``, ``sleep-use``, and ``FEATURE-MODE`` for each PyTorch
 feature of issue 14 (``FEATURES``: cudnn-benchmark, compile, reduce-overhead, graph,
 autocast-loader, stats, record-stream, mempool-object) under MODE ``use``
 (``gpupool.torch.use()``), ``mempool`` (inside
@@ -445,6 +445,43 @@ def snapshot_use():
             "reserved_bytes": pool.stats().reserved_bytes}
 
 
+def sleep_use():
+    """Under use() on a pool of the expandable upstream: tensors allocated under tags, slept
+    (``weights`` offloaded, ``scratch`` discarded) and woken. Returns their addresses and values
+    kept, the pool's and the device's bytes, what allocating with the sleeping tag raised, and
+    what freeing a tensor while asleep did. No tensor is used while asleep: a kernel on
+    unmapped memory would fault the context."""
+    pool = gpupool.Pool(device=0, upstream="vmm")
+    gpupool.torch.use(pool)
+    with gpupool.tag("weights"):
+        w = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+        gone = torch.ones(1 << 18, device="cuda")
+    with gpupool.tag("scratch"):
+        s = torch.full((1 << 18,), 7.0, device="cuda")
+    ptrs, expected = (w.data_ptr(), s.data_ptr()), w.cpu()
+    torch.cuda.synchronize()
+    free_awake, reserved_awake = torch.cuda.mem_get_info()[0], pool.stats().reserved_bytes
+    pool.sleep("weights", offload=True)
+    pool.sleep("scratch")
+    stats = pool.stats()
+    out = {"released": reserved_awake - stats.reserved_bytes,
+           "freed_on_device": torch.cuda.mem_get_info()[0] - free_awake,
+           "asleep": stats.asleep_bytes, "offloaded": stats.offloaded_bytes}
+    with gpupool.tag("weights"):
+        out["refused"] = attempt(lambda: torch.empty(1000, device="cuda"))
+    del gone                                    # freed while asleep
+    out["asleep_after_free"] = pool.stats().asleep_bytes
+    out["untagged"] = float(torch.ones(1000, device="cuda").sum())
+    pool.wake(["weights", "scratch"])
+    out["same_ptrs"] = (w.data_ptr(), s.data_ptr()) == ptrs
+    out["same_values"] = torch.equal(w.cpu(), expected)
+    out["scratch_after_wake"] = float(s.fill_(3).sum())
+    with gpupool.tag("weights"):
+        out["tagged_after_wake"] = float(torch.ones(1000, device="cuda").sum())
+    out["verify"] = pool._verify()
+    return out
+
+
 SCENARIOS = {
     "train-native": lambda: train("native"),
     "train-use": lambda: train("use"),
@@ -454,6 +491,7 @@ SCENARIOS = {
     "oom-mempool": oom_mempool,
     "region-ptr": region_ptr,
     "snapshot-use": snapshot_use,
+    "sleep-use": sleep_use,
 }
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""CuPy reads DeviceBuffers and allocates from gpupool (marked gpu)."""
+"""CuPy reads DeviceBuffers and allocates from gpupool, and its arrays live over memory put to
+sleep and woken (Note [Sleep and wake]) (marked gpu)."""
 
 import numpy as np
 import pytest
@@ -132,3 +133,48 @@ def test_step_captured_as_a_cuda_graph_inside_a_region_replays_like_eager_runs(p
             replayed = out.get(stream=stream)
             eager = step().get(stream=stream)
             np.testing.assert_allclose(replayed, eager, rtol=1e-6)
+
+
+@pytest.fixture
+def vmm_pool():
+    pool = gpupool.Pool(device=0, upstream="vmm")
+    yield pool
+    pool.trim()
+
+
+def test_cupy_arrays_over_slept_memory_keep_their_addresses_and_values(vmm_pool):
+    with cupy.cuda.using_allocator(gpupool.cupy.allocator(vmm_pool)):
+        with gpupool.tag("cupy-weights"):
+            x = cupy.arange(MIB, dtype=cupy.float32)
+            gone = cupy.ones(MIB // 4, dtype=cupy.float32)
+        ptr, expected = x.data.ptr, cupy.asnumpy(x)
+        vmm_pool.sleep("cupy-weights", offload=True)
+        assert vmm_pool.stats().asleep_bytes >= 5 * MIB
+        # No array of the tag is used while asleep: a kernel on unmapped memory would fault.
+        with gpupool.tag("cupy-weights"), pytest.raises(gpupool.SleepingMemoryError,
+                                                        match="'cupy-weights'.*wake"):
+            cupy.empty(1000, dtype=cupy.uint8)
+        del gone                                    # freed while asleep
+        assert float(cupy.ones(1000, dtype=cupy.float32).sum()) == 1000.0   # untagged: go on
+        vmm_pool.wake("cupy-weights")
+        assert x.data.ptr == ptr
+        np.testing.assert_array_equal(cupy.asnumpy(x), expected)
+        x += 1
+        assert float(x[-1]) == MIB
+        del x
+    assert vmm_pool.stats().asleep_bytes == 0 and vmm_pool._verify() == []
+
+
+def test_a_sleeping_buffer_is_not_handed_to_cupy(vmm_pool):
+    with gpupool.tag("cupy-buffer"):
+        buf = vmm_pool.allocate(4096)
+    view = cupy.asarray(buf)
+    view[:] = 5
+    vmm_pool.sleep("cupy-buffer", offload=True)
+    for use in (lambda: cupy.asarray(buf), lambda: cupy.from_dlpack(buf),
+                lambda: buf.copy_to_host()):
+        with pytest.raises(gpupool.SleepingMemoryError, match="sleeps"):
+            use()
+    vmm_pool.wake("cupy-buffer")
+    assert view.data.ptr == buf.ptr and (cupy.asnumpy(view) == 5).all()
+    assert (cupy.asnumpy(cupy.asarray(buf)) == 5).all()

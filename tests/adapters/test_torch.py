@@ -285,6 +285,27 @@ def test_training_matches_pytorch_s_allocator_with_flat_memory(torch, mode, allo
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("allocator", ["gpupool", "pluggable"])
+def test_tensors_over_slept_memory_keep_their_addresses_and_values(torch, allocator):
+    out = child("sleep-use", allocator)
+    weights = 4 * MiB + MiB                     # w and gone, live at the sleep
+    assert out["asleep"] >= weights + MiB and out["offloaded"] >= weights, out
+    assert out["released"] > 0 and out["freed_on_device"] >= 0.99 * out["released"], out
+    refused = out["refused"]
+    # The pluggable route raises gpupool's type; gpupool's C++ allocator throws c10::Error,
+    # PyTorch's RuntimeError, with the same message.
+    assert refused["type"] == ("SleepingMemoryError" if allocator == "pluggable"
+                               else "RuntimeError"), out
+    assert re.search(SLEEPS.replace("1000 B", r"\d+ B").replace("trainer", "weights"),
+                     refused["message"]), out
+    assert out["asleep_after_free"] == out["asleep"] - MiB, out
+    assert out["untagged"] == 1000.0 and out["tagged_after_wake"] == 1000.0, out
+    assert out["same_ptrs"] and out["same_values"], out
+    assert out["scratch_after_wake"] == 3.0 * (1 << 18), out
+    assert out["verify"] == [], out
+
+
+@pytest.mark.gpu
 def test_use_after_cuda_init_raises_a_clear_error(torch):
     out = child("too-late")
     assert out["error"]["type"] == "GpupoolError", out
