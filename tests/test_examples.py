@@ -213,6 +213,12 @@ def _require_gpu():
         pytest.skip("no CUDA GPU")
 
 
+def _require_torch_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA GPU")
+
+
 def _summary_header(lines):
     """The index of the summary table's header line (``mode ...``)."""
     return next(i for i, line in enumerate(lines) if line.startswith("mode "))
@@ -252,9 +258,7 @@ def test_mixed_frameworks_share_one_pool(run_script):
 
 @pytest.mark.gpu
 def test_train_digits_torch_all_modes(run_script):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA GPU")
+    _require_torch_gpu()
     pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
     proc, output = run_script("examples/train_digits_torch.py", "--quiet")
     # Exit status 0 means: accuracy >= 0.95 in every mode, the region mode's reserved bytes
@@ -283,9 +287,7 @@ def test_ipc_pipeline_shares_batches_between_processes(run_script, upstream):
 @pytest.mark.gpu
 @pytest.mark.parametrize("compile_mode", ["default", "reduce-overhead"])
 def test_train_digits_torch_compiled_with_cudnn_benchmark(run_script, compile_mode):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA GPU")
+    _require_torch_gpu()
     pytest.importorskip("sklearn", reason="the example's data set ships with scikit-learn")
     proc, output = run_script("examples/train_digits_torch.py", "--quiet", "--epochs", "10",
                               "--compile", compile_mode, "--cudnn-benchmark")
@@ -297,9 +299,7 @@ def test_train_digits_torch_compiled_with_cudnn_benchmark(run_script, compile_mo
 @pytest.mark.gpu
 @pytest.mark.parametrize("allocator", ["gpupool", "pluggable"])
 def test_sleep_wake_swaps_a_trainer_and_an_engine(run_script, allocator):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA GPU")
+    _require_torch_gpu()
     proc, output = run_script("examples/sleep_wake.py",
                               env=dict(os.environ, GPUPOOL_TORCH_ALLOCATOR=allocator))
     # Exit status 0 means every check passed: the device's free memory after sleep, addresses
