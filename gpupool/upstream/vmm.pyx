@@ -50,6 +50,12 @@ cdef class VmmUpstream(DriverUpstream):
     shareable : bool
         Request exportable pages (default); False never does.
 
+    Attributes
+    ----------
+    release_refused : int
+        The CUresult of the last ``cuMemRelease`` the driver refused after an unmap (0:
+        none); that memory stays with the driver, the range is unmapped all the same.
+
     Raises
     ------
     NoDeviceError
