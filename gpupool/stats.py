@@ -13,7 +13,9 @@ class PoolStats:
     by the pool (free, parked and held blocks) or by any of its regions
     (``pool.trim()`` returns the pool's; ``Region.release()`` hands a region's to the pool).
     ``asleep_bytes``: live blocks of sleeping tags (``Pool.sleep``), in no other count (their
-    pages are unmapped); ``offloaded_bytes``: their contents kept in host memory.
+    pages are unmapped); ``offloaded_bytes``: their contents kept in host memory;
+    ``pinned_bytes``: the page-locked host memory the pool holds for offload (sleeping tags'
+    and the chunk kept for the next sleep, ``Pool.release_pinned``).
     ``num_allocs == cache_hits + cache_misses`` for non-empty requests: a hit is served from a
     free list (the pool's or a region's); a miss needs new memory: the pool grows from its
     upstream (``upstream_allocs`` counts the upstream calls).
@@ -33,6 +35,7 @@ class PoolStats:
     oom_retries: int
     asleep_bytes: int = 0
     offloaded_bytes: int = 0
+    pinned_bytes: int = 0
 
     def as_dict(self):
         """The counters as a plain ``dict``."""
@@ -48,7 +51,7 @@ class PoolStats:
             cache_hits=c["cache_hits"], cache_misses=c["cache_misses"],
             upstream_allocs=c["upstream_allocs"], upstream_frees=c["upstream_frees"],
             oom_retries=c["oom_retries"], asleep_bytes=c.get("asleep", 0),
-            offloaded_bytes=c.get("offloaded", 0))
+            offloaded_bytes=c.get("offloaded", 0), pinned_bytes=c.get("pinned", 0))
 
 
 def torch_memory_stats(c):

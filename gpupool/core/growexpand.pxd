@@ -23,16 +23,17 @@ from gpupool.records.streams cimport (
 from gpupool.upstream.base cimport Upstream
 
 
-cdef inline int sg_map(PoolState* st, Upstream up, uintptr_t va,
-                       size_t nbytes, StreamKey s) noexcept nogil:
+cdef inline int sg_map(PoolState* st, Upstream up, uintptr_t va, size_t nbytes, StreamKey s,
+                       bint chunk=False) noexcept nogil:
     """Map nbytes (whole pages) of a range's address space at va, in a segment of stream s;
-    counted as reserved."""
+    counted as reserved. chunk: as one physical allocation (a tagged segment's, unmapped only
+    whole), else a page each (a trim unmaps single pages)."""
     cdef Segments* sg = &st.segments
     cdef Counters* c = &st.counters
     cdef int r
     if sg.hard_limit and c.reserved + nbytes > sg.hard_limit:
         return CUDA_ERROR_OUT_OF_MEMORY
-    r = up.map(va, nbytes)
+    r = up.map_chunk(va, nbytes) if chunk else up.map(va, nbytes)
     if r == 0:
         count_reserved(c, nbytes)
         sg_note(sg, ACT_SEGMENT_MAP, va, nbytes, s)

@@ -15,7 +15,7 @@ from gpupool.core.segments cimport round_request
 from gpupool.records.sizes cimport check_nbytes
 from gpupool.core.ladder cimport ld_trim, ld_merge_streams
 from gpupool.core.giveback cimport sg_release_all
-from gpupool.core.verify cimport ps_verify, ps_magazines_info, ps_sweep_counts
+from gpupool.core.verify cimport ps_verify, ps_verify_chunks, ps_magazines_info, ps_sweep_counts
 from gpupool.core.fastpath cimport fp_detach
 from gpupool.core.lock cimport ps_lock
 from gpupool.core.free cimport ps_unlock
@@ -25,8 +25,8 @@ from gpupool.core.growexpand cimport sg_map
 from gpupool.core.segments cimport sg_note
 from gpupool.core.tagged cimport tg_segment, tg_sleep_counts
 from gpupool.history.ring cimport ACT_SEGMENT_UNMAP
-from gpupool.upstream.base cimport Upstream, DEVICE_TO_HOST, DEVICE_TO_PINNED, HOST_TO_DEVICE
-from cpython.bytearray cimport PyByteArray_AS_STRING
+from gpupool.core.offload cimport of_copy_out, of_keep, of_free
+from gpupool.upstream.base cimport Upstream, HOST_TO_DEVICE
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 
 import logging
@@ -53,52 +53,6 @@ def size_class(nbytes):
         Request in bytes, 0 <= nbytes <= 2**50.
     """
     return round_request(check_nbytes(nbytes))
-
-
-cdef int copy_out(Upstream up, Segment* seg, list held, list copies) except? -1:
-    """With the pool's lock: copy the live blocks of sleeping segment seg to host memory, one
-    page-locked chunk of the upstream's (host_alloc) for them all, copied into without a wait
-    and synchronized once; where the upstream has none (or refuses), one bytearray a block.
-    copies gets (device pointer, host address, bytes) per block, held what keeps the host
-    memory (the chunk's address, or the bytearrays: release_host gives a chunk back).
-    Returns a status code."""
-    cdef Block* b = seg.first
-    cdef size_t total = 0
-    cdef uintptr_t chunk = 0, host
-    cdef bytearray buf
-    cdef int r = 0
-    while b != NULL:
-        total += b.size if b.state == LIVE else 0
-        b = b.seg_next
-    if total and up.host_alloc(total, &chunk) != 0:
-        up.clear_error()
-        chunk = 0
-    if chunk:
-        held.append(chunk)
-    b = seg.first
-    while b != NULL and r == 0:
-        if b.state == LIVE:
-            if chunk:
-                host = chunk
-                chunk += b.size
-                r = up.copy(DEVICE_TO_PINNED, host, b.ptr, b.size, 0)
-            else:
-                buf = bytearray(b.size)
-                held.append(buf)
-                host = <uintptr_t>PyByteArray_AS_STRING(buf)
-                r = up.copy(DEVICE_TO_HOST, host, b.ptr, b.size, 0)
-            copies.append((b.ptr, host, b.size))
-        b = b.seg_next
-    return r if r else up.synchronize()
-
-
-cdef void release_host(Upstream up, list held):
-    """Give back the host memory copy_out took (its page-locked chunk; bytearrays go with
-    the list)."""
-    for item in held:
-        if type(item) is int and up.host_free(<uintptr_t>item) != 0:
-            up.clear_error()            # (the chunk stays with the upstream)
-    held.clear()
 
 
 cdef class PoolBase(BlockOwner):
@@ -146,8 +100,9 @@ cdef class PoolBase(BlockOwner):
             if self.upstream.synchronize() != 0:
                 self.upstream.clear_error()
         sg_release_all(&self._st, self.upstream)
-        for held, _ in (self._offloaded or {}).values():
-            release_host(self.upstream, held)       # page-locked chunks of sleeping tags
+        for held, _ in (self._offloaded or {}).values():     # page-locked chunks of sleeping
+            of_keep(self.upstream, &self._spare, &self._st.counters, held)      # tags
+        of_free(self.upstream, &self._spare, &self._st.counters)
         for i in range(self._st.order.events.size()):
             self.upstream.event_destroy(self._st.order.events[i])
         self.upstream.clear_error()         # at the end nothing reports a failure
@@ -176,12 +131,18 @@ cdef class PoolBase(BlockOwner):
 
     def _verify(self):
         """Check the pool's bookkeeping: segments tiled by their blocks, the free lists and
-        the parked blocks, region tags and their byte counts, and the counters. Returns the
+        the parked blocks, region tags and their byte counts, the counters, and (where the
+        upstream lists them) the chunks mapped for expandable segments. Returns the
         problems found (an empty list when all is consistent). For tests: it walks every
         block under the lock."""
+        chunks = getattr(self.upstream, "_chunks", None)
         ps_lock(&self._st)
-        problems = ps_verify(&self._st)
-        ps_unlock(&self._st, self.upstream)
+        try:
+            problems = ps_verify(&self._st)
+            if chunks is not None:
+                problems += ps_verify_chunks(&self._st, chunks, self.upstream.granularity)
+        finally:
+            ps_unlock(&self._st, self.upstream)
         return problems
 
     def _magazines_info(self):
@@ -380,7 +341,7 @@ cdef class PoolBase(BlockOwner):
             r = up.synchronize()
             if offload and r == 0:
                 what = "copy to the host"
-                r = copy_out(up, seg, held, copies)
+                r = of_copy_out(up, seg, &self._spare, &self._st.counters, held, copies)
             if r == 0 and seg.nbytes:
                 what = "unmap"
                 r = up.unmap(seg.base, seg.nbytes)
@@ -396,7 +357,7 @@ cdef class PoolBase(BlockOwner):
             up.raise_error(r, f"sleep ({what})")
         finally:
             if r != 0:
-                release_host(up, held)      # after the error is taken: it clears its own
+                self._keep_host(held)       # after the error is taken: it clears its own
 
     def _wake_one(self, int tid):
         cdef Segment* seg
@@ -412,7 +373,7 @@ cdef class PoolBase(BlockOwner):
             if seg == NULL or not seg.asleep:
                 return
             if seg.nbytes:
-                r = sg_map(&self._st, up, seg.base, seg.nbytes, seg.stream)
+                r = sg_map(&self._st, up, seg.base, seg.nbytes, seg.stream, True)
             if r == 0:
                 seg.asleep = False
                 tg_sleep_counts(&self._st, seg, False)
@@ -436,7 +397,32 @@ cdef class PoolBase(BlockOwner):
             up.raise_error(r, f"wake ({what})")
         finally:
             if what != "map":
-                release_host(up, held)      # after the error is taken: it clears its own
+                self._keep_host(held)       # after the error is taken: it clears its own
+
+    def _keep_host(self, list held):
+        ps_lock(&self._st)
+        of_keep(self.upstream, &self._spare, &self._st.counters, held)
+        ps_unlock(&self._st, self.upstream)
+
+    def release_pinned(self):
+        """Give back the page-locked host memory kept for the next ``sleep(offload=True)``.
+
+        An offloading sleep copies into one page-locked chunk (``cuMemHostAlloc``), which
+        ``wake`` keeps for the next sleep (pinning gigabytes takes seconds; a chunk at least
+        as large as the next sleep's live bytes is reused as is). That chunk goes back here
+        and at the pool's end; the chunks of tags asleep now stay until their wake.
+        ``PoolStats.pinned_bytes`` counts both.
+
+        Returns
+        -------
+        int
+            Bytes given back (``cuMemFreeHost``; a refusal leaves them with the driver).
+        """
+        ps_lock(&self._st)
+        nbytes = self._spare.nbytes
+        of_free(self.upstream, &self._spare, &self._st.counters)
+        ps_unlock(&self._st, self.upstream)
+        return nbytes
 
     def mem_info(self):
         """``(free, total)`` bytes of the device (``cuMemGetInfo``)."""

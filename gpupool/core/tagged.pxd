@@ -42,8 +42,9 @@ cdef inline bint tg_fits(Block* b, size_t size, StreamKey s) noexcept nogil:
 
 cdef inline int tg_grow(PoolState* st, Upstream up, Segment** segp, size_t size,
                         int tag) noexcept nogil:
-    """Map pages at the end of tag's segment (reserving its range first) so that its last
-    block, free, holds size bytes; the segment goes to segp. Returns 0 or a status code."""
+    """Map pages at the end of tag's segment (reserving its range first), as one chunk, so
+    that its last block, free, holds size bytes; the segment goes to segp. Returns 0 or a
+    status code."""
     cdef Segments* sg = &st.segments
     cdef Segment* seg = segp[0]
     cdef Block* tail
@@ -69,10 +70,10 @@ cdef inline int tg_grow(PoolState* st, Upstream up, Segment** segp, size_t size,
     need = round_up(size - have, up.granularity)
     if seg.nbytes + need > seg.va_bytes:
         return CUDA_ERROR_OUT_OF_MEMORY
-    r = sg_map(st, up, seg.base + seg.nbytes, need, seg.stream)
+    r = sg_map(st, up, seg.base + seg.nbytes, need, seg.stream, True)
     if r == CUDA_ERROR_OUT_OF_MEMORY and ld_trim(st, up):
         # The pool's cached memory goes back first (the ladder's first rung), once.
-        r = sg_map(st, up, seg.base + seg.nbytes, need, seg.stream)
+        r = sg_map(st, up, seg.base + seg.nbytes, need, seg.stream, True)
     if r != 0:
         return r
     if have:

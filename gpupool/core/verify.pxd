@@ -89,6 +89,45 @@ cdef inline list ps_verify(PoolState* st):
     return problems
 
 
+cdef inline list ps_verify_chunks(PoolState* st, object chunks, size_t page):
+    """Under the pool's lock: check the upstream's chunks (chunks(va, nbytes): the upstream's
+    ``_chunks``) against the expandable segments: each run of mapped pages is tiled by whole
+    chunks, none across its ends (an unmap of the run takes them whole); an untagged
+    segment's chunks are single pages (a trim unmaps any page); a sleeping segment has none.
+    Returns the problems found."""
+    cdef Segment* seg = st.segments.head
+    cdef Block* b
+    cdef uintptr_t start
+    problems = []
+    while seg != NULL:
+        if seg.va_bytes:
+            runs, start, b = [], seg.base, seg.first
+            while b != NULL:
+                if b.state == UNMAPPED:
+                    if b.ptr > start:
+                        runs.append((start, b.ptr))
+                    start = b.ptr + b.size
+                b = b.seg_next
+            if seg.base + seg.nbytes > start:
+                runs.append((start, seg.base + seg.nbytes))
+            if seg.asleep:
+                if chunks(seg.base, seg.nbytes):
+                    problems.append(f"segment {seg.base:#x} sleeps with chunks mapped")
+                runs = []
+            for lo, hi in runs:
+                pos = lo
+                for at, n in chunks(lo, hi - lo):
+                    if at != pos or (seg.tag == 0 and n != page):
+                        problems.append(f"segment {seg.base:#x} (tag {seg.tag}): chunk of {n} B "
+                                        f"at {at:#x} in the run [{lo:#x}, {hi:#x}) at {pos:#x}")
+                    pos = at + n
+                if pos != hi:
+                    problems.append(f"segment {seg.base:#x}: the run [{lo:#x}, {hi:#x}) is "
+                                    f"mapped to {pos:#x}")
+        seg = seg.next
+    return problems
+
+
 cdef inline list ps_magazines_info(PoolState* st):
     """Every thread's magazine for this pool, for tests and diagnostics: a list of dicts
     with ``blocks`` (held free blocks), ``held`` and ``credit`` (bytes), ``handed`` (C

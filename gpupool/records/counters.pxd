@@ -20,6 +20,7 @@ cdef struct Counters:
     size_t freed_bytes
     size_t asleep               # bytes of live blocks of sleeping tags (pages unmapped)
     size_t offloaded            # bytes of sleeping blocks copied to host memory
+    size_t pinned               # page-locked host memory held for offload (core/offload.pxd)
 
 
 cdef inline void add_with_peak(size_t* value, size_t* peak, size_t nbytes) noexcept nogil:

@@ -91,6 +91,11 @@ class SimulatedSharing(SimulatedBase):
             pages = range(base, base + size, self.page)
             if any(p not in self._page_fds for p in pages):
                 self._misuse(f"export of {size} B at {base:#x}: a page is not mapped")
+            if any(self._mapped_chunks.get(p) != self.page for p in pages):
+                raise IpcError(f"no page is mapped at {base:#x} on its own: a tag's memory "
+                               f"(gpupool.tag) is mapped in chunks of many pages, which are "
+                               f"not exported; allocate what you share outside a tag",
+                               "not_exportable")
             return [os.dup(self._page_fds[p]) for p in pages]
         if base not in self._shared or self._allocation_bytes(base) != size:
             self._misuse(f"export of {size} B at {base:#x}: not one allocation")

@@ -1,6 +1,8 @@
 """Simulated virtual memory (``SimulatedDevice(virtual_memory=True)``): ranges of host address
-space reserved as the driver reserves device address space, and pages mapped into them, as
-``gpupool.VmmUpstream`` maps device memory."""
+space reserved as the driver reserves device address space, and chunks mapped into them, as
+``gpupool.VmmUpstream`` maps device memory: a page each (``_map``) or one physical allocation
+of many pages (``_map_chunk``, a tagged segment's), which an unmap takes only whole (the
+driver's ``cuMemUnmap`` cannot unmap part of a mapping)."""
 
 import mmap
 
@@ -9,12 +11,16 @@ from gpupool.simulated.host import MADV_DONTNEED, MAP_FAILED, MAP_NORESERVE, lib
 
 
 class SimulatedVirtualMemory(SimulatedBase):
-    """The address ranges of a ``SimulatedDevice`` and the pages mapped in them: the
-    upstream's ``_reserve``, ``_unreserve``, ``_map`` and ``_unmap``. With ``shareable`` the
-    pages are memory files (``_share_pages``, ``_unshare_pages`` of the sharing part)."""
+    """The address ranges of a ``SimulatedDevice`` and the chunks mapped in them: the
+    upstream's ``_reserve``, ``_unreserve``, ``_map``, ``_map_chunk`` and ``_unmap``. With
+    ``shareable`` the pages are memory files (``_share_pages``, ``_unshare_pages`` of the
+    sharing part)."""
 
     def _init_virtual_memory(self):
         self._ranges = {}               # reserved start -> (bytes, set of mapped page starts)
+        self._mapped_chunks = {}        # mapped chunk's start -> bytes (one allocation each)
+        self.chunks_made = 0            # physical allocations (cuMemCreate) so far
+        self.chunks_released = 0        # and given back (cuMemRelease)
 
     def _reserve(self):
         size = self.va_bytes
@@ -46,10 +52,18 @@ class SimulatedVirtualMemory(SimulatedBase):
         self._misuse(f"{what} of {nbytes} B at {va:#x}: outside every range")
 
     def _map(self, va, nbytes):
-        self.calls.append(("map", (va, nbytes)))
+        self._map_as("map", va, nbytes, self.page)
+
+    def _map_chunk(self, va, nbytes):
+        self._map_as("map_chunk", va, nbytes, nbytes)
+
+    def _map_as(self, name, va, nbytes, chunk):
+        """Map [va, va + nbytes) as chunks of ``chunk`` bytes (each its own allocation). A
+        map_chunk fails where a map would (``Failures("map")`` and its steps)."""
+        self.calls.append((name, (va, nbytes)))
         for step in ("create", "map", "set_access"):   # cuMemCreate, cuMemMap, cuMemSetAccess
             self._fail(step, (va, nbytes))
-        mapped, pages = self._pages(va, nbytes, "map")
+        mapped, pages = self._pages(va, nbytes, name)
         if any(p in mapped for p in pages):
             self._misuse(f"map of {nbytes} B at {va:#x}: a page is mapped already")
         if self.used + nbytes > self.capacity:
@@ -57,6 +71,9 @@ class SimulatedVirtualMemory(SimulatedBase):
         if self.shareable:
             self._share_pages(pages)
         mapped.update(pages)
+        for start in range(va, va + nbytes, chunk):
+            self._mapped_chunks[start] = chunk
+        self.chunks_made += nbytes // chunk
         self._count(nbytes, nbytes)
 
     def _unmap(self, va, nbytes):
@@ -64,16 +81,32 @@ class SimulatedVirtualMemory(SimulatedBase):
         mapped, pages = self._pages(va, nbytes, "unmap")
         if not all(p in mapped for p in pages):
             self._misuse(f"unmap of {nbytes} B at {va:#x}: a page is not mapped")
+        starts, p = [], va
+        while p < va + nbytes and p in self._mapped_chunks:
+            starts.append(p)
+            p += self._mapped_chunks[p]
+        if p != va + nbytes:
+            self._misuse(f"unmap of {nbytes} B at {va:#x}: part of a chunk (cuMemUnmap "
+                         f"unmaps only whole mappings)")
         busy = self._busy_streams()
         if busy:
             self._misuse(f"unmap of {nbytes} B at {va:#x} while streams {busy} have work "
                          f"pending that may use it")
         mapped.difference_update(pages)
+        for start in starts:
+            del self._mapped_chunks[start]
+        self.chunks_released += len(starts)
         if self.shareable:
             self._unshare_pages(va, nbytes, pages)
         else:
             libc.madvise(va, nbytes, MADV_DONTNEED)        # the host memory goes back too
         self._count(-nbytes, -nbytes)
+
+    def _chunks(self, va, nbytes):
+        """The chunks mapped in [va, va + nbytes) or across its ends: ``(start, bytes)`` by
+        address (the upstream's ``_chunks``, for the pool's consistency check)."""
+        return sorted((start, n) for start, n in self._mapped_chunks.items()
+                      if start < va + nbytes and start + n > va)
 
     def mapped(self, va, nbytes=1):
         """Whether [va, va + nbytes) lies in mapped pages (virtual_memory=True)."""

@@ -29,6 +29,7 @@ cdef class Upstream:
     cdef int reserve(self, uintptr_t* va) noexcept nogil
     cdef int unreserve(self, uintptr_t va) noexcept nogil
     cdef int map(self, uintptr_t va, size_t nbytes) noexcept nogil
+    cdef int map_chunk(self, uintptr_t va, size_t nbytes) noexcept nogil
     cdef int unmap(self, uintptr_t va, size_t nbytes) noexcept nogil
 
     # Device work: events, stream waits, copies, device queries

@@ -62,11 +62,17 @@ cdef class Upstream:
 
     cdef int map(self, uintptr_t va, size_t nbytes) noexcept nogil:
         """Map new memory at va (whole pages of a range from reserve), readable and writable by
-        the device."""
+        the device: each page a chunk of its own (unmapped one by one)."""
         return GP_PY_ERROR
 
+    cdef int map_chunk(self, uintptr_t va, size_t nbytes) noexcept nogil:
+        """Map new memory at va (whole pages of a range) as one chunk: one physical
+        allocation, which an unmap gives back only whole (a tagged segment's memory)."""
+        return self.map(va, nbytes)
+
     cdef int unmap(self, uintptr_t va, size_t nbytes) noexcept nogil:
-        """Unmap whole pages and give their memory back (no queued work may use them)."""
+        """Unmap the whole chunks that tile [va, va + nbytes) and give their memory back (no
+        queued work may use them); a range that cuts a chunk is refused, nothing unmapped."""
         return GP_PY_ERROR
 
     # Device work: events, stream waits, copies, device queries -----------------------

@@ -39,8 +39,10 @@ cdef class PythonUpstream(Upstream):
     for ``Pool.sleep``'s offload, kind 4 of ``_copy`` copies into it; without them the pool
     uses its own); an
     expandable one (``_set_expandable``) also ``_reserve() -> int``, ``_unreserve(va)``,
-    ``_map(va, nbytes)`` (raise ``MemoryError`` when out of memory) and ``_unmap(va,
-    nbytes)``. Exceptions other than ``MemoryError`` reach the caller of the pool operation
+    ``_map(va, nbytes)`` (raise ``MemoryError`` when out of memory), ``_unmap(va,
+    nbytes)`` and optionally ``_map_chunk(va, nbytes)`` (one physical allocation, unmapped
+    only whole; without it ``_map``) and ``_chunks(va, nbytes) -> [(start, bytes)]`` (the
+    chunks mapped in a range, for the pool's consistency check). Exceptions other than ``MemoryError`` reach the caller of the pool operation
     that made the call.
     """
 
@@ -124,6 +126,12 @@ cdef class PythonUpstream(Upstream):
     cdef int map(self, uintptr_t va, size_t nbytes) noexcept nogil:
         with gil:
             return self._call("_map", (va, nbytes), NULL, NULL)
+
+    cdef int map_chunk(self, uintptr_t va, size_t nbytes) noexcept nogil:
+        with gil:
+            if not hasattr(self, "_map_chunk"):
+                return self._call("_map", (va, nbytes), NULL, NULL)
+            return self._call("_map_chunk", (va, nbytes), NULL, NULL)
 
     cdef int unmap(self, uintptr_t va, size_t nbytes) noexcept nogil:
         with gil:

@@ -86,9 +86,11 @@ def test_the_c_api_stats_are_the_pools_counters(scratch, sim_pool):
     buf = sim_pool.allocate(64 << 10)
     del buf
     sim_pool.trim()
-    # Every counter of the C API's record; the sleep counters (asleep, offloaded) are not in it.
+    # Every counter of the C API's record; the sleep counters (asleep, offloaded, pinned) are
+    # not in it.
     pool_stats = sim_pool.stats().as_dict()
     assert pool_stats.pop("asleep_bytes") == pool_stats.pop("offloaded_bytes") == 0
+    assert pool_stats.pop("pinned_bytes") == 0
     assert scratch.stats() == pool_stats
     for ptr in kept:
         scratch.free(ptr)
@@ -242,7 +244,8 @@ def test_stats_reach_the_cumulative_counters(sim_pool):
     call("free_ptr", 0, ptrs[0])
     counters = sim_pool._counters()
     pool_stats = sim_pool.stats().as_dict()
-    del pool_stats["asleep_bytes"], pool_stats["offloaded_bytes"]     # not in the C record
+    for key in ("asleep_bytes", "offloaded_bytes", "pinned_bytes"):     # not in the C record
+        del pool_stats[key]
     assert stats() == pool_stats | {
         name: counters[name] for name in ("num_ooms", "allocated_bytes", "freed_bytes")}
     assert stats()["allocated_bytes"] == 1024 + 5120 and stats()["freed_bytes"] == 1024

@@ -325,10 +325,10 @@ def test_random_sleeps_and_wakes_with_failures_stay_consistent(seed):
         stats = check_invariants(pool)
         assert stats.reserved_bytes == sim.device_bytes
         assert sim.errors == []
-        # Page-locked memory is held only for offloaded bytes (a failed host_free keeps its
-        # chunk with the upstream).
+        # Page-locked memory is what the pool counts (a failed host_free leaves its chunk
+        # with the upstream).
         kept = any(call == "host_free" for call, _, _ in failures.injected)
-        assert kept or sim.pinned_bytes <= stats.offloaded_bytes
+        assert kept or sim.pinned_bytes == stats.pinned_bytes
     sim.inject(None)
     pool.wake(["a", "b"])
     for buf in live:
@@ -337,21 +337,27 @@ def test_random_sleeps_and_wakes_with_failures_stay_consistent(seed):
     check_invariants(pool)
 
 
-def test_offload_copies_into_one_page_locked_chunk_given_back_at_wake(vpool, vsim):
+def test_offload_copies_runs_into_one_page_locked_chunk_kept_at_wake(vpool, vsim):
     with gpupool.tag("weights"):
-        bufs = [vpool.allocate(n) for n in (PAGE, 5000, 3 * PAGE)]
+        bufs = [vpool.allocate(n) for n in (PAGE, 5000, 3 * PAGE, PAGE)]
+    bufs.pop(2).close()                 # two runs of adjacent live blocks
     for i, b in enumerate(bufs):
         b.copy_from_host(pattern(b.nbytes, i))
     vsim.calls.clear()
     vpool.sleep("weights", offload=True)
-    total = PAGE + 5120 + 3 * PAGE
+    total = PAGE + 5120 + PAGE
     assert vsim.calls_named("host_alloc") == [(total,)]
     assert vsim.pinned_bytes == total == vpool.stats().offloaded_bytes
-    # Copied without a wait each (kind 4), then one synchronize before the unmap.
-    assert [args[0] for args in vsim.calls_named("copy")] == [4, 4, 4]
+    # One copy a run, without a wait each (kind 4), then one synchronize before the unmap.
+    assert [(args[0], args[3]) for args in vsim.calls_named("copy")] == [
+        (4, PAGE + 5120), (4, PAGE)]
     assert names(vsim, "copy", "synchronize", "unmap")[-2:] == ["synchronize", "unmap"]
     vpool.wake("weights")
-    assert vsim.pinned_bytes == 0
+    assert [(args[0], args[3]) for args in vsim.calls_named("copy")][-2:] == [
+        (1, PAGE + 5120), (1, PAGE)]
+    # The chunk stays for the next sleep.
+    assert vsim.pinned_bytes == total == vpool.stats().pinned_bytes
+    assert vpool.stats().offloaded_bytes == 0
     for i, b in enumerate(bufs):
         np.testing.assert_array_equal(b.copy_to_host(), pattern(b.nbytes, i))
     check_invariants(vpool)

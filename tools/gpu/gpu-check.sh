@@ -25,6 +25,9 @@
 #             idle ones), one run under perf where the machine has it (perf.txt; PERF_ARGS
 #             its options, default 8 threads on per-thread streams beside 7 idle ones)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
+#   sleep     bench/sleep_wake.py alone (SLEEP_ARGS its options, e.g. "--nbytes 4GiB --reps 11"):
+#             a tagged pool's sleep and wake of 10 GiB, with and without offload, beside a plain
+#             pinned copy of the same size, targets judged -> sleep.log
 #   numba     numba-cuda's own tests (the driver layer, arrays, __cuda_array_interface__, IPC,
 #             streams) under Numba's default memory manager and under gpupool.numba, one
 #             process each: tools/gpu/numba_suite.py (NUMBA_SUITE_ARGS its options, default
@@ -189,6 +192,10 @@ if step example; then
         --plot "$OUT/train_digits.png" > "$OUT/example.log" 2>&1
     summary "examples/train_digits.py rc=$?"
 fi
+if step sleep; then
+    timeout ${SLEEP_TIMEOUT:-300} python3 bench/sleep_wake.py ${SLEEP_ARGS:-} > "$OUT/sleep.log" 2>&1
+    summary "bench/sleep_wake.py rc=$?"
+fi
 if step bench; then
     # real_models.py has a step of its own (models): about 8 minutes.
     BENCH=${BENCH:-alloc_latency,cross_stream,capi_latency,threads,trace_replay,fragmentation,region_memory,ipc}
@@ -203,6 +210,7 @@ grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/memcheck.log 2>/dev/null | he
 [ -f "$OUT/example.log" ] && tail -12 "$OUT/example.log"
 [ -f "$OUT/models.log" ] && tail -80 "$OUT/models.log"
 [ -f "$OUT/bench-tables.txt" ] && grep -E "target|MISS|met" "$OUT/bench-tables.txt" | head -20
+[ -f "$OUT/sleep.log" ] && tail -20 "$OUT/sleep.log"
 [ -f "$OUT/numba.log" ] && tail -40 "$OUT/numba.log"
 [ -f "$OUT/threads.log" ] && sed -n "/^scaling/,/^columns:/p" "$OUT/threads.log"
 cat "$OUT/summary.log"
