@@ -28,11 +28,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # (script, timeout in seconds). Seen on an H200: alloc_latency ~25 s, cross_stream ~10 s.
 # Estimated: threads ~20 s, trace_replay well under a minute.
 # real_models: about 15-25 s per (model, allocator), 21 pairs (seen on an H200, 2026-12-01).
-# Estimated: sleep_wake well under a minute (pinning 2 x 10 GiB, then seconds of copies).
+# Estimated: sleep_cycle well under a minute (pinning 2 x 10 GiB, then seconds of copies).
 SCRIPTS = [("alloc_latency", 240), ("cross_stream", 120), ("capi_latency", 120),
            ("threads", 180), ("trace_replay", 180), ("fragmentation", 60), ("ipc", 120),
            ("region_memory", 240), ("real_models", 900), ("rmm_resource", 120),
-           ("sleep_wake", 300)]
+           ("sleep_cycle", 300)]
 # Scripts that ``--repeat N`` runs N times (the latency and throughput ones), for the spread
 # of the same code's medians between runs.
 REPEATABLE = ("alloc_latency", "cross_stream", "capi_latency", "threads", "rmm_resource")

@@ -25,7 +25,7 @@ import real_models  # noqa: E402
 import region_memory  # noqa: E402
 import rmm_resource  # noqa: E402
 import run_all  # noqa: E402
-import sleep_wake  # noqa: E402
+import sleep_cycle  # noqa: E402
 import threads  # noqa: E402
 import trace_replay  # noqa: E402
 from _common import MiB  # noqa: E402
@@ -308,29 +308,29 @@ def test_ipc_script_on_the_simulated_device(tmp_path):
 
 
 def test_sleep_wake_script_on_the_simulated_device(tmp_path):
-    out_json = tmp_path / "sleep_wake.json"
-    assert sleep_wake.main(["--simulated", "--quick", "--json", str(out_json)]) == 0
+    out_json = tmp_path / "sleep_cycle.json"
+    assert sleep_cycle.main(["--simulated", "--quick", "--json", str(out_json)]) == 0
     out = json.loads(out_json.read_text())
     assert out["simulated"] and out["targets"] == {} and out["reduced_from"] is None
-    assert out["nbytes"] == sleep_wake.SIM_NBYTES and set(out["rows"]) == set(sleep_wake.ROWS)
+    assert out["nbytes"] == sleep_cycle.SIM_NBYTES and set(out["rows"]) == set(sleep_cycle.ROWS)
     assert all(len(r["samples"]) == out["reps"] == 2 for r in out["rows"].values())
     assert set(out["first"]) == {"sleep offload", "wake offload"}
     assert out["pool"]["asleep_bytes"] == 0 and out["pool"]["in_use_bytes"] == out["nbytes"]
     assert out["pool"]["pinned_bytes"] == out["nbytes"]       # kept for the next sleep
-    assert "not GPU numbers" in sleep_wake.report(out)
+    assert "not GPU numbers" in sleep_cycle.report(out)
 
 
 def test_sleep_wake_judges_its_targets_against_the_plain_copy():
-    samples = {row: [1.0] for row in sleep_wake.ROWS}
+    samples = {row: [1.0] for row in sleep_cycle.ROWS}
     samples.update({"sleep offload": [1.2], "wake offload": [1.3], "sleep": [0.04],
                     "wake": [0.06]})
-    rows, targets = sleep_wake.summarize({}, samples, 10 << 30, simulated=False)
+    rows, targets = sleep_cycle.summarize({}, samples, 10 << 30, simulated=False)
     assert rows["sleep offload"]["vs_plain"] == pytest.approx(1 / 1.2)
     assert list(targets.values()) == [True, False, True, False]
     assert "sleep offload >= 80% of copy D2H" in targets
     # Half of the free device memory less 1 GiB, in ten pieces of whole 2 MiB pages.
-    assert sleep_wake.fit(10 << 30, 15 << 30, 1 << 40) == 7160 * MiB
-    assert sleep_wake.fit(10 << 30, 1 << 40, 1 << 40) == 10 << 30
+    assert sleep_cycle.fit(10 << 30, 15 << 30, 1 << 40) == 7160 * MiB
+    assert sleep_cycle.fit(10 << 30, 1 << 40, 1 << 40) == 10 << 30
 
 
 # run_all's spread --------------------------------------------------------------------------

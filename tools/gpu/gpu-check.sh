@@ -25,7 +25,7 @@
 #             idle ones), one run under perf where the machine has it (perf.txt; PERF_ARGS
 #             its options, default 8 threads on per-thread streams beside 7 idle ones)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
-#   sleep     bench/sleep_wake.py alone (SLEEP_ARGS its options, e.g. "--nbytes 4GiB --reps 11"):
+#   sleep     bench/sleep_cycle.py alone (SLEEP_ARGS its options, e.g. "--nbytes 4GiB --reps 11"):
 #             a tagged pool's sleep and wake of 10 GiB, with and without offload, beside a plain
 #             pinned copy of the same size, targets judged -> sleep.log
 #   numba     numba-cuda's own tests (the driver layer, arrays, __cuda_array_interface__, IPC,
@@ -193,8 +193,8 @@ if step example; then
     summary "examples/train_digits.py rc=$?"
 fi
 if step sleep; then
-    timeout ${SLEEP_TIMEOUT:-300} python3 bench/sleep_wake.py ${SLEEP_ARGS:-} > "$OUT/sleep.log" 2>&1
-    summary "bench/sleep_wake.py rc=$?"
+    timeout ${SLEEP_TIMEOUT:-300} python3 bench/sleep_cycle.py ${SLEEP_ARGS:-} > "$OUT/sleep.log" 2>&1
+    summary "bench/sleep_cycle.py rc=$?"
 fi
 if step bench; then
     # real_models.py has a step of its own (models): about 8 minutes.

@@ -35,7 +35,7 @@ cost one driver round per allocation where gpupool's cost one per chunk.
 
 Run::
 
-    python bench/sleep_wake.py [--nbytes 10GiB] [--reps 7] [--json PATH] [--quick] [--simulated]
+    python bench/sleep_cycle.py [--nbytes 10GiB] [--reps 7] [--json PATH] [--quick] [--simulated]
 
 Without a GPU the script prints a skip line and exits 0. ``--simulated`` runs the pool on
 ``SimulatedDevice(virtual_memory=True)`` and the plain copy as a host ``memmove`` (default
@@ -52,8 +52,8 @@ import time
 import _common
 from _common import GiB, MiB, format_size, format_table
 
-SCRIPT = "sleep_wake"
-TAG = "bench.sleep_wake"
+SCRIPT = "sleep_cycle"
+TAG = "bench.sleep_cycle"
 PIECES = 10                     # buffers, so growths: the first sleep gives back 10 chunks
 ROWS = ["copy D2H", "copy H2D", "sleep offload", "wake offload", "sleep", "wake"]
 AGAINST = {"sleep offload": "copy D2H", "wake offload": "copy H2D"}
