@@ -7,6 +7,7 @@ that export."""
 
 import os
 import pickle
+import re
 
 import pytest
 from conftest import REPO, flat_memory_unmeasurable
@@ -306,3 +307,15 @@ def test_train_digits_torch_compiled_with_cudnn_benchmark(run_script, compile_mo
     # The same checks as the eager run's: accuracy, flat memory in the region mode, the gpupool
     # modes' losses equal to PyTorch's allocator's under the same compiled model.
     assert proc.returncode == 0, output
+
+
+def test_train_digits_help_explains_every_option(run_script):
+    proc, output = run_script("examples/train_digits.py", "--help", timeout=120)
+    assert proc.returncode == 0, output
+    options = proc.stdout.split("options:\n")[1]
+    # each option's line (or the line after it) has words after the option itself
+    entries = re.split(r"\n  (?=-)", "\n" + options.strip("\n"))
+    bare = [e.split()[0] for e in entries if e.strip() and len(e.split("  ", 1)) < 2
+            and "\n" not in e.strip()]
+    assert bare == [], output
+    assert "default 30" in options and "all (default)" in " ".join(options.split()), output
