@@ -32,16 +32,14 @@ def _extra(command):
     return re.match(r"pip install -e '\.\[(\w+)\]' && ", command).group(1)
 
 
-def _setup_cfg_options():
+def _setup_cfg():
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
-    return cfg["options"]
+    return cfg
 
 
 def _setup_cfg_list(section, key):
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    return [line.strip() for line in cfg[section][key].splitlines()
+    return [line.strip() for line in _setup_cfg()[section][key].splitlines()
             if line.strip() and not line.strip().startswith("#")]
 
 
@@ -79,7 +77,7 @@ def test_the_first_sentence_names_only_what_gpupool_supports():
 
 
 def test_python_version_named_is_the_packages():
-    oldest = _setup_cfg_options()["python_requires"].removeprefix(">=")
+    oldest = _setup_cfg()["options"]["python_requires"].removeprefix(">=")
     assert f"Python >= {oldest} " in _first_screen()
 
 
@@ -113,9 +111,7 @@ def test_ci_runs_the_readme_commands_as_written():
 
 
 def test_every_extra_the_readme_names_exists():
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    extras = set(cfg["options.extras_require"])
+    extras = set(_setup_cfg()["options.extras_require"])
     named = set(re.findall(r"pip install -e '\.\[([\w,]+)\]'", README))
     assert {e for group in named for e in group.split(",")} <= extras
     # The main job's extra leaves CuPy to the cupy extra: no GPU package on a machine without
