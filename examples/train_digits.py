@@ -150,11 +150,18 @@ class Simulated:
         pass  # NumPy has finished when it returns
 
 
-def choose_device(device):
-    """The Gpu or Simulated back end for ``--device``; says so in one line when it is simulated.
+def choose_device(device, mode):
+    """The Gpu or Simulated back end for ``--device`` and ``--mode``; says so in one line when
+    it is simulated.
 
-    ``auto`` takes the GPU when CuPy and a GPU are there; ``gpu`` raises SetupError otherwise.
+    ``auto`` takes the GPU when CuPy and a GPU are there; ``gpu``, and a mode that only runs on
+    the GPU (``cupy``), raise SetupError otherwise, before anything is printed.
     """
+    gpu_only = mode != "all" and mode not in Simulated.modes
+    others = f"--mode is one of {', '.join(Simulated.modes)} or all"
+    if gpu_only and device == "simulated":
+        raise SetupError(f"the {mode} mode needs a GPU and CuPy; on the simulated device "
+                         f"{others}")
     reason = "as asked (--device simulated)"
     if device != "simulated":
         try:
@@ -163,6 +170,9 @@ def choose_device(device):
             # The reason alone: the advice after it (use the simulated device in code) is not
             # for this command line, whose own is --device simulated (or auto).
             reason = str(exc).split('; gpupool needs')[0]
+            if gpu_only:
+                raise SetupError(f"the {mode} mode needs a GPU and CuPy: {reason}; without "
+                                 f"them {others} (gpupool's simulated device)") from exc
             if device == "gpu":
                 raise SetupError(f"{reason}; run with --device auto or --device simulated to "
                                  "train on gpupool's simulated device instead") from exc
@@ -453,11 +463,8 @@ def parse_args(argv):
 def run(args):
     """Train every mode asked for, print the summary; the failed checks."""
     pyplot = _plot.pyplot() if args.plot else None  # missing matplotlib: stop before training
-    backend = choose_device(args.device)
+    backend = choose_device(args.device, args.mode)
     modes = backend.modes if args.mode == "all" else (args.mode,)
-    if modes[0] not in backend.modes:
-        raise SetupError(f"the {modes[0]} mode needs a GPU and CuPy; on the {backend.name}"
-                         f" --mode is one of {', '.join(backend.modes)} or all")
     data = load_data()
     results = [run_mode(mode, backend, data, args,
                         args.snapshot and snapshot_path(args.snapshot, mode, len(modes) > 1))

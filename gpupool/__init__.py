@@ -118,6 +118,9 @@ def pool_status(device=None, pool=None):
         Effective GPU memory usage: 2.98% (716.688 MiB/23.465 GiB)
         Memory pool usage: 1.586 MiB (32.000 MiB reserved)
 
+    On the simulated device (an upstream of host memory) the first line reads
+    ``Simulated device memory usage: ...``: the figures are the simulated device's, not a GPU's.
+
     Parameters
     ----------
     device : int, optional
@@ -136,4 +139,5 @@ def pool_status(device=None, pool=None):
         raise TypeError(f"pool_status(pool=) takes a gpupool.Pool, got {type(pool).__name__}")
     free, total = pool.mem_info()
     stats = pool.stats()
-    print(_format_status(free, total, stats.in_use_bytes, stats.reserved_bytes))
+    print(_format_status(free, total, stats.in_use_bytes, stats.reserved_bytes,
+                         simulated=pool.upstream.host_accessible))

@@ -121,12 +121,14 @@ def format_bytes(nbytes):
     raise AssertionError("unreachable")
 
 
-def format_status(device_free, device_total, in_use, reserved):
-    """The two-line report of ``gpupool.pool_status()``."""
+def format_status(device_free, device_total, in_use, reserved, simulated=False):
+    """The two-line report of ``gpupool.pool_status()``; ``simulated``: the device is the
+    simulated one (host memory), which the first line names instead of a GPU."""
     used = device_total - device_free
     share = 100.0 * used / device_total if device_total else 0.0
+    device = "Simulated device memory usage" if simulated else "Effective GPU memory usage"
     return (
-        f"Effective GPU memory usage: {share:.2f}% "
+        f"{device}: {share:.2f}% "
         f"({format_bytes(used)}/{format_bytes(device_total)})\n"
         f"Memory pool usage: {format_bytes(in_use)} ({format_bytes(reserved)} reserved)"
     )

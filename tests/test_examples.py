@@ -8,6 +8,7 @@ on both of use()'s allocators."""
 
 import os
 import pickle
+import re
 
 import pytest
 from conftest import REPO, flat_memory_unmeasurable
@@ -63,8 +64,10 @@ def test_train_digits_trains_on_the_simulated_device_without_gpu(run_script, tmp
     for mode in ("region", "no-region"):
         epochs = [line for line in lines if line.startswith(f"[{mode}] epoch ")]
         assert len(epochs) == 10, output
-    # the pool's report after every epoch line
+    # the pool's report after every epoch line, naming the simulated device, not a GPU
     assert sum(line.startswith("Memory pool usage: ") for line in lines) == 20, output
+    assert sum(line.startswith("Simulated device memory usage: ") for line in lines) == 20, output
+    assert not any("GPU memory" in line for line in lines), output
     rows = _summary_rows(proc.stdout)
     assert set(rows) == {"region", "no-region"}, output
     for row in rows.values():
@@ -146,10 +149,24 @@ def test_train_digits_writes_a_memory_snapshot(run_script, tmp_path):
 def test_train_digits_cupy_mode_needs_a_gpu(run_script):
     proc, output = run_script("examples/train_digits.py", "--device", "simulated", "--mode",
                               "cupy", timeout=300)
-    assert proc.returncode == 2, output
+    assert proc.returncode == 2 and proc.stdout == "", output
     assert proc.stderr.splitlines() == [
         "train_digits: the cupy mode needs a GPU and CuPy; on the simulated device --mode is one"
         " of region, no-region or all"], output
+
+
+@pytest.mark.parametrize("device", ["auto", "gpu"], ids=["auto", "asked-for-the-gpu"])
+def test_train_digits_cupy_mode_without_a_gpu_says_only_that(run_script, device):
+    # One line, no word of training on the simulated device (which the cupy mode cannot do),
+    # and no advice to choose a device that would not run it either.
+    proc, output = run_script("examples/train_digits.py", "--device", device, "--mode", "cupy",
+                              env=NO_GPU, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == "", output
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("train_digits: the cupy mode needs a GPU and CuPy: "), output
+    assert line.endswith("; without them --mode is one of region, no-region or all (gpupool's"
+                         " simulated device)"), output
+    assert "--device" not in line, output
 
 
 def test_train_digits_plot_without_matplotlib_stops_before_training(monkeypatch, capsys):
@@ -309,3 +326,15 @@ def test_sleep_wake_swaps_a_trainer_and_an_engine(run_script, allocator):
     assert f"allocator {allocator!r}" in proc.stdout.splitlines()[0], output
     checks = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert len(checks) == 6 and all(line.startswith("[ok] ") for line in checks), output
+
+
+def test_train_digits_help_explains_every_option(run_script):
+    proc, output = run_script("examples/train_digits.py", "--help", timeout=120)
+    assert proc.returncode == 0, output
+    options = proc.stdout.split("options:\n")[1]
+    # each option's line (or the line after it) has words after the option itself
+    entries = re.split(r"\n  (?=-)", "\n" + options.strip("\n"))
+    bare = [e.split()[0] for e in entries if e.strip() and len(e.split("  ", 1)) < 2
+            and "\n" not in e.strip()]
+    assert bare == [], output
+    assert "default 30" in options and "all (default)" in " ".join(options.split()), output

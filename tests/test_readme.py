@@ -32,47 +32,86 @@ def _extra(command):
     return re.match(r"pip install -e '\.\[(\w+)\]' && ", command).group(1)
 
 
-def _setup_cfg_list(section, key):
+def _setup_cfg():
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
-    return [line.strip() for line in cfg[section][key].splitlines()
+    return cfg
+
+
+def _setup_cfg_list(section, key):
+    return [line.strip() for line in _setup_cfg()[section][key].splitlines()
             if line.strip() and not line.strip().startswith("#")]
 
 
 # The first screen and the two commands -------------------------------------------------------
 
-def test_the_first_screen_says_what_gpupool_is_then_gives_the_two_commands():
+def _first_screen():
+    return "\n".join(README.splitlines()[:FIRST_SCREEN_LINES])
+
+
+def test_the_first_screen_says_what_gpupool_is_then_what_the_commands_need_then_them():
     title, rest = README.split("\n\n", 1)
     assert title == "# gpupool"
-    intro, block = rest.split("```", 1)
-    assert intro.startswith("gpupool is a caching GPU memory allocator for Python")
-    assert len(intro.strip().splitlines()) <= 8
-    assert block.startswith("bash\n")           # the first code block: the two commands
-    first_screen = "\n".join(README.splitlines()[:FIRST_SCREEN_LINES])
-    assert _code_blocks("bash")[0] in first_screen
+    what, needs, block = rest.split("\n\n", 2)
+    assert what.startswith("gpupool is a caching GPU memory allocator for Python")
+    assert len(what.splitlines()) <= 8
+    # What the two commands need comes before them: Python and its headers, a compiler, whether
+    # CUDA headers or a GPU must be there.
+    for needed in ("Python >= 3.10", "python3-dev", "C++17 compiler", "no GPU",
+                   "no CUDA toolkit", "CUDA 13 headers"):
+        assert needed in needs, needed
+    assert block.startswith("```bash\n")        # then the two commands: the first code block
+    assert _code_blocks("bash")[0] in _first_screen()
+
+
+def test_the_first_sentence_names_only_what_gpupool_supports():
+    sentence = README.split("\n\n")[1].split(". ")[0]
+    # An adapter for each framework named as allocating from the pool
+    allocating = sentence.split(" allocate from")[0]
+    for name, adapter in (("CuPy", "cupy"), ("Numba", "numba"), ("PyTorch", "torch"),
+                          ("RMM", "rmm")):
+        assert name in allocating and (REPO / "gpupool" / f"{adapter}.py").exists(), name
+    # JAX has none: it only reads gpupool's buffers (DLPack, the CUDA Array Interface).
+    assert not (REPO / "gpupool" / "jax.py").exists() and "JAX" not in allocating
+    assert "JAX too, which keeps its own allocator" in sentence
+
+
+def test_python_version_named_is_the_packages():
+    oldest = _setup_cfg()["options"]["python_requires"].removeprefix(">=")
+    assert f"Python >= {oldest} " in _first_screen()
 
 
 def test_the_two_commands():
     assert _commands() == [
         "pip install -e '.[examples]' && python examples/train_digits.py",
-        "pip install -e '.[test]' && python -m pytest -q tests",
+        "pip install -r tests/requirements.txt && python -m pytest -q tests",
     ]
 
 
-def test_the_test_command_is_the_one_ci_runs():
+def test_the_test_command_builds_nothing_and_its_tools_are_the_test_extra():
+    # It installs requirements by name only: no local project, so nothing is built again.
+    install = _commands()[1].split(" && ")[0]
+    assert install == "pip install -r tests/requirements.txt"
+    listed = [line.strip() for line in (REPO / "tests" / "requirements.txt").read_text()
+              .splitlines() if line.strip() and not line.startswith("#")]
+    assert not any(r.startswith((".", "-e", "/", "gpupool")) for r in listed), listed
+    assert listed == _setup_cfg_list("options.extras_require", "test")
+    # the sdist carries it, with the tests
+    assert "recursive-include tests *.py *.cc *.txt" in (REPO / "MANIFEST.in").read_text()
+
+
+def test_ci_runs_the_readme_commands_as_written():
     ci = (REPO / ".ci" / "run").read_text().splitlines()
-    command = _commands()[1]
-    (install,) = [line for line in ci if line.startswith("python -m pip install -q -e ")]
-    assert install.endswith(f"'.[{_extra(command)}]'")
-    assert command.split(" && ")[1] in ci
+    first, test = _commands()
+    # gpupool installed as the first command installs it, then the test command verbatim
+    assert ci.index(first.split(" && ")[0]) < ci.index(test)
+    assert not any("pip install" in line and ("[test]" in line or "-e ." in line) for line in ci)
     # pytest's own configuration agrees on where the tests are
     assert 'testpaths = ["tests"]' in (REPO / "pyproject.toml").read_text()
 
 
 def test_every_extra_the_readme_names_exists():
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    extras = set(cfg["options.extras_require"])
+    extras = set(_setup_cfg()["options.extras_require"])
     named = set(re.findall(r"pip install -e '\.\[([\w,]+)\]'", README))
     assert {e for group in named for e in group.split(",")} <= extras
     # The main job's extra leaves CuPy to the cupy extra: no GPU package on a machine without

@@ -78,10 +78,12 @@ include "regionstack.pxi"
 include "tagging.pxi"
 
 
+# The docstring opens with its signature, for inspect.signature (Note [Class signatures]).
 cdef class Pool(PoolBase):
-    """A caching pool of device memory on one device.
+    """Pool(device=0, upstream=None, hard_limit=None, soft_limit=None)
+--
 
-    ``Pool(device=0, upstream=None, hard_limit=None, soft_limit=None)``
+    A caching pool of device memory on one device.
 
     Parameters
     ----------

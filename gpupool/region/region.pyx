@@ -82,12 +82,15 @@ cdef list _entered_here():
     return regions
 
 
+# The docstring opens with its signature, for inspect.signature (Note [Class signatures]).
 @cython.no_gc_clear      # __dealloc__ needs the pool to unregister from it
 cdef class Region:
-    """A cached scope of allocations.
+    """Region(pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
+              skip_first=False, debug=False, trace=False, scope="thread", name=None,
+              plan=False)
+--
 
-    ``Region(pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
-    skip_first=False, debug=False, trace=False, scope="thread", name=None, plan=False)``
+    A cached scope of allocations.
 
     Parameters
     ----------

@@ -20,8 +20,12 @@ IPC_MEM_HANDLE = "mem_handle"   # cuIpcGetMemHandle of a whole cuMemAlloc alloca
 IPC_POSIX_FD = "posix_fd"       # cuMemExportToShareableHandle of each page, as file descriptors
 
 
+# The docstring opens with its signature, for inspect.signature (Note [Class signatures]).
 cdef class Upstream:
-    """Base of the C-level upstream interface; not used directly.
+    """Upstream()
+--
+
+    Base of the C-level upstream interface; not used directly.
 
     Attributes
     ----------

@@ -11,8 +11,12 @@ from gpupool.errors import IpcError
 from gpupool.upstream.base import IPC_MEM_HANDLE
 
 
+# The docstring opens with its signature, for inspect.signature (Note [Class signatures]).
 cdef class DriverUpstream(DriverIpc):
-    """Device memory from ``cuMemAlloc`` / ``cuMemFree`` on one device's primary context.
+    """DriverUpstream(device=0)
+--
+
+    Device memory from ``cuMemAlloc`` / ``cuMemFree`` on one device's primary context.
 
     Parameters
     ----------

@@ -17,12 +17,14 @@ _ASYNC_REFUSAL = (
     "file descriptors) or 'driver' (cuIpcGetMemHandle)")
 
 
+# The docstring opens with its signature, for inspect.signature (Note [Class signatures]).
 cdef class AsyncUpstream(DriverUpstream):
-    """Device memory from a driver memory pool of its own (``cuMemPoolCreate``), allocated
+    """AsyncUpstream(device=0, release_threshold=0)
+--
+
+    Device memory from a driver memory pool of its own (``cuMemPoolCreate``), allocated
     with ``cuMemAllocFromPoolAsync`` on the requesting stream and freed with
     ``cuMemFreeAsync``.
-
-    ``AsyncUpstream(device=0, release_threshold=0)``
 
     The gpupool pool over it keeps its own free lists as with ``DriverUpstream``; memory it
     gives back stays in the driver pool up to ``release_threshold`` bytes (the gpupool pool's

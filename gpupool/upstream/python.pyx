@@ -23,8 +23,12 @@ cdef object _returned(Upstream upstream, str name, object value):
     return value
 
 
+# The docstring opens with its signature, for inspect.signature (Note [Class signatures]).
 cdef class PythonUpstream(Upstream):
-    """An upstream whose operations are Python methods; subclass it to simulate a device.
+    """PythonUpstream()
+--
+
+    An upstream whose operations are Python methods; subclass it to simulate a device.
 
     A subclass defines ``_alloc(nbytes) -> int`` (raise ``MemoryError`` when out of memory;
     ``_alloc(nbytes, stream)`` once ``_set_stream_ordered(True)``),

@@ -22,10 +22,12 @@ cdef int POSIX_FD_SUPPORTED = (
     cydriver.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
 
 
+# The docstring opens with its signature, for inspect.signature (Note [Class signatures]).
 cdef class VmmUpstream(DriverUpstream):
-    """Device memory from the driver's virtual memory API, for expandable segments.
+    """VmmUpstream(device=0, *, shareable=True)
+--
 
-    ``VmmUpstream(device=0)``
+    Device memory from the driver's virtual memory API, for expandable segments.
 
     The pool reserves one range of address space per stream (``cuMemAddressReserve``, the
     device's memory in size) and maps pages into it as the stream's segment grows: each page

@@ -217,7 +217,7 @@ def test_each_pool_shows_its_repr_and_status(sim):
     lines = _lines(pools={0: pool})
     start = lines.index("Pool of device 0:")
     assert lines[start + 1] == f"  {pool!r}"
-    assert lines[start + 2].startswith("  Effective GPU memory usage: ")
+    assert lines[start + 2].startswith("  Simulated device memory usage: ")
     assert lines[start + 3] == "  Memory pool usage: 1.000 KiB (2.000 MiB reserved)"
     assert "Pools: none made in this process" not in lines
     del buf

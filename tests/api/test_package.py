@@ -1,6 +1,12 @@
-"""The ``gpupool`` package's face: what ``dir(gpupool)`` lists."""
+"""The ``gpupool`` package's face: what ``dir(gpupool)`` lists, the signatures that
+``inspect.signature`` and ``help()`` show."""
 
+import inspect
+import pydoc
+import re
 import types
+
+import pytest
 
 from conftest import fresh_python
 
@@ -25,3 +31,54 @@ def test_a_public_module_is_listed_once_imported():
     """
     proc = fresh_python(code)
     assert proc.stdout.split() == ["False", "True", "False"], proc.stderr
+
+
+def _public(module):
+    """``(qualified name, object)`` of the module's public classes and functions, but
+    exception classes (Python gives its own exception classes no signature either) and
+    ``DeviceBuffer``, which is made by ``Pool.allocate``, not called."""
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if not callable(obj) or name == "DeviceBuffer" or (
+                isinstance(obj, type) and issubclass(obj, BaseException)):
+            continue
+        yield f"{module.__name__}.{name}", obj
+
+
+def test_every_public_class_function_and_method_has_a_signature():
+    import gpupool.testing
+
+    missing = []
+    for name, obj in [*_public(gpupool), *_public(gpupool.testing)]:
+        members = [(f"{name}.{m}", getattr(obj, m)) for m in vars(obj)
+                   if not m.startswith("_") and inspect.isroutine(getattr(obj, m))] \
+            if isinstance(obj, type) else []
+        for qualified, routine in [(name, obj), *members]:
+            try:
+                inspect.signature(routine)
+            except ValueError:
+                missing.append(qualified)
+    assert missing == []
+
+
+@pytest.mark.parametrize("cls", [gpupool.Pool, gpupool.Region, gpupool.DriverUpstream,
+                                 gpupool.VmmUpstream, gpupool.AsyncUpstream])
+def test_a_class_signature_names_the_parameters_its_docstring_documents(cls):
+    section = inspect.getdoc(cls).split("\nParameters\n----------\n")[1].split("\n\n")[0]
+    documented = [name for names in re.findall(r"^(\w+(?:, \w+)*) : ", section, re.MULTILINE)
+                  for name in names.split(", ")]
+    assert list(inspect.signature(cls).parameters) == documented
+    # help() shows it once, and the docstring no longer carries it
+    assert not inspect.getdoc(cls).startswith(cls.__name__ + "(")
+    assert pydoc.render_doc(cls, renderer=pydoc.plaintext).count(f"{cls.__name__}(") >= 1
+
+
+def test_the_class_signatures_are_the_constructors(sim):
+    pool = gpupool.Pool(upstream=sim, **{p.name: p.default for p in
+                                         inspect.signature(gpupool.Pool).parameters.values()
+                                         if p.name != "upstream"})
+    gpupool.Region(pool, **{p.name: p.default for p in
+                            inspect.signature(gpupool.Region).parameters.values()
+                            if p.name != "pool"})
+    assert str(inspect.signature(gpupool.PythonUpstream)) == "()"
+    gpupool.PythonUpstream()

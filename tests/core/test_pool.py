@@ -114,6 +114,15 @@ def test_stats_bookkeeping(pool):
     assert stats.as_dict()["num_allocs"] == 3
 
 
+def test_pool_status_on_the_simulated_device_names_it_not_a_gpu(pool, capsys):
+    buf = pool.allocate(1000)
+    gpupool.pool_status(pool=pool)
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.startswith("Simulated device memory usage: ") and "GPU" not in first
+    assert second == "Memory pool usage: 1.000 KiB (2.000 MiB reserved)"
+    del buf
+
+
 def test_pool_status_of_something_that_is_not_a_pool_is_a_clear_error():
     with pytest.raises(TypeError, match="takes a gpupool.Pool, got int"):
         gpupool.pool_status(pool=42)
