@@ -83,11 +83,16 @@ def test_a_step_that_scales_as_predicted_takes_its_planned_places():
     assert out["peak"] <= floor + placement_model.PAGE
 
 
-def test_plans_are_kept_per_bucket_and_reused():
+def test_plans_are_kept_per_bucket_and_reused_and_plan_kept_serves_a_buckets_first_step_online():
     events, step_at = placement_model.expand(varying_trace([1, 3, 2, 3, 2, 3]), 0)
     out = placement_model.simulate_planned(events, step_at, "plan-bucket")
     assert out["plans"] + out["reused"] == 3
     assert out["reused"] >= 1
+    # Planned after a bucket's first step: steps 3 and 4 (scales 3 and 2, new buckets) are
+    # served by best fit, step 5 (scale 3 again) from the plan step 3 made.
+    kept = placement_model.simulate_planned(events, step_at, "plan-kept")
+    assert kept["plans"] + kept["reused"] == 3
+    assert kept["planned"] == out["planned"] // 3 > 0 and kept["served"] > 0
 
 
 def test_a_step_of_another_shape_is_not_planned():

@@ -34,6 +34,9 @@ them), each request then taking its planned place when those bytes are free, els
 - ``plan-bucket``: as ``plan-scaled``, the first request's size rounded up to a bucket
   (``BUCKETS`` per doubling) and the plan kept per (structure, bucket): a later step of that
   bucket reuses it unless a block live at its start meets one of its places then.
+- ``plan-kept``: as ``plan-bucket``, but the first step of a bucket is served by best fit (its
+  plan is made then and serves the bucket's later steps): plans made after a step, never
+  while one runs, as a region planning at its exits would have them.
 
 A step is planned only when the two steps before it have one structure (the order of their
 allocations and frees): a step of another shape is served by best fit alone. Run from the
@@ -276,7 +279,7 @@ def simulate(events, step_at, policy, oracle=False):
     return -(-arena.peak // PAGE) * PAGE
 
 
-PLANNED = ("plan-exact", "plan-scaled", "plan-bucket")
+PLANNED = ("plan-exact", "plan-scaled", "plan-bucket", "plan-kept")
 
 
 def _obstacles(arena, where, events, lo, hi):
@@ -361,15 +364,19 @@ def _plan_for(how, steps, s, first_bytes, fixed, kept, out):
     else:
         bucket = int(np.ceil(BUCKETS * np.log2(first_bytes)))
         key = (steps[s - 1].structure(), bucket)
+        step = _predicted(steps, s, 2 ** (bucket / BUCKETS))
         if key in kept and not _meets(kept[key], fixed):
             out["reused"] += 1
             return kept[key].offsets
-        step = _predicted(steps, s, 2 ** (bucket / BUCKETS))
+        made = placement.plan(step, budget_ms=1e6, max_requests=1 << 20, fixed=fixed)
+        out["plans"] += 1
+        out["ms"] = max(out["ms"], made.planning_ms)
+        first = key not in kept
+        kept[key] = made
+        return None if how == "plan-kept" and first else made.offsets
     made = placement.plan(step, budget_ms=1e6, max_requests=1 << 20, fixed=fixed)
     out["plans"] += 1
     out["ms"] = max(out["ms"], made.planning_ms)
-    if how == "plan-bucket":
-        kept[key] = made
     return made.offsets
 
 
