@@ -42,7 +42,7 @@ A step is planned only when the two steps before it have one structure (the orde
 allocations and frees): a step of another shape is served by best fit alone. Run from the
 repository root::
 
-    PYTHONPATH=$PWD python tools/profile/placement_model.py [TRACE ...] [--passes N]
+    PYTHONPATH=$PWD python tools/profile/placement_model.py [TRACE ...] [--passes N] [--oracle]
 
 Output: per trace and replay, each policy's peak in MiB and its ratio to the replay's floor;
 for the planned ones also the share of the requests served at their place, the plans made and
