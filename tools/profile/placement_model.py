@@ -72,11 +72,12 @@ NEVER = 1 << 62             # the free time of a request never freed
 BUCKETS = 8                 # plan-bucket: buckets of the first request's size per doubling
 
 
-def expand(trace, passes):
+def expand(trace, passes, raw=None):
     """The replay's events ``[(op, uid, rounded bytes)]``, ``uid`` new for each allocation,
     and the index of each step's first event among them. Pass 0 is the whole trace; each
     further pass repeats its steps 1.. in the same live set: a free of an id not live is
-    skipped and an id still live is not allocated again (``long_replay.py``'s rules)."""
+    skipped and an id still live is not allocated again (``long_replay.py``'s rules).
+    ``raw``: a dict given here gets each ``uid``'s requested bytes (before rounding)."""
     starts = trace.meta["step_starts"]
     first = set(starts)
     events, out, live = trace.events(), [], {}
@@ -91,6 +92,8 @@ def expand(trace, passes):
                     out.append((1, live.pop(i), 0))
             elif i not in live:
                 live[i] = len(out)
+                if raw is not None:
+                    raw[len(out)] = n
                 out.append((0, len(out), -(-n // ALIGN) * ALIGN))
     return out, step_at
 
