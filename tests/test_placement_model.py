@@ -6,6 +6,7 @@ its planned places."""
 import os
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
@@ -14,6 +15,9 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "profile"))
 
 import alloc_trace  # noqa: E402
 import placement_model  # noqa: E402
+import scaled_plan  # noqa: E402
+
+from gpupool.region import placement  # noqa: E402
 
 A, F = alloc_trace.ALLOC, alloc_trace.FREE
 MiB = 1 << 20
@@ -115,3 +119,57 @@ def test_arena_take_at_takes_only_free_bytes():
     assert arena.take_at(b + 8192, 512)             # past the top: the range grows
     assert arena.top == b + 8192 + 512
     arena.check()
+
+
+def _raw_expand(trace, passes):
+    raw = {}
+    events, step_at = placement_model.expand(trace, passes, raw)
+    return events, step_at, raw
+
+
+@pytest.mark.parametrize("passes", [0, 2])
+def test_scaled_plans_keep_the_ranges_blocks_apart_and_reserve_at_least_the_floor(passes):
+    events, step_at, raw = _raw_expand(varying_trace([1, 3, 2, 4, 1, 3]), passes)
+    floor = placement_model.floor_bytes(events)
+    for policy in scaled_plan.POLICIES:
+        # Raises AssertionError when a planned place is refused by a block of the range.
+        out = scaled_plan.run_policy(events, step_at, raw, policy)
+        assert out["peak"] >= floor
+        assert out["served"] <= out["fit"] <= out["planned"]
+        assert out["steps"] > 0 and out["served"] > 0
+
+
+def test_scaled_places_of_blocks_live_at_once_never_meet_at_any_ratio():
+    events, step_at, raw = _raw_expand(varying_trace([1, 3, 2, 4, 1, 3]), 0)
+    bounds = step_at + [len(events)]
+    rows = [(op, uid, n, 0) for op, uid, n in events]
+    steps = [placement.record_step(rows, bounds[s], bounds[s + 1], bounds[min(s + 2, 6)])
+             for s in range(6)]
+    sizes = [steps[s].nbytes for s in (3, 4)]
+    raws = [np.array([raw[u] for op, u, _ in events[bounds[s]:bounds[s + 1]] if not op])
+            for s in (3, 4)]
+    cls, k0 = scaled_plan.classify(sizes, raws, steps[4].tails)
+    assert k0 == 0 and (cls == scaled_plan.LINEAR).sum() >= 7
+    assert (cls[steps[4].tails] != scaled_plan.LINEAR).all()
+    plan = scaled_plan.ScaledPlan(steps[4], cls, np.max(sizes, axis=0), raws[1],
+                                  np.zeros((0, 4), np.int64), 0)
+    step, keep = plan.step, np.flatnonzero(plan.cls != scaled_plan.UNPLANNED)
+    for num, den in [(1, 1), (1, 3), (2, 3), (5, 3), (7, 2), (1000, 999), (999, 1000)]:
+        places = {k: plan.place(k, (num, den)) for k in keep}
+        for i in keep:
+            for j in keep[keep > i]:
+                if placement.overlaps(step.alloc[i], step.free[i], step.alloc[j], step.free[j],
+                                      step.length):
+                    (a, m), (b, n) = places[i], places[j]
+                    assert a + m <= b or b + n <= a, (num, den, i, j)
+        if num >= den:          # a request of the ratio's size fits its place (PAD)
+            for k in keep[plan.cls[keep] == scaled_plan.LINEAR]:
+                want = -(-step.nbytes[k] * num // den // 512) * 512
+                assert want <= places[k][1]
+
+
+def test_the_ranges_check_fails_when_two_planned_places_meet(monkeypatch):
+    events, step_at, raw = _raw_expand(varying_trace([1, 3, 2, 4, 1, 3]), 0)
+    monkeypatch.setattr(scaled_plan.ScaledPlan, "place", lambda self, k, ratio: (1 << 30, 1 << 40))
+    with pytest.raises(AssertionError, match="planned blocks meet"):
+        scaled_plan.simulate_scaled(events, step_at, raw)

@@ -30,7 +30,11 @@ Reference steps (``REFS``): ``last``: re-planned between every two steps, the st
 reference; ``max``: the largest step of the structure seen (by its first linear request's
 bytes), re-planned only when a larger one comes, steps served by scaling down; ``once``: the
 first plan of a structure kept. ``-online``: the other requests online instead of at a slot
-of their most bytes. Run from the repository root::
+of their most bytes. ``-joint``: the requests that are not tails and do not scale go to the
+scaled sub-range too, at their most bytes over ``LOW`` or the least ratio seen to the
+reference (whichever is larger), so that they share bytes with scaled blocks not live with
+them; before the step's first linear request and below that ratio they go online. Run from
+the repository root::
 
     PYTHONPATH=$PWD python tools/profile/scaled_plan.py [TRACE ...] [--passes N]
 """
@@ -47,11 +51,13 @@ import placement_model as pm  # noqa: E402
 from gpupool.region import placement  # noqa: E402
 
 UNIT = pm.ALIGN             # bytes: the offsets' and sizes' unit
-CONST, LINEAR, OTHER, UNPLANNED = 0, 1, 2, -1
+CONST, OTHER, LINEAR, JOINT, UNPLANNED = 0, 1, 2, 3, -1
 TOL = 0.01                  # a linear request's size within this share of r * ref (and a unit)
 PAD = 1                     # units added to each linear request's reference size
+LOW = 0.25                  # joint: the least ratio to the reference a plan is made for
 REFS = ("last", "max", "once")
-POLICIES = ("scaled-last", "scaled-max", "scaled-once", "scaled-last-online")
+POLICIES = ("scaled-last", "scaled-max", "scaled-once", "scaled-last-online",
+            "scaled-last-joint", "scaled-max-joint")
 
 
 def _units(nbytes):
@@ -92,11 +98,17 @@ class ScaledPlan:
     ``hi``: absolute for CONST and OTHER, relative to the linear base for LINEAR) and the
     reference's requested bytes (the ratio's denominator)."""
 
-    def __init__(self, step, cls, nbytes, ref_raw, fixed, base_floor, pad=PAD):
+    def __init__(self, step, cls, nbytes, ref_raw, fixed, base_floor, pad=PAD, low=None):
         self.step, self.ref_raw = step, np.asarray(ref_raw, np.int64)
         planned = step.planned
         self.cls = np.where(planned, cls, UNPLANNED)
-        lin, rest = self.cls == LINEAR, (self.cls == CONST) | (self.cls == OTHER)
+        if low is not None:
+            # Joint: the requests that are not tails go to the scaled sub-range, those that
+            # do not scale at their size over ``low`` (the least ratio planned for).
+            fixed_size = ((self.cls == CONST) | (self.cls == OTHER)) & ~step.tails
+            nbytes = np.where(fixed_size, _units(nbytes / low) * UNIT, nbytes)
+            self.cls = np.where(fixed_size, JOINT, self.cls)
+        lin, rest = self.cls >= LINEAR, (self.cls == CONST) | (self.cls == OTHER)
         ms, offsets, b = 0.0, np.full(len(step), -1, np.int64), np.zeros(len(step), np.int64)
         for mask, extra, fix in ((rest, 0, fixed), (lin, pad * UNIT, None)):
             sub = placement.Step(nbytes + extra, step.alloc,
@@ -121,14 +133,16 @@ class ScaledPlan:
         at = step.free[tail] - step.length
         self.kind[at], self.index[at] = 3, np.flatnonzero(tail)
 
-    def place(self, k, num, den):
-        """Request ``k``'s place at ratio ``num / den``: (address, bytes it may take), or
-        None when the plan does not place it. O(1): a lookup, two multiplies."""
+    def place(self, k, ratio):
+        """Request ``k``'s place at ``ratio`` (num, den; None before the step's first linear
+        request): (address, bytes it may take), or None when the plan does not place it (or
+        scales it and the ratio is not known yet). O(1): a lookup, two multiplies."""
         c = self.cls[k]
-        if c == UNPLANNED:
+        if c == UNPLANNED or c >= LINEAR and ratio is None:
             return None
         lo, hi = int(self.lo[k]), int(self.hi[k])
-        if c == LINEAR:
+        if c >= LINEAR:
+            num, den = ratio
             lo, hi = self.base - (-lo * num // den), self.base - (-hi * num // den)
         return lo * UNIT, (hi - lo) * UNIT
 
@@ -141,7 +155,7 @@ def _fixed_and_floor(arena, where, events, lo, hi, in_range):
     return rows, int((rows[stays, 0] + rows[stays, 1]).max(initial=0))
 
 
-def simulate_scaled(events, step_at, raw, ref="last", other="slot", pad=PAD):
+def simulate_scaled(events, step_at, raw, ref="last", other="slot", pad=PAD, joint=False):
     """Replay ``events`` with scale-invariant plans (module docstring); ``raw``: each
     allocation uid's requested bytes. Returns a dict: peak (bytes, page rounded), planned,
     fit, served, refused (requests), plans, steps (planned) and deviated (steps off plan), slowest plan's ms."""
@@ -182,7 +196,10 @@ def simulate_scaled(events, step_at, raw, ref="last", other="slot", pad=PAD):
             if remake:
                 fixed, floor = _fixed_and_floor(mem, where, events, lo, hi, in_range)
                 nbytes = np.where(cls == LINEAR, sizes[pick], np.max(sizes, axis=0))
-                plan = ScaledPlan(steps[s - 1], cls, nbytes, raws[pick], fixed, floor, pad)
+                low = None
+                if joint and k0 >= 0:
+                    low = max(LOW, min(r[k0] for r in raws) / raws[pick][k0])
+                plan = ScaledPlan(steps[s - 1], cls, nbytes, raws[pick], fixed, floor, pad, low)
                 plans[key] = plan
                 out["plans"] += 1
                 out["ms"] = max(out["ms"], plan.planning_ms)
@@ -211,7 +228,7 @@ def simulate_scaled(events, step_at, raw, ref="last", other="slot", pad=PAD):
             if on_plan:
                 if plan.cls[k] == LINEAR and ratio is None:
                     ratio = (int(raw[uid]), int(plan.ref_raw[k]))
-                place = plan.place(k, *(ratio or (1, 1)))
+                place = plan.place(k, ratio)
             if place is not None:
                 out["planned"] += 1
                 at, room = place
@@ -242,7 +259,7 @@ def run_policy(events, step_at, raw, policy):
     """``simulate_scaled`` by a POLICIES name."""
     ref = policy.split("-")[1]
     return simulate_scaled(events, step_at, raw, ref, "online" if policy.endswith("-online")
-                           else "slot")
+                           else "slot", joint=policy.endswith("-joint"))
 
 
 def main(argv=None):
