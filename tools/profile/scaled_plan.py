@@ -158,7 +158,8 @@ def _fixed_and_floor(arena, where, events, lo, hi, in_range):
 def simulate_scaled(events, step_at, raw, ref="last", other="slot", pad=PAD, joint=False):
     """Replay ``events`` with scale-invariant plans (module docstring); ``raw``: each
     allocation uid's requested bytes. Returns a dict: peak (bytes, page rounded), planned,
-    fit, served, refused (requests), plans, steps (planned) and deviated (steps off plan), slowest plan's ms."""
+    fit, served, refused (requests), plans, steps (planned) and deviated (steps off plan),
+    slowest plan's ms."""
     if ref not in REFS or other not in ("slot", "online"):
         raise ValueError(f"ref must be one of {REFS} and other 'slot' or 'online'")
     bounds = step_at + [len(events)]
