@@ -285,7 +285,7 @@ def simulate(events, step_at, policy, oracle=False):
 PLANNED = ("plan-exact", "plan-scaled", "plan-bucket", "plan-kept")
 
 
-def _obstacles(arena, where, events, lo, hi):
+def obstacles(arena, where, events, lo, hi):
     """The blocks live at event ``lo`` as ``placement.plan``'s fixed rows: (address, bytes,
     0, the event of the step ``[lo, hi)`` that frees it, or forever)."""
     freed = {events[t][1]: t - lo for t in range(lo, hi) if events[t][0]}
@@ -316,22 +316,31 @@ def _predicted(steps, s, first_bytes):
                           prev.length)
 
 
-def simulate_planned(events, step_at, how):
-    """Replay ``events`` under a PLANNED policy ``how``; returns a dict: peak (bytes, page
-    rounded), served and planned (requests), plans, reused, slowest plan's ms."""
+def steps_and_prelude(events, step_at):
+    """The steps' bounds (each step's first event, then the end) and ``placement.Step`` s, and
+    an Arena with the events before the first step placed by best fit, with its blocks' uid ->
+    address."""
     bounds = step_at + [len(events)]
     rows = [(op, uid, n, 0) for op, uid, n in events]
     steps = [placement.record_step(rows, bounds[s], bounds[s + 1],
                                    bounds[min(s + 2, len(step_at))])
              for s in range(len(step_at))]
-    arena, where, kept = Arena(), {}, {}
-    out = {"served": 0, "planned": 0, "plans": 0, "reused": 0, "ms": 0.0}
+    arena, where = Arena(), {}
     for t in range(bounds[0]):
         op, uid, n = events[t]
         if op:
             arena.release(where.pop(uid))
         else:
             where[uid] = arena.best_fit(n)
+    return bounds, steps, arena, where
+
+
+def simulate_planned(events, step_at, how):
+    """Replay ``events`` under a PLANNED policy ``how``; returns a dict: peak (bytes, page
+    rounded), served and planned (requests), plans, reused, slowest plan's ms."""
+    bounds, steps, arena, where = steps_and_prelude(events, step_at)
+    kept = {}
+    out = {"served": 0, "planned": 0, "plans": 0, "reused": 0, "ms": 0.0}
     for s in range(len(step_at)):
         lo, hi = bounds[s], bounds[s + 1]
         offsets = None
@@ -343,7 +352,7 @@ def simulate_planned(events, step_at, how):
                 arena.release(where.pop(uid))
                 continue
             if k == 0 and repeats:
-                offsets = _plan_for(how, steps, s, n, _obstacles(arena, where, events, lo, hi),
+                offsets = _plan_for(how, steps, s, n, obstacles(arena, where, events, lo, hi),
                                     kept, out)
             at = None
             if offsets is not None and k < len(offsets) and offsets[k] >= 0:

@@ -150,7 +150,7 @@ class ScaledPlan:
 def _fixed_and_floor(arena, where, events, lo, hi, in_range):
     """The blocks live at event ``lo`` as the constant plan's fixed rows, and the least base
     of the linear sub-range: above every block in the range and every one that stays."""
-    rows = pm._obstacles(arena, where, events, lo, hi)
+    rows = pm.obstacles(arena, where, events, lo, hi)
     stays = (rows[:, 3] == pm.NEVER) | np.isin(rows[:, 0], list(in_range.values()))
     return rows, int((rows[stays, 0] + rows[stays, 1]).max(initial=0))
 
@@ -162,20 +162,10 @@ def simulate_scaled(events, step_at, raw, ref="last", other="slot", pad=PAD, joi
     slowest plan's ms."""
     if ref not in REFS or other not in ("slot", "online"):
         raise ValueError(f"ref must be one of {REFS} and other 'slot' or 'online'")
-    bounds = step_at + [len(events)]
-    rows = [(op, uid, n, 0) for op, uid, n in events]
-    steps = [placement.record_step(rows, bounds[s], bounds[s + 1],
-                                   bounds[min(s + 2, len(step_at))])
-             for s in range(len(step_at))]
-    mem, shadow, where, in_range = pm.Arena(), pm.Arena(), {}, {}
+    bounds, steps, mem, where = pm.steps_and_prelude(events, step_at)
+    shadow, in_range = pm.Arena(), {}
     history, plans, clean, prev_uids = {}, {}, None, []
     out = dict(planned=0, fit=0, served=0, refused=0, plans=0, steps=0, deviated=0, ms=0.0)
-    for t in range(bounds[0]):
-        op, uid, n = events[t]
-        if op:
-            mem.release(where.pop(uid))
-        else:
-            where[uid] = mem.best_fit(n)
     for s in range(len(step_at)):
         lo, hi = bounds[s], bounds[s + 1]
         plan = None
