@@ -1,7 +1,7 @@
 """The offline placement model (tools/profile/placement_model.py) on made-up traces: no policy
 places two live blocks on one byte, none reserves below the floor, a planned policy plans only
 steps whose shape the two steps before share, and a step that scales as predicted is served at
-its planned places."""
+its planned places; plans of the largest step keep their slotted blocks apart."""
 
 import os
 import sys
@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "profile"))
 
 import alloc_trace  # noqa: E402
+import max_plan  # noqa: E402
 import placement_model  # noqa: E402
 import scaled_plan  # noqa: E402
 
@@ -173,3 +174,74 @@ def test_the_ranges_check_fails_when_two_planned_places_meet(monkeypatch):
     monkeypatch.setattr(scaled_plan.ScaledPlan, "place", lambda self, k, ratio: (1 << 30, 1 << 40))
     with pytest.raises(AssertionError, match="planned blocks meet"):
         scaled_plan.simulate_scaled(events, step_at, raw)
+
+
+@pytest.mark.parametrize("passes", [0, 2])
+def test_plans_of_the_largest_step_keep_slotted_blocks_apart_and_reserve_at_least_the_floor(
+        passes):
+    events, step_at, raw = _raw_expand(varying_trace([1, 3, 2, 4, 1, 3]), passes)
+    floor = placement_model.floor_bytes(events)
+    for name in max_plan.VARIANTS:
+        # Raises AssertionError when a slotted block is refused by another slotted one.
+        out = max_plan.run_variant(events, step_at, raw, name)
+        assert out["peak"] >= out["steady"] >= floor
+        assert out["served"] <= out["planned"] <= out["requests"]
+        assert out["replans"] > 0 and out["served"] > 0
+
+
+def test_the_largest_step_is_planned_and_the_smaller_steps_are_served_whole_at_its_slots():
+    scales = [1, 3, 2, 4, 1, 3]
+    events, step_at, raw = _raw_expand(varying_trace(scales), 0)
+    out = max_plan.simulate_max(events, step_at, raw)
+    # After step 2 (the first to repeat the step before's structure) the plan of step 1
+    # (scale 3, the largest seen); step 3 (scale 4) misfits at its first request and runs
+    # online, then is planned; steps 4 and 5 (scales 1, 3) are served whole at its slots.
+    assert out["replans"] == 2 and out["moved"] == 0
+    assert out["misfits"] == 1 and out["refused"] == 0
+    per_step = out["requests"] // len(scales)
+    assert out["served"] == 2 * per_step
+    # The run's peak is step 3's (online); from step 4 on the plan's.
+    assert out["peak"] >= out["steady"]
+
+
+def test_a_smaller_steps_blocks_stay_inside_the_largest_steps_slots():
+    scales = [1, 3, 2, 4, 1, 3]
+    events, step_at, raw = _raw_expand(varying_trace(scales), 0)
+    bounds = step_at + [len(events)]
+    rows = [(op, uid, n, 0) for op, uid, n in events]
+    steps = [placement.record_step(rows, bounds[s], bounds[s + 1], bounds[min(s + 2, 6)])
+             for s in range(6)]
+    made = placement.plan(steps[3], budget_ms=1e6)
+    for s in (1, 2, 4):
+        step = steps[s]
+        assert step.structure() == steps[3].structure()
+        keep = np.flatnonzero(step.planned)
+        assert (step.nbytes[keep] <= made.sizes[keep]).all()
+        lo, hi = made.offsets, made.offsets + step.nbytes
+        for i in keep:
+            for j in keep[keep > i]:
+                if placement.overlaps(step.alloc[i], step.free[i], step.alloc[j], step.free[j],
+                                      step.length):
+                    assert hi[i] <= lo[j] or hi[j] <= lo[i], (s, i, j)
+
+
+def test_the_slotted_check_fails_when_two_slots_meet(monkeypatch):
+    events, step_at, raw = _raw_expand(varying_trace([1, 3, 2, 4, 1, 3]), 0)
+    real = placement.plan
+
+    def stacked(step, **kwargs):
+        made = real(step, **kwargs)
+        made.offsets[:] = np.where(made.offsets >= 0, 1 << 30, -1)
+        return made
+
+    monkeypatch.setattr(max_plan.placement, "plan", stacked)
+    with pytest.raises(AssertionError, match="slotted blocks meet"):
+        max_plan.simulate_max(events, step_at, raw)
+
+
+def test_max_plan_rejects_unknown_modes():
+    events, step_at, raw = _raw_expand(varying_trace([1, 3, 2]), 0)
+    with pytest.raises(ValueError, match="misfit"):
+        max_plan.simulate_max(events, step_at, raw, misfit="never")
+    with pytest.raises(ValueError, match="by must be"):
+        max_plan.simulate_max(events, step_at, raw, by="area")

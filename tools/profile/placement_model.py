@@ -293,7 +293,7 @@ def obstacles(arena, where, events, lo, hi):
     return np.array(rows, np.int64).reshape(-1, 4)
 
 
-def _meets(plan, fixed):
+def meets(plan, fixed):
     """Whether a block of ``fixed`` holds bytes of one of ``plan``'s places while its request
     may be live."""
     step, keep = plan.step, plan.step.planned
@@ -377,7 +377,7 @@ def _plan_for(how, steps, s, first_bytes, fixed, kept, out):
         bucket = int(np.ceil(BUCKETS * np.log2(first_bytes)))
         key = (steps[s - 1].structure(), bucket)
         step = _predicted(steps, s, 2 ** (bucket / BUCKETS))
-        if key in kept and not _meets(kept[key], fixed):
+        if key in kept and not meets(kept[key], fixed):
             out["reused"] += 1
             return kept[key].offsets
         made = placement.plan(step, budget_ms=1e6, max_requests=1 << 20, fixed=fixed)

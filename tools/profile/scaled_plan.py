@@ -93,6 +93,37 @@ def classify(sizes, raws, tails, tol=TOL):
     return cls, k0
 
 
+def expected_events(step):
+    """The events a plan of ``step`` expects at each event index of a step of its structure:
+    (kind, index) arrays of ``step.length``; kind 1: allocation ``index``, 2: the free of the
+    step's request ``index``, 3: the free of the step before's tail ``index``, 0: none of the
+    plan's."""
+    planned = step.planned
+    kind = np.zeros(step.length, np.int8)
+    index = np.zeros(step.length, np.int64)
+    kind[step.alloc], index[step.alloc] = 1, np.arange(len(step))
+    inside = planned & (step.free < step.length)
+    kind[step.free[inside]], index[step.free[inside]] = 2, np.flatnonzero(inside)
+    tail = planned & step.tails
+    kind[step.free[tail] - step.length], index[step.free[tail] - step.length] = \
+        3, np.flatnonzero(tail)
+    return kind, index
+
+
+def follows(kind, index, t, op, uid, uids, prev_uids, in_range):
+    """Whether event ``t`` of a step (``op``, ``uid``; ``uids``: the step's allocations so
+    far, ``prev_uids``: the step before's) is the one a plan expecting (``kind``, ``index``)
+    there has; ``in_range``: the uids of blocks at planned places. O(1)."""
+    if t >= len(kind):
+        return False
+    k, j = kind[t], index[t]
+    if not op:
+        return k == 1 and j == len(uids)
+    return (k == 2 and j < len(uids) and uids[j] == uid or
+            k == 3 and j < len(prev_uids) and prev_uids[j] == uid or
+            k == 0 and uid not in in_range)
+
+
 class ScaledPlan:
     """A plan of one structure served at any ratio: per request its class and units (``lo``,
     ``hi``: absolute for CONST and OTHER, relative to the linear base for LINEAR) and the
@@ -122,16 +153,7 @@ class ScaledPlan:
         self.lo, self.hi = offsets // UNIT, (offsets + b) // UNIT
         self.base = int(_units(max(top, base_floor)))
         self.planning_ms = ms
-        # The events the plan expects at each index of the step: allocation k (kind 1), free
-        # of its request k (2) or of the step before's tail k (3); 0: none of the range's.
-        self.kind = np.zeros(step.length, np.int8)
-        self.index = np.zeros(step.length, np.int64)
-        self.kind[step.alloc], self.index[step.alloc] = 1, np.arange(len(step))
-        inside = planned & (step.free < step.length)
-        self.kind[step.free[inside]], self.index[step.free[inside]] = 2, np.flatnonzero(inside)
-        tail = planned & step.tails
-        at = step.free[tail] - step.length
-        self.kind[at], self.index[at] = 3, np.flatnonzero(tail)
+        self.kind, self.index = expected_events(step)
 
     def place(self, k, ratio):
         """Request ``k``'s place at ``ratio`` (num, den; None before the step's first linear
@@ -199,14 +221,8 @@ def simulate_scaled(events, step_at, raw, ref="last", other="slot", pad=PAD, joi
         for t in range(lo, hi):
             op, uid, n = events[t]
             at_t = t - lo
-            if on_plan and at_t < plan.step.length:
-                kind, j = plan.kind[at_t], plan.index[at_t]
-                on_plan = (kind == 1 and j == len(uids) if not op else
-                           kind == 2 and j < len(uids) and uids[j] == uid or
-                           kind == 3 and j < len(prev_uids) and prev_uids[j] == uid or
-                           kind == 0 and uid not in in_range)
-            else:
-                on_plan = False
+            on_plan = on_plan and follows(plan.kind, plan.index, at_t, op, uid, uids,
+                                          prev_uids, in_range)
             if op:
                 at = where.pop(uid)
                 mem.release(at)

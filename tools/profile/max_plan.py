@@ -1,0 +1,252 @@
+"""Plans of the largest step in the offline placement model (``placement_model.py``): one exact
+plan per structure, made between steps from the largest step of that structure seen, serving
+the smaller steps at its offsets unscaled, with O(1) work per request.
+
+The steps' request sizes grow with the step's ratio ``r`` (batch x length), read from the
+step's first request's requested bytes. After a step whose structure repeats the step before's,
+the model takes the largest step of that structure seen (``by``: ``r``, or its floor, the most
+bytes its requests hold at once) and, when it is larger than the reference its structure's plan
+was made from (or no plan exists), makes a new plan from it (a *re-plan*): ``placement.plan``
+of that step's sizes and lifetimes around the blocks live then (the step's tails until the
+structure's free of them, any other block for good), as a region planning at its exits
+would. The same reference is placed again (``moved``, counted among the re-plans) when a block
+the plan does not know holds a slot's bytes while the slot is used. A step is served with the
+plan of the step before's structure: request ``k`` at its slot ``[o_k, o_k + b_k)`` when its
+size is at most ``b_k`` and those bytes are free. Each event is compared with the plan's event
+at that index (a lookup); the first mismatch sends the rest of the step to best fit. A request
+larger than its slot sends the rest of the step to best fit (``misfit="rest"``) or only itself
+(``"request"``); a slot whose bytes a block holds (one placed by best fit) sends only that
+request to best fit (counted as ``refused``).
+
+Why no two slotted blocks meet: the plan places the reference's requests so that two whose
+lifetimes meet (tails across the step's boundary included) have disjoint slots; a step of the
+structure has the same lifetimes (each event is checked), and a request no larger than its slot
+stays inside it, so a smaller step's blocks shrink within the larger step's slots. The model
+checks it: blocks served at their slots are also kept in a second ``Arena``, and a slotted
+request refused there raises AssertionError. That arena holds, at a step's start, only the
+tails of a step before served under the same plan and on it to its end; any other block there
+leaves it (it is one the argument does not cover: the memory's arena still keeps it apart).
+
+Variants (``VARIANTS``): ``plan-max`` (by ``r``, misfit: rest of the step); ``-request`` (a
+misfit sends only itself to best fit); ``-floor`` (the reference by floor); ``-envelope`` (the
+plan of the elementwise largest sizes over the structure's steps seen, re-made when a step has
+a request larger than its slot); ``-margin`` (the reference's sizes plus ``MARGIN``, re-made
+when ``r`` passes the reference's by more than that); ``-one`` (one plan in all: a repeating
+structure other than the plan's replaces it). Run from the repository root::
+
+    PYTHONPATH=$PWD python tools/profile/max_plan.py [TRACE ...] [--passes N]
+
+Output: per trace and replay, the peak MiB and its ratio to the floor; the re-plans; the share
+of the steps' requests served at their slot; and the steady peak, the most bytes to the highest
+live block's end from the step after the last re-plan on (page rounded): what a range that
+gave back its unused top would hold then. The run's peak is what an out-of-memory error sees.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+import placement_model as pm  # noqa: E402
+import scaled_plan  # noqa: E402
+
+from gpupool.region import placement  # noqa: E402
+
+MARGIN = 0.05               # -margin: the share added to the reference's sizes
+VARIANTS = {
+    "plan-max": {},
+    "plan-max-request": {"misfit": "request"},
+    "plan-max-floor": {"by": "floor"},
+    "plan-max-envelope": {"by": "envelope"},
+    "plan-max-margin": {"margin": MARGIN},
+    "plan-max-one": {"one": True},
+}
+
+
+def _measure(step, first_raw, by):
+    """A step's size for choosing the reference: its first request's requested bytes (``r``)
+    or its floor in bytes."""
+    if by == "floor":
+        keep = step.planned
+        return placement.floor_bytes(step.nbytes[keep], step.alloc[keep], step.free[keep],
+                                     step.length)
+    return int(first_raw)
+
+
+def fixed_rows(mem, where, step, uids):
+    """The blocks live after ``step`` (its allocations' ``uids``) as ``placement.plan``'s
+    fixed rows for a step of its structure: the step's tails until the structure frees them,
+    any other block for good (an escaped request, a block of the prelude)."""
+    tail_free = {uids[k]: int(step.free[k] - step.length) for k in np.flatnonzero(step.tails)}
+    rows = [(at, mem.used[at], 0, tail_free.get(uid, pm.NEVER)) for uid, at in where.items()]
+    return np.array(rows, np.int64).reshape(-1, 4)
+
+
+class _Kept:
+    """One structure's plan: the ``placement.Plan``, the reference's measure (the most it
+    covers), and the events it expects (``scaled_plan.expected_events``)."""
+
+    def __init__(self, plan, covers):
+        self.plan, self.covers = plan, covers
+        self.kind, self.index = scaled_plan.expected_events(plan.step)
+
+
+def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=False):
+    """Replay ``events`` with plans of the largest step (module docstring); ``raw``: each
+    allocation uid's requested bytes.
+
+    Parameters
+    ----------
+    by : {"r", "floor", "envelope"}
+        The reference's measure, or the elementwise largest sizes seen.
+    misfit : {"rest", "request"}
+        What a request larger than its slot sends to best fit.
+    margin : float
+        The share added to the reference's sizes (and to the ``r`` its plan covers).
+    one : bool
+        One plan in all, instead of one per structure.
+
+    Returns
+    -------
+    dict
+        peak and steady (bytes, page rounded), replans, requests (the steps' allocations),
+        planned (those with a slot), served (at their slot), misfits, refused, slowest ms.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``by`` or ``misfit``.
+    AssertionError
+        Two slotted blocks meet (the argument above fails), or the arenas' tiling breaks.
+    """
+    if by not in ("r", "floor", "envelope") or misfit not in ("rest", "request"):
+        raise ValueError("by must be 'r', 'floor' or 'envelope' and misfit 'rest' or 'request'")
+    bounds, steps, mem, where = pm.steps_and_prelude(events, step_at)
+    shadow, in_range = pm.Arena(), {}
+    kept, seen = {}, {}
+    out = dict(requests=0, planned=0, served=0, misfits=0, refused=0, replans=0, moved=0,
+               ms=0.0)
+    prev_uids, clean, last_replan = [], None, -1
+    reach = []                                # per step: the highest end live at its start
+    top_alloc = []                            # per step: the highest end it allocated
+    for s in range(len(step_at)):
+        lo, hi = bounds[s], bounds[s + 1]
+        ref = kept.get(steps[s - 1].structure()) if s else None
+        # Only the tails of a step served to its end under this plan stay checked.
+        for uid in [u for u in in_range if ref is None or clean is not ref]:
+            shadow.release(in_range.pop(uid))
+        reach.append(max((a + n for a, n in mem.used.items()), default=0))
+        on_plan, uids, high = ref is not None, [], 0
+        for t in range(lo, hi):
+            op, uid, n = events[t]
+            on_plan = on_plan and scaled_plan.follows(ref.kind, ref.index, t - lo, op, uid,
+                                                      uids, prev_uids, in_range)
+            if op:
+                mem.release(where.pop(uid))
+                if uid in in_range:
+                    shadow.release(in_range.pop(uid))
+                continue
+            k = len(uids)
+            uids.append(uid)
+            out["requests"] += 1
+            at = None
+            if on_plan and ref.plan.offsets[k] >= 0:
+                out["planned"] += 1
+                slot = int(ref.plan.offsets[k])
+                if n > ref.plan.sizes[k]:
+                    out["misfits"] += 1
+                    on_plan = misfit == "request"
+                else:
+                    if not shadow.take_at(slot, n):
+                        raise AssertionError(f"step {s} request {k}: slotted blocks meet")
+                    if mem.take_at(slot, n):
+                        at = in_range[uid] = slot
+                        out["served"] += 1
+                    else:
+                        shadow.release(slot)
+                        out["refused"] += 1
+            where[uid] = mem.best_fit(n) if at is None else at
+            high = max(high, where[uid] + n)
+        top_alloc.append(high)
+        done = ref is not None and on_plan and hi - lo == ref.plan.step.length
+        clean, prev_uids = (ref if done else None), uids
+        # Between steps: re-plan when this step repeats the one before and is larger than
+        # its structure's reference.
+        key = steps[s].structure()
+        size = 0 if by == "envelope" else _measure(steps[s], raw[uids[0]], by)
+        seen.setdefault(key, []).append((size, steps[s]))
+        if not s or steps[s - 1].structure() != key:
+            continue
+        have = kept.get(key)
+        if by == "envelope":
+            step = placement.envelope(st for _, st in seen[key])
+            grow = have is None or (steps[s].nbytes > have.plan.sizes).any()
+        else:
+            size, step = max(seen[key], key=lambda seen_step: seen_step[0])
+            grow = have is None or size > have.covers
+            if margin:
+                step = placement.Step(np.ceil(step.nbytes * (1 + margin)), step.alloc,
+                                      step.free, step.stream, step.length)
+        fixed = fixed_rows(mem, where, steps[s], uids)
+        if not grow:
+            # The same reference placed again when a block the plan does not know (one best
+            # fit left for good, or a tail off its slot) holds a slot's bytes while it is used.
+            if not pm.meets(have.plan, fixed):
+                continue
+            step, size = have.plan.step, have.covers
+            out["moved"] += 1
+        made = placement.plan(step, budget_ms=1e6, max_requests=1 << 20, fixed=fixed)
+        if one:
+            kept.clear()
+        kept[key] = _Kept(made, size if not grow else size * (1 + margin))
+        out["replans"] += 1
+        out["ms"] = max(out["ms"], made.planning_ms)
+        last_replan = s
+    out["peak"] = -(-mem.peak // pm.PAGE) * pm.PAGE
+    after = last_replan + 1
+    steady = max(reach[after:] + top_alloc[after:], default=0) if after < len(reach) else 0
+    out["steady"] = -(-steady // pm.PAGE) * pm.PAGE
+    mem.check()
+    shadow.check()
+    return out
+
+
+def run_variant(events, step_at, raw, name):
+    """``simulate_max`` by a VARIANTS name."""
+    return simulate_max(events, step_at, raw, **VARIANTS[name])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("traces", nargs="*", default=["gpt2-ckpt", "llama-ckpt", "gpt2-generate"])
+    p.add_argument("--passes", type=int, default=3, help="repetitions for the long replay")
+    p.add_argument("--policies", default=",".join(("best",) + tuple(VARIANTS)))
+    args = p.parse_args(argv)
+    traces = {t.name: t for t in map(pm.alloc_trace.load,
+                                     pm.alloc_trace.find(pm.fragmentation.REAL_DIR))}
+    for name in args.traces:
+        for label, passes in (("run", 0), ("long", args.passes)):
+            raw = {}
+            events, step_at = pm.expand(traces[name], passes, raw)
+            floor = pm.floor_bytes(events)
+            print(f"{name} {label}: floor {floor / pm.MiB:,.0f} MiB", flush=True)
+            for policy in args.policies.split(","):
+                if policy in pm.ONLINE:
+                    peak = pm.simulate(events, step_at, policy)
+                    print(f"  {policy}: {peak / pm.MiB:,.0f} MiB ({peak / floor:.3f}x)")
+                    continue
+                r = run_variant(events, step_at, raw, policy)
+                print(f"  {policy}: {r['peak'] / pm.MiB:,.0f} MiB ({r['peak'] / floor:.3f}x);"
+                      f" steady {r['steady'] / pm.MiB:,.0f} MiB ({r['steady'] / floor:.3f}x);"
+                      f" {r['replans']} re-plans ({r['moved']} moved);"
+                      f" served {r['served']:,} of {r['requests']:,} requests"
+                      f" ({r['served'] / max(r['requests'], 1):.1%}), {r['misfits']:,}"
+                      f" misfits, {r['refused']:,} refused; slowest {r['ms']:.0f} ms",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
