@@ -42,7 +42,6 @@ live block's end from the step after the last re-plan on (page rounded): what a 
 gave back its unused top would hold then. The run's peak is what an out-of-memory error sees.
 """
 
-import argparse
 import os
 import sys
 
@@ -219,34 +218,20 @@ def run_variant(events, step_at, raw, name):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("traces", nargs="*", default=["gpt2-ckpt", "llama-ckpt", "gpt2-generate"])
-    p.add_argument("--passes", type=int, default=3, help="repetitions for the long replay")
-    p.add_argument("--policies", default=",".join(("best",) + tuple(VARIANTS)))
-    args = p.parse_args(argv)
-    traces = {t.name: t for t in map(pm.alloc_trace.load,
-                                     pm.alloc_trace.find(pm.fragmentation.REAL_DIR))}
-    for name in args.traces:
-        for label, passes in (("run", 0), ("long", args.passes)):
-            raw = {}
-            events, step_at = pm.expand(traces[name], passes, raw)
-            floor = pm.floor_bytes(events)
-            print(f"{name} {label}: floor {floor / pm.MiB:,.0f} MiB", flush=True)
-            for policy in args.policies.split(","):
-                if policy in pm.ONLINE:
-                    peak = pm.simulate(events, step_at, policy)
-                    print(f"  {policy}: {peak / pm.MiB:,.0f} MiB ({peak / floor:.3f}x)")
-                    continue
-                r = run_variant(events, step_at, raw, policy)
-                print(f"  {policy}: {r['peak'] / pm.MiB:,.0f} MiB ({r['peak'] / floor:.3f}x);"
-                      f" steady {r['steady'] / pm.MiB:,.0f} MiB ({r['steady'] / floor:.3f}x);"
-                      f" {r['replans']} re-plans ({r['moved']} moved);"
-                      f" served {r['served']:,} of {r['requests']:,} requests"
-                      f" ({r['served'] / max(r['requests'], 1):.1%}), {r['misfits']:,}"
-                      f" misfits, {r['refused']:,} refused; slowest {r['ms']:.0f} ms",
-                      flush=True)
+    args = pm.arguments(__doc__, ("best",) + tuple(VARIANTS), argv)
+    for events, step_at, raw, floor in pm.replays(args.traces, args.passes):
+        for policy in args.policies.split(","):
+            if policy in pm.ONLINE:
+                pm.report_online(events, step_at, floor, policy)
+                continue
+            r = run_variant(events, step_at, raw, policy)
+            print(f"  {policy}: {r['peak'] / pm.MiB:,.0f} MiB ({r['peak'] / floor:.3f}x);"
+                  f" steady {r['steady'] / pm.MiB:,.0f} MiB ({r['steady'] / floor:.3f}x);"
+                  f" {r['replans']} re-plans ({r['moved']} moved);"
+                  f" served {r['served']:,} of {r['requests']:,} requests"
+                  f" ({r['served'] / max(r['requests'], 1):.1%}), {r['misfits']:,}"
+                  f" misfits, {r['refused']:,} refused; slowest {r['ms']:.0f} ms", flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

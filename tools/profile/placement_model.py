@@ -392,33 +392,52 @@ def _plan_for(how, steps, s, first_bytes, fixed, kept, out):
     return made.offsets
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc, policies, argv, oracle=False):
+    """The model scripts' command line: traces, --passes, --policies (default ``policies``)
+    and, with ``oracle``, --oracle."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("traces", nargs="*", default=["gpt2-ckpt", "llama-ckpt", "gpt2-generate"])
     p.add_argument("--passes", type=int, default=3, help="repetitions for the long replay")
-    p.add_argument("--policies", default=",".join(list(ONLINE) + list(PLANNED)))
-    p.add_argument("--oracle", action="store_true", help="also the online policies' oracles")
-    args = p.parse_args(argv)
+    p.add_argument("--policies", default=",".join(policies))
+    if oracle:
+        p.add_argument("--oracle", action="store_true", help="also the online policies' oracles")
+    return p.parse_args(argv)
+
+
+def replays(names, passes):
+    """Per trace of ``names`` and replay (``run``, then ``long`` of ``passes``): (events,
+    step_at, raw, floor) as ``expand`` gives them, after printing the replay's floor."""
     traces = {t.name: t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))}
-    for name in args.traces:
-        for label, passes in (("run", 0), ("long", args.passes)):
-            events, step_at = expand(traces[name], passes)
+    for name in names:
+        for label, n in (("run", 0), ("long", passes)):
+            raw = {}
+            events, step_at = expand(traces[name], n, raw)
             floor = floor_bytes(events)
             print(f"{name} {label}: floor {floor / MiB:,.0f} MiB", flush=True)
-            for policy in args.policies.split(","):
-                if policy in ONLINE:
-                    for oracle in (False, True) if args.oracle else (False,):
-                        peak = simulate(events, step_at, policy, oracle)
-                        print(f"  {'oracle-' if oracle else ''}{policy}: {peak / MiB:,.0f} MiB"
-                              f" ({peak / floor:.3f}x)", flush=True)
-                    continue
-                r = simulate_planned(events, step_at, policy)
-                print(f"  {policy}: {r['peak'] / MiB:,.0f} MiB ({r['peak'] / floor:.3f}x);"
-                      f" served {r['served']:,} of {r['planned']:,} planned requests;"
-                      f" {r['plans']} plans, {r['reused']} reused, slowest {r['ms']:.0f} ms",
-                      flush=True)
-    return 0
+            yield events, step_at, raw, floor
 
+
+def report_online(events, step_at, floor, policy, oracle=False):
+    """Print an ONLINE policy's peak and its ratio to ``floor`` (and its oracle's)."""
+    for true in (False, True) if oracle else (False,):
+        peak = simulate(events, step_at, policy, true)
+        print(f"  {'oracle-' if true else ''}{policy}: {peak / MiB:,.0f} MiB"
+              f" ({peak / floor:.3f}x)", flush=True)
+
+
+def main(argv=None):
+    args = arguments(__doc__, list(ONLINE) + list(PLANNED), argv, oracle=True)
+    for events, step_at, _, floor in replays(args.traces, args.passes):
+        for policy in args.policies.split(","):
+            if policy in ONLINE:
+                report_online(events, step_at, floor, policy, args.oracle)
+                continue
+            r = simulate_planned(events, step_at, policy)
+            print(f"  {policy}: {r['peak'] / MiB:,.0f} MiB ({r['peak'] / floor:.3f}x);"
+                  f" served {r['served']:,} of {r['planned']:,} planned requests;"
+                  f" {r['plans']} plans, {r['reused']} reused, slowest {r['ms']:.0f} ms",
+                  flush=True)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

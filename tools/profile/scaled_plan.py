@@ -39,7 +39,6 @@ the repository root::
     PYTHONPATH=$PWD python tools/profile/scaled_plan.py [TRACE ...] [--passes N]
 """
 
-import argparse
 import os
 import sys
 
@@ -270,35 +269,22 @@ def run_policy(events, step_at, raw, policy):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("traces", nargs="*", default=["gpt2-ckpt", "llama-ckpt", "gpt2-generate"])
-    p.add_argument("--passes", type=int, default=3, help="repetitions for the long replay")
-    p.add_argument("--policies", default=",".join(("best", "plan-scaled") + POLICIES))
-    args = p.parse_args(argv)
-    traces = {t.name: t for t in map(pm.alloc_trace.load,
-                                     pm.alloc_trace.find(pm.fragmentation.REAL_DIR))}
-    for name in args.traces:
-        for label, passes in (("run", 0), ("long", args.passes)):
-            raw = {}
-            events, step_at = pm.expand(traces[name], passes, raw)
-            floor = pm.floor_bytes(events)
-            print(f"{name} {label}: floor {floor / pm.MiB:,.0f} MiB", flush=True)
-            for policy in args.policies.split(","):
-                if policy in pm.ONLINE:
-                    peak = pm.simulate(events, step_at, policy)
-                    print(f"  {policy}: {peak / pm.MiB:,.0f} MiB ({peak / floor:.3f}x)")
-                    continue
-                if policy in pm.PLANNED:
-                    r = pm.simulate_planned(events, step_at, policy)
-                else:
-                    r = run_policy(events, step_at, raw, policy)
-                print(f"  {policy}: {r['peak'] / pm.MiB:,.0f} MiB ({r['peak'] / floor:.3f}x);"
-                      f" served {r['served']:,} of {r['planned']:,} planned requests"
-                      + (f" ({r['fit']:,} fit, {r['refused']:,} refused); {r['steps']} steps"
-                         f" planned, {r['deviated']} off plan" if "fit" in r else "")
-                      + f"; {r['plans']} plans, slowest {r['ms']:.0f} ms", flush=True)
+    args = pm.arguments(__doc__, ("best", "plan-scaled") + POLICIES, argv)
+    for events, step_at, raw, floor in pm.replays(args.traces, args.passes):
+        for policy in args.policies.split(","):
+            if policy in pm.ONLINE:
+                pm.report_online(events, step_at, floor, policy)
+                continue
+            if policy in pm.PLANNED:
+                r = pm.simulate_planned(events, step_at, policy)
+            else:
+                r = run_policy(events, step_at, raw, policy)
+            print(f"  {policy}: {r['peak'] / pm.MiB:,.0f} MiB ({r['peak'] / floor:.3f}x);"
+                  f" served {r['served']:,} of {r['planned']:,} planned requests"
+                  + (f" ({r['fit']:,} fit, {r['refused']:,} refused); {r['steps']} steps"
+                     f" planned, {r['deviated']} off plan" if "fit" in r else "")
+                  + f"; {r['plans']} plans, slowest {r['ms']:.0f} ms", flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
