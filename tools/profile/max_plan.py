@@ -46,7 +46,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 
+import _models  # noqa: E402
 import numpy as np  # noqa: E402
 import placement_model as pm  # noqa: E402
 import scaled_plan  # noqa: E402
@@ -61,6 +63,7 @@ VARIANTS = {
     "plan-max-envelope": {"by": "envelope"},
     "plan-max-margin": {"margin": MARGIN},
     "plan-max-one": {"one": True},
+    "plan-record": {"by": "envelope", "record": True},
 }
 
 
@@ -85,14 +88,29 @@ def fixed_rows(mem, where, step, uids):
 
 class _Kept:
     """One structure's plan: the ``placement.Plan``, the reference's measure (the most it
-    covers), and the events it expects (``scaled_plan.expected_events``)."""
+    covers), and the events it expects (``scaled_plan.expected_events``); ``r_max``: the most
+    first-request bytes over the structure's steps it was made from, ``varied``: which of its
+    requests' sizes differed among them (record: those scale)."""
 
-    def __init__(self, plan, covers):
-        self.plan, self.covers = plan, covers
+    def __init__(self, plan, covers, r_max=0, varied=None):
+        self.plan, self.covers, self.r_max, self.varied = plan, covers, r_max, varied
         self.kind, self.index = scaled_plan.expected_events(plan.step)
 
 
-def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=False):
+def predicted(kept, first_raw):
+    """A record step's sizes as ``kept`` predicts them from its first request's requested
+    bytes ``first_raw``: the requests whose sizes varied scaled by ``first_raw / r_max`` from
+    the plan's (their most seen), the others at the plan's; a ``placement.Step`` of the plan's
+    structure."""
+    step = kept.plan.step
+    scaled = np.ceil(step.nbytes * (first_raw / kept.r_max) / pm.ALIGN) * pm.ALIGN
+    nbytes = np.where(kept.varied, np.maximum(scaled, step.nbytes), step.nbytes)
+    return placement.Step(nbytes.astype(np.int64), step.alloc, step.free, step.stream,
+                          step.length)
+
+
+def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=False,
+                 record=False):
     """Replay ``events`` with plans of the largest step (module docstring); ``raw``: each
     allocation uid's requested bytes.
 
@@ -106,12 +124,19 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
         The share added to the reference's sizes (and to the ``r`` its plan covers).
     one : bool
         One plan in all, instead of one per structure.
+    record : bool
+        A step of a planned structure whose first request's requested bytes pass the plan's
+        ``r_max`` (a record) is served from a plan made at that request of its predicted
+        sizes (``predicted``; a request larger than its slot goes to best fit alone).
 
     Returns
     -------
     dict
         peak and steady (bytes, page rounded), replans, requests (the steps' allocations),
-        planned (those with a slot), served (at their slot), misfits, refused, slowest ms.
+        planned (those with a slot), served (at their slot), misfits, refused, slowest ms;
+        records (steps whose first request's bytes pass every earlier step's of their
+        structure), record_ms (each request-0 plan's ms, in step order), record_off (those
+        planned steps that left their plan: another structure).
 
     Raises
     ------
@@ -126,7 +151,7 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
     shadow, in_range = pm.Arena(), {}
     kept, seen = {}, {}
     out = dict(requests=0, planned=0, served=0, misfits=0, refused=0, replans=0, moved=0,
-               ms=0.0)
+               ms=0.0, records=0, record_ms=[], record_off=0)
     prev_uids, clean, last_replan = [], None, -1
     reach = []                                # per step: the highest end live at its start
     top_alloc = []                            # per step: the highest end it allocated
@@ -137,7 +162,7 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
         for uid in [u for u in in_range if ref is None or clean is not ref]:
             shadow.release(in_range.pop(uid))
         reach.append(max((a + n for a, n in mem.used.items()), default=0))
-        on_plan, uids, high = ref is not None, [], 0
+        on_plan, uids, high, step_misfit = ref is not None, [], 0, misfit
         for t in range(lo, hi):
             op, uid, n = events[t]
             on_plan = on_plan and scaled_plan.follows(ref.kind, ref.index, t - lo, op, uid,
@@ -150,13 +175,20 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
             k = len(uids)
             uids.append(uid)
             out["requests"] += 1
+            if record and on_plan and k == 0 and raw[uid] > ref.r_max:
+                # A record: planned now for its predicted sizes around the blocks live now.
+                made = placement.plan(predicted(ref, raw[uid]), budget_ms=1e6,
+                                      max_requests=1 << 20,
+                                      fixed=fixed_rows(mem, where, steps[s - 1], prev_uids))
+                ref, step_misfit = _Kept(made, raw[uid]), "request"
+                out["record_ms"].append(made.planning_ms)
             at = None
             if on_plan and ref.plan.offsets[k] >= 0:
                 out["planned"] += 1
                 slot = int(ref.plan.offsets[k])
                 if n > ref.plan.sizes[k]:
                     out["misfits"] += 1
-                    on_plan = misfit == "request"
+                    on_plan = step_misfit == "request"
                 else:
                     if not shadow.take_at(slot, n):
                         raise AssertionError(f"step {s} request {k}: slotted blocks meet")
@@ -170,20 +202,25 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
             high = max(high, where[uid] + n)
         top_alloc.append(high)
         done = ref is not None and on_plan and hi - lo == ref.plan.step.length
+        out["record_off"] += ref is not None and step_misfit != misfit and not done
         clean, prev_uids = (ref if done else None), uids
         # Between steps: re-plan when this step repeats the one before and is larger than
         # its structure's reference.
         key = steps[s].structure()
         size = 0 if by == "envelope" else _measure(steps[s], raw[uids[0]], by)
-        seen.setdefault(key, []).append((size, steps[s]))
+        first = int(raw[uids[0]]) if uids else 0
+        out["records"] += first > max((f for _, _, f in seen.get(key, ())), default=-1)
+        seen.setdefault(key, []).append((size, steps[s], first))
         if not s or steps[s - 1].structure() != key:
             continue
         have = kept.get(key)
+        r_max = max(f for _, _, f in seen[key])
+        varied = (np.array([st.nbytes for _, st, _ in seen[key]]) != steps[s].nbytes).any(0)
         if by == "envelope":
-            step = placement.envelope(st for _, st in seen[key])
+            step = placement.envelope(st for _, st, _ in seen[key])
             grow = have is None or (steps[s].nbytes > have.plan.sizes).any()
         else:
-            size, step = max(seen[key], key=lambda seen_step: seen_step[0])
+            size, step, _ = max(seen[key], key=lambda seen_step: seen_step[0])
             grow = have is None or size > have.covers
             if margin:
                 step = placement.Step(np.ceil(step.nbytes * (1 + margin)), step.alloc,
@@ -194,12 +231,12 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
             # fit left for good, or a tail off its slot) holds a slot's bytes while it is used.
             if not pm.meets(have.plan, fixed):
                 continue
-            step, size = have.plan.step, have.covers
+            step, size, r_max, varied = have.plan.step, have.covers, have.r_max, have.varied
             out["moved"] += 1
         made = placement.plan(step, budget_ms=1e6, max_requests=1 << 20, fixed=fixed)
         if one:
             kept.clear()
-        kept[key] = _Kept(made, size if not grow else size * (1 + margin))
+        kept[key] = _Kept(made, size if not grow else size * (1 + margin), r_max, varied)
         out["replans"] += 1
         out["ms"] = max(out["ms"], made.planning_ms)
         last_replan = s
@@ -210,6 +247,46 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
     mem.check()
     shadow.check()
     return out
+
+
+def expected_records(draws, n):
+    """The expected number of record steps among ``n`` steps whose ratio is drawn i.i.d.,
+    each of ``draws`` equally likely (repeats weigh more): a step is a record when its ratio
+    passes every earlier step's, the first step included.
+
+    Step ``k`` (0-based) is a record with value ``v`` with probability ``p_v F(v)^k``,
+    ``F(v)`` the probability of a draw below ``v``; summed over ``k``: ``sum_v p_v (1 -
+    F(v)^n) / (1 - F(v))``. For ``n`` draws of distinct values (continuous) this is the
+    harmonic number ``H_n ~ ln n + 0.577``; it never exceeds the number of distinct values.
+
+    Raises
+    ------
+    ValueError
+        No draws, or ``n < 0``.
+    """
+    draws = np.asarray(draws, np.float64)
+    if not draws.size or n < 0:
+        raise ValueError("expected records need draws and n >= 0")
+    values, counts = np.unique(draws, return_counts=True)
+    p = counts / draws.size
+    below = np.concatenate(([0.0], np.cumsum(p)[:-1]))
+    return float((p * (1 - below ** n) / (1 - below)).sum())
+
+
+def shape_draws(batches, low, high):
+    """Every equally likely ratio (batch x length) of ``bench/_models.batch_shapes``: a batch
+    of ``batches``, a length uniform in ``[low, high]``."""
+    return np.outer(batches, np.arange(low, high + 1)).ravel()
+
+
+def report_expected(counts=(12, 45, 100, 1000, 10000)):
+    """Print the expected record steps of the checkpointed workloads' draws and ``H_n``."""
+    for name, (batches, low, high) in _models.CHECKPOINTED.items():
+        draws = shape_draws(batches, low, high)
+        cells = ", ".join(f"n={n}: {expected_records(draws, n):.2f}" for n in counts)
+        print(f"{name} ({len(np.unique(draws)):,} ratios): expected records {cells}")
+    harmonic = ", ".join(f"n={n}: {np.sum(1 / np.arange(1, n + 1)):.2f}" for n in counts)
+    print(f"continuous (H_n): {harmonic}")
 
 
 def run_variant(events, step_at, raw, name):
@@ -230,7 +307,13 @@ def main(argv=None):
                   f" {r['replans']} re-plans ({r['moved']} moved);"
                   f" served {r['served']:,} of {r['requests']:,} requests"
                   f" ({r['served'] / max(r['requests'], 1):.1%}), {r['misfits']:,}"
-                  f" misfits, {r['refused']:,} refused; slowest {r['ms']:.0f} ms", flush=True)
+                  f" misfits, {r['refused']:,} refused; slowest {r['ms']:.0f} ms"
+                  + (f"; {r['records']} record steps, {len(r['record_ms'])} planned at"
+                     f" request 0 ({', '.join(f'{ms:.0f}' for ms in r['record_ms'])} ms),"
+                     f" {r['record_off']} of them left it (another structure)"
+                     if VARIANTS[policy].get("record") else ""), flush=True)
+    if "plan-record" in args.policies.split(","):
+        report_expected()
     return 0
 
 if __name__ == "__main__":
