@@ -245,3 +245,92 @@ def test_max_plan_rejects_unknown_modes():
         max_plan.simulate_max(events, step_at, raw, misfit="never")
     with pytest.raises(ValueError, match="by must be"):
         max_plan.simulate_max(events, step_at, raw, by="area")
+
+
+def test_a_record_step_is_planned_at_its_first_request_and_served_whole():
+    scales = [1, 3, 2, 4, 1, 3]
+    events, step_at, raw = _raw_expand(varying_trace(scales), 0)
+    out = max_plan.run_variant(events, step_at, raw, "plan-record")
+    # Step 3 (scale 4) passes the plan's r_max (step 1's scale 3): planned at its first
+    # request for sizes scaled by 4/3, it fits them (its sizes scale exactly) and is served
+    # whole; steps 4 and 5 at the slots of the plan re-made after it.
+    assert len(out["record_ms"]) == 1 and out["record_off"] == 0
+    assert out["misfits"] == 0 and out["refused"] == 0
+    per_step = out["requests"] // len(scales)
+    assert out["served"] == 3 * per_step
+    # Records of their structure: step 0 and step 5 (the last: the replay shows no tails
+    # freed after it), each a structure of its own; step 1 (the first of the rest), step 3.
+    assert out["records"] == 4
+    plain = max_plan.run_variant(events, step_at, raw, "plan-max-envelope")
+    assert out["peak"] <= plain["peak"] and plain["record_ms"] == []
+
+
+def test_a_record_step_of_another_structure_leaves_its_request_0_plan():
+    events, step_at, raw = _raw_expand(varying_trace([1, 3, 2, 4, 1, 3], extra_at=3), 0)
+    out = max_plan.run_variant(events, step_at, raw, "plan-record")
+    assert len(out["record_ms"]) == 1 and out["record_off"] == 1
+
+
+def test_the_slotted_check_covers_the_request_0_plan(monkeypatch):
+    events, step_at, raw = _raw_expand(varying_trace([1, 3, 2, 4]), 0)
+    real, calls = placement.plan, []
+
+    def second_stacked(step, **kwargs):
+        made = real(step, **kwargs)
+        calls.append(step)
+        if len(calls) == 2:                 # the record step's plan, made at its request 0
+            made.offsets[:] = np.where(made.offsets >= 0, 1 << 30, -1)
+        return made
+
+    monkeypatch.setattr(max_plan.placement, "plan", second_stacked)
+    with pytest.raises(AssertionError, match="step 3 request 1: slotted blocks meet"):
+        max_plan.run_variant(events, step_at, raw, "plan-record")
+
+
+def test_predicted_sizes_scale_only_the_requests_that_varied():
+    events, step_at, raw = _raw_expand(varying_trace([1, 3, 2]), 0)
+    bounds = step_at + [len(events)]
+    rows = [(op, uid, n, 0) for op, uid, n in events]
+    step = placement.record_step(rows, bounds[1], bounds[2], bounds[3])
+    made = placement.plan(step, budget_ms=1e6)
+    varied = np.arange(len(step)) % 2 == 0
+    kept = max_plan._Kept(made, 0, r_max=3 * MiB, varied=varied)
+    pred = max_plan.predicted(kept, 4 * MiB)
+    assert pred.structure() == step.structure()
+    assert (pred.nbytes[~varied] == step.nbytes[~varied]).all()
+    want = -(-step.nbytes[varied] * 4 // 3 // placement.ALIGN) * placement.ALIGN
+    assert (pred.nbytes[varied] >= want - placement.ALIGN).all()
+    assert (pred.nbytes[varied] >= step.nbytes[varied]).all()
+    assert (pred.nbytes % placement.ALIGN == 0).all()
+
+
+def test_expected_records_of_iid_draws():
+    assert max_plan.expected_records([7], 12) == pytest.approx(1.0)
+    assert max_plan.expected_records([1, 2], 2) == pytest.approx(1.25)
+    assert max_plan.expected_records([1, 2], 0) == 0.0
+    harmonic = sum(1 / k for k in range(1, 13))
+    assert max_plan.expected_records(np.arange(10 ** 6), 12) == pytest.approx(harmonic, abs=1e-3)
+    # A small set: below its size; as the run grows, sum_v p_v / P(draw >= v) (a value
+    # past which none is drawn again ends the records): 1/4 + (1/2) / (3/4) + 1.
+    assert max_plan.expected_records([1, 2, 2, 3], 10 ** 4) == pytest.approx(23 / 12)
+    assert max_plan.expected_records([1, 2, 2, 3], 5) < 23 / 12
+    assert max_plan.expected_records(np.arange(5), 10 ** 4) == pytest.approx(137 / 60)
+    # Against counted records of seeded draws.
+    rng = np.random.default_rng(0)
+    draws = np.array([1, 2, 2, 3, 5])
+    runs = rng.choice(draws, size=(20000, 6))
+    counted = np.mean([sum(x > max(run[:k], default=0) for k, x in enumerate(run))
+                       for run in runs])
+    assert counted == pytest.approx(max_plan.expected_records(draws, 6), abs=0.03)
+    with pytest.raises(ValueError, match="draws"):
+        max_plan.expected_records([], 3)
+
+
+def test_shape_draws_hold_every_ratio_the_workloads_draw():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import _models
+    for batches, low, high in _models.CHECKPOINTED.values():
+        draws = set(max_plan.shape_draws(batches, low, high).tolist())
+        assert len(draws) <= len(batches) * (high - low + 1)
+        for b, n in _models.batch_shapes(200, batches, (low, high)):
+            assert b * n in draws

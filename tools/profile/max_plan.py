@@ -257,7 +257,8 @@ def expected_records(draws, n):
     Step ``k`` (0-based) is a record with value ``v`` with probability ``p_v F(v)^k``,
     ``F(v)`` the probability of a draw below ``v``; summed over ``k``: ``sum_v p_v (1 -
     F(v)^n) / (1 - F(v))``. For ``n`` draws of distinct values (continuous) this is the
-    harmonic number ``H_n ~ ln n + 0.577``; it never exceeds the number of distinct values.
+    harmonic number ``H_n ~ ln n + 0.577``. As ``n`` grows it tends to ``sum_v p_v / (1 -
+    F(v))`` (``H_m`` for ``m`` equally likely values), below the number of distinct values.
 
     Raises
     ------
@@ -284,7 +285,8 @@ def report_expected(counts=(12, 45, 100, 1000, 10000)):
     for name, (batches, low, high) in _models.CHECKPOINTED.items():
         draws = shape_draws(batches, low, high)
         cells = ", ".join(f"n={n}: {expected_records(draws, n):.2f}" for n in counts)
-        print(f"{name} ({len(np.unique(draws)):,} ratios): expected records {cells}")
+        print(f"{name} ({len(np.unique(draws)):,} ratios): expected records {cells},"
+              f" n->inf: {expected_records(draws, 1 << 40):.2f}")
     harmonic = ", ".join(f"n={n}: {np.sum(1 / np.arange(1, n + 1)):.2f}" for n in counts)
     print(f"continuous (H_n): {harmonic}")
 
