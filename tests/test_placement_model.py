@@ -245,6 +245,8 @@ def test_max_plan_rejects_unknown_modes():
         max_plan.simulate_max(events, step_at, raw, misfit="never")
     with pytest.raises(ValueError, match="by must be"):
         max_plan.simulate_max(events, step_at, raw, by="area")
+    with pytest.raises(ValueError, match="record must be"):
+        max_plan.simulate_max(events, step_at, raw, record="always")
 
 
 def test_a_record_step_is_planned_at_its_first_request_and_served_whole():

@@ -32,7 +32,15 @@ misfit sends only itself to best fit); ``-floor`` (the reference by floor); ``-e
 plan of the elementwise largest sizes over the structure's steps seen, re-made when a step has
 a request larger than its slot); ``-margin`` (the reference's sizes plus ``MARGIN``, re-made
 when ``r`` passes the reference's by more than that); ``-one`` (one plan in all: a repeating
-structure other than the plan's replaces it). Run from the repository root::
+structure other than the plan's replaces it); ``plan-record`` (``-envelope``, and a *record*
+step, one whose ``r`` passes the most over the steps its structure's plan was made from, is
+served from a plan made at its first request, of the plan's structure with the sizes that
+varied among those steps scaled by ``r / r_max`` and the others at their most seen: a request
+larger than its place goes to best fit alone; after the step the plan is re-made exactly);
+``plan-record-all`` (a record only when ``r`` passes every plan's ``r_max``: a step of another
+structure whose ``r`` a plan of its own covers is not planned at its first request).
+``expected_records``: the record steps a run of ``n`` i.i.d. shape draws expects. Run from the
+repository root::
 
     PYTHONPATH=$PWD python tools/profile/max_plan.py [TRACE ...] [--passes N]
 
@@ -63,7 +71,8 @@ VARIANTS = {
     "plan-max-envelope": {"by": "envelope"},
     "plan-max-margin": {"margin": MARGIN},
     "plan-max-one": {"one": True},
-    "plan-record": {"by": "envelope", "record": True},
+    "plan-record": {"by": "envelope", "record": "structure"},
+    "plan-record-all": {"by": "envelope", "record": "all"},
 }
 
 
@@ -110,7 +119,7 @@ def predicted(kept, first_raw):
 
 
 def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=False,
-                 record=False):
+                 record=None):
     """Replay ``events`` with plans of the largest step (module docstring); ``raw``: each
     allocation uid's requested bytes.
 
@@ -124,10 +133,11 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
         The share added to the reference's sizes (and to the ``r`` its plan covers).
     one : bool
         One plan in all, instead of one per structure.
-    record : bool
+    record : {None, "structure", "all"}
         A step of a planned structure whose first request's requested bytes pass the plan's
-        ``r_max`` (a record) is served from a plan made at that request of its predicted
-        sizes (``predicted``; a request larger than its slot goes to best fit alone).
+        ``r_max`` (a record; ``"all"``: and every plan's) is served from a plan made at that
+        request of its predicted sizes (``predicted``; a request larger than its slot goes to
+        best fit alone).
 
     Returns
     -------
@@ -147,6 +157,8 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
     """
     if by not in ("r", "floor", "envelope") or misfit not in ("rest", "request"):
         raise ValueError("by must be 'r', 'floor' or 'envelope' and misfit 'rest' or 'request'")
+    if record not in (None, "structure", "all"):
+        raise ValueError("record must be None, 'structure' or 'all'")
     bounds, steps, mem, where = pm.steps_and_prelude(events, step_at)
     shadow, in_range = pm.Arena(), {}
     kept, seen = {}, {}
@@ -175,7 +187,9 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
             k = len(uids)
             uids.append(uid)
             out["requests"] += 1
-            if record and on_plan and k == 0 and raw[uid] > ref.r_max:
+            if record and on_plan and k == 0 and raw[uid] > (
+                    ref.r_max if record == "structure" else
+                    max(kp.r_max for kp in kept.values())):
                 # A record: planned now for its predicted sizes around the blocks live now.
                 made = placement.plan(predicted(ref, raw[uid]), budget_ms=1e6,
                                       max_requests=1 << 20,
@@ -314,7 +328,7 @@ def main(argv=None):
                      f" request 0 ({', '.join(f'{ms:.0f}' for ms in r['record_ms'])} ms),"
                      f" {r['record_off']} of them left it (another structure)"
                      if VARIANTS[policy].get("record") else ""), flush=True)
-    if "plan-record" in args.policies.split(","):
+    if any(VARIANTS.get(policy, {}).get("record") for policy in args.policies.split(",")):
         report_expected()
     return 0
 
