@@ -174,7 +174,7 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
         for uid in [u for u in in_range if ref is None or clean is not ref]:
             shadow.release(in_range.pop(uid))
         reach.append(max((a + n for a, n in mem.used.items()), default=0))
-        on_plan, uids, high, step_misfit = ref is not None, [], 0, misfit
+        on_plan, uids, high, step_misfit, at_record = ref is not None, [], 0, misfit, False
         for t in range(lo, hi):
             op, uid, n = events[t]
             on_plan = on_plan and scaled_plan.follows(ref.kind, ref.index, t - lo, op, uid,
@@ -194,7 +194,7 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
                 made = placement.plan(predicted(ref, raw[uid]), budget_ms=1e6,
                                       max_requests=1 << 20,
                                       fixed=fixed_rows(mem, where, steps[s - 1], prev_uids))
-                ref, step_misfit = _Kept(made, raw[uid]), "request"
+                ref, step_misfit, at_record = _Kept(made, raw[uid]), "request", True
                 out["record_ms"].append(made.planning_ms)
             at = None
             if on_plan and ref.plan.offsets[k] >= 0:
@@ -216,7 +216,7 @@ def simulate_max(events, step_at, raw, by="r", misfit="rest", margin=0.0, one=Fa
             high = max(high, where[uid] + n)
         top_alloc.append(high)
         done = ref is not None and on_plan and hi - lo == ref.plan.step.length
-        out["record_off"] += ref is not None and step_misfit != misfit and not done
+        out["record_off"] += at_record and not done
         clean, prev_uids = (ref if done else None), uids
         # Between steps: re-plan when this step repeats the one before and is larger than
         # its structure's reference.
