@@ -1,11 +1,11 @@
 """The examples on a machine without a GPU: train_digits trains and ipc_pipeline shares batches
-between two processes on the simulated device; the GPU-only examples (and --device gpu) exit 2
-with one line, no traceback (mixed_frameworks naming every library missing, and that it needs a
-GPU), and --help works whatever is missing. On a GPU (marked gpu): train_digits trains to >= 0.95 with flat
-reserved memory in region mode; mixed_frameworks passes data between CuPy, Numba and PyTorch on
-one pool; ipc_pipeline shares batches between two processes through CUDA IPC, on both upstreams
-that export; sleep_wake swaps a PyTorch trainer and an inference engine through sleep and wake,
-on both of use()'s allocators."""
+between two processes on the simulated device; the GPU-only examples (and --device gpu) exit 2 with
+one line, no traceback (mixed_frameworks naming every library missing, and that it needs a GPU), and
+--help works whatever is missing. On a GPU (marked gpu): train_digits trains to >= 0.95 with flat
+reserved memory in region mode; mixed_frameworks passes data between CuPy, Numba and PyTorch on one
+pool; ipc_pipeline shares batches between two processes through CUDA IPC, on both upstreams that
+export; sleep_wake swaps a PyTorch trainer and an inference engine through sleep and wake, on both
+of use()'s allocators."""
 
 import os
 import pickle
