@@ -30,14 +30,16 @@ default stream, which orders the libraries' kernels one after another.
 
 Running it
 ----------
-It needs an NVIDIA GPU, CuPy, numba-cuda and PyTorch::
+It needs an NVIDIA GPU, CuPy, numba-cuda and PyTorch (gpupool's simulated device cannot run
+their kernels)::
 
     python examples/mixed_frameworks.py
 
 Exit status: 0 when every check passed, 1 when one failed, 2 when the GPU or a library is
-missing (one line on stderr).
+missing (one line on stderr, naming every library missing).
 """
 
+import argparse
 import importlib
 import math
 import sys
@@ -52,8 +54,7 @@ if not hasattr(np, "row_stack"):
 
 ROWS, COLS, FEATURES = 4096, 1024, 256
 THREADS = 128
-FRAMEWORKS = (("cupy", "pip install cupy-cuda13x"), ("numba.cuda", "pip install numba-cuda"),
-              ("torch", "pip install torch"))
+FRAMEWORKS = (("cupy", "cupy-cuda13x"), ("numba.cuda", "numba-cuda"), ("torch", "torch"))  # pip
 
 
 class SetupError(Exception):
@@ -64,16 +65,30 @@ def _one_line(exc):
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def parse(argv):
+    """The command line: no options but ``--help``, which works whatever is missing."""
+    head, rest = __doc__.split("\n\n", 1)
+    p = argparse.ArgumentParser(
+        description=head, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=rest.split("Running it\n----------\n")[1].replace("::", ":"))
+    return p.parse_args(argv)
+
+
 def import_frameworks():
-    """``(cupy, numba.cuda, torch, gpupool)``; SetupError naming the first one missing."""
-    modules = []
-    for name, hint in FRAMEWORKS:
+    """``(cupy, numba.cuda, torch, gpupool)``; SetupError naming every one missing."""
+    modules, missing = [], []
+    for name, package in FRAMEWORKS:
         with warnings.catch_warnings():     # some installs warn at import; the error matters
             warnings.simplefilter("ignore")
             try:
                 modules.append(importlib.import_module(name))
             except Exception as exc:  # not installed, or an install that cannot load
-                raise SetupError(f"{name} cannot be imported ({hint}): {_one_line(exc)}") from None
+                missing.append((name, package, _one_line(exc)))
+    if missing:
+        names = ", ".join(name for name, _, _ in missing)
+        install = " ".join(package for _, package, _ in missing)
+        why = "; ".join(f"{name}: {error}" for name, _, error in missing)
+        raise SetupError(f"{names} cannot be imported (pip install {install}): {why}")
     import gpupool
     import gpupool.cupy
     import gpupool.numba
@@ -86,7 +101,11 @@ def require_gpu(gpupool, torch):
     try:
         pool = gpupool.get_pool(0)
     except gpupool.NoDeviceError as exc:
-        raise SetupError(f"no CUDA GPU found: {_one_line(exc)}") from None
+        # The driver's first sentence: the rest advises the simulated device, which cannot
+        # run CuPy's, Numba's or PyTorch's kernels.
+        reason = _one_line(exc).split(". ")[0]
+        raise SetupError(f"this example needs an NVIDIA GPU, and none was found ({reason})"
+                         ) from None
     if not torch.cuda.is_available():
         raise SetupError("PyTorch sees no CUDA GPU (a CPU-only build of PyTorch?)")
     return pool
@@ -209,7 +228,8 @@ def run(cp, cuda, torch, gpupool, pool):
     return checks
 
 
-def main():
+def main(argv=None):
+    parse(argv)
     try:
         cp, cuda, torch, gpupool = import_frameworks()
         pool = require_gpu(gpupool, torch)

@@ -82,18 +82,35 @@ def _read(name, value, device_total):
     return parse_limit(raw, device_total, variable) or 0, f"{variable}={raw!r}"
 
 
-def resolve_limits(hard_limit, soft_limit, device_total):
+def resolve_limits(hard_limit, soft_limit, device_total, smallest=1, unit="block"):
     """``(hard, soft)`` in bytes (0 for none), from the arguments or, where an argument is
     None, from ``GPUPOOL_HARD_LIMIT`` / ``GPUPOOL_SOFT_LIMIT``.
+
+    Parameters
+    ----------
+    hard_limit, soft_limit : int, str or None
+        As :func:`parse_limit`'s ``value``.
+    device_total : callable
+        As :func:`parse_limit`'s.
+    smallest : int
+        Bytes of the smallest memory the pool reserves (a ``unit``): a hard limit below it
+        could hold nothing.
+    unit : str
+        What the pool reserves, for the message (``"block"``, ``"page"``).
 
     Raises
     ------
     ValueError, TypeError
         As :func:`parse_limit`, the message naming the argument or the variable and its
-        value; or a soft limit above the hard limit.
+        value; a hard limit below ``smallest``; or a soft limit above the hard limit.
     """
     hard, hard_source = _read("hard_limit", hard_limit, device_total)
     soft, soft_source = _read("soft_limit", soft_limit, device_total)
+    if hard and hard < smallest:
+        raise ValueError(
+            f"{hard_source}: the pool reserves memory in {unit}s of at least "
+            f"{format_bytes(smallest)}, so a hard limit of {format_bytes(hard)} could hold "
+            f"none: make it at least {smallest} B (a limit is in bytes: '512MiB', '8GB')")
     if hard and soft > hard:
         raise ValueError(
             f"the soft limit {soft_source} ({format_bytes(soft)}) is above the hard limit "

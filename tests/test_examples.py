@@ -1,14 +1,16 @@
 """The examples on a machine without a GPU: train_digits trains and ipc_pipeline shares batches
-between two processes on the simulated device; the GPU-only examples (and --device gpu) exit 2
-with one line, no traceback. On a GPU (marked gpu): train_digits trains to >= 0.95 with flat
-reserved memory in region mode; mixed_frameworks passes data between CuPy, Numba and PyTorch on
-one pool; ipc_pipeline shares batches between two processes through CUDA IPC, on both upstreams
-that export; sleep_wake swaps a PyTorch trainer and an inference engine through sleep and wake,
-on both of use()'s allocators."""
+between two processes on the simulated device; the GPU-only examples (and --device gpu) exit 2 with
+one line, no traceback (mixed_frameworks naming every library missing, and that it needs a GPU), and
+--help works whatever is missing. On a GPU (marked gpu): train_digits trains to >= 0.95 with flat
+reserved memory in region mode; mixed_frameworks passes data between CuPy, Numba and PyTorch on one
+pool; ipc_pipeline shares batches between two processes through CUDA IPC, on both upstreams that
+export; sleep_wake swaps a PyTorch trainer and an inference engine through sleep and wake, on both
+of use()'s allocators."""
 
 import os
 import pickle
 import re
+import types
 
 import pytest
 from conftest import REPO, flat_memory_unmeasurable
@@ -167,6 +169,47 @@ def test_train_digits_cupy_mode_without_a_gpu_says_only_that(run_script, device)
     assert line.endswith("; without them --mode is one of region, no-region or all (gpupool's"
                          " simulated device)"), output
     assert "--device" not in line, output
+
+
+def test_mixed_frameworks_help_works_whatever_is_missing(run_script):
+    proc, output = run_script("examples/mixed_frameworks.py", "--help", env=NO_GPU, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", output
+    assert proc.stdout.startswith("usage: mixed_frameworks.py"), output
+    assert "It needs an NVIDIA GPU, CuPy, numba-cuda and PyTorch" in proc.stdout, output
+
+
+def test_mixed_frameworks_names_every_missing_library_in_one_line(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import mixed_frameworks
+
+    monkeypatch.setattr(mixed_frameworks, "FRAMEWORKS", (
+        ("no_such_lib_a", "lib-a"), ("numpy", "numpy"), ("no_such_lib_b", "lib-b")))
+    with pytest.raises(mixed_frameworks.SetupError) as info:
+        mixed_frameworks.import_frameworks()
+    message = str(info.value)
+    assert message.startswith("no_such_lib_a, no_such_lib_b cannot be imported "
+                              "(pip install lib-a lib-b): no_such_lib_a: No module named")
+    assert "numpy" not in message and "\n" not in message
+
+
+def test_mixed_frameworks_without_a_gpu_says_it_needs_one(monkeypatch):
+    """Not the driver error's advice to use the simulated device, which this example cannot."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import mixed_frameworks
+
+    import gpupool
+
+    def no_device(device):
+        raise gpupool.NoDeviceError(
+            "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected (cuInit). Without a GPU, "
+            "use gpupool.testing.SimulatedDevice as the upstream: ...")
+
+    fake = types.SimpleNamespace(get_pool=no_device, NoDeviceError=gpupool.NoDeviceError)
+    with pytest.raises(mixed_frameworks.SetupError) as info:
+        mixed_frameworks.require_gpu(fake, torch=None)
+    assert str(info.value) == ("this example needs an NVIDIA GPU, and none was found "
+                               "(CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected "
+                               "(cuInit))")
 
 
 def test_train_digits_plot_without_matplotlib_stops_before_training(monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """What the installed distribution holds: metadata, the license, extension modules without
-debug info, the magazine fast path compiled into the pool's methods. (tools/release/check_dist.sh
-builds the wheel and the sdist themselves and checks them.)"""
+debug info, the magazine fast path compiled into the pool's methods; and setup.py's choice of
+CUDA headers. (tools/release/check_dist.sh builds the wheel and the sdist themselves and checks
+them.)"""
 
 import importlib.util
 from importlib import metadata
@@ -17,6 +18,9 @@ _spec = importlib.util.spec_from_file_location(
     "check_dist", REPO / "tools" / "release" / "check_dist.py")
 check_dist = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check_dist)
+_spec = importlib.util.spec_from_file_location("gpupool_setup", REPO / "setup.py")
+setup_py = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(setup_py)          # builds nothing: setup() runs only as __main__
 
 
 def test_metadata_names_the_project_and_its_extras():
@@ -58,3 +62,48 @@ def test_the_magazine_fast_path_is_compiled_into_the_pools_methods():
     for inlined in ("8fastpath_fp_take", "8fastpath_fp_free_handed"):
         assert [f for f in functions if inlined in f] == [], f"{inlined} is not inlined"
     assert any("gp_make_thread" in f for f in functions)
+
+
+def found(*versions):
+    return [(f"source {v}", Path(f"/cuda-{v[0]}.{v[1]}/include"), v) for v in versions]
+
+
+@pytest.mark.parametrize("bindings, versions, picked", [
+    ((13, 3), [(13, 0), (13, 3), (13, 5)], (13, 3)),     # the same major.minor, wherever it is
+    ((13, 3), [(13, 0), (13, 5), (13, 4)], (13, 4)),     # else the closest newer minor
+    ((13, 5), [(13, 0), (13, 2), (12, 9)], (13, 2)),     # else the newest older one
+    ((13, 0), [(12, 9)], None),                          # never another major
+])
+def test_setup_picks_the_headers_of_the_bindings_version_first(bindings, versions, picked):
+    best = setup_py.pick_headers(bindings, found(*versions))
+    assert (best and best[2]) == picked
+
+
+def test_setup_says_what_to_install_when_the_headers_are_older_than_the_bindings():
+    warning = setup_py.older_headers_warning((13, 0), (13, 5))
+    assert "CUDA 13.0 headers are older than cuda-bindings 13.5" in warning
+    assert "does not name a type" in warning
+    assert "pip install 'nvidia-cuda-runtime==13.5.*'" in warning
+    assert "pip install 'cuda-bindings==13.0.*'" in warning
+    assert setup_py.older_headers_warning((13, 3), (13, 3)) is None
+    assert setup_py.older_headers_warning((13, 5), (13, 3)) is None
+
+
+def test_setup_warns_before_compiling_and_goes_on(tmp_path, monkeypatch, capsys):
+    """Headers older than cuda-bindings (13.0 under 13.3 builds on the GPU machine) get the
+    warning, not an error: cuda_include returns them."""
+    include = tmp_path / "include"
+    include.mkdir()
+    for name in setup_py._required_headers():
+        (include / name).write_text("")
+    bindings = setup_py.metadata.version("cuda-bindings").split(".")
+    older = int(bindings[1]) - 1
+    if older < 0:
+        pytest.skip(f"cuda-bindings {'.'.join(bindings[:2])} has no older minor")
+    code = int(bindings[0]) * 1000 + older * 10             # as cuda.h writes 13.0: 13000
+    (include / "cuda.h").write_text(f"#define CUDA_VERSION {code}\n")
+    monkeypatch.setattr(setup_py, "_candidates", lambda: iter([("$CUDA_HOME", include)]))
+    assert setup_py.cuda_include() == str(include)
+    out, err = capsys.readouterr()
+    assert f"CUDA {bindings[0]}.{older} headers from $CUDA_HOME" in out
+    assert "are older than cuda-bindings" in err and "pip install" in err

@@ -226,6 +226,20 @@ def test_every_python_block_runs_as_pasted(block, needs, tmp_path):
     assert proc.returncode == 0, f"{block}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
 
+def test_the_ipc_block_fails_instead_of_hanging_when_pasted_into_standard_input():
+    """The IPC block needs a file (the spawn start method imports it in the consumer): the
+    README says so, and pasted into ``python -`` the producer's wait ends in an error."""
+    (block,) = [b for _, b in _python_blocks() if "ipc_handle()" in b]
+    intro = README[:README.index(block)].rsplit("```python", 1)[0].strip().rsplit("\n\n", 1)[-1]
+    assert "Save this block as a file" in intro and "`spawn`" in intro
+    wait = "done.get(timeout=60)"
+    assert wait in block and wait in intro
+    # The consumer dies at once (it cannot import <stdin>); a shorter wait keeps the test quick.
+    proc = subprocess.run([sys.executable, "-"], input=block.replace(wait, "done.get(timeout=5)"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Empty" in proc.stderr, proc.stderr
+
+
 def test_the_example_for_any_machine_prints_what_its_comments_say():
     (block,) = [b for b in _code_blocks("python") if "SimulatedDevice()" in b
                 and "gpupool.pool_status(pool=pool)" in b]

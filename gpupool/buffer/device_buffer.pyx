@@ -28,7 +28,7 @@ from gpupool.buffer.hooks import ipc_exporter
 from gpupool.buffer.host import host_bytes
 from gpupool.buffer.interface import read_cai
 from gpupool.buffer.pickling import reduce_buffer
-from gpupool.buffer.view import BufferView
+from gpupool.buffer.view import BufferView, no_implicit_array
 
 cdef const int* FORKED = fork_flag()
 
@@ -191,6 +191,10 @@ cdef class DeviceBuffer:
         if self.pool.upstream.host_accessible:
             return (KDL_CPU, 0)
         return (KDL_CUDA, self.pool.device)
+
+    def __array__(self, dtype=None, copy=None):
+        """Refused (TypeError): see ``gpupool.buffer.view.no_implicit_array``."""
+        no_implicit_array(self, "buf.copy_to_host()")
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """Export the bytes as a DLPack capsule: a 1-D ``uint8`` tensor of ``nbytes``.

@@ -12,7 +12,8 @@ import numpy as np
 
 from gpupool.buffer.dlpack import TYPE_CODES as _DLPACK_CODES
 
-__all__ = ["BufferView"]
+__all__ = ["BufferView", "no_implicit_array"]
+KDL_CPU = 1                     # DLPack's device type of host memory
 
 
 def _extents(values, what):
@@ -26,6 +27,29 @@ def _extents(values, what):
     except TypeError:
         raise TypeError(f"{what} must be an int or a sequence of ints, got {values!r}") \
             from None
+
+
+def no_implicit_array(exporter, copy_advice):
+    """Refuse NumPy's implicit conversion (``np.asarray``, ``np.array``) of a DeviceBuffer or
+    a view, which would otherwise give a 0-d array of one Python object; as CuPy's arrays do.
+
+    Parameters
+    ----------
+    exporter : DeviceBuffer or BufferView
+    copy_advice : str
+        How to copy its bytes to the host (``"buf.copy_to_host()"``).
+
+    Raises
+    ------
+    TypeError
+        Always, with the way to a NumPy array: a copy, or, where the memory is host memory
+        (the simulated device), ``np.from_dlpack`` without one.
+    """
+    text = (f"Implicit conversion of a gpupool.{type(exporter).__name__} to a NumPy array is "
+            f"not allowed: copy its bytes to the host with {copy_advice}")
+    if exporter.__dlpack_device__()[0] == KDL_CPU:
+        text += ", or read its host memory (the simulated device's) with np.from_dlpack(...)"
+    raise TypeError(text)
 
 
 class BufferView:
@@ -117,6 +141,10 @@ class BufferView:
 
     def __dlpack_device__(self):
         return self.buffer.__dlpack_device__()
+
+    def __array__(self, dtype=None, copy=None):
+        """Refused (TypeError, see no_implicit_array)."""
+        no_implicit_array(self, "view.buffer.copy_to_host()")
 
     def __reduce__(self):
         return BufferView, (self.buffer, self.dtype, self.shape, self.strides)

@@ -43,7 +43,7 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
     if up.expandable and gp_this_thread().tag:     # (on a plain upstream a tag marks nothing)
         return tg_acquire(st, up, nbytes, s, gp_this_thread().tag, out)
     if st.segments.hard_limit and size > st.segments.hard_limit:
-        size = nbytes               # only the exact request fits under the limit
+        size = nbytes               # only the exact request fits (>= BLOCK_ALIGN: PoolBase)
     if not st.order.wanted.empty():
         if st.order.wanted.size() > WANTED_MAX:
             # Many streams hold blocks that others want and never allocate again (most

@@ -10,10 +10,12 @@ from gpupool.core.magazine cimport Magazine
 from gpupool.core.magpool cimport mp_counters_view
 from gpupool.core.regioncache cimport RegionCache, rc_lends
 from gpupool.core.state cimport PoolState
+from gpupool.upstream.base cimport Upstream
 
 cdef cppclass OomFacts:
     Counters c                  # mp_counters_view: a magazine's blocks count as cached
     size_t hard_limit           # 0: none
+    size_t page                 # bytes of the expandable upstream's page; 0: a plain one
     size_t largest              # the largest free block any request may take
     size_t servable             # bytes of free blocks that alone could serve the request
     vector[uintptr_t] owners    # regions and private pools with live blocks (RegionCache*)
@@ -35,10 +37,11 @@ cdef inline size_t oom_headroom(PoolState* st) noexcept nogil:
     return limit - reserved if limit > reserved else 0
 
 
-cdef inline void oom_gather(PoolState* st, Magazine* mine, size_t nbytes,
+cdef inline void oom_gather(PoolState* st, Upstream up, Magazine* mine, size_t nbytes,
                             OomFacts* f) noexcept nogil:
-    """Under the pool's lock: the facts of a failed request of nbytes (mine: the calling
-    thread's magazine). One walk over the segments: O(blocks), paid only when raising."""
+    """Under the pool's lock: the facts of a failed request of nbytes from up (mine: the
+    calling thread's magazine). One walk over the segments: O(blocks), paid only when
+    raising."""
     cdef size_t headroom, i
     cdef Segment* seg = st.segments.head
     cdef Block* b
@@ -46,6 +49,7 @@ cdef inline void oom_gather(PoolState* st, Magazine* mine, size_t nbytes,
     hd_cache_info(st, mine, &f.largest, &headroom)      # parked and mine flushed first
     f.c = mp_counters_view(st)
     f.hard_limit = st.segments.hard_limit
+    f.page = up.granularity if up.expandable else 0
     f.servable = 0
     while seg != NULL:
         b = seg.first

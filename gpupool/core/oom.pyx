@@ -78,10 +78,18 @@ cdef object oom_error(int device, uint32_t pool_id, bint real_device, OomFacts* 
             f"{format_bytes(nbytes)} ({nbytes} B): ")
     numbers = (f"{format_bytes(c.in_use)} in use, {format_bytes(c.reserved)} reserved, "
                f"{format_bytes(c.cached)} cached by the pool and its regions")
+    pages = (nbytes + f.page - 1) // f.page if f.page else 0
     if limit and nbytes > limit:
         text = (f"{head}the request can never fit: {nbytes} B requested, hard limit "
                 f"{_exact(limit)}. Raise the limit (Pool(hard_limit=...), "
                 f"GPUPOOL_HARD_LIMIT) or split the allocation; {numbers}.")
+    elif limit and pages * f.page > limit:
+        text = (f"{head}the request can never fit: it needs {_pages(pages, f.page)} (the "
+                f"upstream maps whole pages) and the hard limit {_exact(limit)} holds "
+                f"{_pages(limit // f.page, f.page)}. Raise the limit to a whole number of "
+                f"pages (at least {_exact(pages * f.page)} for this request: "
+                f"Pool(hard_limit=...), GPUPOOL_HARD_LIMIT), split the allocation, or use "
+                f"upstream='driver', whose segments can be the exact request; {numbers}.")
     elif total and nbytes > total:
         text = (f"{head}the request can never fit: {nbytes} B requested, the device has "
                 f"{_exact(total)}. Split the allocation or use a device "
@@ -119,6 +127,11 @@ def _exact(n):
     """n bytes as format_bytes gives them, and exactly when that rounds."""
     text = format_bytes(n)
     return text if text == f"{n} B" else f"{text} ({n} B)"
+
+
+def _pages(count, page):
+    """count pages of page bytes, as "2 pages of 2.000 MiB"."""
+    return f"{count} page{'' if count == 1 else 's'} of {format_bytes(page)}"
 
 
 def _top(owners, int count=3):

@@ -101,9 +101,9 @@ cdef class Pool(PoolBase):
         environment, else ``"vmm"`` (``"driver"`` on a device without virtual memory
         management).
     hard_limit, soft_limit : int or str, optional
-        Bytes the pool may reserve (hard: never exceeded; soft: cached blocks are released
-        when exceeded), as an int or a string such as ``"512MiB"``, ``"8GB"``, ``"50%"``.
-        Default: ``GPUPOOL_HARD_LIMIT`` / ``GPUPOOL_SOFT_LIMIT`` from the environment.
+        Bytes the pool may reserve (hard: never exceeded, whole pages on an expandable
+        upstream; soft: cached blocks are released when exceeded): an int or a string such
+        as ``"512MiB"``, ``"8GB"``, ``"50%"``; default ``GPUPOOL_{HARD,SOFT}_LIMIT``.
 
     Raises
     ------
@@ -111,8 +111,8 @@ cdef class Pool(PoolBase):
         No driver or no such device (driver upstreams).
     ValueError, TypeError
         An impossible ``device`` (negative, not an int: before any driver call), a malformed
-        limit (the message names the argument or variable), a soft limit above the hard
-        one, or a malformed upstream (``GPUPOOL_UPSTREAM`` included).
+        limit (naming its argument or variable), a soft limit above the hard one, a hard
+        limit below 512 B (a page, expandable) or a malformed upstream (``GPUPOOL_UPSTREAM``).
     """
 
     def __cinit__(self, *args, **kwargs):
@@ -209,7 +209,7 @@ cdef class Pool(PoolBase):
         """The OutOfMemoryError of a failed request of nbytes (core/oom.pyx, oom_error)."""
         cdef OomFacts f
         self.lock()
-        oom_gather(&self._st, self.thread_magazine(False), nbytes, &f)
+        oom_gather(&self._st, self.upstream, self.thread_magazine(False), nbytes, &f)
         self.unlock()
         return oom_error(self.device, self._st.segments.pool_id,
                          not isinstance(self.upstream, PythonUpstream), &f, nbytes)

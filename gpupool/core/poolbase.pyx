@@ -11,7 +11,7 @@ from gpupool.driver.calls cimport fork_flag
 from gpupool.core.freelist cimport fl_each
 from gpupool.core.magpool cimport mp_reap, mp_flush_all, mp_counters_view, mp_reset_peaks
 from gpupool.core.parking cimport pk_flush
-from gpupool.core.segments cimport round_request
+from gpupool.core.segments cimport BLOCK_ALIGN, round_request
 from gpupool.records.sizes cimport check_nbytes
 from gpupool.core.ladder cimport ld_trim, ld_merge_streams
 from gpupool.core.giveback cimport sg_release_all
@@ -63,8 +63,14 @@ cdef class PoolBase(BlockOwner):
         self._offloaded = {}
         self.upstream = make_upstream(check_ordinal(device), upstream)
         self.device = self._st.segments.device = self.upstream.device
+        # A hard limit holds at least one block (an exact request under it is never below
+        # BLOCK_ALIGN, which the free lists' smallest class assumes) and, on an expandable
+        # upstream, one page: the pool reserves no less.
+        expandable = self.upstream.expandable
         self._st.segments.hard_limit, self._st.soft_limit = resolve_limits(
-            hard_limit, soft_limit, lambda: self.mem_info()[1])
+            hard_limit, soft_limit, lambda: self.mem_info()[1],
+            self.upstream.granularity if expandable else BLOCK_ALIGN,
+            "page" if expandable else "block")
         # A stream-ordered upstream keeps freed memory up to the soft limit for regrowth.
         self.upstream.raise_error(self.upstream.set_release_threshold(self._st.soft_limit),
                                   "set_release_threshold")

@@ -39,7 +39,7 @@ cdef cppclass StreamOrder:
 cdef cppclass Segments:
     Segment* head               # every segment of the pool
     vector[Block*] spare        # block records to reuse (cutting and joining allocate none)
-    size_t hard_limit           # bytes the pool may reserve; 0: no limit
+    size_t hard_limit           # bytes the pool may reserve; 0: no limit, else >= BLOCK_ALIGN
     int* recording              # the memory history's switch (core/pool.pyx's copy)
     int device                  # the pool's device and id, for the memory history
     uint32_t pool_id

@@ -25,6 +25,7 @@ cimport cython
 
 import contextlib
 import gc
+import inspect
 import itertools
 import os
 import sys
@@ -46,6 +47,7 @@ from gpupool.region.planned import Planner
 _COLLECT = {"young": 1, "full": 2, None: None}
 _POLICIES = ("detach", "invalidate")
 _SCOPES = ("thread", "process")
+_PLAN_OPTIONS = tuple(inspect.signature(Planner).parameters)     # Region(plan={...})'s keys
 POISON = 0xFF                   # every float of a poisoned block reads as NaN
 LEAK_ENTRIES = 3                # consecutive growths of bytes alive at exit before a warning
 # Frames of these packages are skipped when tracing where an escaping buffer was allocated:
@@ -189,6 +191,10 @@ cdef class Region:
             raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
         if plan is not False and plan is not True and not isinstance(plan, dict):
             raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
+        if isinstance(plan, dict) and not set(plan) <= set(_PLAN_OPTIONS):
+            unknown = ", ".join(repr(k) for k in plan if k not in _PLAN_OPTIONS)
+            raise TypeError(f"Region(plan=...): unknown option {unknown}; the accepted keys "
+                            f"are {', '.join(_PLAN_OPTIONS)}")
         planner = Planner(**plan) if isinstance(plan, dict) else Planner() if plan else None
         from gpupool.core.defaults import get_pool
         if pool is not None and not isinstance(pool, Pool):

@@ -1,4 +1,5 @@
-"""DeviceBuffer on the simulated device: the CUDA Array Interface, copies, lifetime."""
+"""DeviceBuffer on the simulated device: the CUDA Array Interface, copies (NumPy's implicit
+conversion refused), lifetime."""
 
 import numpy as np
 import pytest
@@ -48,6 +49,32 @@ def test_copies_run_on_the_given_stream(pool, sim):
     assert buf.copy_to_host(stream=s)[0] == 7
     assert [args[-1] for args in sim.calls_named("copy")] == [s, s]
     assert sim.calls_named("memset")[0][-1] == s
+
+
+@pytest.mark.parametrize("convert", [np.asarray, np.array])
+def test_implicit_conversion_to_numpy_is_refused_with_the_explicit_ways(pool, convert):
+    """As CuPy refuses it: NumPy would otherwise make a 0-d array of one Python object."""
+    buf = pool.allocate(1024)
+    with pytest.raises(TypeError, match=r"^Implicit conversion of a gpupool.DeviceBuffer to a "
+                       r"NumPy array is not allowed: copy its bytes to the host with "
+                       r"buf.copy_to_host\(\), or read its host memory \(the simulated "
+                       r"device's\) with np.from_dlpack"):
+        convert(buf)
+    with pytest.raises(TypeError, match=r"gpupool.BufferView .* view.buffer.copy_to_host\(\)"):
+        convert(buf.view("float32", 256))
+    assert np.from_dlpack(buf.view("float32", 256)).shape == (256,)    # the explicit way
+
+
+def test_implicit_conversion_of_device_memory_names_only_the_copy():
+    from gpupool.buffer.view import no_implicit_array
+
+    class OnTheDevice:
+        def __dlpack_device__(self):
+            return (2, 0)                   # kDLCUDA
+
+    with pytest.raises(TypeError) as info:
+        no_implicit_array(OnTheDevice(), "buf.copy_to_host()")
+    assert str(info.value).endswith("copy its bytes to the host with buf.copy_to_host()")
 
 
 def test_copy_size_checks(pool):

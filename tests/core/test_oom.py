@@ -1,13 +1,17 @@
 """The out-of-memory ladder and limits on the simulated device (core/ladder.pxd, core/oom.pyx):
 hard and soft limits, the numbers an OutOfMemoryError carries, the on_oom callbacks."""
 
+import contextlib
 import logging
 import pickle
 
 import pytest
 from conftest import check_invariants
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gpupool
+from gpupool.testing import SimulatedDevice
 
 LARGE = 12 << 20      # above the segment limit (10 MiB): each block is its own upstream allocation
 
@@ -43,6 +47,60 @@ def test_pool_capped_at_n_bytes_can_allocate_one_n_byte_block(sim, cap):
     with pytest.raises(gpupool.OutOfMemoryError):
         pool.allocate(cap + 1)
     check_invariants(pool)
+
+
+# The simulated device's upstreams: cuMemAlloc's, cuMemAllocAsync's, and expandable segments
+# with the driver's 2 MiB page and with a 4 KiB one.
+UPSTREAMS = {"driver": {}, "async": {"stream_ordered": True}, "vmm": {"virtual_memory": True},
+             "vmm, 4 KiB pages": {"virtual_memory": True, "page": 4096}}
+
+
+def smallest_reservation(device):
+    """Bytes of the least a pool reserves: a page on an expandable upstream, else a block."""
+    return device.granularity if device.expandable else 512
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(sorted(UPSTREAMS)), data=st.data())
+def test_no_hard_limit_corrupts_the_pool(kind, data):
+    """Every limit is either refused at construction (it could hold no block, or no page) or
+    keeps the pool consistent, under the limit, and able to allocate the largest block it
+    holds (the limit itself; on an expandable upstream, its whole pages)."""
+    device = SimulatedDevice(**UPSTREAMS[kind])
+    smallest = smallest_reservation(device)
+    limit = data.draw(st.integers(1, 3 * smallest + 700) | st.sampled_from(
+        [smallest - 1, smallest, smallest + 1, 2 * smallest - 1]), label="limit")
+    if limit < smallest:
+        with pytest.raises(ValueError, match=rf"^hard_limit={limit}: .* at least {smallest} B"):
+            gpupool.Pool(upstream=device, hard_limit=limit)
+        return
+    pool = gpupool.Pool(upstream=device, hard_limit=limit)
+    sizes = data.draw(st.lists(st.integers(0, limit + 600), max_size=6), label="sizes")
+    in_region = data.draw(st.booleans(), label="in_region")
+    held = []
+    with gpupool.Region(pool=pool) if in_region else contextlib.nullcontext():
+        for nbytes in sizes:
+            try:
+                held.append(pool.allocate(nbytes))
+            except gpupool.OutOfMemoryError:
+                assert nbytes
+            assert check_invariants(pool).reserved_bytes <= limit
+    del held
+    largest = limit // smallest * smallest if device.expandable else limit
+    assert pool.allocate(largest).nbytes == largest
+    check_invariants(pool)
+    assert device.errors == []
+
+
+@pytest.mark.parametrize("kind", sorted(UPSTREAMS))
+def test_a_hard_limit_from_the_environment_below_the_smallest_block_names_the_variable(
+        kind, monkeypatch):
+    device = SimulatedDevice(**UPSTREAMS[kind])
+    monkeypatch.setenv("GPUPOOL_HARD_LIMIT", "100")
+    with pytest.raises(ValueError, match=r"^GPUPOOL_HARD_LIMIT='100': the pool reserves memory "
+                       rf"in (blocks|pages) of at least .* make it at least "
+                       rf"{smallest_reservation(device)} B"):
+        gpupool.Pool(upstream=device)
 
 
 def test_out_of_memory_from_the_device_carries_the_numbers_and_asks_the_upstream_nothing(sim):

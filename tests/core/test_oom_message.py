@@ -12,6 +12,7 @@ import pytest
 
 import gpupool
 from gpupool.core import oom
+from gpupool.stats import format_bytes
 from gpupool.testing import SimulatedDevice
 
 MIB = 1 << 20
@@ -24,13 +25,37 @@ def oom_of(pool, nbytes):
 
 
 def test_a_request_above_the_hard_limit_can_never_fit():
-    pool = gpupool.Pool(hard_limit=100, upstream=SimulatedDevice())
-    error = oom_of(pool, 1000)
+    pool = gpupool.Pool(hard_limit=1000, upstream=SimulatedDevice())
+    error = oom_of(pool, 2000)
     message = str(error)
-    assert "can never fit: 1000 B requested, hard limit 100 B" in message
+    assert "can never fit: 2000 B requested, hard limit 1000 B" in message
     assert "Free buffers" not in message and "GPUPOOL_HARD_LIMIT" in message
-    assert (error.requested_bytes, error.limit_bytes, error.in_use_bytes) == (1000, 100, 0)
+    assert (error.requested_bytes, error.limit_bytes, error.in_use_bytes) == (2000, 1000, 0)
     assert pickle.loads(pickle.dumps(error)).by_owner == error.by_owner == {"pool": 0}
+
+
+@pytest.mark.parametrize("page, limit, nbytes, needs, holds", [
+    (2 * MIB, "3MB", 2_500_000, "2 pages of 2.000 MiB", "1 page of 2.000 MiB"),
+    (4096, 3 * 4096 + 100, 3 * 4096 + 50, "4 pages of 4.000 KiB", "3 pages of 4.000 KiB"),
+])
+def test_a_request_whose_pages_exceed_the_hard_limit_can_never_fit(page, limit, nbytes, needs,
+                                                                    holds):
+    """On an expandable upstream the pool maps whole pages: a request within the limit whose
+    pages are not is refused, the message naming the pages, and the limit's whole pages
+    serve."""
+    pool = gpupool.Pool(hard_limit=limit, upstream=SimulatedDevice(virtual_memory=True,
+                                                                   page=page))
+    error = oom_of(pool, nbytes)
+    message = str(error)
+    exact = pool.hard_limit
+    assert (f"the request can never fit: it needs {needs} (the upstream maps whole pages) and "
+            f"the hard limit {format_bytes(exact)} ({exact} B) holds {holds}") in message
+    assert "Raise the limit to a whole number of pages" in message
+    assert "upstream='driver'" in message and "Free buffers" not in message
+    assert (error.requested_bytes, error.limit_bytes) == (nbytes, exact)
+    largest = exact // page * page
+    assert pool.allocate(largest).nbytes == largest
+    assert pool._verify() == []
 
 
 def test_a_request_above_the_device_s_total_can_never_fit_once_the_total_is_known():

@@ -292,8 +292,10 @@ def test_bad_plan_options_are_refused(vpool):
         gpupool.Region(pool=vpool, plan="yes")
     with pytest.raises(ValueError, match="max_plans"):
         gpupool.Region(pool=vpool, plan={"max_plans": 0})
-    with pytest.raises(TypeError):
-        gpupool.Region(pool=vpool, plan={"no_such_option": 1})
+    with pytest.raises(TypeError, match=r"^Region\(plan=\.\.\.\): unknown option 'bogus'; "
+                       r"the accepted keys are max_plans, max_plan_requests, budget_ms, "
+                       r"min_hit_rate$"):
+        gpupool.Region(pool=vpool, plan={"bogus": 1, "max_plans": 2})
 
 
 def test_placement_keeps_fixed_and_pinned_bytes():
