@@ -77,7 +77,6 @@ cdef bint MAGAZINES = os.environ.get("GPUPOOL_MAGAZINES", "").strip() != "0"
 include "regionstack.pxi"
 include "tagging.pxi"
 
-
 # The docstring opens with its signature, for inspect.signature (Note [Class signatures]).
 cdef class Pool(PoolBase):
     """Pool(device=0, upstream=None, hard_limit=None, soft_limit=None)
