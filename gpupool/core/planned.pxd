@@ -66,8 +66,9 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
                            StreamKey s) noexcept nogil:
     """Request number rc.plan.next of the entry, of size bytes (rounded) on s: its block cut
     at its planned place and out of the free lists (the caller links it, live), or NULL
-    (no plan for it, another size or stream, or its bytes are not free now: the online path
-    serves it). Stream order as so_take's: another stream's free bytes are taken once that
+    (no plan for it, or its bytes are not free now: the online path serves it). A request
+    larger than its place or on another stream than the planned one is off the plan's step:
+    it and the rest of the entry go the online way. Stream order as so_take's: another stream's free bytes are taken once that
     stream's work on them has completed, or after s waits for it on the GPU."""
     cdef PlanTable* p = rc.plan
     cdef size_t k = p.next
@@ -75,10 +76,11 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
     cdef Block* b
     cdef RegionCache* owner
     p.next += 1
-    if not p.active or k >= p.offsets.size() or p.offsets[k] < 0:
+    if not p.active or p.stopped or k >= p.offsets.size() or p.offsets[k] < 0:
         return NULL
     if <int64_t>size > p.sizes[k] or s.handle != p.streams[k]:
         p.misses += 1
+        p.stopped = True
         return NULL
     addr = p.base + <uintptr_t>p.offsets[k]
     b = pl_block_at(st, p, k, addr)
@@ -91,6 +93,10 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
             pl_unpark(st, b)
             rc_disown(b)
             return pl_served(p, k, b)
+        pk_flush(st)
+        b = pl_block_at(st, p, k, addr)
+    elif b != NULL and b.state == FREE and addr + size > b.ptr + b.size and st.nparked:
+        # The place runs on into bytes parked unjoined (a block freed last): put back joined.
         pk_flush(st)
         b = pl_block_at(st, p, k, addr)
     if b == NULL or b.state != FREE or addr + size > b.ptr + b.size or \
@@ -176,6 +182,7 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
         marker.ptr, marker.nbytes, marker.stream = 0, 0, 0
         p.events.push_back(marker)
         p.next = p.hits = p.misses = 0
+        p.stopped = False
     elif op == PL_READ:
         io.events.swap(p.events)
         io.hits, io.misses = p.hits, p.misses

@@ -29,6 +29,8 @@ cdef cppclass PlanTable:
     vector[int64_t] anchors         # a request placed just below k and live when k comes; -1
     vector[Block*] live             # the live block at each place served (NULL: none)
     size_t next                     # this entry's requests so far
+    bint stopped                    # a request asked more than its place or another stream:
+                                    # the rest of the entry goes the online way
     size_t hits                     # this entry's requests served at their place
     size_t misses                   # this entry's planned requests that were not
 

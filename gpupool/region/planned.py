@@ -4,9 +4,14 @@ by the core, their signatures, the plans it keeps and when it gives one up.
 The core records the region's allocations and frees in order, with a marker where each entry
 starts (core/plantable.pxd). At each exit the step before the one that just ended is complete
 (the entry that just ended has freed its tails), so it becomes a :class:`placement.Step`,
-keyed by its signature: its structure (the order of its allocations and frees, their streams)
-and its sizes. A signature seen twice is planned (:func:`placement.plan`, within a time
-budget); the next entry is served from the plan of the last complete step's signature.
+keyed by its signature: its structure (the order of its allocations and frees, their streams),
+without sizes. Each signature keeps its envelope, the elementwise most of the sizes its steps
+asked for. A signature seen twice is planned from its envelope (:func:`placement.plan`, within
+a time budget), and planned again when a step asks more than the plan covers; the next entry is
+served from the plan of the last complete step's signature, request k at its place whenever it
+asks no more than the place's bytes (a smaller step's blocks lie inside the envelope's places,
+so they stay apart as those do). Steps of fixed sizes are the case where the envelope is the
+step itself.
 
 A plan holds no memory: its places are addresses in the pool's segments (the core chooses the
 range where the region's own step already lies, core/planned.pxd), taken when they are free,
@@ -34,9 +39,11 @@ STRIKES = 2                 # bad entries before a plan is given up
 
 
 def signature(step):
-    """A step's shape signature: a digest of its structure and sizes (16 bytes)."""
+    """A step's signature: a digest of its structure (``Step.structure``: its length and each
+    request's allocation, free and stream, without sizes; 16 bytes). Steps of one signature
+    differ only in their sizes, and share one plan made from their envelope."""
     h = hashlib.blake2b(digest_size=16)
-    for part in step.structure()[1:] + (step.nbytes.tobytes(),):
+    for part in step.structure()[1:]:
         h.update(part)
     h.update(step.length.to_bytes(8, "little"))
     return h.digest()
@@ -102,6 +109,7 @@ class Planner:
         self.current = None         # the signature whose plan is installed
         self.base = 0               # the address of its range (0: none)
         self._transition = False    # the plan installed is the current one's transition
+        self._grown = False         # the step to plan asks more than the current plan covers
         self._carried = {}          # the last entry's blocks live at its exit: k -> (ptr, bytes)
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
@@ -118,7 +126,15 @@ class Planner:
         self.counts["hits"] += hits
         self.counts["misses"] += misses
         action = None
-        if self.current is not None:
+        step, self._grown = self._complete_step(), False
+        if step is not None:
+            sig = signature(step)
+            seen, envelope = self._remember(sig, step)
+            kept = self._plans.get(sig)
+            self._grown = sig == self.current and kept is not None and \
+                bool((envelope > kept[0].step.nbytes).any())
+        if self.current is not None and not self._grown:
+            # A step larger than the plan is not the plan's fault: it is planned again.
             self._entries_on += 1
             tried = hits + misses
             bad = (tried and hits < self.min_hit_rate * tried) or \
@@ -130,19 +146,33 @@ class Planner:
                 self.current = None
                 self.counts["given_up"] += 1
                 action = "clear"
-        step = self._complete_step()
         if step is None:
             return action
-        sig = signature(step)
-        self._seen[sig] = self._seen.pop(sig, 0) + 1
-        while len(self._seen) > SEEN_MAX:
-            self._seen.popitem(last=False)
-        if sig in self._banned or self._seen[sig] < 2 or \
-                (sig == self.current and not self._transition) or \
+        if sig in self._banned or seen < 2 or \
+                (sig == self.current and not self._transition and not self._grown) or \
                 len(step) > self.max_plan_requests or not step.planned.any():
             return action
-        self._wanted = (sig, step)
+        self._wanted = (sig, placement.Step(envelope, step.alloc, step.free, step.stream,
+                                            step.length))
         return "layout"
+
+    def _remember(self, sig, step):
+        """Count a complete step of signature sig and fold its sizes into the signature's
+        envelope (their elementwise most, bytes). Returns (times seen, envelope). Bounded:
+        SEEN_MAX signatures and ``4 * max_plan_requests`` requests of envelopes in all, the
+        least recently seen dropped past either."""
+        seen, envelope = self._seen.pop(sig, (0, None))
+        if len(step) > self.max_plan_requests:
+            envelope = step.nbytes[:0]          # never planned: no sizes kept
+        elif envelope is None or len(envelope) != len(step):
+            envelope = step.nbytes
+        else:
+            envelope = np.maximum(envelope, step.nbytes)
+        self._seen[sig] = (seen + 1, envelope)
+        while len(self._seen) > 1 and (len(self._seen) > SEEN_MAX or sum(
+                len(e) for _, e in self._seen.values()) > 4 * self.max_plan_requests):
+            self._seen.popitem(last=False)
+        return seen + 1, envelope
 
     def place(self, base, span, obstacles):
         """The plan to install for the step :meth:`exited` asked a layout for, as ``(Plan,
@@ -159,7 +189,7 @@ class Planner:
             self._banned.add(sig)
             self.no_room()
             return None
-        if self.current == sig:
+        if self.current == sig and not self._grown:
             self._transition = False
             return steady
         self.current, self._entries_on, self._strikes = sig, 0, 0
@@ -189,7 +219,8 @@ class Planner:
     def _steady(self, sig, step, base, obstacles):
         """The plan kept for sig, or a new one placed around the obstacles."""
         kept = self._plans.get(sig)
-        if kept is None or kept[2] != base or _meets(kept[0], obstacles):
+        if kept is None or kept[2] != base or _meets(kept[0], obstacles) or \
+                (step.nbytes > kept[0].step.nbytes).any():
             made = placement.plan(step, budget_ms=self.budget_ms, fixed=obstacles)
             self.counts["plans"] += 1
             self.counts["planning_ms"] += made.planning_ms

@@ -191,14 +191,16 @@ def test_scope_process_covers_other_threads(vpool):
 def test_a_new_signature_is_planned_and_the_cache_is_capped(vpool):
     region = gpupool.Region(pool=vpool, plan={"max_plans": 2}, collect=None)
     mem = Checked(vpool)
-    shapes = [SIZES, [s * 2 for s in SIZES], [s + 4096 for s in SIZES]]
+    # A step larger than the plan, then two other structures (signatures).
+    shapes = [(SIZES, FREES), ([s * 2 for s in SIZES], FREES), (SIZES, [None] * len(SIZES)),
+              ([s + 4096 for s in SIZES], [None, 0, 1, 2, 3, None])]
     made = []
-    for sizes in shapes:
-        entries(vpool, region, 5, sizes=sizes, mem=mem)
+    for sizes, frees in shapes:
+        entries(vpool, region, 5, sizes=sizes, frees=frees, mem=mem)
         made.append(region.stats().plans)
-    assert made[0] < made[1] < made[2]          # each new signature planned
+    assert made[0] < made[1] < made[2] < made[3]    # each planned (again)
     assert len(region.planner.plans) <= 2
-    found, _ = entries(vpool, region, 3, sizes=shapes[2], mem=mem)
+    found, _ = entries(vpool, region, 3, sizes=shapes[3][0], frees=shapes[3][1], mem=mem)
     assert found[-1] == found[-2]
 
 
@@ -307,3 +309,68 @@ def test_placement_keeps_fixed_and_pinned_bytes():
     spans = sorted(zip(made.offsets, made.offsets + 1024, strict=True))
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
     assert np.array_equal(placement.plan(step).offsets, [0, 1024, 2048])
+
+
+SCALES = [1.0, 1.0, 1.0, 0.7, 0.9, 0.6, 0.8, 0.75, 0.95, 0.65]
+
+
+def scaled(scale):
+    return [int(n * scale) // 512 * 512 for n in SIZES]
+
+
+def test_varying_sizes_of_one_structure_are_served_at_the_envelopes_places(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    mem = Checked(vpool)                    # every allocation checked for overlap
+    found = []
+    for e, scale in enumerate(SCALES):
+        with region:
+            found.append(run_step(mem, scaled(scale), FREES, TAILS, e))
+        check_invariants(vpool)
+    stats = region.stats()
+    # Planned from the envelope (the full sizes) at the fourth exit; the transition plan
+    # serves entry 4 and the steady plan the rest, each smaller request at its place.
+    assert stats.plan_misses == 0 and stats.plan_hits == (len(SCALES) - 4) * len(SIZES)
+    assert all(addrs == found[-1] for addrs in found[5:])
+    assert len(region.planner.plans) == 1
+    assert list(region.planner.plans[0].step.nbytes) == scaled(1.0)
+    mem.live.clear()
+    assert check_invariants(vpool).in_use_bytes == 0
+
+
+def test_a_step_larger_than_the_envelope_goes_online_and_is_planned_again(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    mem = Checked(vpool)
+
+    def entry(scale, e):
+        before = region.stats()
+        with region:
+            run_step(mem, scaled(scale), FREES, TAILS, e)
+        check_invariants(vpool)
+        after = region.stats()
+        return after.plan_hits - before.plan_hits, after.plan_misses - before.plan_misses
+
+    for e, scale in enumerate(SCALES):
+        entry(scale, e)
+    plans = region.stats().plans
+    # The first request asks more than its place: it and the rest of the step go online.
+    assert entry(1.5, 50) == (0, 1)
+    for e in range(3):
+        entry(0.8, 60 + e)
+    assert region.stats().plans > plans     # planned again from the grown envelope
+    assert entry(1.5, 70) == (len(SIZES), 0)    # now served whole
+    assert entry(0.5, 71) == (len(SIZES), 0)
+    assert region.stats().plans_given_up == 0
+    assert list(region.planner.plans[-1].step.nbytes) == scaled(1.5)
+    mem.live.clear()
+    assert check_invariants(vpool).in_use_bytes == 0
+
+
+def test_the_envelopes_kept_are_bounded():
+    from gpupool.region import placement
+    planner = Planner(max_plan_requests=8)
+    for n in range(1, 40):
+        # Steps of distinct structures (lengths), each remembered with its envelope.
+        step = placement.Step([4096] * n, list(range(n)), list(range(n, 2 * n)), [0] * n,
+                              2 * n)
+        planner._remember(bytes([n]), step)
+    assert sum(len(e) for _, e in planner._seen.values()) <= 4 * 8
