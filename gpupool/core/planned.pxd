@@ -67,8 +67,8 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
     """Request number rc.plan.next of the entry, of size bytes (rounded) on s: its block cut
     at its planned place and out of the free lists (the caller links it, live), or NULL
     (no plan for it, or its bytes are not free now: the online path serves it). A request
-    larger than its place or on another stream than the planned one is off the plan's step:
-    it and the rest of the entry go the online way. Stream order as so_take's: another stream's free bytes are taken once that
+    larger than its place, on another stream than the planned one or at another event of the
+    entry is off the plan's step: it and the rest of the entry go the online way. Stream order as so_take's: another stream's free bytes are taken once that
     stream's work on them has completed, or after s waits for it on the GPU."""
     cdef PlanTable* p = rc.plan
     cdef size_t k = p.next
@@ -76,11 +76,14 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
     cdef Block* b
     cdef RegionCache* owner
     p.next += 1
-    if not p.active or p.stopped or k >= p.offsets.size() or p.offsets[k] < 0:
+    if not p.active or p.stopped or k >= p.offsets.size():
         return NULL
-    if <int64_t>size > p.sizes[k] or s.handle != p.streams[k]:
+    if p.allocs[k] != <int64_t>p.event or s.handle != p.streams[k] or \
+            (p.offsets[k] >= 0 and <int64_t>size > p.sizes[k]):
         p.misses += 1
         p.stopped = True
+        return NULL
+    if p.offsets[k] < 0:
         return NULL
     addr = p.base + <uintptr_t>p.offsets[k]
     b = pl_block_at(st, p, k, addr)
@@ -181,11 +184,11 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     if op == PL_ENTRY:
         marker.ptr, marker.nbytes, marker.stream = 0, 0, 0
         p.events.push_back(marker)
-        p.next = p.hits = p.misses = 0
+        p.next = p.hits = p.misses = p.event = 0
         p.stopped = False
     elif op == PL_READ:
         io.events.swap(p.events)
-        io.hits, io.misses = p.hits, p.misses
+        io.hits, io.misses, io.stopped = p.hits, p.misses, p.stopped
     elif op == PL_LAYOUT:
         return pl_layout(st, rc, io)
     elif op == PL_INSTALL:
@@ -195,6 +198,9 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
         p.sizes.swap(io.sizes)
         p.streams.swap(io.streams)
         p.anchors.swap(io.anchors)
+        p.allocs.swap(io.allocs)
+        p.frees.swap(io.frees)
+        p.length = io.length
         p.live.assign(p.offsets.size(), NULL)
         p.nbytes = io.nbytes
         p.active = True

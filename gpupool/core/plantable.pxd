@@ -27,10 +27,15 @@ cdef cppclass PlanTable:
     vector[int64_t] sizes           # the most bytes request k may ask to be served there
     vector[uintptr_t] streams       # request k's stream handle
     vector[int64_t] anchors         # a request placed just below k and live when k comes; -1
+    vector[int64_t] allocs          # the entry's event (allocations and frees) allocating k
+    vector[int64_t] frees           # the event freeing k (>= length: the next entry's, + length)
+    int64_t length                  # the planned step's events
+    size_t event                    # this entry's events so far
     vector[Block*] live             # the live block at each place served (NULL: none)
     size_t next                     # this entry's requests so far
-    bint stopped                    # a request asked more than its place or another stream:
-                                    # the rest of the entry goes the online way
+    bint stopped                    # the entry left the plan's step (a request larger than its
+                                    # place, another stream or event; one miss): the rest of
+                                    # the entry goes the online way
     size_t hits                     # this entry's requests served at their place
     size_t misses                   # this entry's planned requests that were not
 
@@ -40,6 +45,7 @@ cdef inline void pt_note_alloc(PlanTable* p, Block* b) noexcept nogil:
     cdef PlanEvent e
     e.ptr, e.nbytes, e.stream = b.ptr, b.size, b.stream.handle
     p.events.push_back(e)
+    p.event += 1
 
 
 cdef inline void pt_forget(PlanTable* p, Block* b) noexcept nogil:
@@ -52,10 +58,18 @@ cdef inline void pt_forget(PlanTable* p, Block* b) noexcept nogil:
 
 
 cdef inline void pt_note_free(PlanTable* p, Block* b) noexcept nogil:
-    """Record a free of one of the region's blocks."""
+    """Record a free of one of the region's blocks. A block served at place k freed at
+    another event than the plan's free of k is off the plan's step: the rest of the entry
+    goes the online way (a tail of the entry before is freed at its event - length)."""
     cdef PlanEvent e
+    cdef size_t k = b.region.place
+    if p.active and not p.stopped and k and k <= p.live.size() and p.live[k - 1] == b:
+        if p.frees[k - 1] - (0 if p.next >= k else p.length) != <int64_t>p.event:
+            p.stopped = True
+            p.misses += 1
     e.ptr, e.nbytes, e.stream = b.ptr, 0, 0
     p.events.push_back(e)
+    p.event += 1
 
 
 cdef inline void pt_clear(PlanTable* p) noexcept nogil:
@@ -65,4 +79,6 @@ cdef inline void pt_clear(PlanTable* p) noexcept nogil:
     p.sizes.clear()
     p.streams.clear()
     p.anchors.clear()
+    p.allocs.clear()
+    p.frees.clear()
     p.live.clear()

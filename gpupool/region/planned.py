@@ -36,6 +36,8 @@ __all__ = ["Planner", "anchors", "signature"]
 
 SEEN_MAX = 64               # signatures remembered (how often each was seen), oldest dropped
 STRIKES = 2                 # bad entries before a plan is given up
+GREEDY_MAX = 8192           # planned requests a step may have for the greedy placements (their
+                            # lifetimes' n-by-n mask: 64 MiB); more get first fit
 
 
 def signature(step):
@@ -116,10 +118,12 @@ class Planner:
         self.counts = {"plans": 0, "planning_ms": 0.0, "hits": 0, "misses": 0,
                        "installs": 0, "given_up": 0, "no_room": 0}
 
-    def exited(self, events, hits, misses, grew):
+    def exited(self, events, hits, misses, grew, stopped=False):
         """An entry has exited: ``events`` recorded since the last call, the entry's planned
-        requests served (``hits``) and not (``misses``), and whether its requests grew the
-        pool. Returns ``"layout"`` when a plan is to be installed (the region then asks the
+        requests served (``hits``) and not (``misses``, the request that left the plan's
+        step included when it ``stopped``), and whether its requests grew the pool. An entry
+        that left the plan's step (another structure, or larger) is not the plan's failure:
+        only the requests refused on the plan's step count against it. Returns ``"layout"`` when a plan is to be installed (the region then asks the
         core where it goes and calls :meth:`place`), ``"clear"`` to serve the next entry
         online, or None to keep what is installed."""
         self._events.extend(events)
@@ -136,9 +140,9 @@ class Planner:
         if self.current is not None and not self._grown:
             # A step larger than the plan is not the plan's fault: it is planned again.
             self._entries_on += 1
-            tried = hits + misses
+            tried = hits + misses - bool(stopped)
             bad = (tried and hits < self.min_hit_rate * tried) or \
-                (grew and self._entries_on > 1)
+                (grew and self._entries_on > 1 and not stopped)
             self._strikes += bool(bad)
             if self._strikes >= STRIKES:
                 self._banned.add(self.current)
@@ -210,20 +214,30 @@ class Planner:
             tail = j < len(step) and step.tails[j] and step.nbytes[j] >= nbytes
             rows.append((ptr - base, nbytes, 0, step.free[j] - step.length if tail else forever))
         pinned = np.where(step.tails & step.planned, steady.offsets, -1)
-        made = placement.plan(step, budget_ms=self.budget_ms, fixed=np.array(rows, np.int64)
-                              .reshape(-1, 4), pinned=pinned)
+        made = self._made(step, np.array(rows, np.int64).reshape(-1, 4), pinned)
+        return made, anchors(made)
+
+    def _made(self, step, fixed, pinned=None):
+        """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted. The
+        first-fit plan (a step of more than GREEDY_MAX planned requests, or past the time
+        budget) places nothing around them: its places move above the highest."""
+        made = placement.plan(step, budget_ms=self.budget_ms, max_requests=GREEDY_MAX,
+                              fixed=fixed, pinned=pinned)
         self.counts["plans"] += 1
         self.counts["planning_ms"] += made.planning_ms
-        return made, anchors(made)
+        if made.fallback is not None and len(fixed):
+            top = int((fixed[:, 0] + fixed[:, 1]).max())
+            made = placement.Plan(step, np.where(made.offsets >= 0, made.offsets + top, -1),
+                                  method=made.method, fallback=made.fallback,
+                                  tried=made.tried, planning_ms=made.planning_ms)
+        return made
 
     def _steady(self, sig, step, base, obstacles):
         """The plan kept for sig, or a new one placed around the obstacles."""
         kept = self._plans.get(sig)
         if kept is None or kept[2] != base or _meets(kept[0], obstacles) or \
                 (step.nbytes > kept[0].step.nbytes).any():
-            made = placement.plan(step, budget_ms=self.budget_ms, fixed=obstacles)
-            self.counts["plans"] += 1
-            self.counts["planning_ms"] += made.planning_ms
+            made = self._made(step, obstacles)
             self._plans[sig] = kept = (made, anchors(made), base)
             while len(self._plans) > self.max_plans or \
                     sum(len(p.offsets) for p, _, _ in self._plans.values()) > \

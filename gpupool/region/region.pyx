@@ -308,7 +308,7 @@ cdef class Region:
         events = [(io.events[i].ptr, io.events[i].nbytes, io.events[i].stream)
                   for i in range(io.events.size())]
         grew = self.pool.region_counters(self.rc).misses > self._misses_at_entry
-        action = self.planner.exited(events, io.hits, io.misses, grew)
+        action = self.planner.exited(events, io.hits, io.misses, grew, io.stopped)
         if action == "clear":
             self.pool.region_plan(self.rc, PL_CLEAR, NULL)
         elif action == "layout":
@@ -330,6 +330,9 @@ cdef class Region:
                 io.sizes.push_back(step.nbytes[i])
                 io.streams.push_back(<uintptr_t>int(step.stream[i]))
                 io.anchors.push_back(anchors[i])
+                io.allocs.push_back(step.alloc[i])
+                io.frees.push_back(step.free[i])
+            io.length = step.length
             io.nbytes = found.nbytes
             self.pool.region_plan(self.rc, PL_INSTALL, &io)
             self.planner.base = base

@@ -210,13 +210,30 @@ def test_a_plan_serving_badly_is_given_up(vpool):
     entries(vpool, region, 5, mem=mem)
     keep = []
     for e in range(4):
-        # Something else lives on the planned places now: nearly every request misses.
+        # Something else lives on the planned places now: the step is the plan's, yet most
+        # of its requests are refused there.
         with gpupool.uncached():
-            keep.append(vpool.allocate(16 * MIB))
+            keep += [vpool.allocate(256 * KIB) for _ in range(64)]
+        with region:
+            run_step(mem, SIZES, FREES, TAILS, 100 + e)
+        check_invariants(vpool)
+    assert region.stats().plans_given_up >= 1
+
+
+def test_entries_off_the_plans_step_stop_at_once_and_do_not_give_it_up(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    mem = Checked(vpool)
+    entries(vpool, region, 5, mem=mem)
+    for e in range(4):
+        # Another structure each time: its first request leaves the plan (one miss).
+        before = region.stats()
         with region:
             run_step(mem, list(reversed(SIZES)), [None] * len(SIZES), set(), 100 + e)
         check_invariants(vpool)
-    assert region.stats().plans_given_up >= 1
+        after = region.stats()
+        assert (after.plan_hits, after.plan_misses) == (before.plan_hits,
+                                                        before.plan_misses + 1)
+    assert region.stats().plans_given_up == 0
 
 
 def test_a_plan_on_another_stream_waits_for_the_old_streams_work(vpool, vsim):
