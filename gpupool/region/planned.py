@@ -15,11 +15,15 @@ step itself.
 
 A plan holds no memory: its places are addresses in the pool's segments (the core chooses the
 range where the region's own step already lies, core/planned.pxd), taken when they are free,
-so a deviating step (another size, an extra request, another order, another thread) only
-costs misses that go the online way. A plan that serves badly is given up for good: one whose
-entries get less than ``min_hit_rate`` of their planned requests served, or during whose
-entries (after the first, where the tails of the entry before still lie outside the plan)
-the region's requests grew the pool, twice. See Note [Planned regions] in docs/design.md.
+so a deviating step costs misses that go the online way. The core compares each event of an
+entry with the plan's step (request k's event, stream and size, the free of a served block at
+its event) and sends the rest of the entry online at the first difference (another structure,
+a request larger than its place); such an entry does not count against the plan. One whose
+requests on the plan's step get less than ``min_hit_rate`` served at their places, or during
+which (after the first entry, where the tails of the entry before still lie outside the plan)
+the region's requests grew the pool, has the plan placed again around the blocks in its way; a
+second such entry gives the plan up for GIVE_UP_EXITS exits. See Note [Planned regions] in
+docs/design.md.
 
 Pure Python and NumPy; the region (region/region.pyx) moves the events and the plans between
 this and the core.
@@ -36,6 +40,10 @@ __all__ = ["Planner", "anchors", "signature"]
 
 SEEN_MAX = 64               # signatures remembered (how often each was seen), oldest dropped
 STRIKES = 2                 # bad entries before a plan is given up
+RETRY_EXITS = 2             # exits before a plan that did not fit is tried again
+GIVE_UP_EXITS = 64          # exits before a plan given up is made again
+SPAN_SLACK = 0.03           # share a plan may reach past the mapped bytes: places there are
+                            # refused (served online) until the online way maps them
 GREEDY_MAX = 8192           # planned requests a step may have for the greedy placements (their
                             # lifetimes' n-by-n mask: 64 MiB); more get first fit
 
@@ -107,11 +115,13 @@ class Planner:
         self._events = []           # (ptr, nbytes, stream); ptr 0: an entry starts
         self._seen = OrderedDict()
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
-        self._banned = set()
+        self._later = OrderedDict()     # signature -> the exit before which it is not planned
+        self._exits = 0
         self.current = None         # the signature whose plan is installed
         self.base = 0               # the address of its range (0: none)
         self._transition = False    # the plan installed is the current one's transition
         self._grown = False         # the step to plan asks more than the current plan covers
+        self._relayout = False      # the current plan served its last entry badly
         self._carried = {}          # the last entry's blocks live at its exit: k -> (ptr, bytes)
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
@@ -127,6 +137,7 @@ class Planner:
         core where it goes and calls :meth:`place`), ``"clear"`` to serve the next entry
         online, or None to keep what is installed."""
         self._events.extend(events)
+        self._exits += 1
         self.counts["hits"] += hits
         self.counts["misses"] += misses
         action = None
@@ -144,21 +155,34 @@ class Planner:
             bad = (tried and hits < self.min_hit_rate * tried) or \
                 (grew and self._entries_on > 1 and not stopped)
             self._strikes += bool(bad)
+            # A bad entry has the plan placed again around the blocks in its way; a second
+            # gives it up for GIVE_UP_EXITS exits.
+            self._relayout = bool(bad)
             if self._strikes >= STRIKES:
-                self._banned.add(self.current)
+                self._later[self.current] = self._exits + GIVE_UP_EXITS
                 self._plans.pop(self.current, None)
                 self.current = None
                 self.counts["given_up"] += 1
                 action = "clear"
-        if step is None:
-            return action
-        if sig in self._banned or seen < 2 or \
-                (sig == self.current and not self._transition and not self._grown) or \
-                len(step) > self.max_plan_requests or not step.planned.any():
-            return action
-        self._wanted = (sig, placement.Step(envelope, step.alloc, step.free, step.stream,
-                                            step.length))
-        return "layout"
+        if step is not None and self._wants(sig, step, seen):
+            self._wanted = (sig, placement.Step(envelope, step.alloc, step.free, step.stream,
+                                                step.length))
+            return "layout"
+        if self._relayout and self.current in self._plans:
+            self._wanted = (self.current, self._plans[self.current][0].step)
+            return "layout"
+        return action
+
+    def _wants(self, sig, step, seen):
+        """Whether a complete step of signature sig, seen ``seen`` times, is planned now."""
+        if self._later.get(sig, 0) > self._exits:
+            return False
+        self._later.pop(sig, None)
+        while len(self._later) > SEEN_MAX:
+            self._later.popitem(last=False)
+        return not (seen < 2 or (sig == self.current and not self._transition and
+                                 not self._grown and not self._relayout) or
+                    len(step) > self.max_plan_requests or not step.planned.any())
 
     def _remember(self, sig, step):
         """Count a complete step of signature sig and fold its sizes into the signature's
@@ -183,16 +207,18 @@ class Planner:
         anchors)``: the one kept for its signature when it was made at ``base`` and none of
         ``obstacles`` (an (m, 2) array of (offset from base, bytes) that stay where they are)
         meets its places, else a new one placed around them; None when the plan does not fit
-        in the ``span`` bytes of memory from ``base`` (its signature is not planned again:
-        mapping more for it would cost memory the online way does not take)."""
+        in the ``span`` bytes of memory from ``base``, SPAN_SLACK past them allowed (mapping more for it would cost memory
+        the online way does not take; its signature is planned again RETRY_EXITS exits later,
+        when the blocks in the way may have gone)."""
         sig, step = self._wanted
         obstacles = self.obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
         steady = self._steady(sig, step, base, obstacles)
-        if steady[0].nbytes > span:
+        if steady[0].nbytes > span * (1 + SPAN_SLACK):
             self._plans.pop(sig, None)
-            self._banned.add(sig)
+            self._later[sig] = self._exits + RETRY_EXITS
             self.no_room()
             return None
+        self._relayout = False
         if self.current == sig and not self._grown:
             self._transition = False
             return steady
