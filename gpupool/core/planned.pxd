@@ -68,8 +68,9 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
     at its planned place and out of the free lists (the caller links it, live), or NULL
     (no plan for it, or its bytes are not free now: the online path serves it). A request
     larger than its place, on another stream than the planned one or at another event of the
-    entry is off the plan's step: it and the rest of the entry go the online way. Stream order as so_take's: another stream's free bytes are taken once that
-    stream's work on them has completed, or after s waits for it on the GPU."""
+    entry is off the plan's step: it and the rest of the entry go the online way. Stream
+    order as so_take's: another stream's free bytes are taken once that stream's work on them
+    has completed, or after s waits for it on the GPU."""
     cdef PlanTable* p = rc.plan
     cdef size_t k = p.next
     cdef uintptr_t addr

@@ -40,10 +40,9 @@ __all__ = ["Planner", "anchors", "signature"]
 
 SEEN_MAX = 64               # signatures remembered (how often each was seen), oldest dropped
 STRIKES = 2                 # bad entries before a plan is given up
-RETRY_EXITS = 2             # exits before a plan that did not fit is tried again
+RETRY_EXITS = 2             # exits before a plan that did not fit is tried again, doubled
+                            # each time it does not fit again, up to GIVE_UP_EXITS
 GIVE_UP_EXITS = 64          # exits before a plan given up is made again
-SPAN_SLACK = 0.03           # share a plan may reach past the mapped bytes: places there are
-                            # refused (served online) until the online way maps them
 GREEDY_MAX = 8192           # planned requests a step may have for the greedy placements (their
                             # lifetimes' n-by-n mask: 64 MiB); more get first fit
 
@@ -116,6 +115,7 @@ class Planner:
         self._seen = OrderedDict()
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
         self._later = OrderedDict()     # signature -> the exit before which it is not planned
+        self._waits = OrderedDict()     # signature -> exits its last plan not fitting waited
         self._exits = 0
         self.current = None         # the signature whose plan is installed
         self.base = 0               # the address of its range (0: none)
@@ -133,9 +133,10 @@ class Planner:
         requests served (``hits``) and not (``misses``, the request that left the plan's
         step included when it ``stopped``), and whether its requests grew the pool. An entry
         that left the plan's step (another structure, or larger) is not the plan's failure:
-        only the requests refused on the plan's step count against it. Returns ``"layout"`` when a plan is to be installed (the region then asks the
-        core where it goes and calls :meth:`place`), ``"clear"`` to serve the next entry
-        online, or None to keep what is installed."""
+        only the requests refused on the plan's step count against it. Returns ``"layout"``
+        when a plan is to be installed (the region then asks the core where it goes and calls
+        :meth:`place`), ``"clear"`` to serve the next entry online, or None to keep what is
+        installed."""
         self._events.extend(events)
         self._exits += 1
         self.counts["hits"] += hits
@@ -206,16 +207,29 @@ class Planner:
         """The plan to install for the step :meth:`exited` asked a layout for, as ``(Plan,
         anchors)``: the one kept for its signature when it was made at ``base`` and none of
         ``obstacles`` (an (m, 2) array of (offset from base, bytes) that stay where they are)
-        meets its places, else a new one placed around them; None when the plan does not fit
-        in the ``span`` bytes of memory from ``base``, SPAN_SLACK past them allowed (mapping more for it would cost memory
-        the online way does not take; its signature is planned again RETRY_EXITS exits later,
-        when the blocks in the way may have gone)."""
+        meets its places, else a new one placed around them (when that one does not fit the
+        ``span`` bytes of memory from ``base`` and the one kept does, the kept one stays);
+        None when neither fits (mapping more for it would cost memory the online way does not
+        take; the signature is planned again RETRY_EXITS exits later, when the blocks in the
+        way may have gone, the wait doubled at each plan that still does not fit)."""
         sig, step = self._wanted
         obstacles = self.obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
+        old = self._plans.get(sig)
         steady = self._steady(sig, step, base, obstacles)
-        if steady[0].nbytes > span * (1 + SPAN_SLACK):
+        if steady[0].nbytes > span and old is not None and \
+                old[2] == base and old[0].nbytes <= span and \
+                not (step.nbytes > old[0].step.nbytes).any():
+            # The plan kept fits where the one around the blocks in its way does not: it
+            # stays, its places under those blocks refused.
+            self._plans[sig] = old
+            steady = old[:2]
+        if steady[0].nbytes > span:
             self._plans.pop(sig, None)
-            self._later[sig] = self._exits + RETRY_EXITS
+            wait = self._waits[sig] = min(2 * self._waits.get(sig, RETRY_EXITS // 2),
+                                          GIVE_UP_EXITS)
+            while len(self._waits) > SEEN_MAX:
+                self._waits.popitem(last=False)
+            self._later[sig] = self._exits + wait
             self.no_room()
             return None
         self._relayout = False
