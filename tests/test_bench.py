@@ -678,7 +678,9 @@ def test_a_planned_region_never_costs_memory_on_the_real_runs():
             # Fixed shapes: planned from the fifth entry on, most requests at their place.
             assert stats["plans"] >= 1 and stats["plan_hits"] > 0.9 * tried
         if trace.name == "gpt2":
-            # Its plan around the blocks that stay needs 150 MiB more than the pool maps.
-            assert stats["plans_not_fitting"] == 1 and stats["plan_hits"] == 0
+            # Its plan around the blocks that stay needs 150 MiB more than the pool maps
+            # (tried again after 2, 4, ... exits).
+            assert stats["plans_not_fitting"] >= 1 and stats["plan_hits"] == 0
         if trace.name.endswith("varlen"):
-            assert stats["plans"] == 0          # no signature repeats
+            # No sizes repeat, the structure does: planned from the envelope, served there.
+            assert stats["plans"] >= 1 and stats["plan_hits"] > 0.9 * tried

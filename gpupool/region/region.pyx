@@ -126,15 +126,18 @@ cdef class Region:
         Name used in warnings; default: the region's repr.
     plan : bool or dict
         Plan the step (a planned region): the region records its entries' requests (sizes,
-        order, lifetimes, streams); once a step's signature (that record without addresses)
-        has been seen twice, it places the whole step in one address range of the pool's
-        memory, where the region's own step lies (``gpupool.region.placement``, greedy by
-        size, within a time budget), and later entries take each request's planned place
-        (the k-th request of the entry, if its size fits and its stream is the planned one,
-        and the place's bytes are free now; stream order as the pool's). Other requests go
-        the online way. The plan holds no memory of its own. A plan that serves less than
-        half of an entry's planned requests, or whose entries grow the pool, twice, is
-        given up. A dict passes options to ``gpupool.region.planned.Planner``
+        order, lifetimes, streams); once a step's signature (its structure: that record
+        without addresses and sizes) has been seen twice, it places the whole step, each
+        request at the most bytes it asked for in the steps of that signature, in one address
+        range of the pool's memory, where the region's own step lies
+        (``gpupool.region.placement``, greedy by size, within a time budget), and later
+        entries take each request's planned place (the k-th request of the entry, if it is
+        no larger than its place, on the planned stream, at its planned event, and the
+        place's bytes are free now; stream order as the pool's). Other requests go the
+        online way, and so does the rest of an entry after its first request or free off
+        the plan's step; a step larger than the plan has it planned again. The plan holds no
+        memory of its own. A plan that serves less than half of an entry's planned requests,
+        or whose entries grow the pool, twice, is given up for a while. A dict passes options to ``gpupool.region.planned.Planner``
         (``max_plans``, ``max_plan_requests``, ``budget_ms``, ``min_hit_rate``), which is
         the region's ``planner`` attribute (None without a plan); ``stats()`` has its
         counters. Note [Planned regions] in docs/design.md has the design.
