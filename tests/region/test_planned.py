@@ -391,3 +391,18 @@ def test_the_envelopes_kept_are_bounded():
                               2 * n)
         planner._remember(bytes([n]), step)
     assert sum(len(e) for _, e in planner._seen.values()) <= 4 * 8
+
+
+def test_a_served_block_freed_at_another_event_sends_the_rest_online(vpool):
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    _, mem = entries(vpool, region, 6)
+    before = region.stats()
+    # Requests 1 and 0 are freed where the plan frees 0 and 1: the same count of events, but
+    # the step leaves the plan at the first of those frees, requests 0 to 2 served.
+    with region:
+        run_step(mem, SIZES, [None, None, 1, 0, 3, None], TAILS, 99)
+    check_invariants(vpool)
+    after = region.stats()
+    assert (after.plan_hits - before.plan_hits, after.plan_misses - before.plan_misses) == (3, 1)
+    mem.live.clear()
+    assert check_invariants(vpool).in_use_bytes == 0
