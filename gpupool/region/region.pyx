@@ -137,7 +137,8 @@ cdef class Region:
         online way, and so does the rest of an entry after its first request or free off
         the plan's step; a step larger than the plan has it planned again. The plan holds no
         memory of its own. A plan that serves less than half of an entry's planned requests,
-        or whose entries grow the pool, twice, is given up for a while. A dict passes options to ``gpupool.region.planned.Planner``
+        or whose entries grow the pool, twice, is given up for a while. A dict passes
+        options to ``gpupool.region.planned.Planner``
         (``max_plans``, ``max_plan_requests``, ``budget_ms``, ``min_hit_rate``), which is
         the region's ``planner`` attribute (None without a plan); ``stats()`` has its
         counters. Note [Planned regions] in docs/design.md has the design.
