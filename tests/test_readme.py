@@ -209,6 +209,35 @@ def _block_params():
     return params
 
 
+def _interactive_errors(block):
+    """The lines at which the interactive prompt, fed the block line by line as a paste feeds
+    it, raises SyntaxError (``codeop``: a compound statement ends only at a blank line)."""
+    import codeop
+
+    errors, pending = [], []
+    for number, line in enumerate(block.splitlines() + [""], 1):
+        pending.append(line)
+        try:
+            done = codeop.compile_command("\n".join(pending), "<stdin>", "single")
+        except SyntaxError:
+            errors.append(number)
+            pending = []
+            continue
+        if done is not None:
+            pending = []
+    return errors
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks())))
+def test_every_python_block_pastes_into_the_interactive_prompt(index):
+    heading, block = _python_blocks()[index]
+    assert _interactive_errors(block) == [], heading
+
+
+def test_the_paste_check_finds_a_statement_after_a_loop_without_a_blank_line():
+    assert _interactive_errors("for i in range(2):\n    pass\nprint(i)\n") == [3]
+
+
 def test_the_first_example_runs_on_any_machine():
     heading, first = _python_blocks()[0]
     assert _needs(first) == [] and "SimulatedDevice()" in first, heading
