@@ -212,7 +212,7 @@ def fake_cuda_torch(torch, monkeypatch):
     monkeypatch.setattr(gpupool.torch, "_installed", None)
     monkeypatch.setattr(gpupool.torch, "_cuda_torch", lambda: fake)
     monkeypatch.setattr(gpupool.torch, "_allocator", lambda malloc: ("pluggable", malloc))
-    # Tensor sharing (tests/ipc/test_ipc.py, test_torch.py) needs the real PyTorch's classes.
+    # Tensor sharing (tests/ipc/test_ipc_torch.py, test_torch.py) needs the real PyTorch's classes.
     monkeypatch.setattr(gpupool.torch, "_share_through_gpupool", lambda torch: None)
     return chosen
 

@@ -1,7 +1,8 @@
 """Another process for the IPC tests: it opens (or exports) gpupool buffers on commands sent
 over a multiprocessing Pipe, so handles travel as they do between real programs (through
-multiprocessing's pickler, page descriptors by descriptor passing). tests/ipc/test_ipc.py starts it
-with the 'spawn' method (a fresh interpreter), on the simulated device and on a GPU.
+multiprocessing's pickler, page descriptors by descriptor passing). ``Child`` in
+tests/ipc/ipc_peers.py starts it with the 'spawn' method (a fresh interpreter), on the
+simulated device and on a GPU.
 
 Each command is a tuple ``(name, *args)``; the reply is ``("ok", value)`` or ``("error",
 type name, reason, message)``.

@@ -1,4 +1,4 @@
-"""GPU scenarios of tests/ipc/test_ipc.py for torch.multiprocessing under gpupool.torch, each in
+"""GPU scenarios of tests/ipc/test_ipc_torch.py for torch.multiprocessing under gpupool.torch, each in
 fresh processes (``gpupool.torch.use()`` must come before PyTorch initializes CUDA).
 
 ``python tests/ipc/ipc_torch_child.py SCENARIO`` runs a producer (this process), which sends CUDA

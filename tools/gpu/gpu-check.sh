@@ -88,7 +88,7 @@ stream_uses_waits or checkpointed or history_records"
     first=(); second=()
     for f in tests/test_*.py tests/*/test_*.py; do
         case $(basename "$f") in
-            test_torch.py|test_torch_allocator.py|test_ipc.py|test_examples.py) ;;
+            test_torch.py|test_torch_allocator.py|test_ipc_*.py|test_examples.py) ;;
             test_[a-m]*) first+=("$f") ;;
             *) second+=("$f") ;;
         esac
@@ -98,10 +98,10 @@ stream_uses_waits or checkpointed or history_records"
     lane torch tests/adapters/test_torch.py &
     (lane torch_allocator tests/adapters/test_torch_allocator.py -k "not ($harness)";
      lane harness -v tests/adapters/test_torch_allocator.py -k "$harness") &
-    lane ipc tests/ipc/test_ipc.py -k "not ($alone)" &
+    lane ipc tests/ipc/test_ipc_*.py -k "not ($alone)" &
     lane examples tests/test_examples.py &
     wait
-    lane alone tests/ipc/test_ipc.py tests/core/test_vmm.py -k "$alone"
+    lane alone tests/ipc/test_ipc_processes.py tests/core/test_vmm.py -k "$alone"
     for f in /tmp/gpupool-parts/*.log; do
         summary "$(basename "$f" .log): $(grep -E ' in [0-9.]+s' "$f" | tail -1) $(tail -1 "$f")"
     done
