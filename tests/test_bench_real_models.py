@@ -1,0 +1,114 @@
+"""bench/real_models.py on CPU: its report (each allocator's peak in use, the floor, each run's
+excess over it), its default columns, the planned column's skip where Region takes no plan,
+and its dry run. (Its GPU numbers come from the GPU machine.)"""
+
+import os
+import sys
+
+import pytest
+
+import gpupool
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench"))
+
+import real_models  # noqa: E402
+from _common import MiB  # noqa: E402
+
+
+def _model_run(peak, reserved, in_use, ms=10.0):
+    record = {"per_step": {"used_after": [peak] * 4, "peak": [peak] * 4, "ms": [ms] * 4,
+                           "loss": [1.0] * 4},
+              "peak_bytes": peak, "allocator_peak_reserved": reserved,
+              "allocator_peak_in_use": in_use}
+    record["summary"] = real_models.summarize(record)
+    return record
+
+
+def test_real_models_report_has_each_allocators_peak_in_use_and_the_floor():
+    out = {"models": ["gpt2"], "steps": 4, "columns": ["torch.exp", "gp.vmm"],
+           "runs": {"gpt2": {"torch.exp": _model_run(1000 * MiB, 900 * MiB, 880 * MiB),
+                             "gp.vmm": _model_run(990 * MiB, 890 * MiB, 880 * MiB)}}}
+    text = real_models.report(out)
+    assert "own peak in use" in text
+    # 880 MiB in use at once + 100 MiB outside the allocator: 0.980 of the anchor's peak.
+    assert "floor: 880 MiB in use at once + 100 outside torch.exp's allocator = 980 MiB = " \
+           "0.980 of its peak: the aim 0.95 is below it" in text
+    assert "gp.vmm           peak / torch.exp = 0.990 (target <= 1, aim 0.95): met" in text
+    out["runs"]["gpt2"]["torch.exp"] = _model_run(1000 * MiB, 900 * MiB, 800 * MiB)
+    assert "= 0.900 of its peak: the aim 0.95 is within reach" in real_models.report(out)
+
+
+def test_real_models_prints_each_runs_excess_over_the_floor():
+    out = {"models": ["gpt2-ckpt"], "steps": 4,
+           "columns": ["torch", "torch.exp", "rmm.async", "gp.vmm", "gp.vmm.plan"],
+           "runs": {"gpt2-ckpt": {
+               "torch": _model_run(1100 * MiB, 1000 * MiB, 880 * MiB),
+               "torch.exp": _model_run(1000 * MiB, 900 * MiB, 880 * MiB),
+               "rmm.async": _model_run(1030 * MiB, None, None),
+               "gp.vmm": _model_run(1010 * MiB, 900 * MiB, 870 * MiB),
+               "gp.vmm.plan": {"skipped": "gpupool.Region takes no plan argument"}}}}
+    text = real_models.report(out)
+    # The floor: torch.exp's 880 MiB in use + 100 MiB outside its allocator.
+    assert "floor 980 MiB: torch.exp's peak in use + outside its allocator" in text
+    rows = {}
+    for line in text.splitlines():          # the table's rows come before the column list
+        if line.split() and line.split()[0] in out["columns"]:
+            rows.setdefault(line.split()[0], line.split())
+    assert rows["rmm.async"][1:5] == ["1,030", "1.030", "+50", "1.051"]
+    assert rows["torch"][3:5] == ["+120", "1.122"] and rows["gp.vmm"][3:5] == ["+30", "1.031"]
+    assert "gpupool.Region takes no plan argument" in " ".join(rows["gp.vmm.plan"])
+    # Without the anchor the floor comes from torch's run, and the aim is not judged.
+    del out["runs"]["gpt2-ckpt"]["torch.exp"]
+    text = real_models.report(out)
+    assert "floor 980 MiB: torch's peak in use + outside its allocator" in text
+    assert "outside torch's allocator = 980 MiB = 0.891 of its peak\n" in text   # no aim
+    out["runs"]["gpt2-ckpt"] = {"rmm.async": _model_run(1030 * MiB, None, None)}
+    assert "no floor: no run with its allocator's peaks" in real_models.report(out)
+
+
+def test_real_models_rmm_async_and_the_planned_region_are_default_columns():
+    assert {"rmm.async", "gp.vmm.plan", "torch.exp"} <= set(real_models.DEFAULT_COLUMNS)
+    assert real_models.COLUMNS["gp.vmm.plan"][1:] == ({"GPUPOOL_UPSTREAM": "vmm"}, "gpupool",
+                                                      {"scope": "process", "plan": True})
+
+
+class _RegionWithoutPlan:
+    def __init__(self, pool=None, scope="thread"):
+        self.pool, self.scope = pool, scope
+
+
+class _RegionWithPlan(_RegionWithoutPlan):
+    def __init__(self, pool=None, scope="thread", plan=False):
+        super().__init__(pool, scope)
+        self.plan = plan
+
+
+def test_real_models_skips_the_planned_column_where_region_takes_no_plan(monkeypatch):
+    monkeypatch.setattr(real_models, "_rmm_missing", lambda: "no rmm here")
+    columns = ["torch", "rmm.async", "gp.vmm", "gp.vmm.plan"]
+    monkeypatch.setattr(gpupool, "Region", _RegionWithoutPlan)
+    reasons = real_models.skip_reasons(columns)
+    assert reasons["rmm.async"] == "no rmm here" and set(reasons) == {"rmm.async", "gp.vmm.plan"}
+    assert reasons["gp.vmm.plan"].startswith("gpupool.Region takes no plan argument")
+    monkeypatch.setattr(gpupool, "Region", _RegionWithPlan)
+    assert real_models.skip_reasons(columns) == {"rmm.async": "no rmm here"}
+    assert real_models.skip_reasons(["torch", "gp.vmm"]) == {}
+
+
+def test_real_models_dry_run_lists_the_new_workloads_runs_without_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(real_models, "_rmm_missing", lambda: None)
+    monkeypatch.setattr(gpupool, "Region", _RegionWithoutPlan)
+    models = "gpt2-ckpt,llama-ckpt,gpt2-generate"
+    assert real_models.main(["--dry-run", "--models", models, "--steps", "24", "--columns",
+                             "torch,rmm.async,gp.vmm.plan", "--trace-dir", "T"]) == 0
+    text = capsys.readouterr().out
+    assert "24 steps per run" in text and text.rstrip().endswith("\n9 processes")
+    assert "llama-ckpt     rmm.async        runs" in text
+    assert "gpt2-generate  gp.vmm.plan      skipped: gpupool.Region takes no plan" in text
+    assert "gpt2-ckpt      trace      on torch -> T/gpt2-ckpt.npz" in text
+    with pytest.raises(SystemExit) as exc:
+        real_models.main(["--models", "gpt2-ckpt,nope", "--dry-run"])
+    assert exc.value.code == 2 and "models must be among" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        real_models.main(["--help"])
+    assert exc.value.code == 0 and "gpt2-generate" in capsys.readouterr().out
