@@ -1,4 +1,4 @@
-"""Scenarios of tests/adapters/test_torch.py (and tests/api/test_snapshot.py) that need a fresh
+"""Scenarios of tests/adapters/test_torch.py (and tests/api/test_memory_viz.py) that need a fresh
 process (``gpupool.torch.use()`` must come before PyTorch initializes CUDA, and an
 out-of-memory test should not leave its state behind).
 
