@@ -169,6 +169,13 @@ def threads_together(target, args_of):
         w.join(120)
 
 
+def on_thread(fn, *args):
+    """fn(*args) on a new thread that then exits; its result."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as worker:
+        return worker.submit(fn, *args).result(timeout=60)
+
+
 def check_balanced(pool, pairs):
     """After pairs allocations, each freed: the pool's invariants hold, nothing is in use and
     the counts agree. Returns the pool's stats."""
