@@ -6,6 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench"))
 
+import _region_report  # noqa: E402
 import region_memory  # noqa: E402
 from _common import MiB  # noqa: E402
 
@@ -21,8 +22,8 @@ def test_region_memory_varying_batches_are_the_same_for_every_way_and_flatness_w
     record = {"peak_measured": True, "per_step": {
         "ms": [1.0] * 10, "peak_in_use": [5] * 10, "in_use": [5] * 10, "reserved": reserved,
         "peak_reserved": reserved}}
-    assert not region_memory.summarize(record, None)["flat"]
-    assert region_memory.summarize(record, None, flat_from=4)["flat"]
+    assert not _region_report.summarize(record, None)["flat"]
+    assert _region_report.summarize(record, None, flat_from=4)["flat"]
 
 
 def test_region_memory_targets_name_what_each_ratio_is_over():
@@ -30,7 +31,7 @@ def test_region_memory_targets_name_what_each_ratio_is_over():
                  "gpupool-region": {"peak_reserved": 100 * MiB, "ms_median": 1.0,
                                     "flat_from": 2, "growth": 0, "flat": True}}
     out = {"summaries": summaries, "batches": [64, 256], "model": {"batch": 256},
-           "targets": region_memory.targets(summaries, 80 * MiB)}
-    text = region_memory.targets_text(out)
+           "targets": _region_report.targets(summaries, 80 * MiB)}
+    text = _region_report.targets_text(out)
     assert "1.25x (100.0 / 80.0 MiB)" in text and "0.25x (100.0 / 400.0 MiB)" in text
-    assert region_memory._batch_text(out) == "batch drawn from 64,256"
+    assert _region_report.batch_text(out) == "batch drawn from 64,256"
