@@ -81,14 +81,18 @@ def parser(description, modes):
     p.add_argument("--epochs", type=_positive_int, default=30,
                    help="epochs per mode (default %(default)s; with fewer the test accuracy"
                         " may miss the 0.95 check)")
-    p.add_argument("--batch-size", type=_positive_int, default=64, help="default %(default)s")
-    p.add_argument("--hidden", type=_positive_int, default=128, help="hidden layer width")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--batch-size", type=_positive_int, default=64,
+                   help="training examples per step (default %(default)s)")
+    p.add_argument("--hidden", type=_positive_int, default=128,
+                   help="hidden layer width (default %(default)s)")
+    p.add_argument("--lr", type=float, default=0.1,
+                   help="SGD learning rate (default %(default)s)")
     p.add_argument("--mode", choices=(*modes, "all"), default="all",
                    help="how memory is served (the module docstring says each); all"
                         " (default): every mode the device runs, one after another")
     p.add_argument("--quiet", action="store_true", help="no per-epoch lines")
-    p.add_argument("--seed", type=int, default=0, help="weights and shuffling")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the weights and the shuffling (default %(default)s)")
     return p
 
 

@@ -48,9 +48,13 @@ RECEIPT = -1.0                  # the consumer writes it into each batch it has 
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("auto", "gpu", "simulated"), default="auto")
-    p.add_argument("--batches", type=int, default=16)
-    p.add_argument("--depth", type=int, default=2, help="batches in flight at most")
+    p.add_argument("--device", choices=("auto", "gpu", "simulated"), default="auto",
+                   help="gpu: CuPy on the GPU; simulated: NumPy on gpupool's simulated device; "
+                        "auto (default): the GPU when there is one")
+    p.add_argument("--batches", type=int, default=16,
+                   help="batches the producer makes and sends, 1 MiB each (default %(default)s)")
+    p.add_argument("--depth", type=int, default=2,
+                   help="batches in flight at most (default %(default)s)")
     p.add_argument("--upstream", choices=("vmm", "driver"),
                    help="the producer's pool on a GPU (default: vmm); ignored, with a line "
                         "saying so, on the simulated device")

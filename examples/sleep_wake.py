@@ -271,12 +271,17 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog=PROG, description="A PyTorch trainer and an inference "
                                 "engine taking turns on one GPU through gpupool's sleep and wake "
                                 "(see the module docstring).")
-    p.add_argument("--steps", type=int, default=8, help="training steps in all (default 8)")
+    p.add_argument("--steps", type=int, default=8,
+                   help="training steps in all (default %(default)s)")
     p.add_argument("--width", type=int, default=4096, help="the trainer's hidden width (the "
-                   "engine's is twice it; default 4096)")
-    p.add_argument("--layers", type=int, default=4, help="the trainer's layers (default 4)")
-    p.add_argument("--engine-batches", type=int, default=4, help="inference batches per turn")
-    p.add_argument("--seed", type=int, default=0)
+                   "engine's is twice it; default %(default)s)")
+    p.add_argument("--layers", type=int, default=4,
+                   help="the trainer's layers (default %(default)s)")
+    p.add_argument("--engine-batches", type=int, default=4,
+                   help="inference batches per turn (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of both models' weights, the training data and the engine's "
+                        "tokens (default %(default)s)")
     args = p.parse_args(argv)
     if args.steps < 2 or args.width < 1 or args.layers < 2 or args.engine_batches < 1:
         p.error("--steps and --layers must be at least 2, --width and --engine-batches 1")

@@ -235,7 +235,8 @@ def parse_args(argv):
     p = _digits.parser("Train an MLP on scikit-learn's digits in PyTorch on gpupool (see the"
                        " module docstring).", MODES)
     p.add_argument("--compile", choices=COMPILE_MODES, default="none",
-                   help="train through torch.compile (reduce-overhead: with CUDA graphs)")
+                   help="train through torch.compile (reduce-overhead: with CUDA graphs; "
+                        "default %(default)s: not compiled)")
     p.add_argument("--cudnn-benchmark", action="store_true",
                    help="torch.backends.cudnn.benchmark = True")
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)

@@ -1,15 +1,19 @@
 """The examples on a machine without a GPU: train_digits trains and ipc_pipeline shares batches
 between two processes on the simulated device; the GPU-only examples (and --device gpu) exit 2 with
 one line, no traceback (mixed_frameworks naming every library missing, and that it needs a GPU), and
---help works whatever is missing. On a GPU (marked gpu): train_digits trains to >= 0.95 with flat
-reserved memory in region mode; mixed_frameworks passes data between CuPy, Numba and PyTorch on one
-pool; ipc_pipeline shares batches between two processes through CUDA IPC, on both upstreams that
-export; sleep_wake swaps a PyTorch trainer and an inference engine through sleep and wake, on both
-of use()'s allocators."""
+--help works whatever is missing, explaining every option with its default. On a GPU (marked
+gpu): train_digits trains to >= 0.95 with flat reserved memory in region mode; mixed_frameworks
+passes data between CuPy, Numba and PyTorch on one pool; ipc_pipeline shares batches between two
+processes through CUDA IPC, on both upstreams that export; sleep_wake swaps a PyTorch trainer and
+an inference engine through sleep and wake, on both of use()'s allocators."""
 
+import argparse
+import json
 import os
 import pickle
 import re
+import subprocess
+import sys
 import types
 
 import pytest
@@ -381,3 +385,50 @@ def test_train_digits_help_explains_every_option(run_script):
             and "\n" not in e.strip()]
     assert bare == [], output
     assert "default 30" in options and "all (default)" in " ".join(options.split()), output
+
+
+# Every example that runs as a script (the others are its modules).
+SCRIPTS = sorted(p.stem for p in (REPO / "examples").glob("*.py")
+                 if '__name__ == "__main__"' in p.read_text())
+
+# Runs the example in argv[1] with --help, recording what each add_argument call was given;
+# prints them as the last line, as JSON (a default as its text, None where there is none).
+RECORD_OPTIONS = """
+import argparse, json, os, runpy, sys
+options = []
+add_argument = argparse.ArgumentParser.add_argument
+def recording(self, *names, **kwargs):
+    default = kwargs.get("default")
+    options.append({"names": names, "help": kwargs.get("help"),
+                    "default": None if default in (None, False) else str(default)})
+    return add_argument(self, *names, **kwargs)
+argparse.ArgumentParser.add_argument = recording
+sys.argv = [sys.argv[1], "--help"]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))   # as running the script puts its folder
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as exit:
+    assert exit.code in (0, None), exit.code
+print(json.dumps([o for o in options if o["names"] != ("-h", "--help")]))
+"""
+
+
+def test_the_examples_that_run_as_scripts_are_found():
+    assert {"ipc_pipeline", "sleep_wake", "train_digits", "train_digits_torch"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_option_of_an_example_is_explained_with_its_default(script):
+    proc = subprocess.run([sys.executable, "-c", RECORD_OPTIONS,
+                           str(REPO / "examples" / f"{script}.py")],
+                          cwd=REPO, env=NO_GPU, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for option in json.loads(proc.stdout.splitlines()[-1]):
+        text = option["help"]
+        if text == argparse.SUPPRESS:
+            continue
+        assert text, f"{script}: {option['names']} has no help text"
+        if option["default"] is not None:
+            shown = "%(default)s" in text or option["default"] in text
+            assert shown and "default" in text, \
+                f"{script}: {option['names']}'s help does not show its default {option['default']}"
