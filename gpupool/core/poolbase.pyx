@@ -77,12 +77,15 @@ cdef class PoolBase(BlockOwner):
         self._st.segments.pool_id = register_pool(self)
         # The device's total, for an out-of-memory error that makes no driver call itself
         # (core/oom.pyx): asked once here of a driver upstream, failure ignored; a Python
-        # upstream (the simulated device) only when mem_info() is called.
+        # upstream is not called (a test counts its calls) but may declare it (total_bytes,
+        # the simulated device's capacity), else it is learnt when mem_info() is called.
         if not isinstance(self.upstream, PythonUpstream):
             if self.upstream.mem_info(&free, &total) == 0:
                 oom_note_total(self._st.segments.pool_id, total)
             else:
                 self.upstream.clear_error()
+        elif getattr(self.upstream, "total_bytes", None):
+            oom_note_total(self._st.segments.pool_id, self.upstream.total_bytes)
 
     def __dealloc__(self):
         # Buffers and regions hold references to their pool, so only free lists remain.
