@@ -274,8 +274,10 @@ cdef class PoolBase(BlockOwner):
         free space) is unmapped and released; its range of address space stays reserved.
         Buffers keep their objects and pointers; reading, writing or exporting one raises
         ``SleepingMemoryError`` until ``wake``, and so does an allocation with the tag.
-        Untagged memory and other tags' are untouched. A tag already asleep, or with no
-        memory, is skipped.
+        Untagged memory and other tags' are untouched. A tag already asleep is skipped, and
+        so is a tag with no memory, one never used included (a misspelt name too): nothing
+        to do and no error, as vLLM's ``CuMemAllocator`` passes over tags that no allocation
+        carries; ``stats().asleep_bytes`` counts what sleeps.
 
         Parameters
         ----------
@@ -302,7 +304,8 @@ cdef class PoolBase(BlockOwner):
         For each sleeping tag: its segment's pages are mapped again (at the addresses
         they had), the bytes ``sleep(offload=True)`` kept are copied back, and the device is
         synchronized, so the memory is usable on any stream when this returns. Contents
-        not offloaded are undefined (not zeroed). A tag that is awake is skipped.
+        not offloaded are undefined (not zeroed). A tag that is awake, or never used, is
+        skipped.
 
         Parameters
         ----------
