@@ -1,5 +1,5 @@
-"""README.md as a new user meets it: its first screen (what gpupool is, then the two commands),
-the commands themselves (those .ci/run and setup.cfg agree with; the main job's extra installs
+"""README.md as a new user meets it: its first screen (what gpupool is, then the commands: a
+fresh environment, the install and the main job, the tests), the commands themselves (those .ci/run and setup.cfg agree with; the main job's extra installs
 all the main job needs, and no more), every Python block run as pasted (the GPU ones, which
 import CuPy, PyTorch, Numba or RMM, marked ``gpu``), and links that work on a package index page."""
 
@@ -23,7 +23,8 @@ def _code_blocks(language):
 
 
 def _commands():
-    """The two commands of README's first block, without their comments."""
+    """The commands of README's first block, without their comments: the environment, the
+    install and the main job, the tests."""
     return [line.split("  #")[0].rstrip() for line in _code_blocks("bash")[0].splitlines()]
 
 
@@ -43,7 +44,7 @@ def _setup_cfg_list(section, key):
             if line.strip() and not line.strip().startswith("#")]
 
 
-# The first screen and the two commands -------------------------------------------------------
+# The first screen and the commands -----------------------------------------------------------
 
 def _first_screen():
     return "\n".join(README.splitlines()[:FIRST_SCREEN_LINES])
@@ -55,12 +56,12 @@ def test_the_first_screen_says_what_gpupool_is_then_what_the_commands_need_then_
     what, needs, block = rest.split("\n\n", 2)
     assert what.startswith("gpupool is a caching GPU memory allocator for Python")
     assert len(what.splitlines()) <= 8
-    # What the two commands need comes before them: Python and its headers, a compiler, whether
-    # CUDA headers or a GPU must be there.
-    for needed in ("Python >= 3.10", "python3-dev", "C++17 compiler", "no GPU",
+    # What the commands need comes before them: Python, its headers and venv, a compiler,
+    # whether CUDA headers or a GPU must be there.
+    for needed in ("Python >= 3.10", "python3-dev", "python3-venv", "C++17 compiler", "no GPU",
                    "no CUDA toolkit", "CUDA 13 headers"):
         assert needed in needs, needed
-    assert block.startswith("```bash\n")        # then the two commands: the first code block
+    assert block.startswith("```bash\n")        # then the commands: the first code block
     assert _code_blocks("bash")[0] in _first_screen()
 
 
@@ -81,8 +82,11 @@ def test_python_version_named_is_the_packages():
     assert f"Python >= {oldest} " in _first_screen()
 
 
-def test_the_two_commands():
+def test_the_commands_start_with_a_fresh_environment_in_the_block():
+    """In the block, not in prose only: a user copying the block installs into the
+    environment it makes (ignored by git), not into whatever Python is active."""
     assert _commands() == [
+        "python3 -m venv .venv && . .venv/bin/activate",
         "pip install -e '.[examples]' && python examples/train_digits.py",
         "pip install -r tests/requirements.txt && python -m pytest -q tests",
     ]
@@ -90,7 +94,7 @@ def test_the_two_commands():
 
 def test_the_test_command_builds_nothing_and_its_tools_are_the_test_extra():
     # It installs requirements by name only: no local project, so nothing is built again.
-    install = _commands()[1].split(" && ")[0]
+    install = _commands()[2].split(" && ")[0]
     assert install == "pip install -r tests/requirements.txt"
     listed = [line.strip() for line in (REPO / "tests" / "requirements.txt").read_text()
               .splitlines() if line.strip() and not line.startswith("#")]
@@ -102,9 +106,14 @@ def test_the_test_command_builds_nothing_and_its_tools_are_the_test_extra():
 
 def test_ci_runs_the_readme_commands_as_written():
     ci = (REPO / ".ci" / "run").read_text().splitlines()
-    first, test = _commands()
-    # gpupool installed as the first command installs it, then the test command verbatim
-    assert ci.index(first.split(" && ")[0]) < ci.index(test)
+    venv, install, test = _commands()
+    # A fresh environment (its own folder), gpupool installed as the install command installs
+    # it, then the test command verbatim.
+    made = next(i for i, line in enumerate(ci) if line.startswith("python3 -m venv "))
+    assert made < ci.index(install.split(" && ")[0]) < ci.index(test)
+    # The environment the README makes is no file of the project's.
+    assert venv.split(" && ")[0] == "python3 -m venv .venv"
+    assert "/.venv/" in (REPO / ".gitignore").read_text().splitlines()
     assert not any("pip install" in line and ("[test]" in line or "-e ." in line) for line in ci)
     # pytest's own configuration agrees on where the tests are
     assert 'testpaths = ["tests"]' in (REPO / "pyproject.toml").read_text()
@@ -163,7 +172,7 @@ runpy.run_path(script, run_name="__main__")
 
 def test_the_main_job_needs_only_what_its_extra_installs():
     pytest.importorskip("sklearn", reason="the main job's extra is not installed here")
-    command = _commands()[0]
+    command = _commands()[1]
     extra = _extra(command)
     distributions = _installed_closure(
         _setup_cfg_list("options", "install_requires")
