@@ -264,18 +264,28 @@ def test_every_python_block_runs_as_pasted(block, needs, tmp_path):
     assert proc.returncode == 0, f"{block}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
 
-def test_the_ipc_block_fails_instead_of_hanging_when_pasted_into_standard_input():
+@pytest.mark.parametrize("flags, child_error", [
+    (["-i"], "AttributeError: Can't get attribute 'consumer'"),     # the interactive prompt
+    (["-"], "FileNotFoundError"),                                   # python -
+])
+def test_the_ipc_block_fails_as_the_readme_says_when_pasted(flags, child_error):
     """The IPC block needs a file (the spawn start method imports it in the consumer): the
-    README says so, and pasted into ``python -`` the producer's wait ends in an error."""
+    README says so, and what a paste into the interactive prompt (``-i``: standard input read
+    line by line, as a paste is) or into ``python -`` shows: the consumer's error, then the
+    producer's wait ending in an error."""
     (block,) = [b for _, b in _python_blocks() if "ipc_handle()" in b]
     intro = README[:README.index(block)].rsplit("```python", 1)[0].strip().rsplit("\n\n", 1)[-1]
-    assert "Save this block as a file" in intro and "`spawn`" in intro
+    said = " ".join(intro.split())
+    assert "Save this block as a file" in said and "`spawn`" in said
+    assert "pasted into the interactive prompt or into `python -`" in said
+    assert f"`{child_error}`" in said
     wait = "done.get(timeout=60)"
-    assert wait in block and wait in intro
-    # The consumer dies at once (it cannot import <stdin>); a shorter wait keeps the test quick.
-    proc = subprocess.run([sys.executable, "-"], input=block.replace(wait, "done.get(timeout=5)"),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "Empty" in proc.stderr, proc.stderr
+    assert wait in block and wait in said
+    # The consumer dies at once; a shorter wait keeps the test quick.
+    proc = subprocess.run([sys.executable, *flags], cwd=REPO, capture_output=True, text=True,
+                          input=block.replace(wait, "done.get(timeout=5)"), timeout=120)
+    assert child_error in proc.stderr and "Empty" in proc.stderr, proc.stderr
+    assert proc.returncode != 0 or flags == ["-i"]       # the prompt goes on after an error
 
 
 def test_the_example_for_any_machine_prints_what_its_comments_say():
