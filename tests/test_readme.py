@@ -1,7 +1,9 @@
 """README.md as a new user meets it: its first screen (what gpupool is, then the commands: a
-fresh environment, the install and the main job, the tests), the commands themselves (those .ci/run and setup.cfg agree with; the main job's extra installs
-all the main job needs, and no more), every Python block run as pasted (the GPU ones, which
-import CuPy, PyTorch, Numba or RMM, marked ``gpu``), and links that work on a package index page."""
+fresh environment, the install and the main job, the tests), the commands themselves (those
+.ci/run and setup.cfg agree with; the main job's extra installs all the main job needs, and no
+more), every Python block run as pasted (the GPU ones, which import CuPy, PyTorch, Numba or
+RMM, marked ``gpu``), what a paste of the IPC block shows, and links that work on a package
+index page."""
 
 import configparser
 import re
