@@ -36,7 +36,7 @@ their kernels)::
     python examples/mixed_frameworks.py
 
 Exit status: 0 when every check passed, 1 when one failed, 2 when the GPU or a library is
-missing (one line on stderr, naming every library missing).
+missing (one line on stderr, naming the missing GPU first, then every library missing).
 """
 
 import argparse
@@ -75,7 +75,7 @@ def parse(argv):
 
 
 def import_frameworks():
-    """``(cupy, numba.cuda, torch, gpupool)``; SetupError naming every one missing."""
+    """``(cupy, numba.cuda, torch)``; SetupError naming every one missing."""
     modules, missing = [], []
     for name, package in FRAMEWORKS:
         with warnings.catch_warnings():     # some installs warn at import; the error matters
@@ -89,14 +89,10 @@ def import_frameworks():
         install = " ".join(package for _, package, _ in missing)
         why = "; ".join(f"{name}: {error}" for name, _, error in missing)
         raise SetupError(f"{names} cannot be imported (pip install {install}): {why}")
-    import gpupool
-    import gpupool.cupy
-    import gpupool.numba
-
-    return (*modules, gpupool)
+    return tuple(modules)
 
 
-def require_gpu(gpupool, torch):
+def require_gpu(gpupool):
     """Device 0's default gpupool pool; SetupError when there is no GPU."""
     try:
         pool = gpupool.get_pool(0)
@@ -106,9 +102,32 @@ def require_gpu(gpupool, torch):
         reason = _one_line(exc).split(". ")[0]
         raise SetupError(f"this example needs an NVIDIA GPU, and none was found ({reason})"
                          ) from None
+    return pool
+
+
+def set_up():
+    """``(cupy, numba.cuda, torch, gpupool, pool)``: the libraries and device 0's default
+    pool; SetupError naming all that is missing in one line, the GPU first (gpupool finds the
+    driver without the libraries, so a machine without a GPU says so before any install)."""
+    import gpupool
+
+    missing = []
+    try:
+        pool = require_gpu(gpupool)
+    except SetupError as exc:
+        missing.append(str(exc))
+    try:
+        cp, cuda, torch = import_frameworks()
+    except SetupError as exc:
+        missing.append(str(exc))
+    if missing:
+        raise SetupError("; ".join(missing))
     if not torch.cuda.is_available():
         raise SetupError("PyTorch sees no CUDA GPU (a CPU-only build of PyTorch?)")
-    return pool
+    import gpupool.cupy
+    import gpupool.numba
+
+    return cp, cuda, torch, gpupool, pool
 
 
 def torch_mempool(torch):
@@ -231,8 +250,7 @@ def run(cp, cuda, torch, gpupool, pool):
 def main(argv=None):
     parse(argv)
     try:
-        cp, cuda, torch, gpupool = import_frameworks()
-        pool = require_gpu(gpupool, torch)
+        cp, cuda, torch, gpupool, pool = set_up()
     except SetupError as exc:
         print(f"mixed_frameworks: {exc}", file=sys.stderr)
         return 2

@@ -46,6 +46,9 @@ def allocator(pool=None):
     ------
     TypeError
         ``pool`` is not a ``gpupool.Pool``.
+    ValueError
+        ``pool`` is on a simulated device (host memory, which CuPy's kernels cannot use).
+        Default pools, looked up at each call, are not checked.
     ImportError
         CuPy is not installed.
 
@@ -56,16 +59,8 @@ def allocator(pool=None):
     """
     if pool is not None and not isinstance(pool, Pool):
         raise TypeError(f"pool must be a gpupool.Pool or None, got {type(pool).__name__}")
+    if pool is not None and pool.upstream.host_accessible:
+        raise ValueError("a pool on a simulated device holds host memory: it cannot serve "
+                         "CuPy's device allocations")
     cupy = import_extra("cupy", "cupy", "CuPy for CUDA 13", "cupy-cuda13x")
-
-    instance = CupyAllocator(
-        pool,
-        get_pool=gpupool.get_pool,
-        current_device=cupy.cuda.runtime.getDevice,
-        stream_ptr=getattr(getattr(cupy.cuda, "stream", None), "get_current_stream_ptr", None),
-        current_stream=cupy.cuda.get_current_stream,
-        unowned_memory=cupy.cuda.UnownedMemory,
-        memory_pointer=cupy.cuda.MemoryPointer,
-        memory=cupy.cuda.memory.Memory,
-    )
-    return instance.malloc
+    return CupyAllocator.for_cupy(cupy, pool, gpupool.get_pool).malloc

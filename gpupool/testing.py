@@ -133,6 +133,9 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         that failed.
     used : int
         Bytes currently allocated (or mapped).
+    total_bytes : int
+        ``capacity``: the total a pool reads at creation, without a ``mem_info`` call, so
+        that its out-of-memory error says when a request can never fit.
     device_bytes, peak_device_bytes : int
         The device memory that would be in use, now and at the most: allocations rounded
         up to ``page`` (mapped pages with ``virtual_memory``); what ``cuMemGetInfo`` would
@@ -217,6 +220,10 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
     def _mem_info(self):
         self._called("mem_info", ())
         return self.capacity - self.used, self.capacity
+
+    @property
+    def total_bytes(self):
+        return self.capacity
 
     # Copies ----------------------------------------------------------------------------
 

@@ -210,10 +210,35 @@ def test_mixed_frameworks_without_a_gpu_says_it_needs_one(monkeypatch):
 
     fake = types.SimpleNamespace(get_pool=no_device, NoDeviceError=gpupool.NoDeviceError)
     with pytest.raises(mixed_frameworks.SetupError) as info:
-        mixed_frameworks.require_gpu(fake, torch=None)
+        mixed_frameworks.require_gpu(fake)
     assert str(info.value) == ("this example needs an NVIDIA GPU, and none was found "
                                "(CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected "
                                "(cuInit))")
+
+
+def test_mixed_frameworks_names_the_missing_gpu_before_the_missing_libraries(monkeypatch,
+                                                                             run_script):
+    """Without a GPU the line says so first, whatever is installed: a user learns it before
+    installing PyTorch for nothing."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import mixed_frameworks
+
+    monkeypatch.setattr(mixed_frameworks, "FRAMEWORKS", (("numpy", "numpy"),
+                                                         ("no_such_lib", "lib")))
+
+    def no_gpu(gpupool):
+        raise mixed_frameworks.SetupError("this example needs an NVIDIA GPU, and none was found")
+
+    monkeypatch.setattr(mixed_frameworks, "require_gpu", no_gpu)
+    with pytest.raises(mixed_frameworks.SetupError) as info:
+        mixed_frameworks.set_up()
+    assert str(info.value).startswith("this example needs an NVIDIA GPU, and none was found; "
+                                      "no_such_lib cannot be imported (pip install lib): ")
+    # As run: the GPU hidden, whichever libraries this machine has.
+    proc, output = run_script("examples/mixed_frameworks.py", env=NO_GPU, timeout=300)
+    assert proc.returncode == 2, output
+    assert proc.stderr.startswith("mixed_frameworks: this example needs an NVIDIA GPU, and "
+                                  "none was found ("), output
 
 
 def test_train_digits_plot_without_matplotlib_stops_before_training(monkeypatch, capsys):

@@ -4,6 +4,10 @@ CUDA headers. (tools/release/check_dist.sh builds the wheel and the sdist themse
 them.)"""
 
 import importlib.util
+import shutil
+import subprocess
+import sys
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -107,3 +111,34 @@ def test_setup_warns_before_compiling_and_goes_on(tmp_path, monkeypatch, capsys)
     out, err = capsys.readouterr()
     assert f"CUDA {bindings[0]}.{older} headers from $CUDA_HOME" in out
     assert "are older than cuda-bindings" in err and "pip install" in err
+
+
+def test_an_editable_install_finds_the_package_beside_a_folder_of_its_name(tmp_path):
+    """From the folder that holds a clone named gpupool, ``import gpupool`` is the clone's
+    package, not the clone's root as a namespace package: the editable wheel puts the project
+    root on sys.path (a .pth line), which the path's own search reaches, where a finder of
+    setuptools' would run only after it. See Note [Editable install] in docs/design.md.
+    The project's configuration is built without its extension modules (setup.py's part),
+    which do not choose the layout."""
+    clone = tmp_path / "gpupool"
+    (clone / "gpupool").mkdir(parents=True)
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, clone / name)
+    shutil.copy(REPO / "gpupool" / "__init__.py", clone / "gpupool")
+    built = subprocess.run(
+        [sys.executable, "-c", "from setuptools import build_meta; "
+         "print(build_meta.build_editable('dist'))"],
+        cwd=clone, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    site = tmp_path / "site-packages"
+    with zipfile.ZipFile(clone / "dist" / built.stdout.split()[-1]) as wheel:
+        wheel.extractall(site)
+    (pth,) = site.glob("*.pth")
+    assert pth.read_text().split() == [str(clone)]
+    # As the interpreter of a venv would: its site-packages after the working directory (-E:
+    # no PYTHONPATH, -S: this interpreter's own site-packages left out).
+    found = subprocess.run(
+        [sys.executable, "-E", "-S", "-c", f"import importlib.util, site; "
+         f"site.addsitedir({str(site)!r}); print(importlib.util.find_spec('gpupool').origin)"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert found.stdout.strip() == str(clone / "gpupool" / "__init__.py"), found.stderr

@@ -1,7 +1,9 @@
-"""README.md as a new user meets it: its first screen (what gpupool is, then the two commands),
-the commands themselves (those .ci/run and setup.cfg agree with; the main job's extra installs
-all the main job needs, and no more), every Python block run as pasted (the GPU ones, which
-import CuPy, PyTorch, Numba or RMM, marked ``gpu``), and links that work on a package index page."""
+"""README.md as a new user meets it: its first screen (what gpupool is, then the commands: a
+fresh environment, the install and the main job, the tests), the commands themselves (those
+.ci/run and setup.cfg agree with; the main job's extra installs all the main job needs, and no
+more), every Python block run as pasted (the GPU ones, which import CuPy, PyTorch, Numba or
+RMM, marked ``gpu``), what a paste of the IPC block shows, and links that work on a package
+index page."""
 
 import configparser
 import re
@@ -23,7 +25,8 @@ def _code_blocks(language):
 
 
 def _commands():
-    """The two commands of README's first block, without their comments."""
+    """The commands of README's first block, without their comments: the environment, the
+    install and the main job, the tests."""
     return [line.split("  #")[0].rstrip() for line in _code_blocks("bash")[0].splitlines()]
 
 
@@ -43,7 +46,7 @@ def _setup_cfg_list(section, key):
             if line.strip() and not line.strip().startswith("#")]
 
 
-# The first screen and the two commands -------------------------------------------------------
+# The first screen and the commands -----------------------------------------------------------
 
 def _first_screen():
     return "\n".join(README.splitlines()[:FIRST_SCREEN_LINES])
@@ -55,12 +58,12 @@ def test_the_first_screen_says_what_gpupool_is_then_what_the_commands_need_then_
     what, needs, block = rest.split("\n\n", 2)
     assert what.startswith("gpupool is a caching GPU memory allocator for Python")
     assert len(what.splitlines()) <= 8
-    # What the two commands need comes before them: Python and its headers, a compiler, whether
-    # CUDA headers or a GPU must be there.
-    for needed in ("Python >= 3.10", "python3-dev", "C++17 compiler", "no GPU",
+    # What the commands need comes before them: Python, its headers and venv, a compiler,
+    # whether CUDA headers or a GPU must be there.
+    for needed in ("Python >= 3.10", "python3-dev", "python3-venv", "C++17 compiler", "no GPU",
                    "no CUDA toolkit", "CUDA 13 headers"):
         assert needed in needs, needed
-    assert block.startswith("```bash\n")        # then the two commands: the first code block
+    assert block.startswith("```bash\n")        # then the commands: the first code block
     assert _code_blocks("bash")[0] in _first_screen()
 
 
@@ -81,8 +84,11 @@ def test_python_version_named_is_the_packages():
     assert f"Python >= {oldest} " in _first_screen()
 
 
-def test_the_two_commands():
+def test_the_commands_start_with_a_fresh_environment_in_the_block():
+    """In the block, not in prose only: a user copying the block installs into the
+    environment it makes (ignored by git), not into whatever Python is active."""
     assert _commands() == [
+        "python3 -m venv .venv && . .venv/bin/activate",
         "pip install -e '.[examples]' && python examples/train_digits.py",
         "pip install -r tests/requirements.txt && python -m pytest -q tests",
     ]
@@ -90,7 +96,7 @@ def test_the_two_commands():
 
 def test_the_test_command_builds_nothing_and_its_tools_are_the_test_extra():
     # It installs requirements by name only: no local project, so nothing is built again.
-    install = _commands()[1].split(" && ")[0]
+    install = _commands()[2].split(" && ")[0]
     assert install == "pip install -r tests/requirements.txt"
     listed = [line.strip() for line in (REPO / "tests" / "requirements.txt").read_text()
               .splitlines() if line.strip() and not line.startswith("#")]
@@ -102,9 +108,14 @@ def test_the_test_command_builds_nothing_and_its_tools_are_the_test_extra():
 
 def test_ci_runs_the_readme_commands_as_written():
     ci = (REPO / ".ci" / "run").read_text().splitlines()
-    first, test = _commands()
-    # gpupool installed as the first command installs it, then the test command verbatim
-    assert ci.index(first.split(" && ")[0]) < ci.index(test)
+    venv, install, test = _commands()
+    # A fresh environment (its own folder), gpupool installed as the install command installs
+    # it, then the test command verbatim.
+    made = next(i for i, line in enumerate(ci) if line.startswith("python3 -m venv "))
+    assert made < ci.index(install.split(" && ")[0]) < ci.index(test)
+    # The environment the README makes is no file of the project's.
+    assert venv.split(" && ")[0] == "python3 -m venv .venv"
+    assert "/.venv/" in (REPO / ".gitignore").read_text().splitlines()
     assert not any("pip install" in line and ("[test]" in line or "-e ." in line) for line in ci)
     # pytest's own configuration agrees on where the tests are
     assert 'testpaths = ["tests"]' in (REPO / "pyproject.toml").read_text()
@@ -163,7 +174,7 @@ runpy.run_path(script, run_name="__main__")
 
 def test_the_main_job_needs_only_what_its_extra_installs():
     pytest.importorskip("sklearn", reason="the main job's extra is not installed here")
-    command = _commands()[0]
+    command = _commands()[1]
     extra = _extra(command)
     distributions = _installed_closure(
         _setup_cfg_list("options", "install_requires")
@@ -255,18 +266,28 @@ def test_every_python_block_runs_as_pasted(block, needs, tmp_path):
     assert proc.returncode == 0, f"{block}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
 
-def test_the_ipc_block_fails_instead_of_hanging_when_pasted_into_standard_input():
+@pytest.mark.parametrize("flags, child_error", [
+    (["-i"], "AttributeError: Can't get attribute 'consumer'"),     # the interactive prompt
+    (["-"], "FileNotFoundError"),                                   # python -
+])
+def test_the_ipc_block_fails_as_the_readme_says_when_pasted(flags, child_error):
     """The IPC block needs a file (the spawn start method imports it in the consumer): the
-    README says so, and pasted into ``python -`` the producer's wait ends in an error."""
+    README says so, and what a paste into the interactive prompt (``-i``: standard input read
+    line by line, as a paste is) or into ``python -`` shows: the consumer's error, then the
+    producer's wait ending in an error."""
     (block,) = [b for _, b in _python_blocks() if "ipc_handle()" in b]
     intro = README[:README.index(block)].rsplit("```python", 1)[0].strip().rsplit("\n\n", 1)[-1]
-    assert "Save this block as a file" in intro and "`spawn`" in intro
+    said = " ".join(intro.split())
+    assert "Save this block as a file" in said and "`spawn`" in said
+    assert "pasted into the interactive prompt or into `python -`" in said
+    assert f"`{child_error}`" in said
     wait = "done.get(timeout=60)"
-    assert wait in block and wait in intro
-    # The consumer dies at once (it cannot import <stdin>); a shorter wait keeps the test quick.
-    proc = subprocess.run([sys.executable, "-"], input=block.replace(wait, "done.get(timeout=5)"),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "Empty" in proc.stderr, proc.stderr
+    assert wait in block and wait in said
+    # The consumer dies at once; a shorter wait keeps the test quick.
+    proc = subprocess.run([sys.executable, *flags], cwd=REPO, capture_output=True, text=True,
+                          input=block.replace(wait, "done.get(timeout=5)"), timeout=120)
+    assert child_error in proc.stderr and "Empty" in proc.stderr, proc.stderr
+    assert proc.returncode != 0 or flags == ["-i"]       # the prompt goes on after an error
 
 
 def test_the_example_for_any_machine_prints_what_its_comments_say():

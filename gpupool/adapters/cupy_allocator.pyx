@@ -68,6 +68,29 @@ cdef class CupyAllocator:
         self._pointer = memory_pointer
         self._memory = memory
 
+    @classmethod
+    def for_cupy(cls, cupy, pool, get_pool):
+        """An allocator over ``pool`` (None: ``get_pool(d)`` at each call) calling the CuPy
+        functions and classes of the module ``cupy``, or of a stand-in with the same names
+        (``tests/fake_cupy.py``, whose memory may be the simulated device's).
+
+        Raises
+        ------
+        AttributeError
+            ``cupy`` lacks one of them.
+        """
+        return cls(
+            pool,
+            get_pool=get_pool,
+            current_device=cupy.cuda.runtime.getDevice,
+            stream_ptr=getattr(getattr(cupy.cuda, "stream", None), "get_current_stream_ptr",
+                               None),
+            current_stream=cupy.cuda.get_current_stream,
+            unowned_memory=cupy.cuda.UnownedMemory,
+            memory_pointer=cupy.cuda.MemoryPointer,
+            memory=cupy.cuda.memory.Memory,
+        )
+
     def malloc(self, nbytes):
         """Allocate ``nbytes`` (int, bytes, >= 0) on CuPy's current device and stream.
 

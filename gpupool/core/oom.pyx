@@ -51,8 +51,9 @@ cdef object oom_error(int device, uint32_t pool_id, bint real_device, OomFacts* 
     oom_gather read under the pool's lock (core/oom.pxd).
 
     It asks the upstream nothing: a driver call could fail or block where memory just ran
-    out. The device's total is the one remembered from the pool's earlier mem_info (at
-    creation for driver upstreams, or any ``Pool.mem_info()``); on a real device
+    out. The device's total is the one remembered from the pool's creation (a driver
+    upstream's mem_info, a Python upstream's ``total_bytes``) or any later
+    ``Pool.mem_info()``; on a real device
     (real_device) NVML, which needs no CUDA context, gives the free and total bytes and those
     of other processes when ``pynvml`` is installed. At the first out of memory of the process,
     ``GPUPOOL_OOM_SNAPSHOT`` names a file for a memory snapshot (oom_dump_once)."""

@@ -77,12 +77,15 @@ cdef class PoolBase(BlockOwner):
         self._st.segments.pool_id = register_pool(self)
         # The device's total, for an out-of-memory error that makes no driver call itself
         # (core/oom.pyx): asked once here of a driver upstream, failure ignored; a Python
-        # upstream (the simulated device) only when mem_info() is called.
+        # upstream is not called (a test counts its calls) but may declare it (total_bytes,
+        # the simulated device's capacity), else it is learnt when mem_info() is called.
         if not isinstance(self.upstream, PythonUpstream):
             if self.upstream.mem_info(&free, &total) == 0:
                 oom_note_total(self._st.segments.pool_id, total)
             else:
                 self.upstream.clear_error()
+        elif getattr(self.upstream, "total_bytes", None):
+            oom_note_total(self._st.segments.pool_id, self.upstream.total_bytes)
 
     def __dealloc__(self):
         # Buffers and regions hold references to their pool, so only free lists remain.
@@ -271,8 +274,10 @@ cdef class PoolBase(BlockOwner):
         free space) is unmapped and released; its range of address space stays reserved.
         Buffers keep their objects and pointers; reading, writing or exporting one raises
         ``SleepingMemoryError`` until ``wake``, and so does an allocation with the tag.
-        Untagged memory and other tags' are untouched. A tag already asleep, or with no
-        memory, is skipped.
+        Untagged memory and other tags' are untouched. A tag already asleep is skipped, and
+        so is a tag with no memory, one never used included (a misspelt name too): nothing
+        to do and no error, as vLLM's ``CuMemAllocator`` passes over tags that no allocation
+        carries; ``stats().asleep_bytes`` counts what sleeps.
 
         Parameters
         ----------
@@ -299,7 +304,8 @@ cdef class PoolBase(BlockOwner):
         For each sleeping tag: its segment's pages are mapped again (at the addresses
         they had), the bytes ``sleep(offload=True)`` kept are copied back, and the device is
         synchronized, so the memory is usable on any stream when this returns. Contents
-        not offloaded are undefined (not zeroed). A tag that is awake is skipped.
+        not offloaded are undefined (not zeroed). A tag that is awake, or never used, is
+        skipped.
 
         Parameters
         ----------

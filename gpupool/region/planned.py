@@ -30,6 +30,7 @@ this and the core.
 """
 
 import hashlib
+import numbers
 from collections import OrderedDict
 
 import numpy as np
@@ -95,20 +96,38 @@ class Planner:
     Parameters
     ----------
     max_plans : int
-        Plans kept (one per signature), the least recently used dropped past it.
+        Plans kept (one per signature), the least recently used dropped past it; >= 1.
     max_plan_requests : int
         Requests of the kept plans together (their host memory), the least recently used
-        dropped past it; a step of more requests than this is never planned.
+        dropped past it; a step of more requests than this is never planned; >= 1.
     budget_ms : float
-        Milliseconds one plan may take (``placement.plan``'s budget).
+        Milliseconds one plan may take (``placement.plan``'s budget); > 0.
     min_hit_rate : float
-        Share of an entry's planned requests that must be served at their place.
+        Share of an entry's planned requests that must be served at their place; 0 to 1.
+
+    Raises
+    ------
+    TypeError
+        An option of another type: an integer (not a bool) for the first two, a real number
+        for the others. The message names the option, its value and what it accepts.
+    ValueError
+        An option out of its range (NaN included), named with its value and the range.
     """
 
     def __init__(self, max_plans=4, max_plan_requests=1 << 16, budget_ms=200.0,
                  min_hit_rate=0.5):
-        if int(max_plans) < 1:
-            raise ValueError(f"max_plans must be >= 1, got {max_plans!r}")
+        for name, value, kind, accepted, within in (
+                ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
+                ("max_plan_requests", max_plan_requests, numbers.Integral, "an integer >= 1",
+                 lambda v: v >= 1),
+                ("budget_ms", budget_ms, numbers.Real, "a number of milliseconds > 0",
+                 lambda v: v > 0),
+                ("min_hit_rate", min_hit_rate, numbers.Real, "a number from 0 to 1",
+                 lambda v: 0 <= v <= 1)):
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise TypeError(f"{name} must be {accepted}, got {value!r}")
+            if not within(value):
+                raise ValueError(f"{name} must be {accepted}, got {value!r}")
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
         self.budget_ms, self.min_hit_rate = float(budget_ms), float(min_hit_rate)
         self._events = []           # (ptr, nbytes, stream); ptr 0: an entry starts

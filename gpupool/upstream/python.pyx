@@ -46,8 +46,11 @@ cdef class PythonUpstream(Upstream):
     ``_map(va, nbytes)`` (raise ``MemoryError`` when out of memory), ``_unmap(va,
     nbytes)`` and optionally ``_map_chunk(va, nbytes)`` (one physical allocation, unmapped
     only whole; without it ``_map``) and ``_chunks(va, nbytes) -> [(start, bytes)]`` (the
-    chunks mapped in a range, for the pool's consistency check). Exceptions other than ``MemoryError`` reach the caller of the pool operation
-    that made the call.
+    chunks mapped in a range, for the pool's consistency check). Exceptions other than
+    ``MemoryError`` reach the caller of the pool operation that made the call. An optional
+    ``total_bytes`` attribute (int) declares the device's total memory: a pool reads it at
+    creation, without calling ``_mem_info``, for its out-of-memory errors (a request above it
+    can never fit).
     """
 
     def _set_device(self, device):

@@ -1,8 +1,10 @@
 """The compiled CuPy allocator (gpupool.cupy, gpupool.adapters.cupy_allocator) on the simulated
 device, with a fake ``cupy`` module (tests/fake_cupy.py) in sys.modules: device and pool
 resolution, the stream handed through, regions, errors as Pool.allocate raises them, and the
-block's return when CuPy drops the memory. tests/adapters/test_cupy.py runs the real CuPy on a
-GPU."""
+block's return when CuPy drops the memory. gpupool.cupy.allocator refuses an explicit pool on
+the simulated device (the real CuPy cannot use its host memory), so the tests of an explicit
+pool make the allocator as it does, for the fake (``allocator``). tests/adapters/test_cupy.py
+runs the real CuPy on a GPU."""
 
 import os
 import sys
@@ -14,6 +16,7 @@ from fake_cupy import FakeCupy, Memory, MemoryPointer, UnownedMemory
 
 import gpupool
 import gpupool.cupy
+from gpupool.adapters.cupy_allocator import CupyAllocator
 from gpupool.testing import SimulatedDevice
 
 KIB = 1 << 10
@@ -25,6 +28,11 @@ def fake(monkeypatch):
     module = FakeCupy()
     monkeypatch.setitem(sys.modules, "cupy", module)
     return module
+
+
+def allocator(pool):
+    """What ``allocator(pool)`` returns, for the fake CuPy in sys.modules."""
+    return CupyAllocator.for_cupy(sys.modules["cupy"], pool, gpupool.get_pool).malloc
 
 
 def not_called():
@@ -71,7 +79,7 @@ def test_without_cupy_making_an_allocator_raises_import_error():
 
 
 def test_an_allocation_is_a_device_buffer_wrapped_for_cupy(fake, pool):
-    alloc = gpupool.cupy.allocator(pool)
+    alloc = allocator(pool)
     assert type(alloc.__self__).__name__ == "CupyAllocator" and alloc.__self__.pool is pool
     pointer = alloc(1000)
     assert type(pointer) is MemoryPointer and type(pointer.mem) is UnownedMemory
@@ -85,7 +93,7 @@ def test_an_allocation_is_a_device_buffer_wrapped_for_cupy(fake, pool):
 
 
 def test_memory_returns_to_the_pool_when_cupy_drops_it(fake, pool):
-    alloc = gpupool.cupy.allocator(pool)
+    alloc = allocator(pool)
     pointer = alloc(300 * KIB)
     first = pointer.ptr
     owner = weakref.ref(pointer.mem._owner)
@@ -104,7 +112,7 @@ def test_the_block_is_allocated_on_cupys_current_stream(monkeypatch, stream_ptr_
     monkeypatch.setitem(sys.modules, "cupy", fake)
     if stream_ptr_function:                         # the pointer function is preferred
         fake.cuda.get_current_stream = not_called
-    alloc = gpupool.cupy.allocator(pool)
+    alloc = allocator(pool)
     stream = fake.stream_ptr = sim.create_stream()
     pointer = alloc(MIB)                            # its own upstream allocation
     assert pointer.mem._owner.stream == stream
@@ -118,7 +126,7 @@ def test_the_block_is_allocated_on_cupys_current_stream(monkeypatch, stream_ptr_
 
 
 def test_an_explicit_pool_of_another_device_raises_value_error(fake, pool):
-    alloc = gpupool.cupy.allocator(pool)
+    alloc = allocator(pool)
     fake.device = 1
     with pytest.raises(ValueError, match="pool of device 0 used while CuPy's current device "
                                          "is 1; make one allocator per device"):
@@ -164,14 +172,14 @@ def test_a_device_without_a_default_pool_gets_one_from_get_pool(fake, monkeypatc
 
 def test_zero_bytes_give_cupys_empty_memory_without_touching_the_pool(fake, pool):
     fake.cuda.get_current_stream = not_called       # not even the stream is asked for
-    pointer = gpupool.cupy.allocator(pool)(0)
+    pointer = allocator(pool)(0)
     assert type(pointer) is MemoryPointer and type(pointer.mem) is Memory
     assert pointer.ptr == 0 and pointer.mem.size == 0
     assert pool.stats().num_allocs == 0
 
 
 def test_a_region_caches_adapter_allocations_at_the_same_addresses(fake, pool):
-    alloc = gpupool.cupy.allocator(pool)
+    alloc = allocator(pool)
     region = gpupool.Region(pool=pool)
     seen = []
     for _ in range(4):
@@ -189,7 +197,7 @@ def test_a_region_caches_adapter_allocations_at_the_same_addresses(fake, pool):
 
 def test_out_of_memory_runs_the_callbacks_then_raises_as_pool_allocate(fake, sim):
     pool = gpupool.Pool(upstream=sim, hard_limit="3MiB")
-    alloc = gpupool.cupy.allocator(pool)
+    alloc = allocator(pool)
     asked = []
     callback = gpupool.on_oom(asked.append)
     try:
@@ -210,7 +218,7 @@ def test_out_of_memory_runs_the_callbacks_then_raises_as_pool_allocate(fake, sim
                                            (1.5, TypeError), ("10", TypeError)])
 def test_bad_sizes_raise_as_pool_allocate(fake, pool, nbytes, error):
     with pytest.raises(error, match="nbytes"):
-        gpupool.cupy.allocator(pool)(nbytes)
+        allocator(pool)(nbytes)
     assert pool.stats().num_allocs == 0
 
 
@@ -219,10 +227,22 @@ def test_a_pool_that_is_not_a_pool_is_refused(fake):
         gpupool.cupy.allocator("0")
 
 
+@pytest.mark.parametrize("cupy_module", [FakeCupy(), None])      # None: CuPy not installed
+def test_a_pool_on_the_simulated_device_is_refused_before_cupy_is_asked(monkeypatch, pool,
+                                                                        cupy_module):
+    """Its host memory would reach CuPy's kernels as device memory (the first allocation then
+    fails inside CuPy, blaming the driver), as gpupool.rmm.resource refuses it."""
+    monkeypatch.setitem(sys.modules, "cupy", cupy_module)
+    with pytest.raises(ValueError, match=r"^a pool on a simulated device holds host memory: "
+                                         r"it cannot serve CuPy's device allocations$"):
+        gpupool.cupy.allocator(pool)
+    assert pool.stats().num_allocs == 0
+
+
 def test_a_bad_stream_from_cupy_raises(fake, pool):
     fake.stream_ptr = -5
     with pytest.raises(ValueError, match="invalid stream handle -5"):
-        gpupool.cupy.allocator(pool)(1000)
+        allocator(pool)(1000)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
@@ -231,9 +251,12 @@ def test_the_adapter_in_a_forked_child_raises_gpupool_error():
         import os, sys
         from fake_cupy import FakeCupy
         sys.modules["cupy"] = FakeCupy()
-        import gpupool, gpupool.cupy
+        import gpupool
+        from gpupool.adapters.cupy_allocator import CupyAllocator
         from gpupool.testing import SimulatedDevice
-        alloc = gpupool.cupy.allocator(gpupool.Pool(upstream=SimulatedDevice()))
+        alloc = CupyAllocator.for_cupy(sys.modules["cupy"],
+                                       gpupool.Pool(upstream=SimulatedDevice()),
+                                       gpupool.get_pool).malloc
         keep = alloc(100)
         pid = os.fork()
         if pid == 0:

@@ -113,7 +113,8 @@ def test_out_of_memory_from_the_device_carries_the_numbers_and_asks_the_upstream
     error = info.value
     assert (error.requested_bytes, error.in_use_bytes, error.reserved_bytes, error.cached_bytes,
             error.limit_bytes) == (2 << 20, 3 << 20, 4 << 20, 1 << 20, None)
-    assert error.device_free_bytes is None and error.device_total_bytes is None
+    assert error.device_free_bytes is None                          # not asked: no call
+    assert error.device_total_bytes == small.total_bytes == 4 << 20     # declared
     assert "mem_info" not in [name for name, _ in small.calls]      # no call made to build it
     message = str(error)
     for part in ("allocating 2.000 MiB (2097152 B)", "3.000 MiB in use", "4.000 MiB reserved",

@@ -58,8 +58,28 @@ def test_a_request_whose_pages_exceed_the_hard_limit_can_never_fit(page, limit, 
     assert pool._verify() == []
 
 
-def test_a_request_above_the_device_s_total_can_never_fit_once_the_total_is_known():
-    sim = SimulatedDevice(capacity=4 * MIB)
+@pytest.mark.parametrize("virtual_memory", [False, True])
+def test_a_request_above_the_simulated_device_s_memory_can_never_fit(virtual_memory):
+    """The simulated device declares its total (``total_bytes``): a fresh pool's error names
+    it, without a mem_info call."""
+    sim = SimulatedDevice(virtual_memory=virtual_memory)            # 1 GiB
+    error = oom_of(gpupool.Pool(upstream=sim), 2 << 30)
+    message = str(error)
+    assert ("the request can never fit: 2147483648 B requested, the device has 1.000 GiB "
+            "(1073741824 B). Split the allocation") in message
+    assert "Free buffers" not in message
+    assert error.device_total_bytes == sim.total_bytes == 1 << 30
+    assert "mem_info" not in [name for name, _ in sim.calls]
+
+
+class Undeclared(SimulatedDevice):
+    """A Python upstream that declares no total, as one of a user's own may not."""
+
+    total_bytes = None
+
+
+def test_an_undeclared_total_is_known_once_mem_info_is_called():
+    sim = Undeclared(capacity=4 * MIB)
     pool = gpupool.Pool(upstream=sim)
     assert oom_of(pool, 8 * MIB).device_total_bytes is None     # not asked: no driver call
     assert pool.mem_info() == (4 * MIB, 4 * MIB)                # remembered from here on

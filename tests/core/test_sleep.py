@@ -227,6 +227,25 @@ def test_sleep_twice_and_unknown_tags_are_no_ops(vpool, vsim):
     del b
 
 
+def test_a_never_used_tag_sleeps_and_wakes_with_nothing_done(vpool, vsim):
+    """No error, no driver call (not even the synchronize), nothing counted; the tag, used
+    afterwards, is awake."""
+    with gpupool.tag("weights"):
+        w = vpool.allocate(PAGE)
+    before = vpool.stats()
+    vsim.calls.clear()
+    vpool.sleep(["never-used", "wieghts"], offload=True)
+    vpool.wake("never-used")
+    assert vsim.calls == [] and vpool.stats() == before
+    with gpupool.tag("never-used"):
+        b = vpool.allocate(PAGE)
+    b.copy_from_host(pattern(PAGE))
+    np.testing.assert_array_equal(b.copy_to_host(), pattern(PAGE))
+    assert vpool.stats().asleep_bytes == 0
+    check_invariants(vpool)
+    del w, b
+
+
 def test_a_pool_closed_with_a_sleeping_tag_gives_its_ranges_back(vsim):
     pool = gpupool.Pool(upstream=vsim)
     with gpupool.tag("weights"):

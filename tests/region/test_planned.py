@@ -317,6 +317,34 @@ def test_bad_plan_options_are_refused(vpool):
         gpupool.Region(pool=vpool, plan={"bogus": 1, "max_plans": 2})
 
 
+@pytest.mark.parametrize("option, value, error, accepted", [
+    ("max_plans", 0, ValueError, "an integer >= 1"),
+    ("max_plans", 2.5, TypeError, "an integer >= 1"),
+    ("max_plans", True, TypeError, "an integer >= 1"),
+    ("max_plan_requests", 0, ValueError, "an integer >= 1"),
+    ("max_plan_requests", -3, ValueError, "an integer >= 1"),
+    ("min_hit_rate", 5, ValueError, "a number from 0 to 1"),
+    ("min_hit_rate", -1, ValueError, "a number from 0 to 1"),
+    ("min_hit_rate", float("nan"), ValueError, "a number from 0 to 1"),
+    ("budget_ms", 0, ValueError, "a number of milliseconds > 0"),
+    ("budget_ms", -1, ValueError, "a number of milliseconds > 0"),
+    ("budget_ms", "fast", TypeError, "a number of milliseconds > 0"),
+])
+def test_a_plan_option_out_of_range_is_refused_naming_it(vpool, option, value, error, accepted):
+    with pytest.raises(error) as info:
+        gpupool.Region(pool=vpool, plan={option: value})
+    assert str(info.value) == f"{option} must be {accepted}, got {value!r}"
+
+
+def test_plan_options_at_the_ends_of_their_ranges_are_taken(vpool):
+    region = gpupool.Region(pool=vpool, plan={"max_plans": np.int64(1), "max_plan_requests": 1,
+                                               "budget_ms": 0.5, "min_hit_rate": 0})
+    planner = region.planner
+    assert (planner.max_plans, planner.max_plan_requests) == (1, 1)
+    assert (planner.budget_ms, planner.min_hit_rate) == (0.5, 0.0)
+    assert gpupool.Region(pool=vpool, plan={"min_hit_rate": 1}).planner.min_hit_rate == 1.0
+
+
 def test_placement_keeps_fixed_and_pinned_bytes():
     from gpupool.region import placement
     step = placement.Step([1024, 1024, 1024], [0, 1, 2], [3, 4, 5], [0, 0, 0], 6)

@@ -8,7 +8,9 @@ differs between columns; the absolute numbers are not GPU numbers.
     python tools/profile/time_cupy_adapter.py --old /tmp/old_cupy.py   # and another version's
 
 Columns: ``pool.allocate`` (the pool alone), then each adapter with an explicit pool
-(``allocator(pool)``) and with the default pool (``allocator()``, after ``set_pool``).
+(``allocator(pool)``; this tree's made as ``gpupool.cupy.allocator`` makes it, since that
+refuses a pool on the simulated device) and with the default pool (``allocator()``, after
+``set_pool``).
 """
 
 import argparse
@@ -27,6 +29,7 @@ sys.modules["cupy"] = FakeCupy()
 
 import gpupool  # noqa: E402
 import gpupool.cupy  # noqa: E402
+from gpupool.adapters.cupy_allocator import CupyAllocator  # noqa: E402
 from gpupool.testing import SimulatedDevice  # noqa: E402
 
 SIZES = [256, 64 << 10, 1 << 20]
@@ -67,7 +70,8 @@ def main():
     pool = gpupool.Pool(upstream=SimulatedDevice())
     gpupool.set_pool(pool)
     columns = {"pool.allocate": pool.allocate,
-               "new(pool)": gpupool.cupy.allocator(pool),
+               "new(pool)": CupyAllocator.for_cupy(sys.modules["cupy"], pool,
+                                                   gpupool.get_pool).malloc,
                "new()": gpupool.cupy.allocator()}
     if args.old is not None:
         old = load_adapter(args.old)
