@@ -4,6 +4,7 @@ live (``Checked``)."""
 
 import pytest
 from conftest import check_invariants, checked
+from hypothesis import strategies as st
 
 import gpupool
 from gpupool.testing import SimulatedDevice
@@ -77,3 +78,13 @@ SCALES = [1.0, 1.0, 1.0, 0.7, 0.9, 0.6, 0.8, 0.75, 0.95, 0.65]
 
 def scaled(scale):
     return [int(n * scale) // 512 * 512 for n in SIZES]
+
+
+def draw_step(data, lo, hi):
+    """A random step for a hypothesis test: (sizes, frees, tails) of lo to hi requests, as
+    ``run_step`` takes them."""
+    n = data.draw(st.integers(lo, hi))
+    sizes = data.draw(st.lists(st.integers(1, 4 * MIB), min_size=n, max_size=n))
+    frees = [data.draw(st.one_of(st.none(), st.integers(0, k))) for k in range(n)]
+    tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3)))
+    return sizes, frees, tails

@@ -9,7 +9,8 @@ from conftest import check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planned_steps import (  # noqa: F401 (fixtures)
-    FREES, KIB, MIB, SCALES, SIZES, TAILS, Checked, entries, run_step, scaled, vpool, vsim,
+    FREES, KIB, MIB, SCALES, SIZES, TAILS, Checked, draw_step, entries, run_step, scaled,
+    vpool, vsim,
 )
 
 import gpupool
@@ -40,10 +41,7 @@ def test_a_planned_step_takes_no_more_memory_than_the_online_one(vsim):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_steps_never_overlap_and_conserve_bytes(data):
-    n = data.draw(st.integers(1, 12))
-    sizes = data.draw(st.lists(st.integers(1, 4 * MIB), min_size=n, max_size=n))
-    frees = [data.draw(st.one_of(st.none(), st.integers(0, k))) for k in range(n)]
-    tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3)))
+    sizes, frees, tails = draw_step(data, 1, 12)
     vary = data.draw(st.booleans())
     pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32, virtual_memory=True))
     region = gpupool.Region(pool=pool, plan=True, collect=None)

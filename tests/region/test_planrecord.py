@@ -10,7 +10,7 @@ from conftest import check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planned_steps import (  # noqa: F401 (fixtures)
-    FREES, KIB, MIB, SCALES, SIZES, TAILS, Checked, run_step, scaled, vpool, vsim,
+    FREES, KIB, MIB, SCALES, SIZES, TAILS, Checked, draw_step, run_step, scaled, vpool, vsim,
 )
 
 import gpupool
@@ -188,10 +188,7 @@ def test_records_stop_once_the_shapes_repeat(vpool):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_varying_steps_with_records_never_overlap(data):
-    n = data.draw(st.integers(2, 10))
-    sizes = data.draw(st.lists(st.integers(1, 4 * MIB), min_size=n, max_size=n))
-    frees = [data.draw(st.one_of(st.none(), st.integers(0, k))) for k in range(n)]
-    tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3)))
+    sizes, frees, tails = draw_step(data, 2, 10)
     scales = data.draw(st.lists(st.floats(0.25, 3.0), min_size=6, max_size=14))
     pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 34, virtual_memory=True))
     run = Run(pool)
