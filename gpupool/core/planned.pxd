@@ -116,9 +116,9 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
     """Request number rc.plan.next of the entry, of nbytes requested (size rounded) on s:
     its block cut at its planned place and out of the free lists (the caller links it,
     live), or NULL (no plan for it, or its bytes are not free now: the online path serves
-    it). A request larger than its place (but under a lenient plan), on another stream than
-    the planned one or at another event of the entry is off the plan's step: it and the rest
-    of the entry go the online way. Request 0 asking more than record_over starts a record
+    it). A request on another stream than the planned one, at another event of the entry or
+    larger than its place is off the plan's step: it and the rest of the entry go the online
+    way (under a lenient plan a larger request goes alone). Request 0 asking more than record_over starts a record
     step: it goes online, and so does the rest until the region's slow path installs the
     step's own plan (pl_record). Stream order as so_take's: another stream's free bytes are
     taken once that stream's work on them has completed, or after s waits for it on the
