@@ -304,7 +304,8 @@ def run_planner(gpupool, rows):
             row.update(runtime_served=stats["plan_hits"] / tried if tried else 0.0,
                        runtime_plans=stats["plans"], runtime_ms=stats["planning_ms"],
                        runtime_given_up=stats["plans_given_up"],
-                       runtime_unfit=stats["plans_not_fitting"])
+                       runtime_unfit=stats["plans_not_fitting"],
+                       runtime_records=stats["record_plans"], runtime_record_ms=stats["record_ms"])
     return found
 
 
@@ -338,11 +339,13 @@ def report_runtime(found):
     return format_table(
         ["trace", "run floor MiB", "pool (vmm) MiB (/ floor)", "pool + region",
          "Region(plan=True)", "planned / pool + region", "served at the planned place",
-         "plans", "given up", "not fitting", "planning ms"],
+         "plans", "given up", "not fitting", "planning ms", "at request 0 (ms)"],
         [[name, f"{r['run_floor'] / MiB:,.0f}", mib(r, "pool"), mib(r, "pool_region"),
           mib(r, "runtime"), f"{r['runtime'] / r['pool_region']:.4f}",
           f"{r['runtime_served']:.1%}", str(r["runtime_plans"]), str(r["runtime_given_up"]),
-          str(r["runtime_unfit"]), f"{r['runtime_ms']:.0f}"] for name, r in found.items() if "runtime" in r],
+          str(r["runtime_unfit"]), f"{r['runtime_ms']:.0f}",
+          f"{r['runtime_records']} ({r['runtime_record_ms']:.0f})"]
+         for name, r in found.items() if "runtime" in r],
         title="the planned region at run time (gpupool.Region(plan=True), a region per step) on "
               "the expandable simulated device: peak reserved MiB and / run floor")
 

@@ -102,6 +102,8 @@ class RegionStats:
     plans_given_up: int = 0     # plans given up for serving badly or growing the pool
     plans_not_fitting: int = 0  # plans larger than the memory they would take: not used
     plan_bytes: int = 0         # bytes of the largest plan's range kept
+    record_plans: int = 0       # plans made at a record step's request 0 (counted in plans)
+    record_ms: float = 0.0      # milliseconds those took (counted in planning_ms)
 
     def as_dict(self):
         """The counters as a plain ``dict``."""

@@ -56,7 +56,7 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
             mp_give_up(st, fp_mine(pool), s)
             so_mark_blocks(st, up, s)
     rc = current_cache(pool, st.process_region)
-    b = pl_take(st, up, rc, size, s) if rc != NULL and rc.plan != NULL else NULL
+    b = pl_take(st, up, rc, nbytes, size, s) if rc != NULL and rc.plan != NULL else NULL
     if b == NULL and st.nparked:
         b = pk_unpark(st, size, s, rc)
     if b == NULL and rc == NULL:

@@ -109,14 +109,10 @@ cdef inline int sg_extend(PoolState* st, Upstream up, size_t size, StreamKey s, 
     its address range first), joined with the free block at the end if the request may
     take it. New pages are bound to s (they have no work: s may use them at once)."""
     cdef Segments* sg = &st.segments
-    cdef Counters* c = &st.counters
-    cdef FreeLists* fl = &st.free
     cdef Segment* seg
     cdef Block* tail
-    cdef Block* b
     cdef uintptr_t va = 0
     cdef size_t need, have = 0
-    cdef RegionCache* rc
     cdef int r = sg_fill_hole(st, up, size, s, owner)
     cdef bint fresh = False
     if r != 1:
@@ -141,15 +137,29 @@ cdef inline int sg_extend(PoolState* st, Upstream up, size_t size, StreamKey s, 
         tail = NULL
         have = 0
         need = round_up(size, up.granularity)
-    r = sg_map(st, up, seg.base + seg.nbytes, need, s)
+    r = sg_map_end(st, up, seg, need, s, tail if have else NULL)
+    if r != 0 and fresh and seg.nbytes == 0:    # an empty range is given back at once
+        if up.unreserve(seg.base) != 0 and r != GP_PY_ERROR:
+            up.clear_error()            # it stays reserved (address space, no memory)
+        sg_drop_segment(sg, seg)
+    return r
+
+
+cdef inline int sg_map_end(PoolState* st, Upstream up, Segment* seg, size_t need, StreamKey s,
+                           Block* tail) noexcept nogil:
+    """Map need bytes (whole pages) at the end of expandable segment seg for stream s, joined
+    with tail (seg's free last block, which the request may take: sg_extends) or, tail NULL,
+    as a free block of the pool's. The new pages are bound to s (they have no work). Returns
+    0 or a status code (nothing mapped then)."""
+    cdef Segments* sg = &st.segments
+    cdef Counters* c = &st.counters
+    cdef RegionCache* rc
+    cdef Block* b
+    cdef int r = sg_map(st, up, seg.base + seg.nbytes, need, s)
     if r != 0:
-        if fresh:                       # an empty range is given back at once
-            if up.unreserve(seg.base) != 0 and r != GP_PY_ERROR:
-                up.clear_error()        # it stays reserved (address space, no memory)
-            sg_drop_segment(sg, seg)
         return r
-    if have:
-        fl_unbin(fl, tail)
+    if tail != NULL:
+        fl_unbin(&st.free, tail)
         rc = rc_disown(tail)            # its region's bytes grow with it
         tail.size += need
         rc_own(rc, tail)

@@ -6,16 +6,20 @@
 # already lies, around the blocks that stay there (pl_layout), so a planned step takes memory
 # the online one would.
 # Under the pool's lock; only core/acquire.pxd (the take) and core/pool.pyx (the window) use it.
+from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t, int64_t
 from gpupool.records.block cimport Block, Segment, FREE, LIVE, PARKED
 from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.cutjoin cimport sg_split, sg_cut_front
 from gpupool.core.freelist cimport fl_unbin
+from gpupool.core.growexpand cimport sg_extends, sg_map_end
 from gpupool.core.parking cimport pk_flush
 from gpupool.core.plantable cimport (
-    PlanTable, PlanEvent, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, pt_clear,
+    PlanTable, PlanEvent, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, PL_RECORD,
+    PL_OVER, pt_clear,
 )
 from gpupool.core.regioncache cimport RegionCache, rc_disown
+from gpupool.core.segments cimport round_up
 from gpupool.core.state cimport PoolState
 from gpupool.core.streamorder cimport so_ready, so_drop_events
 from gpupool.upstream.base cimport Upstream
@@ -62,27 +66,83 @@ cdef inline void pl_unpark(PoolState* st, Block* b) noexcept nogil:
             return
 
 
-cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t size,
-                           StreamKey s) noexcept nogil:
-    """Request number rc.plan.next of the entry, of size bytes (rounded) on s: its block cut
-    at its planned place and out of the free lists (the caller links it, live), or NULL
-    (no plan for it, or its bytes are not free now: the online path serves it). A request
-    larger than its place, on another stream than the planned one or at another event of the
-    entry is off the plan's step: it and the rest of the entry go the online way. Stream
-    order as so_take's: another stream's free bytes are taken once that stream's work on them
-    has completed, or after s waits for it on the GPU."""
+cdef inline void pl_record(RegionCache* rc, size_t nbytes) noexcept nogil:
+    """Request 0 of nbytes starts a record step: the rest of the entry goes online until its
+    plan is installed, and the allocation's slow path (rc.on_alloc, swapped with
+    rc.on_record until PL_RECORD or the next entry) makes that plan."""
+    cdef PlanTable* p = rc.plan
+    cdef PyObject* hook = rc.on_record
+    p.record_nbytes = nbytes
+    p.stopped = True
+    rc.on_record = rc.on_alloc
+    rc.on_alloc = hook
+
+
+cdef inline void pl_unrecord(RegionCache* rc) noexcept nogil:
+    """The record step's plan is no longer pending: the slow paths are swapped back."""
+    cdef PyObject* hook = rc.on_alloc
+    if rc.plan.record_nbytes:
+        rc.plan.record_nbytes = 0
+        rc.on_alloc = rc.on_record
+        rc.on_record = hook
+
+
+cdef inline bint pl_grow(PoolState* st, Upstream up, RegionCache* rc, uintptr_t end,
+                         StreamKey s) noexcept nogil:
+    """A growing plan's place ends at end, past the mapped end of the plan's segment: map
+    its pages up to end (an expandable segment of s's, joined with its free last block when
+    rc may take it). Whether they were mapped; a failure leaves the request to the online
+    path, which grows or raises as it does for any request."""
+    cdef Segment* seg = st.segments.head
+    cdef size_t need
+    cdef Block* tail
+    while seg != NULL and seg.base != rc.plan.base:
+        seg = seg.next
+    if seg == NULL or not seg.va_bytes or not same_stream(seg.stream, s) or \
+            end <= seg.base + seg.nbytes:
+        return False
+    need = round_up(end - seg.base - seg.nbytes, up.granularity)
+    if seg.nbytes + need > seg.va_bytes:
+        return False
+    tail = seg.last if sg_extends(seg.last, s, <void*>rc) else NULL
+    if sg_map_end(st, up, seg, need, s, tail) != 0:
+        up.clear_error()
+        return False
+    return True
+
+
+cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t nbytes,
+                           size_t size, StreamKey s) noexcept nogil:
+    """Request number rc.plan.next of the entry, of nbytes requested (size rounded) on s:
+    its block cut at its planned place and out of the free lists (the caller links it,
+    live), or NULL (no plan for it, or its bytes are not free now: the online path serves
+    it). A request on another stream than the planned one, at another event of the entry or
+    larger than its place is off the plan's step: it and the rest of the entry go the online
+    way (under a lenient plan a larger request goes alone). Request 0 asking more than record_over starts a record
+    step: it goes online, and so does the rest until the region's slow path installs the
+    step's own plan (pl_record). Stream order as so_take's: another stream's free bytes are
+    taken once that stream's work on them has completed, or after s waits for it on the
+    GPU."""
     cdef PlanTable* p = rc.plan
     cdef size_t k = p.next
     cdef uintptr_t addr
     cdef Block* b
     cdef RegionCache* owner
     p.next += 1
+    if k == 0:
+        p.first_nbytes = nbytes
     if not p.active or p.stopped or k >= p.offsets.size():
         return NULL
-    if p.allocs[k] != <int64_t>p.event or s.handle != p.streams[k] or \
-            (p.offsets[k] >= 0 and <int64_t>size > p.sizes[k]):
+    if p.allocs[k] != <int64_t>p.event or s.handle != p.streams[k]:
         p.misses += 1
         p.stopped = True
+        return NULL
+    if k == 0 and p.record_over and nbytes > p.record_over and rc.on_record != NULL:
+        pl_record(rc, nbytes)
+        return NULL
+    if p.offsets[k] >= 0 and <int64_t>size > p.sizes[k]:
+        p.misses += 1
+        p.stopped = not p.lenient
         return NULL
     if p.offsets[k] < 0:
         return NULL
@@ -103,6 +163,10 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
         # The place runs on into bytes parked unjoined (a block freed last): put back joined.
         pk_flush(st)
         b = pl_block_at(st, p, k, addr)
+    if p.grows and (b == NULL or (b.seg_next == NULL and b.state == FREE and
+                                  addr + size > b.ptr + b.size)) and \
+            pl_grow(st, up, rc, addr + size, s):
+        b = pl_block_at(st, p, k, addr)
     if b == NULL or b.state != FREE or addr + size > b.ptr + b.size or \
             not (b.region.cache == NULL or b.region.cache == <void*>rc) or \
             not so_ready(&st.order, up, b, s, True):
@@ -122,18 +186,21 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t s
     return pl_served(p, k, b)
 
 
-cdef inline bint pl_movable(RegionCache* rc, Block* b) noexcept nogil:
+cdef inline bint pl_movable(RegionCache* rc, Block* b, size_t since) noexcept nogil:
     """Whether b's bytes may take a new plan's places: free (the pool's or rc's), or live and
-    allocated by rc's entry that just ended (its tails: freed next entry). Unmapped bytes
-    (an expandable segment's hole) may not: a plan maps nothing."""
+    allocated by rc's entry since (at an exit the entry that just ended, at a record step's
+    request 0 the entry before: their tails, freed in the entry the plan serves, which the
+    planner places by their lifetimes). Unmapped bytes (an expandable segment's hole) may
+    not."""
     if b.state == LIVE:
-        return b.region.cache == <void*>rc and b.region.stamp == rc.entries
+        return b.region.cache == <void*>rc and b.region.stamp == since
     if b.state == FREE or b.state == PARKED:
         return b.region.cache == NULL or b.region.cache == <void*>rc
     return False
 
 
-cdef inline uintptr_t pl_layout(PoolState* st, RegionCache* rc, PlanTable* io) noexcept nogil:
+cdef inline uintptr_t pl_layout(PoolState* st, RegionCache* rc, PlanTable* io,
+                                size_t since) noexcept nogil:
     """Where a new plan goes: the segment holding most of rc's bytes (cached and live). Its
     base goes to io.base, its bytes of memory (an expandable one's mapped from its base on)
     to io.nbytes, and each run of its blocks that are not pl_movable (the obstacles a plan
@@ -163,7 +230,7 @@ cdef inline uintptr_t pl_layout(PoolState* st, RegionCache* rc, PlanTable* io) n
     e.nbytes = 0
     b = best.first
     while b != NULL:
-        if not pl_movable(rc, b):
+        if not pl_movable(rc, b, since):
             if e.nbytes and e.ptr + e.nbytes == b.ptr - best.base:
                 e.nbytes += b.size
             else:
@@ -179,19 +246,36 @@ cdef inline uintptr_t pl_layout(PoolState* st, RegionCache* rc, PlanTable* io) n
 cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
                               PlanTable* io) noexcept nogil:
     """The region's calls on its table (core/plantable.pxd's PlanCall), exchanging with io.
-    PL_LAYOUT returns pl_layout's base; PL_INSTALL installs io's plan at io.base."""
+    PL_LAYOUT returns pl_layout's base; PL_RECORD the pending record step's layout's base and
+    its request 0's bytes in io.record_nbytes (0 and 0: none pending); PL_INSTALL installs io's
+    plan at io.base (with io.lenient, io.grows and io.record_over; during an entry, its next
+    requests are served from it)."""
     cdef PlanTable* p = rc.plan
     cdef PlanEvent marker
     if op == PL_ENTRY:
+        pl_unrecord(rc)
         marker.ptr, marker.nbytes, marker.stream = 0, 0, 0
         p.events.push_back(marker)
-        p.next = p.hits = p.misses = p.event = 0
+        p.next = p.hits = p.misses = p.event = p.first_nbytes = 0
         p.stopped = False
     elif op == PL_READ:
         io.events.swap(p.events)
         io.hits, io.misses, io.stopped = p.hits, p.misses, p.stopped
+        io.first_nbytes = p.first_nbytes
     elif op == PL_LAYOUT:
-        return pl_layout(st, rc, io)
+        return pl_layout(st, rc, io, rc.entries)
+    elif op == PL_RECORD:
+        # Planned only right after request 0 (no event of the entry since: a request of
+        # another thread of the region, or one through the C API that runs no slow path,
+        # leaves the entry online).
+        io.record_nbytes = p.record_nbytes if p.next == 1 and p.active and \
+            p.event == <size_t>p.allocs[0] + 1 else 0
+        pl_unrecord(rc)
+        if not io.record_nbytes:
+            return 0
+        return pl_layout(st, rc, io, rc.entries - 1)
+    elif op == PL_OVER:
+        p.record_over = io.record_over if p.active else 0
     elif op == PL_INSTALL:
         pt_clear(p)
         p.base = io.base
@@ -204,7 +288,10 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
         p.length = io.length
         p.live.assign(p.offsets.size(), NULL)
         p.nbytes = io.nbytes
+        p.lenient, p.grows, p.record_over = io.lenient, io.grows, io.record_over
         p.active = True
+        if io.lenient:
+            p.stopped = False       # a record step's plan: its entry goes on from it
         return p.base
     else:
         pt_clear(p)

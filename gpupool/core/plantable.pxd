@@ -12,6 +12,9 @@ cdef enum PlanCall:
     PL_INSTALL = 2      # the caller's plan becomes the one served, its range placed
     PL_CLEAR = 3        # no plan
     PL_LAYOUT = 4       # where a new plan goes: a segment, and the blocks staying in it
+    PL_RECORD = 5       # a record step's request 0 waits for its plan: its bytes, and where
+                        # that plan goes (PL_LAYOUT's, the entry before's live blocks movable)
+    PL_OVER = 6         # the installed plan's record_over becomes the caller's
 
 cdef struct PlanEvent:
     uintptr_t ptr           # the block's address; 0: an entry starts
@@ -38,6 +41,13 @@ cdef cppclass PlanTable:
                                     # the entry goes the online way
     size_t hits                     # this entry's requests served at their place
     size_t misses                   # this entry's planned requests that were not
+    size_t first_nbytes             # this entry's request 0's requested bytes (0: none yet)
+    size_t record_over              # request 0 asking more bytes than this (requested, not
+                                    # rounded) makes the entry a record step; 0: never
+    size_t record_nbytes            # the record step's request 0's bytes, its plan pending; 0
+    bint lenient                    # a request larger than its place misses alone (a record
+                                    # step's plan: its sizes are predicted)
+    bint grows                      # a place past the segment's mapped end maps pages for it
 
 
 cdef inline void pt_note_alloc(PlanTable* p, Block* b) noexcept nogil:
@@ -75,6 +85,8 @@ cdef inline void pt_note_free(PlanTable* p, Block* b) noexcept nogil:
 cdef inline void pt_clear(PlanTable* p) noexcept nogil:
     """No plan: every request goes the online way."""
     p.active = False
+    p.lenient = p.grows = False
+    p.record_over = 0
     p.offsets.clear()
     p.sizes.clear()
     p.streams.clear()

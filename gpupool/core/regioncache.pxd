@@ -33,6 +33,8 @@ cdef cppclass RegionCache:
     size_t max_cached_bytes     # 0: no cap
     bint held                   # a private pool's (region/privatepool.pxd): joins no pool block
     PyObject* on_alloc          # called with each new block's pointer (trace=True); borrowed
+    PyObject* on_record         # a planned region's slow path for a record step's plan,
+                                # swapped with on_alloc while one is pending; borrowed
     PlanTable* plan             # a planned region's (core/plantable.pxd); NULL: none
 
 

@@ -13,6 +13,18 @@ asks no more than the place's bytes (a smaller step's blocks lie inside the enve
 so they stay apart as those do). Steps of fixed sizes are the case where the envelope is the
 step itself.
 
+A record step (an entry whose request 0 asks more bytes than any step of a signature with a
+plan kept, while the last two complete steps are of the installed plan's signature) is
+planned at that request: the core sends the request online and swaps the region's record
+slow path in for the allocation's (core/planned.pxd, ``pl_record``), which calls
+:meth:`Planner.record`; the plan is the installed plan's structure, the sizes that varied
+among its signature's steps scaled by the request's bytes over the most a step's request 0
+asked, placed around the blocks live then, and the entry's later requests are served from it
+(a request larger than its place misses alone; places past the mapped end map pages). The
+entry after it keeps that plan; the next gets a transition plan of the grown envelope. Once a
+record step has been planned, transition plans map pages for their places too (the record
+plan leaves the online way no room past its own top).
+
 A plan holds no memory: its places are addresses in the pool's segments (the core chooses the
 range where the region's own step already lies, core/planned.pxd), taken when they are free,
 so a deviating step costs misses that go the online way. The core compares each event of an
@@ -104,18 +116,24 @@ class Planner:
         Milliseconds one plan may take (``placement.plan``'s budget); > 0.
     min_hit_rate : float
         Share of an entry's planned requests that must be served at their place; 0 to 1.
+    record : bool
+        Plan a record step at its first request (:meth:`record`): an entry of the installed
+        plan's structure whose request 0 asks more bytes than any step that plan was made
+        from. False: such an entry runs online up to its first request larger than its
+        place, as any step larger than the plan.
 
     Raises
     ------
     TypeError
         An option of another type: an integer (not a bool) for the first two, a real number
-        for the others. The message names the option, its value and what it accepts.
+        for ``budget_ms`` and ``min_hit_rate``, a bool for ``record``.
+        The message names the option, its value and what it accepts.
     ValueError
         An option out of its range (NaN included), named with its value and the range.
     """
 
     def __init__(self, max_plans=4, max_plan_requests=1 << 16, budget_ms=200.0,
-                 min_hit_rate=0.5):
+                 min_hit_rate=0.5, record=True):
         for name, value, kind, accepted, within in (
                 ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
                 ("max_plan_requests", max_plan_requests, numbers.Integral, "an integer >= 1",
@@ -128,8 +146,15 @@ class Planner:
                 raise TypeError(f"{name} must be {accepted}, got {value!r}")
             if not within(value):
                 raise ValueError(f"{name} must be {accepted}, got {value!r}")
+        if not isinstance(record, bool):
+            raise TypeError(f"record must be a bool, got {record!r}")
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
         self.budget_ms, self.min_hit_rate = float(budget_ms), float(min_hit_rate)
+        self.record_steps = bool(record)
+        self._firsts = []           # the last two entries' request 0's requested bytes
+        self._recorded = 0          # exits since a record step's plan was installed (0: none)
+        self._fresh = False         # the next plan installed is a transition (after a record)
+        self._streak = (None, 0)    # the last complete steps' signature, how many in a row
         self._events = []           # (ptr, nbytes, stream); ptr 0: an entry starts
         self._seen = OrderedDict()
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
@@ -145,18 +170,21 @@ class Planner:
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
         self.counts = {"plans": 0, "planning_ms": 0.0, "hits": 0, "misses": 0,
-                       "installs": 0, "given_up": 0, "no_room": 0}
+                       "installs": 0, "given_up": 0, "no_room": 0, "records": 0,
+                       "record_ms": 0.0}
 
-    def exited(self, events, hits, misses, grew, stopped=False):
+    def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call, the entry's planned
         requests served (``hits``) and not (``misses``, the request that left the plan's
-        step included when it ``stopped``), and whether its requests grew the pool. An entry
+        step included when it ``stopped``), whether its requests grew the pool, and its
+        request 0's requested bytes (``first``; 0: it made none). An entry
         that left the plan's step (another structure, or larger) is not the plan's failure:
         only the requests refused on the plan's step count against it. Returns ``"layout"``
         when a plan is to be installed (the region then asks the core where it goes and calls
         :meth:`place`), ``"clear"`` to serve the next entry online, or None to keep what is
         installed."""
         self._events.extend(events)
+        self._firsts = (self._firsts + [int(first)])[-2:]
         self._exits += 1
         self.counts["hits"] += hits
         self.counts["misses"] += misses
@@ -164,16 +192,23 @@ class Planner:
         step, self._grown = self._complete_step(), False
         if step is not None:
             sig = signature(step)
-            seen, envelope = self._remember(sig, step)
+            self._streak = (sig, self._streak[1] + 1 if sig == self._streak[0] else 1)
+            seen, envelope = self._remember(sig, step, self._firsts[0])
             kept = self._plans.get(sig)
             self._grown = sig == self.current and kept is not None and \
                 bool((envelope > kept[0].step.nbytes).any())
+        recorded, self._recorded = self._recorded, (self._recorded + 1) % 3 \
+            if self._recorded else 0
+        # The entry after a record step's (whose tails lie at that plan's places) gets a
+        # transition plan, of the envelope grown by the record step when it has completed.
+        self._fresh = self._fresh or recorded == 2
         if self.current is not None and not self._grown:
-            # A step larger than the plan is not the plan's fault: it is planned again.
+            # A step larger than the plan is not the plan's fault: it is planned again; nor
+            # are the record step's entry and the next, served by a plan of predicted sizes.
             self._entries_on += 1
             tried = hits + misses - bool(stopped)
-            bad = (tried and hits < self.min_hit_rate * tried) or \
-                (grew and self._entries_on > 1 and not stopped)
+            bad = not recorded and ((tried and hits < self.min_hit_rate * tried) or
+                                    (grew and self._entries_on > 1 and not stopped))
             self._strikes += bool(bad)
             # A bad entry has the plan placed again around the blocks in its way; a second
             # gives it up for GIVE_UP_EXITS exits.
@@ -188,7 +223,7 @@ class Planner:
             self._wanted = (sig, placement.Step(envelope, step.alloc, step.free, step.stream,
                                                 step.length))
             return "layout"
-        if self._relayout and self.current in self._plans:
+        if (self._relayout or self._fresh) and self.current in self._plans:
             self._wanted = (self.current, self._plans[self.current][0].step)
             return "layout"
         return action
@@ -200,25 +235,31 @@ class Planner:
         self._later.pop(sig, None)
         while len(self._later) > SEEN_MAX:
             self._later.popitem(last=False)
-        return not (seen < 2 or (sig == self.current and not self._transition and
-                                 not self._grown and not self._relayout) or
+        # Right after a record step's entry its plan stays (its tails lie at its places).
+        return not (seen < 2 or (sig == self.current and (self._recorded == 2 or (
+                    not self._transition and not self._grown and not self._relayout and
+                    not self._fresh))) or
                     len(step) > self.max_plan_requests or not step.planned.any())
 
-    def _remember(self, sig, step):
-        """Count a complete step of signature sig and fold its sizes into the signature's
-        envelope (their elementwise most, bytes). Returns (times seen, envelope). Bounded:
-        SEEN_MAX signatures and ``4 * max_plan_requests`` requests of envelopes in all, the
-        least recently seen dropped past either."""
-        seen, envelope = self._seen.pop(sig, (0, None))
+    def _remember(self, sig, step, first):
+        """Count a complete step of signature sig, whose request 0 asked ``first`` bytes, and
+        fold its sizes into the signature's envelope (their elementwise most, bytes), their
+        elementwise least and the most ``first`` (a record step's plan scales the requests
+        whose sizes varied by its own request 0's bytes over that). Returns (times seen,
+        envelope). Bounded: SEEN_MAX signatures and ``4 * max_plan_requests`` requests of
+        envelopes in all, the least recently seen dropped past either."""
+        seen, envelope, low, r_max = self._seen.pop(sig, (0, None, None, 0))
         if len(step) > self.max_plan_requests:
-            envelope = step.nbytes[:0]          # never planned: no sizes kept
+            envelope = low = step.nbytes[:0]    # never planned: no sizes kept
         elif envelope is None or len(envelope) != len(step):
-            envelope = step.nbytes
+            envelope = low = step.nbytes
+            r_max = 0
         else:
             envelope = np.maximum(envelope, step.nbytes)
-        self._seen[sig] = (seen + 1, envelope)
+            low = np.minimum(low, step.nbytes)
+        self._seen[sig] = (seen + 1, envelope, low, max(r_max, int(first)))
         while len(self._seen) > 1 and (len(self._seen) > SEEN_MAX or sum(
-                len(e) for _, e in self._seen.values()) > 4 * self.max_plan_requests):
+                2 * len(e) for _, e, _, _ in self._seen.values()) > 4 * self.max_plan_requests):
             self._seen.popitem(last=False)
         return seen + 1, envelope
 
@@ -252,19 +293,39 @@ class Planner:
             self.no_room()
             return None
         self._relayout = False
-        if self.current == sig and not self._grown:
+        again = self.current == sig and not self._grown and not self._fresh
+        if again and self._in_place(steady[0], base):
             self._transition = False
             return steady
-        self.current, self._entries_on, self._strikes = sig, 0, 0
-        self.counts["installs"] += 1
+        if not again:
+            self.current, self._entries_on, self._strikes, self._fresh = sig, 0, 0, False
+            self.counts["installs"] += 1
+        # The last entry's blocks (tails served elsewhere than their steady places) are in
+        # the steady plan's way: a transition plan places the next entry around them.
         self._transition = True
         return self._transition_plan(step, steady[0], base, obstacles)
+
+    def _in_place(self, plan, base):
+        """Whether every block the last entry left live is a tail at its place in ``plan``
+        (made at ``base``) or meets none of its places."""
+        stray = [(ptr - base, nbytes) for j, (ptr, nbytes) in self._carried.items()
+                 if not (j < len(plan.offsets) and plan.step.tails[j] and
+                         plan.offsets[j] == ptr - base)]
+        return not _meets(plan, np.array(stray, np.int64).reshape(-1, 2))
 
     def _transition_plan(self, step, steady, base, obstacles):
         """The plan of the first entry served: the steady plan's tails where it puts them,
         the other requests placed around them, the obstacles, and the blocks the entry before
         left live (its tails until the entry frees them, anything else throughout), so that
         the next entry finds the tails at their steady places."""
+        pinned = np.where(step.tails & step.planned, steady.offsets, -1)
+        made = self._made(step, self._fixed(step, base, obstacles), pinned)
+        return made, anchors(made)
+
+    def _fixed(self, step, base, obstacles):
+        """``placement.plan``'s fixed rows for a plan of step made at ``base``: the obstacles
+        throughout, and the blocks the last entry left live (its tails until the step's
+        entry frees them, anything else throughout)."""
         forever = np.iinfo(np.int64).max
         rows = [(o, n, 0, forever) for o, n in obstacles]
         for j, (ptr, nbytes) in self._carried.items():
@@ -272,8 +333,54 @@ class Planner:
                 continue
             tail = j < len(step) and step.tails[j] and step.nbytes[j] >= nbytes
             rows.append((ptr - base, nbytes, 0, step.free[j] - step.length if tail else forever))
-        pinned = np.where(step.tails & step.planned, steady.offsets, -1)
-        made = self._made(step, np.array(rows, np.int64).reshape(-1, 4), pinned)
+        return np.array(rows, np.int64).reshape(-1, 4)
+
+    def record_over(self):
+        """The requested bytes of request 0 past which an entry served by the installed plan
+        is a record step (0: none is). Only while the last two complete steps are of the
+        plan's signature (where structures alternate, a step's request 0 does not tell
+        which comes); then the most that the steps of any signature with a plan kept asked
+        (a step of another structure than the plan's, whose request 0 passes the plan's
+        steps' but not its own structure's, would leave a record plan at its first
+        divergent event, after it took places of the wrong structure); 0: none is."""
+        if not self.record_steps or self.current not in self._plans or \
+                self._streak != (self.current, self._streak[1]) or self._streak[1] < 2:
+            return 0
+        return max((self._seen[sig][3] for sig in self._plans if sig in self._seen), default=0)
+
+    def growing(self):
+        """Whether the plan :meth:`place` returned last may map pages for its places past
+        the memory mapped: a transition (its steady plan fits, but the blocks the entry
+        before left live, and its tails at their steady places, may push it past)."""
+        return self.record_steps and self._transition and self.counts["records"] > 0
+
+    def record(self, nbytes, base, obstacles):
+        """The plan of a record step, made at its request 0 (which asked ``nbytes`` bytes and
+        went online), as ``(Plan, anchors)``: the installed plan's structure, the requests
+        whose sizes varied among its signature's steps at their most seen times ``nbytes``
+        over the most request 0 of those steps asked (at least their most seen), the others
+        at their most seen; request 0 not placed. Placed around ``obstacles`` ((offset from
+        ``base``, bytes) rows that stay, request 0's block among them) and the entry before's
+        blocks (its tails until this entry frees them). Its places may pass the memory
+        mapped (the core maps pages for them on an expandable upstream). None when the
+        installed plan's signature has no sizes kept."""
+        seen, kept = self._seen.get(self.current), self._plans.get(self.current)
+        if not self.record_steps or seen is None or kept is None or not seen[3] or \
+                len(seen[1]) != len(kept[0].step):
+            return None
+        _, envelope, low, r_max = seen
+        step = kept[0].step
+        scaled = np.ceil(envelope * (nbytes / r_max) / placement.ALIGN).astype(np.int64) * \
+            placement.ALIGN
+        sizes = np.where(envelope != low, np.maximum(scaled, envelope), envelope)
+        free = step.free.copy()
+        free[0] = placement.ESCAPED
+        predicted = placement.Step(sizes, step.alloc, free, step.stream, step.length)
+        made = self._made(predicted, self._fixed(predicted, base,
+                                                 np.asarray(obstacles, np.int64).reshape(-1, 2)))
+        self.counts["records"] += 1
+        self.counts["record_ms"] += made.planning_ms
+        self._recorded = 1
         return made, anchors(made)
 
     def _made(self, step, fixed, pinned=None):

@@ -18,7 +18,7 @@ from gpupool.driver.calls cimport forked
 from gpupool.core.pool cimport Pool, region_push, region_pop, uncached_marker
 from gpupool.core.regioncache cimport RegionCache
 from gpupool.core.plantable cimport (
-    PlanTable, PL_ENTRY, PL_READ, PL_INSTALL, PL_CLEAR, PL_LAYOUT,
+    PlanTable, PL_ENTRY, PL_READ, PL_INSTALL, PL_CLEAR, PL_LAYOUT, PL_RECORD, PL_OVER,
 )
 
 cimport cython
@@ -135,13 +135,17 @@ cdef class Region:
         no larger than its place, on the planned stream, at its planned event, and the
         place's bytes are free now; stream order as the pool's). Other requests go the
         online way, and so does the rest of an entry after its first request or free off
-        the plan's step; a step larger than the plan has it planned again. The plan holds no
-        memory of its own. A plan that serves less than half of an entry's planned requests,
-        or whose entries grow the pool, twice, is given up for a while. A dict passes
-        options to ``gpupool.region.planned.Planner``
-        (``max_plans``, ``max_plan_requests``, ``budget_ms``, ``min_hit_rate``), which is
-        the region's ``planner`` attribute (None without a plan); ``stats()`` has its
-        counters. Note [Planned regions] in docs/design.md has the design.
+        the plan's step; a step larger than the plan has it planned again. An entry whose
+        first request asks more bytes than any step's did (a record step, once the last two
+        steps share the plan's signature) is planned at that request, when it is made from
+        Python: the plan's structure, the sizes that varied scaled by that ratio, its places
+        mapped as they are reached (an expandable upstream); its later requests are served
+        from that plan. The plan holds no memory of its own. A plan that serves less than
+        half of an entry's planned requests, or whose entries grow the pool, twice, is given
+        up for a while. A dict passes options to ``gpupool.region.planned.Planner``
+        (``max_plans``, ``max_plan_requests``, ``budget_ms``, ``min_hit_rate``, ``record``),
+        which is the region's ``planner`` attribute (None without a plan); ``stats()`` has
+        its counters. Note [Planned regions] in docs/design.md has the design.
 
     Warns
     -----
@@ -177,6 +181,7 @@ cdef class Region:
     cdef set _kept
     cdef dict _sites
     cdef object _on_alloc
+    cdef object _on_record
     cdef list _escapes
     cdef size_t entries, live_at_exit_bytes, collections
     cdef double collect_seconds
@@ -227,6 +232,8 @@ cdef class Region:
         if planner is not None:
             self.planner = planner
             self.rc.plan = new PlanTable()
+            self._on_record = self._record_step
+            self.rc.on_record = <PyObject*>self._on_record
         if trace:
             self._on_alloc = self._record_site
             self.rc.on_alloc = <PyObject*>self._on_alloc
@@ -312,8 +319,12 @@ cdef class Region:
         events = [(io.events[i].ptr, io.events[i].nbytes, io.events[i].stream)
                   for i in range(io.events.size())]
         grew = self.pool.region_counters(self.rc).misses > self._misses_at_entry
-        action = self.planner.exited(events, io.hits, io.misses, grew, io.stopped)
-        if action == "clear":
+        action = self.planner.exited(events, io.hits, io.misses, grew, io.stopped,
+                                     io.first_nbytes)
+        if action is None:
+            io.record_over = self.planner.record_over()
+            self.pool.region_plan(self.rc, PL_OVER, &io)
+        elif action == "clear":
             self.pool.region_plan(self.rc, PL_CLEAR, NULL)
         elif action == "layout":
             base = self.pool.region_plan(self.rc, PL_LAYOUT, &io)
@@ -327,20 +338,50 @@ cdef class Region:
             if placed is None:
                 self.pool.region_plan(self.rc, PL_CLEAR, NULL)
                 return 0
-            found, anchors = placed
-            step = found.step
-            for i in range(len(step)):
-                io.offsets.push_back(found.offsets[i])
-                io.sizes.push_back(step.nbytes[i])
-                io.streams.push_back(<uintptr_t>int(step.stream[i]))
-                io.anchors.push_back(anchors[i])
-                io.allocs.push_back(step.alloc[i])
-                io.frees.push_back(step.free[i])
-            io.length = step.length
-            io.nbytes = found.nbytes
-            self.pool.region_plan(self.rc, PL_INSTALL, &io)
-            self.planner.base = base
+            self._install(placed, base, False, self.planner.growing(), self.planner.record_over())
         return 0
+
+    cdef int _install(self, placed, uintptr_t base, bint lenient, bint grows,
+                      size_t record_over) except -1:
+        """Install the planner's (Plan, anchors) at base: lenient, a request larger than its
+        place misses alone (a record step's plan); grows, places past the mapped end map
+        pages; request 0 asking more than record_over bytes makes an entry a record step
+        (0: none does)."""
+        cdef PlanTable io
+        cdef size_t i
+        found, anchors = placed
+        step = found.step
+        for i in range(len(step)):
+            io.offsets.push_back(found.offsets[i])
+            io.sizes.push_back(step.nbytes[i])
+            io.streams.push_back(<uintptr_t>int(step.stream[i]))
+            io.anchors.push_back(anchors[i])
+            io.allocs.push_back(step.alloc[i])
+            io.frees.push_back(step.free[i])
+        io.length = step.length
+        io.nbytes = found.nbytes
+        io.base = base
+        io.lenient, io.grows = lenient, grows
+        io.record_over = record_over
+        self.pool.region_plan(self.rc, PL_INSTALL, &io)
+        self.planner.base = base
+        return 0
+
+    def _record_step(self, ptr):
+        """The slow path of a record step's request 0 (at ptr, served online): the core
+        swapped it in for the allocation's (``on_alloc``); the step's plan is made now and
+        serves the entry's next requests (Note [Planned regions])."""
+        cdef PlanTable io
+        cdef size_t i
+        base = self.pool.region_plan(self.rc, PL_RECORD, &io)     # swaps the slow paths back
+        if self.trace:
+            self._record_site(ptr)
+        if base == 0 or io.record_nbytes == 0:
+            return
+        obstacles = [(io.events[i].ptr, io.events[i].nbytes) for i in range(io.events.size())]
+        placed = self.planner.record(io.record_nbytes, base, obstacles)
+        if placed is not None:
+            self._install(placed, base, True, True, io.record_nbytes)
 
     cdef int _check_exit(self) except -1:
         """Raise unless this exit closes the innermost region entered on this thread; the
@@ -477,7 +518,8 @@ cdef class Region:
         return {"planned": True, "plans": counts["plans"], "planning_ms": counts["planning_ms"],
                 "plan_hits": counts["hits"], "plan_misses": counts["misses"],
                 "plans_given_up": counts["given_up"], "plans_not_fitting": counts["no_room"],
-                "plan_bytes": max((p.nbytes for p in self.planner.plans), default=0)}
+                "plan_bytes": max((p.nbytes for p in self.planner.plans), default=0),
+                "record_plans": counts["records"], "record_ms": counts["record_ms"]}
 
     def reset_peak_stats(self):
         """Set the region's peak bytes in use to the bytes its live buffers hold now."""

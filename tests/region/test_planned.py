@@ -5,76 +5,17 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import check_invariants, checked
+from conftest import check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from planned_steps import (  # noqa: F401 (fixtures)
+    FREES, KIB, MIB, SCALES, SIZES, TAILS, Checked, draw_step, entries, run_step, scaled,
+    vpool, vsim,
+)
 
 import gpupool
 from gpupool.region.planned import Planner
 from gpupool.testing import SimulatedDevice
-
-KIB, MIB = 1024, 1 << 20
-
-
-@pytest.fixture
-def vsim():
-    yield from checked(SimulatedDevice(capacity=1 << 32, virtual_memory=True))
-
-
-@pytest.fixture
-def vpool(vsim):
-    return gpupool.Pool(upstream=vsim)
-
-
-class Checked:
-    """The live buffers of a test, checked for overlap at every allocation."""
-
-    def __init__(self, pool):
-        self.pool, self.live = pool, {}
-
-    def allocate(self, key, nbytes, stream=None):
-        buf = self.pool.allocate(nbytes, stream)
-        self.live[key] = buf
-        spans = sorted((b.ptr, b.ptr + b.nbytes) for b in self.live.values() if b.nbytes)
-        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
-            assert end <= start, "two live blocks share bytes"
-        return buf
-
-    def free(self, key):
-        del self.live[key]
-
-
-def run_step(mem, sizes, frees, tails, entry):
-    """One step: allocate ``sizes`` in order, free request ``frees[k]`` after allocation k
-    (None: none), keep the ``tails`` live until the next step frees them first. Returns the
-    addresses of the step's buffers."""
-    for key in [k for k in mem.live if k[0] == "tail"]:
-        mem.free(key)
-    addrs = []
-    for k, n in enumerate(sizes):
-        tag = ("tail", entry, k) if k in tails else ("step", entry, k)
-        addrs.append(mem.allocate(tag, n).ptr)
-        j = frees[k]
-        if j is not None and ("step", entry, j) in mem.live:
-            mem.free(("step", entry, j))
-    for key in [k for k in mem.live if k[0] == "step"]:
-        mem.free(key)
-    return addrs
-
-
-SIZES = [3 * MIB, 1 * MIB, 5 * MIB, 2 * MIB, 512 * KIB, 4 * MIB]
-FREES = [None, None, 0, 1, 3, None]
-TAILS = {5}
-
-
-def entries(pool, region, count, sizes=SIZES, frees=FREES, tails=TAILS, mem=None):
-    mem = mem or Checked(pool)
-    found = []
-    for e in range(count):
-        with region:
-            found.append(run_step(mem, sizes, frees, tails, e))
-        check_invariants(pool)
-    return found, mem
 
 
 def test_later_entries_take_their_planned_places_at_the_same_addresses(vpool):
@@ -100,10 +41,7 @@ def test_a_planned_step_takes_no_more_memory_than_the_online_one(vsim):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_steps_never_overlap_and_conserve_bytes(data):
-    n = data.draw(st.integers(1, 12))
-    sizes = data.draw(st.lists(st.integers(1, 4 * MIB), min_size=n, max_size=n))
-    frees = [data.draw(st.one_of(st.none(), st.integers(0, k))) for k in range(n)]
-    tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3)))
+    sizes, frees, tails = draw_step(data, 1, 12)
     vary = data.draw(st.booleans())
     pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32, virtual_memory=True))
     region = gpupool.Region(pool=pool, plan=True, collect=None)
@@ -130,7 +68,8 @@ def test_deviating_entries_fall_back_and_stay_correct(vpool, deviation):
         sizes.insert(1, 700 * KIB)
         frees.insert(1, None)
     elif deviation == "order":
-        sizes[0], sizes[2] = sizes[2], sizes[0]
+        # (Not request 0: one larger than any step's request 0 starts a record step.)
+        sizes[1], sizes[2] = sizes[2], sizes[1]
     else:
         sizes, frees = sizes[:3], frees[:3]
     with region:
@@ -221,7 +160,8 @@ def test_a_plan_serving_badly_is_given_up(vpool):
 
 
 def test_entries_off_the_plans_step_stop_at_once_and_do_not_give_it_up(vpool):
-    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    # (Without record steps: these entries' request 0 asks more than any step's.)
+    region = gpupool.Region(pool=vpool, plan={"record": False}, collect=None)
     mem = Checked(vpool)
     entries(vpool, region, 5, mem=mem)
     for e in range(4):
@@ -313,7 +253,7 @@ def test_bad_plan_options_are_refused(vpool):
         gpupool.Region(pool=vpool, plan={"max_plans": 0})
     with pytest.raises(TypeError, match=r"^Region\(plan=\.\.\.\): unknown option 'bogus'; "
                        r"the accepted keys are max_plans, max_plan_requests, budget_ms, "
-                       r"min_hit_rate$"):
+                       r"min_hit_rate, record$"):
         gpupool.Region(pool=vpool, plan={"bogus": 1, "max_plans": 2})
 
 
@@ -356,13 +296,6 @@ def test_placement_keeps_fixed_and_pinned_bytes():
     assert np.array_equal(placement.plan(step).offsets, [0, 1024, 2048])
 
 
-SCALES = [1.0, 1.0, 1.0, 0.7, 0.9, 0.6, 0.8, 0.75, 0.95, 0.65]
-
-
-def scaled(scale):
-    return [int(n * scale) // 512 * 512 for n in SIZES]
-
-
 def test_varying_sizes_of_one_structure_are_served_at_the_envelopes_places(vpool):
     region = gpupool.Region(pool=vpool, plan=True, collect=None)
     mem = Checked(vpool)                    # every allocation checked for overlap
@@ -383,7 +316,7 @@ def test_varying_sizes_of_one_structure_are_served_at_the_envelopes_places(vpool
 
 
 def test_a_step_larger_than_the_envelope_goes_online_and_is_planned_again(vpool):
-    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    region = gpupool.Region(pool=vpool, plan={"record": False}, collect=None)
     mem = Checked(vpool)
 
     def entry(scale, e):
@@ -417,8 +350,8 @@ def test_the_envelopes_kept_are_bounded():
         # Steps of distinct structures (lengths), each remembered with its envelope.
         step = placement.Step([4096] * n, list(range(n)), list(range(n, 2 * n)), [0] * n,
                               2 * n)
-        planner._remember(bytes([n]), step)
-    assert sum(len(e) for _, e in planner._seen.values()) <= 4 * 8
+        planner._remember(bytes([n]), step, 4096)
+    assert sum(2 * len(e) for _, e, _, _ in planner._seen.values()) <= 4 * 8
 
 
 def test_a_served_block_freed_at_another_event_sends_the_rest_online(vpool):

@@ -1,0 +1,90 @@
+"""Steps for the planned-region tests on the simulated device: a step of requests with its
+frees and tails, run under a region, every allocation checked for overlap with the buffers
+live (``Checked``)."""
+
+import pytest
+from conftest import check_invariants, checked
+from hypothesis import strategies as st
+
+import gpupool
+from gpupool.testing import SimulatedDevice
+
+KIB, MIB = 1024, 1 << 20
+
+
+@pytest.fixture
+def vsim():
+    yield from checked(SimulatedDevice(capacity=1 << 32, virtual_memory=True))
+
+
+@pytest.fixture
+def vpool(vsim):
+    return gpupool.Pool(upstream=vsim)
+
+
+class Checked:
+    """The live buffers of a test, checked for overlap at every allocation."""
+
+    def __init__(self, pool):
+        self.pool, self.live = pool, {}
+
+    def allocate(self, key, nbytes, stream=None):
+        buf = self.pool.allocate(nbytes, stream)
+        self.live[key] = buf
+        spans = sorted((b.ptr, b.ptr + b.nbytes) for b in self.live.values() if b.nbytes)
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert end <= start, "two live blocks share bytes"
+        return buf
+
+    def free(self, key):
+        del self.live[key]
+
+
+def run_step(mem, sizes, frees, tails, entry):
+    """One step: allocate ``sizes`` in order, free request ``frees[k]`` after allocation k
+    (None: none), keep the ``tails`` live until the next step frees them first. Returns the
+    addresses of the step's buffers."""
+    for key in [k for k in mem.live if k[0] == "tail"]:
+        mem.free(key)
+    addrs = []
+    for k, n in enumerate(sizes):
+        tag = ("tail", entry, k) if k in tails else ("step", entry, k)
+        addrs.append(mem.allocate(tag, n).ptr)
+        j = frees[k]
+        if j is not None and ("step", entry, j) in mem.live:
+            mem.free(("step", entry, j))
+    for key in [k for k in mem.live if k[0] == "step"]:
+        mem.free(key)
+    return addrs
+
+
+SIZES = [3 * MIB, 1 * MIB, 5 * MIB, 2 * MIB, 512 * KIB, 4 * MIB]
+FREES = [None, None, 0, 1, 3, None]
+TAILS = {5}
+
+
+def entries(pool, region, count, sizes=SIZES, frees=FREES, tails=TAILS, mem=None):
+    mem = mem or Checked(pool)
+    found = []
+    for e in range(count):
+        with region:
+            found.append(run_step(mem, sizes, frees, tails, e))
+        check_invariants(pool)
+    return found, mem
+
+
+SCALES = [1.0, 1.0, 1.0, 0.7, 0.9, 0.6, 0.8, 0.75, 0.95, 0.65]
+
+
+def scaled(scale):
+    return [int(n * scale) // 512 * 512 for n in SIZES]
+
+
+def draw_step(data, lo, hi):
+    """A random step for a hypothesis test: (sizes, frees, tails) of lo to hi requests, as
+    ``run_step`` takes them."""
+    n = data.draw(st.integers(lo, hi))
+    sizes = data.draw(st.lists(st.integers(1, 4 * MIB), min_size=n, max_size=n))
+    frees = [data.draw(st.one_of(st.none(), st.integers(0, k))) for k in range(n)]
+    tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3)))
+    return sizes, frees, tails
