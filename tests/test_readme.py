@@ -106,6 +106,19 @@ def test_the_test_command_builds_nothing_and_its_tools_are_the_test_extra():
     assert "recursive-include tests *.py *.cc *.txt" in (REPO / "MANIFEST.in").read_text()
 
 
+def test_the_test_tools_upgrade_a_venvs_setuptools_to_one_that_builds_editable_wheels():
+    """A venv of Python 3.11 comes with setuptools 65.5, which builds an editable wheel only
+    with the wheel package (which a venv lacks); from 70.1 on setuptools builds it alone, so
+    the test command must upgrade it. See Note [Test tools' setuptools] in docs/design.md."""
+    from packaging.requirements import Requirement
+
+    (setuptools,) = [Requirement(r) for r in _setup_cfg_list("options.extras_require", "test")
+                     if Requirement(r).name == "setuptools"]
+    assert not setuptools.specifier.contains("65.5.0")
+    assert not setuptools.specifier.contains("70.0.0")
+    assert setuptools.specifier.contains("70.1.0")
+
+
 def test_ci_runs_the_readme_commands_as_written():
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     venv, install, test = _commands()
