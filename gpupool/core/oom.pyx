@@ -113,7 +113,9 @@ cdef object oom_error(int device, uint32_t pool_id, bint real_device, OomFacts* 
         if unusable:
             text += ("; fragmented memory joins once the buffers between its blocks are "
                      "freed (upstream='vmm' grows segments instead)")
-        text += "; gpupool.pool_status() shows the device's free memory."
+        # pool_status() reports the default pool of a GPU: pool= reaches any pool.
+        text += (f"; gpupool.pool_status(pool=...) given this pool shows "
+                 f"{'the device' if real_device else 'its upstream'}'s free memory.")
     error = OutOfMemoryError(
         text, requested_bytes=nbytes, in_use_bytes=c.in_use, reserved_bytes=c.reserved,
         cached_bytes=c.cached, limit_bytes=limit, device_free_bytes=free,

@@ -333,10 +333,12 @@ cdef class PoolBase(BlockOwner):
         if FORKED[0]:
             raise GpupoolError(FORK_MESSAGE)
         if not self.upstream.expandable:
+            fix = ("make its simulated device with gpupool.testing.SimulatedDevice("
+                   "virtual_memory=True)" if self.upstream.host_accessible else
+                   "make the pool with gpupool.Pool(upstream='vmm')")
             raise GpupoolError(
                 f"sleep and wake need an expandable upstream, whose pages can be unmapped at "
-                f"fixed addresses: make the pool with gpupool.Pool(upstream='vmm') (this one's "
-                f"upstream is {self.upstream!r})")
+                f"fixed addresses: {fix} (this one's upstream is {self.upstream!r})")
         return tag_ids(tags)
 
     def _sleep_one(self, int tid, bint offload):

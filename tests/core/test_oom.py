@@ -118,8 +118,12 @@ def test_out_of_memory_from_the_device_carries_the_numbers_and_asks_the_upstream
     assert "mem_info" not in [name for name, _ in small.calls]      # no call made to build it
     message = str(error)
     for part in ("allocating 2.000 MiB (2097152 B)", "3.000 MiB in use", "4.000 MiB reserved",
-                 "1.000 MiB cached", "gpupool.on_oom", "gpupool.pool_status()"):
+                 "1.000 MiB cached", "gpupool.on_oom"):
         assert part in message
+    # The hint names what reports this pool: pool_status() alone reports a GPU's default pool.
+    assert "gpupool.pool_status(pool=...) given this pool shows its upstream's free memory" in \
+        message
+    assert "gpupool.pool_status()" not in message
     assert "hard limit" not in message
     assert keep.nbytes == 3 << 20
     check_invariants(pool)

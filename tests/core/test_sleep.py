@@ -177,14 +177,16 @@ def test_sleep_waits_for_pending_work_on_every_stream(vpool, vsim):
     check_invariants(vpool)
 
 
-def test_sleep_needs_the_vmm_upstream():
+def test_sleep_needs_an_expandable_upstream_and_says_how_on_the_simulated_device():
+    """The fix named is the simulated device's own (upstream='vmm' needs a GPU)."""
     pool = gpupool.Pool(upstream=SimulatedDevice())
     with gpupool.tag("weights"):
         b = pool.allocate(512)                      # a plain upstream: untagged
-    with pytest.raises(gpupool.GpupoolError, match=r"upstream='vmm'"):
-        pool.sleep("weights")
-    with pytest.raises(gpupool.GpupoolError, match=r"upstream='vmm'"):
-        pool.wake("weights")
+    for call in (pool.sleep, pool.wake):
+        with pytest.raises(gpupool.GpupoolError, match=r"SimulatedDevice\(virtual_memory=True\)"
+                           ) as info:
+            call("weights")
+        assert "upstream='vmm'" not in str(info.value)
     del b
     check_invariants(pool)
 
