@@ -21,6 +21,11 @@ from gpupool.errors import import_extra
 __all__ = ["allocator"]
 
 
+def __dir__():
+    """The public API and the module's dunder attributes, not the names it imports."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
+
+
 def allocator(pool=None):
     """An allocator for ``cupy.cuda.set_allocator`` / ``cupy.cuda.using_allocator``.
 

@@ -56,6 +56,12 @@ def test_importing_the_adapter_does_not_import_cupy():
     assert out.strip() == "[]"
 
 
+def test_dir_lists_the_public_api_not_the_names_the_module_imports():
+    public = [name for name in dir(gpupool.cupy) if not name.startswith("__")]
+    assert public == gpupool.cupy.__all__ == ["allocator"]
+    assert "__doc__" in dir(gpupool.cupy)
+
+
 def test_without_cupy_making_an_allocator_raises_import_error():
     code, out = run_python("""
         import sys
