@@ -1,7 +1,7 @@
 """Device memory of a deep MLP training step whose temporaries sit in reference cycles.
 
 The step: a CuPy MLP (8 dense layers of 1024, batch 256, float32, ReLU, softmax cross entropy)
-trained with SGD and weight decay, through ``examples/autograd.py``, the tiny autograd that
+trained with SGD and weight decay, through ``examples/_autograd.py``, the tiny autograd that
 ``examples/train_digits.py`` uses: every node keeps its parents and a backward closure that
 refers back to the node, so a step's tape (its activations) is a reference cycle that only the
 cyclic garbage collector frees. Backward frees each gradient once it has been passed on, and
@@ -42,7 +42,7 @@ from _region_report import STEADY_FROM, mib_text, plot, report, summarize, targe
 from _region_ways import COLUMNS, WAYS, make_way
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-import autograd  # noqa: E402  (examples/autograd.py, shared with examples/train_digits.py)
+import _autograd as autograd  # noqa: E402  (shared with examples/train_digits.py)
 
 SCRIPT = "region_memory"
 DEPTH, WIDTH, BATCH = 8, 1024, 256

@@ -11,7 +11,7 @@ Under a plain caching pool the memory reserved from the GPU climbs between colle
 
 This script trains a two-layer MLP (64 -> 128 -> 10) on the 8x8 handwritten digits that ship inside
 scikit-learn (nothing is downloaded), with gradients from the small reverse-mode autograd in
-``examples/autograd.py`` (beside this script), and serves CuPy's allocations in one of three ways:
+``examples/_autograd.py`` (beside this script), and serves CuPy's allocations in one of three ways:
 
 ``region``
     gpupool, each training step inside ``with region:``. A block freed during the step goes back
@@ -73,7 +73,7 @@ import _numpy_pool
 import _plot
 import numpy as np
 from _digits import SetupError, load_data, mib, one_line
-from autograd import MLP, Tensor, mean, sgd_update, softmax_cross_entropy
+from _autograd import MLP, Tensor, mean, sgd_update, softmax_cross_entropy
 
 with warnings.catch_warnings():
     # Some CuPy installs warn at import (no CUDA path found); require_gpu() reports what matters.

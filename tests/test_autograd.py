@@ -1,4 +1,4 @@
-"""examples/autograd.py on NumPy: gradients, the reference cycles of a step, SGD; its two users."""
+"""examples/_autograd.py on NumPy: gradients, the reference cycles of a step, SGD; its two users."""
 
 import gc
 import importlib.util
@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
-    "examples_autograd", REPO / "examples" / "autograd.py"
+    "examples_autograd", REPO / "examples" / "_autograd.py"
 )
 autograd = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(autograd)

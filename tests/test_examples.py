@@ -144,7 +144,7 @@ def test_train_digits_writes_a_memory_snapshot(run_script, tmp_path):
     trace = snapshot["device_traces"][0]
     assert [e["action"] for e in trace[:2]] == ["segment_alloc", "alloc"]
     assert sum(e["action"] == "alloc" for e in trace) > 1000
-    assert any(f["filename"].endswith("autograd.py") for e in trace for f in e["frames"])
+    assert any(f["filename"].endswith("_autograd.py") for e in trace for f in e["frames"])
     [region] = snapshot["regions"]
     assert region["cached_bytes"] > 0
     assert sum(s["total_size"] for s in snapshot["segments"]) == 2 << 20
@@ -440,6 +440,14 @@ print(json.dumps([o for o in options if o["names"] != ("-h", "--help")]))
 
 def test_the_examples_that_run_as_scripts_are_found():
     assert {"ipc_pipeline", "sleep_wake", "train_digits", "train_digits_torch"} <= set(SCRIPTS)
+
+
+def test_the_examples_modules_that_do_not_run_are_named_as_helpers():
+    """Listing examples/ shows what to run: a module that is no script (it does nothing as
+    one) carries a ``_`` prefix, as the scripts' helpers do."""
+    helpers = [p.name for p in (REPO / "examples").glob("*.py") if p.stem not in SCRIPTS]
+    assert "_autograd.py" in helpers
+    assert [name for name in helpers if not name.startswith("_")] == []
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
