@@ -233,7 +233,8 @@ def failed_checks(results, reference):
 
 def parse_args(argv):
     p = _digits.parser("Train an MLP on scikit-learn's digits in PyTorch on gpupool (see the"
-                       " module docstring).", MODES)
+                       " module docstring). It needs an NVIDIA GPU, a CUDA build of PyTorch"
+                       " and scikit-learn.", MODES)
     p.add_argument("--compile", choices=COMPILE_MODES, default="none",
                    help="train through torch.compile (reduce-overhead: with CUDA graphs; "
                         "default %(default)s: not compiled)")

@@ -241,6 +241,14 @@ def test_mixed_frameworks_names_the_missing_gpu_before_the_missing_libraries(mon
                                   "none was found ("), output
 
 
+def test_train_digits_torch_help_says_what_it_needs(run_script):
+    proc, output = run_script("examples/train_digits_torch.py", "--help", env=NO_GPU,
+                              timeout=120)
+    assert proc.returncode == 0, output
+    assert "It needs an NVIDIA GPU, a CUDA build of PyTorch and scikit-learn" in " ".join(
+        proc.stdout.split()), output
+
+
 def test_train_digits_plot_without_matplotlib_stops_before_training(monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(REPO / "examples"))
     import train_digits
