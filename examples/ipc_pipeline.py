@@ -40,6 +40,7 @@ import multiprocessing
 import sys
 import time
 
+import _gpu
 import numpy as np
 
 ROWS, COLS = 256, 1024          # float32: 1 MiB a batch
@@ -69,23 +70,18 @@ class Setup(Exception):
 
 
 def choose_device(wanted):
-    """("gpu", cupy) or ("simulated", None), with the reason for the simulated device."""
-    import gpupool
-
+    """("gpu", cupy) or ("simulated", the reason for the simulated device)."""
     if wanted == "simulated":
         return "simulated", "--device simulated was asked for"
-    why = None
     try:
-        gpupool.get_pool(0)
-    except gpupool.NoDeviceError as exc:
-        why = f"there is no GPU ({str(exc).split(';')[0].split('. ')[0]})"
+        import cupy
+    except ImportError:
+        cupy, library = None, "CuPy is not installed (pip install cupy-cuda13x)"
+    else:
+        library = None
+    why = _gpu.missing(library)
     if why is None:
-        try:
-            import cupy
-        except ImportError:
-            why = "CuPy is not installed (pip install cupy-cuda13x)"
-        else:
-            return "gpu", cupy
+        return "gpu", cupy
     if wanted == "gpu":
         raise Setup(f"--device gpu needs an NVIDIA GPU and CuPy, but {why}")
     return "simulated", why

@@ -45,6 +45,7 @@ import math
 import sys
 import warnings
 
+import _gpu
 import numpy as np
 
 # numba-cuda 0.30 registers an overload for np.row_stack, which NumPy 2.5 removed, when it
@@ -92,42 +93,28 @@ def import_frameworks():
     return tuple(modules)
 
 
-def require_gpu(gpupool):
-    """Device 0's default gpupool pool; SetupError when there is no GPU."""
-    try:
-        pool = gpupool.get_pool(0)
-    except gpupool.NoDeviceError as exc:
-        # The driver's first sentence: the rest advises the simulated device, which cannot
-        # run CuPy's, Numba's or PyTorch's kernels.
-        reason = _one_line(exc).split(". ")[0]
-        raise SetupError(f"this example needs an NVIDIA GPU, and none was found ({reason})"
-                         ) from None
-    return pool
-
-
 def set_up():
     """``(cupy, numba.cuda, torch, gpupool, pool)``: the libraries and device 0's default
     pool; SetupError naming all that is missing in one line, the GPU first (gpupool finds the
     driver without the libraries, so a machine without a GPU says so before any install)."""
     import gpupool
 
-    missing = []
-    try:
-        pool = require_gpu(gpupool)
-    except SetupError as exc:
-        missing.append(str(exc))
     try:
         cp, cuda, torch = import_frameworks()
     except SetupError as exc:
-        missing.append(str(exc))
+        library = str(exc)
+    else:
+        library = None
+    missing = _gpu.missing(library)
     if missing:
-        raise SetupError("; ".join(missing))
+        raise SetupError(f"this example needs an NVIDIA GPU, CuPy, numba-cuda and PyTorch, but "
+                         f"{missing}")
     if not torch.cuda.is_available():
         raise SetupError("PyTorch sees no CUDA GPU (a CPU-only build of PyTorch?)")
     import gpupool.cupy
     import gpupool.numba
 
-    return cp, cuda, torch, gpupool, pool
+    return cp, cuda, torch, gpupool, gpupool.get_pool(0)
 
 
 def torch_mempool(torch):

@@ -69,6 +69,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import _digits
+import _gpu
 import _numpy_pool
 import _plot
 import numpy as np
@@ -167,15 +168,14 @@ def choose_device(device, mode):
         try:
             return Gpu()
         except SetupError as exc:
-            # The reason alone: the advice after it (use the simulated device in code) is not
-            # for this command line, whose own is --device simulated (or auto).
-            reason = str(exc).split('; gpupool needs')[0]
+            reason = str(exc)
             if gpu_only:
                 raise SetupError(f"the {mode} mode needs a GPU and CuPy: {reason}; without "
                                  f"them {others} (gpupool's simulated device)") from exc
             if device == "gpu":
-                raise SetupError(f"{reason}; run with --device auto or --device simulated to "
-                                 "train on gpupool's simulated device instead") from exc
+                raise SetupError(f"--device gpu needs an NVIDIA GPU and CuPy, but {reason}; run "
+                                 "with --device auto or --device simulated to train on "
+                                 "gpupool's simulated device instead") from exc
             reason = f"because {reason}"
     print(f"{PROG}: training with NumPy on gpupool's simulated device (host memory), {reason}",
           flush=True)
@@ -291,33 +291,22 @@ class CupyMemory(Memory):
 
 
 def require_gpu():
-    """The current CUDA device's id; SetupError when CuPy or a GPU is missing."""
+    """The current CUDA device's id; SetupError when CuPy or a GPU is missing (the GPU named
+    first)."""
     if cp is None:
         exc = CUPY_IMPORT_ERROR
         if isinstance(exc, ModuleNotFoundError) and exc.name == "cupy":
-            raise SetupError(
-                "CuPy is not installed (pip install 'gpupool[cupy]' on a machine with an"
-                " NVIDIA GPU)"
-            )
-        raise SetupError(f"CuPy cannot be imported: {one_line(exc)}")
+            library = "CuPy is not installed (pip install 'gpupool[cupy]')"
+        else:
+            library = f"CuPy cannot be imported: {one_line(exc)}"
+        raise SetupError(_gpu.missing(library))
     try:
-        count = cp.cuda.runtime.getDeviceCount()
+        count, error = cp.cuda.runtime.getDeviceCount(), "the CUDA runtime reports 0 devices"
     except Exception as exc:
-        raise SetupError(f"no CUDA GPU found: {_driver_problem() or one_line(exc)}") from None
+        count, error = 0, one_line(exc)
     if count == 0:
-        raise SetupError("no CUDA GPU found: the CUDA runtime reports 0 devices")
+        raise SetupError(_gpu.missing() or f"CuPy finds no CUDA GPU: {error}")
     return cp.cuda.Device().id
-
-
-def _driver_problem():
-    """gpupool's one-line account of a missing driver or device, if that is the problem."""
-    try:
-        import gpupool
-
-        gpupool.get_pool(0)
-    except Exception as exc:
-        return one_line(exc)
-    return None
 
 
 def make_memory(mode, backend):

@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import _digits  # noqa: E402
+import _gpu  # noqa: E402
 import numpy as np  # noqa: E402
 from _digits import RunFailed, SetupError, load_data, mib, one_line  # noqa: E402
 
@@ -85,16 +86,19 @@ class TorchRun(_digits.Run):
 
 
 def require_torch_gpu():
-    """Check that PyTorch sees a GPU and that gpupool imports; SetupError otherwise."""
+    """Check that PyTorch sees a GPU and that gpupool imports; SetupError otherwise, naming a
+    missing GPU first."""
     try:
         import torch
     except ImportError as exc:
-        raise SetupError(f"PyTorch cannot be imported: {one_line(exc)} (pip install torch on a"
-                         " machine with an NVIDIA GPU)") from None
-    if not torch.backends.cuda.is_built():
-        raise SetupError(f"PyTorch {torch.__version__} was built without CUDA")
-    if not torch.cuda.is_available():
-        raise SetupError("no CUDA GPU found: torch.cuda.is_available() is False")
+        library = f"PyTorch cannot be imported: {one_line(exc)} (pip install 'gpupool[torch]')"
+    else:
+        built = torch.backends.cuda.is_built()
+        library = None if built else f"PyTorch {torch.__version__} was built without CUDA"
+    if library is not None or not torch.cuda.is_available():
+        missing = _gpu.missing(library) or "torch.cuda.is_available() is False"
+        raise SetupError(f"this example needs an NVIDIA GPU and a CUDA build of PyTorch, but "
+                         f"{missing}")
     try:
         import gpupool.torch  # noqa: F401
     except ImportError as exc:

@@ -41,6 +41,11 @@ def test_example_without_gpu_exits_2_with_one_line(run_script, script, args):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, output
     assert lines[0].startswith(f"{script}: "), output
+    # The missing GPU first, before any missing library: no install for nothing.
+    assert "there is no GPU (" in lines[0], output
+    assert lines[0].index("there is no GPU (") < min(
+        [lines[0].find(w) for w in ("install", "cannot be imported") if w in lines[0]],
+        default=len(lines[0])), output
 
 
 def _summary_rows(stdout):
@@ -196,10 +201,11 @@ def test_mixed_frameworks_names_every_missing_library_in_one_line(monkeypatch):
     assert "numpy" not in message and "\n" not in message
 
 
-def test_mixed_frameworks_without_a_gpu_says_it_needs_one(monkeypatch):
-    """Not the driver error's advice to use the simulated device, which this example cannot."""
+def test_no_gpu_gives_the_drivers_reason_without_its_advice(monkeypatch):
+    """Not the driver error's advice to use the simulated device, which the GPU examples
+    cannot (each says what its own command line offers)."""
     monkeypatch.syspath_prepend(str(REPO / "examples"))
-    import mixed_frameworks
+    import _gpu
 
     import gpupool
 
@@ -208,12 +214,16 @@ def test_mixed_frameworks_without_a_gpu_says_it_needs_one(monkeypatch):
             "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected (cuInit). Without a GPU, "
             "use gpupool.testing.SimulatedDevice as the upstream: ...")
 
-    fake = types.SimpleNamespace(get_pool=no_device, NoDeviceError=gpupool.NoDeviceError)
-    with pytest.raises(mixed_frameworks.SetupError) as info:
-        mixed_frameworks.require_gpu(fake)
-    assert str(info.value) == ("this example needs an NVIDIA GPU, and none was found "
-                               "(CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected "
-                               "(cuInit))")
+    monkeypatch.setattr(gpupool, "get_pool", no_device)
+    assert _gpu.no_gpu() == ("there is no GPU (CUDA_ERROR_NO_DEVICE: no CUDA-capable device is "
+                             "detected (cuInit))")
+    assert _gpu.missing("CuPy is not installed", None) == (
+        "there is no GPU (CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected (cuInit)), "
+        "and CuPy is not installed")
+    monkeypatch.setattr(gpupool, "get_pool", lambda device: object())
+    assert _gpu.no_gpu() is None
+    assert _gpu.missing(None) is None and _gpu.missing() is None
+    assert _gpu.missing("CuPy is not installed") == "CuPy is not installed"
 
 
 def test_mixed_frameworks_names_the_missing_gpu_before_the_missing_libraries(monkeypatch,
@@ -221,24 +231,46 @@ def test_mixed_frameworks_names_the_missing_gpu_before_the_missing_libraries(mon
     """Without a GPU the line says so first, whatever is installed: a user learns it before
     installing PyTorch for nothing."""
     monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import _gpu
     import mixed_frameworks
 
     monkeypatch.setattr(mixed_frameworks, "FRAMEWORKS", (("numpy", "numpy"),
                                                          ("no_such_lib", "lib")))
-
-    def no_gpu(gpupool):
-        raise mixed_frameworks.SetupError("this example needs an NVIDIA GPU, and none was found")
-
-    monkeypatch.setattr(mixed_frameworks, "require_gpu", no_gpu)
+    monkeypatch.setattr(_gpu, "no_gpu", lambda: "there is no GPU (why)")
     with pytest.raises(mixed_frameworks.SetupError) as info:
         mixed_frameworks.set_up()
-    assert str(info.value).startswith("this example needs an NVIDIA GPU, and none was found; "
-                                      "no_such_lib cannot be imported (pip install lib): ")
+    assert str(info.value).startswith(
+        "this example needs an NVIDIA GPU, CuPy, numba-cuda and PyTorch, but there is no GPU "
+        "(why), and no_such_lib cannot be imported (pip install lib): ")
     # As run: the GPU hidden, whichever libraries this machine has.
     proc, output = run_script("examples/mixed_frameworks.py", env=NO_GPU, timeout=300)
     assert proc.returncode == 2, output
-    assert proc.stderr.startswith("mixed_frameworks: this example needs an NVIDIA GPU, and "
-                                  "none was found ("), output
+    assert proc.stderr.startswith("mixed_frameworks: this example needs an NVIDIA GPU, CuPy, "
+                                  "numba-cuda and PyTorch, but there is no GPU ("), output
+
+
+@pytest.mark.parametrize("torch_module", [None, "cpu-only"], ids=["missing", "cpu-only"])
+def test_the_torch_examples_name_the_missing_gpu_before_pytorch(monkeypatch, torch_module):
+    """train_digits_torch (and sleep_wake, which shares its check): PyTorch missing or built
+    without CUDA, the missing GPU is named first."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")    # what its import sets
+    import _gpu
+    import train_digits_torch
+
+    fake = types.SimpleNamespace(
+        __version__="2.9.0+cpu", backends=types.SimpleNamespace(
+            cuda=types.SimpleNamespace(is_built=lambda: False)),
+        cuda=types.SimpleNamespace(is_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", fake if torch_module else None)
+    monkeypatch.setattr(_gpu, "no_gpu", lambda: "there is no GPU (why)")
+    with pytest.raises(train_digits_torch.SetupError) as info:
+        train_digits_torch.require_torch_gpu()
+    library = ("PyTorch 2.9.0+cpu was built without CUDA" if torch_module else
+               "PyTorch cannot be imported: ")
+    assert str(info.value).startswith(
+        "this example needs an NVIDIA GPU and a CUDA build of PyTorch, but there is no GPU "
+        f"(why), and {library}"), str(info.value)
 
 
 def test_train_digits_torch_help_says_what_it_needs(run_script):
