@@ -171,7 +171,7 @@ class Planner:
         self._strikes = 0
         self.counts = {"plans": 0, "planning_ms": 0.0, "hits": 0, "misses": 0,
                        "installs": 0, "given_up": 0, "no_room": 0, "records": 0,
-                       "record_ms": 0.0}
+                       "record_ms": 0.0, "records_dropped": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call, the entry's planned
@@ -382,6 +382,14 @@ class Planner:
         self.counts["record_ms"] += made.planning_ms
         self._recorded = 1
         return made, anchors(made)
+
+    def record_dropped(self):
+        """The plan :meth:`record` returned last was not installed (an event of the entry, on
+        another thread, came while it was made): the entry goes on online, as one that left
+        the plan's step. Counted in ``counts["records_dropped"]`` (and still in
+        ``"records"``)."""
+        self._recorded = 0
+        self.counts["records_dropped"] += 1
 
     def _made(self, step, fixed, pinned=None):
         """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted. The

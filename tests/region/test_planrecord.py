@@ -3,48 +3,19 @@ request 0 asks more than any step of the plan's signature is planned at that req
 envelope's structure scaled by the ratio, and served from that plan; every deviation stays
 correct, the slow paths are restored, and memory stops growing once the shapes repeat."""
 
-import capi_table as capi
 import numpy as np
 import pytest
 from conftest import check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planned_steps import (  # noqa: F401 (fixtures)
-    FREES, KIB, MIB, SCALES, SIZES, TAILS, Checked, draw_step, run_step, scaled, vpool, vsim,
+    FREES, KIB, MIB, SIZES, TAILS, Run, draw_step, run_step, scaled, vpool, vsim,
 )
 
 import gpupool
 from gpupool.region import placement
 from gpupool.region.planned import Planner
 from gpupool.testing import SimulatedDevice
-
-
-class Run:
-    """A planned region's entries of scaled SIZES, each returning its (hits, misses)."""
-
-    def __init__(self, pool, **region):
-        region.setdefault("plan", True)
-        self.pool, self.mem = pool, Checked(pool)     # every allocation checked for overlap
-        self.region = gpupool.Region(pool=pool, collect=None, **region)
-        self.count = 0
-
-    def entry(self, sizes, frees=FREES, tails=TAILS):
-        before = self.region.stats()
-        with self.region:
-            run_step(self.mem, sizes, frees, tails, self.count)
-        self.count += 1
-        check_invariants(self.pool)
-        after = self.region.stats()
-        return after.plan_hits - before.plan_hits, after.plan_misses - before.plan_misses
-
-    def warm(self):
-        for scale in SCALES:
-            self.entry(scaled(scale))
-        return self
-
-    def close(self):
-        self.mem.live.clear()
-        assert check_invariants(self.pool).in_use_bytes == 0
 
 
 def test_a_record_step_is_planned_at_its_first_request_and_served(vpool):
@@ -145,28 +116,6 @@ def test_the_slow_paths_are_restored_after_a_record_step(vpool):
                 escaped.append(vpool.allocate(300 * KIB))
             run.count += 1
     escaped.clear()
-    run.close()
-
-
-def test_a_record_request_0_through_the_c_api_leaves_the_entry_online(vsim):
-    pool = gpupool.Pool(upstream=vsim, device=0)
-    gpupool.set_pool(pool)              # the C API's pool
-    run = Run(pool).warm()
-    with run.region:
-        for key in [k for k in run.mem.live if k[0] == "tail"]:
-            run.mem.free(key)
-        # Request 0 asks more than any step, through the C API, which runs no slow path:
-        # when one runs (the next request's, from Python), the entry has gone on.
-        ptr = capi.allocate(scaled(1.5)[0])
-        run.mem.allocate(("step", 99, 1), scaled(1.5)[1])
-        assert capi.call("free", 0, ptr, 0) == 0
-    check_invariants(pool)
-    stats = run.region.stats()
-    assert stats.record_plans == 0 and stats.plan_hits == 6 * len(SIZES)
-    run.mem.live.clear()
-    for _ in range(3):
-        run.entry(scaled(1.0))
-    assert run.entry(scaled(1.0)) == (len(SIZES), 0)
     run.close()
 
 
