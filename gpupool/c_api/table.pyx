@@ -2,13 +2,14 @@
 """gpupool's C API: a versioned table of C functions, published as the capsule
 ``gpupool._capi._C_API`` (see include/gpupool.h).
 
-The functions run without the GIL (they take it only to create a device's default pool on
-first use, to run ``on_oom`` callbacks and to plan a planned region's record step) and never
-raise: they return GPUPOOL_OK or an error code. Memory is served by the device's default pool
+The functions run without the GIL (they take it only to create a device's default pool on first
+use, to run ``on_oom`` callbacks and to plan a planned region's record step) and never raise:
+they return GPUPOOL_OK or an error code. Memory is served by the device's default pool
 (``gpupool.get_pool(device)``), so C and Python share one pool, and a C allocation made on a
-thread inside ``with region:`` is cached by that region, planned as a Python one. Version 2 added frees by pointer alone, trims, peak resets, the largest free
-block, the segment of a pointer, and private pools (``region/privatepool.pxd``: memory held for a
-CUDA graph). The PyTorch entry points (``adapters/torch_entry.pyx``) and gpupool's C++ allocator for PyTorch
+thread inside ``with region:`` is cached by that region, planned as a Python one. Version 2
+added frees by pointer alone, trims, peak resets, the largest free block, the segment of a
+pointer, and private pools (``region/privatepool.pxd``: memory held for a CUDA graph). The
+PyTorch entry points (``adapters/torch_entry.pyx``) and gpupool's C++ allocator for PyTorch
 (``src/torch_allocator.cc``) are users of this table.
 """
 from cpython.pycapsule cimport PyCapsule_New

@@ -138,14 +138,15 @@ cdef class Region:
         the plan's step; a step larger than the plan has it planned again. An entry whose
         first request asks more bytes than any step's did (a record step, once the last two
         steps share the plan's signature) is planned at that request (made from Python or
-        through the C API, on the allocating thread): the plan's structure, the sizes that varied scaled by that ratio, its places
-        mapped as they are reached (an expandable upstream); its later requests are served
-        from that plan. The plan holds no memory of its own. A plan that serves less than
-        half of an entry's planned requests, or whose entries grow the pool, twice, is given
-        up for a while. A dict passes options to ``gpupool.region.planned.Planner``
-        (``max_plans``, ``max_plan_requests``, ``budget_ms``, ``min_hit_rate``, ``record``),
-        which is the region's ``planner`` attribute (None without a plan); ``stats()`` has
-        its counters. Note [Planned regions] in docs/design.md has the design.
+        through the C API, on the allocating thread): the plan's structure, the sizes that
+        varied scaled by that ratio, its places mapped as they are reached (an expandable
+        upstream); its later requests are served from that plan. The plan holds no memory of its
+        own. A plan that serves less than half of an entry's planned requests, or whose entries
+        grow the pool, twice, is given up for a while. A dict passes options to
+        ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``, ``budget_ms``,
+        ``min_hit_rate``, ``record``), which is the region's ``planner`` attribute (None without
+        a plan); ``stats()`` has its counters. Note [Planned regions] in docs/design.md has the
+        design.
 
     Warns
     -----
