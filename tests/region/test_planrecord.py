@@ -13,7 +13,7 @@ from planned_steps import (  # noqa: F401 (fixtures)
 )
 
 import gpupool
-from gpupool.region import placement
+from gpupool.region import placement, planned
 from gpupool.region.planned import Planner
 from gpupool.testing import SimulatedDevice
 
@@ -173,3 +173,45 @@ def test_a_record_plan_scales_the_sizes_that_varied():
     assert list(plan.step.nbytes) == [8192, 8192, 2048]
     assert plan.offsets[0] == -1 and (plan.offsets[1:] >= 4096).all()   # around the obstacle
     assert len(anchors) == 3 and planner.counts["records"] == 1
+
+
+def test_a_record_plan_that_falls_back_to_first_fit_is_not_used(monkeypatch):
+    monkeypatch.setattr(planned, "GREEDY_MAX", 0)     # every placement is first fit
+    planner = Planner()
+    step = placement.Step([4096, 8192, 1024], [0, 1, 2], [3, 4, 5], [0, 0, 0], 6)
+    planner._plans[b"sig"] = (placement.plan(step), np.array([-1, -1, -1]), 1 << 20)
+    planner._seen[b"sig"] = (2, step.nbytes, step.nbytes // 2, 4000)
+    planner.current = b"sig"
+    # First fit puts every place above the blocks that stay, and a record plan maps pages
+    # for its places: the entry goes on online instead.
+    assert planner.record(8000, 1 << 20, [(0, 4096)]) is None
+    assert planner.counts["records"] == planner.counts["records_dropped"] == 1
+    assert planner._recorded == 0
+
+
+def test_a_transition_placed_by_first_fit_maps_nothing(monkeypatch):
+    planner = Planner()
+    planner.counts["records"], planner._transition = 1, True
+    step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
+    planner._made(step, np.zeros((0, 4), np.int64))
+    assert planner.growing()
+    monkeypatch.setattr(planned, "GREEDY_MAX", 0)
+    assert planner._made(step, np.zeros((0, 4), np.int64)).fallback is not None
+    assert not planner.growing()
+
+
+def test_a_record_step_whose_plan_falls_back_runs_online(vsim, monkeypatch):
+    def run_to_record(greedy_max, **region):
+        pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32, virtual_memory=True))
+        run = Run(pool, **region).warm()
+        monkeypatch.setattr(planned, "GREEDY_MAX", greedy_max)
+        hits = run.entry(scaled(2.0))[0]
+        monkeypatch.undo()
+        counts = run.region.planner.counts
+        run.close()
+        return hits, counts["records"], counts["records_dropped"], \
+            pool.stats().peak_reserved_bytes
+    assert run_to_record(planned.GREEDY_MAX)[:3] == (len(SIZES) - 1, 1, 0)
+    hits, records, dropped, peak = run_to_record(0)
+    assert (hits, records, dropped) == (0, 1, 1)
+    assert peak <= run_to_record(0, plan={"record": False})[3]   # no more than online
