@@ -85,39 +85,52 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
     and one retry. A handle the driver refuses (not a stream, or destroyed) gets its status."""
     cdef Block* b
     cdef StreamKey key
-    cdef int r
-    if stream <= STREAM_PER_THREAD:             # the default streams: no driver call
-        key = stream_key(stream, BY_HANDLE)
-    else:
-        r = key_status(pool.upstream, stream, &key)
-        if r != 0:
-            return _code(r)                     # not a stream, destroyed, or a failed query
+    cdef int r = _stream_key(pool, stream, &key)
+    if r != 0:
+        return r
     b = pool.mag_take(nbytes, key, True)
     if b == NULL:
-        return allocate_shared_in(pool, nbytes, stream, key, ptr)
+        return _allocate_shared(pool, nbytes, stream, key, ptr)
     ptr[0] = <void*>b.ptr
     return GPUPOOL_OK
+
+
+cdef inline int _stream_key(Pool pool, uintptr_t stream, StreamKey* key) noexcept nogil:
+    """The key of a stream handle for an allocation: GPUPOOL_OK, or the status of a handle
+    the driver refuses (not a stream, or destroyed)."""
+    if stream <= STREAM_PER_THREAD:             # the default streams: no driver call
+        key[0] = stream_key(stream, BY_HANDLE)
+        return GPUPOOL_OK
+    return _code(key_status(pool.upstream, stream, key))
 
 
 cdef int _allocate_shared(Pool pool, size_t nbytes, uintptr_t stream, StreamKey key,
                           void** ptr) noexcept nogil:
     """_allocate's way when the thread's magazine has no block: the pool's shared path, listed
-    as handed (_allocate_failed: the out-of-memory way). Request 0 of a planned region's record
-    step comes back undone (GP_RECORDED): _allocate_record."""
+    as handed. Other statuses than GPUPOOL_OK go to _allocate_again, which looks the key up
+    again (so that _allocate, into which this is inlined, keeps no copy of it across the
+    magazine's path)."""
     cdef Block* b = NULL
     cdef int r = pool.acquire_handed(nbytes, key, &b, PW_HAND_BACK)
     if r == 0:
         ptr[0] = <void*>b.ptr
         return GPUPOOL_OK
+    return _allocate_again(pool, nbytes, stream, r, ptr)
+
+
+cdef int _allocate_again(Pool pool, size_t nbytes, uintptr_t stream, int r,
+                         void** ptr) noexcept nogil:
+    """A request of the shared path that returned status r: request 0 of a planned region's
+    record step, handed back undone (GP_RECORDED: _allocate_record), or a failure
+    (_allocate_failed: the out-of-memory way)."""
+    cdef StreamKey key
+    cdef int found = _stream_key(pool, stream, &key)
+    if found != GPUPOOL_OK:
+        return found
     if r == GP_RECORDED:
         return _allocate_record(pool, nbytes, stream, key, ptr)
     return _allocate_failed(pool, nbytes, stream, key, r, ptr, PW_HAND_BACK)
 
-
-# Called through a pointer, so that it is not inlined into _allocate: the magazine's path there
-# then keeps no copy of the stream's key in registers for it (callgrind_pair.py counts).
-ctypedef int (*shared_fn)(Pool, size_t, uintptr_t, StreamKey, void**) noexcept nogil
-cdef shared_fn allocate_shared_in = _allocate_shared
 
 
 cdef int _allocate_failed(Pool pool, size_t nbytes, uintptr_t stream, StreamKey key, int r,
@@ -142,8 +155,9 @@ cdef int _allocate_record(Pool pool, size_t nbytes, uintptr_t stream, StreamKey 
     """Request 0 of a planned region's record step (core/planned.pxd), handed back undone:
     made again, online, then the region's slow path plans the step with the GIL, as
     Pool.allocate does after its allocation (a request of another thread of the region
-    meanwhile leaves the entry online). An exception it raises is logged; the block is freed
-    and the status is GPUPOOL_ERROR_INTERNAL."""
+    meanwhile leaves the entry online; so does one served only after the on_oom callbacks,
+    which runs no slow path). An exception it raises is logged; the block is freed and the
+    status is GPUPOOL_ERROR_INTERNAL."""
     cdef Block* b = NULL
     cdef int r = pool.acquire_handed(nbytes, key, &b, PW_ONLINE)
     if r != 0:
