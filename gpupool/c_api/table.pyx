@@ -2,13 +2,14 @@
 """gpupool's C API: a versioned table of C functions, published as the capsule
 ``gpupool._capi._C_API`` (see include/gpupool.h).
 
-The functions run without the GIL (they take it only to create a device's default pool on
-first use and to run ``on_oom`` callbacks) and never raise: they return GPUPOOL_OK or an error
-code. Memory is served by the device's default pool (``gpupool.get_pool(device)``), so C and
-Python share one pool, and a C allocation made on a thread inside ``with region:`` is cached
-by that region. Version 2 added frees by pointer alone, trims, peak resets, the largest free
-block, the segment of a pointer, and private pools (``region/privatepool.pxd``: memory held for a
-CUDA graph). The PyTorch entry points (``adapters/torch_entry.pyx``) and gpupool's C++ allocator for PyTorch
+The functions run without the GIL (they take it only to create a device's default pool on first
+use, to run ``on_oom`` callbacks and to plan a planned region's record step) and never raise:
+they return GPUPOOL_OK or an error code. Memory is served by the device's default pool
+(``gpupool.get_pool(device)``), so C and Python share one pool, and a C allocation made on a
+thread inside ``with region:`` is cached by that region, planned as a Python one. Version 2
+added frees by pointer alone, trims, peak resets, the largest free block, the segment of a
+pointer, and private pools (``region/privatepool.pxd``: memory held for a CUDA graph). The
+PyTorch entry points (``adapters/torch_entry.pyx``) and gpupool's C++ allocator for PyTorch
 (``src/torch_allocator.cc``) are users of this table.
 """
 from cpython.pycapsule cimport PyCapsule_New
@@ -25,13 +26,14 @@ from gpupool.history.ring cimport (
 )
 from gpupool.core.pool cimport Pool, run_oom_callbacks, region_try_push, region_pop
 from gpupool.region.privatepool cimport PrivatePool
-from gpupool.core.regioncache cimport RegionCache
+from gpupool.core.regioncache cimport RegionCache, rc_slow_path
+from gpupool.core.plantable cimport PW_HAND_BACK, PW_ONLINE
 from gpupool.core.segments cimport BLOCK_ALIGN
 from gpupool.records.sizes cimport MAX_NBYTES
 from gpupool.driver.status cimport (
     GPUPOOL_OK, GPUPOOL_ERROR_INVALID_VALUE, GPUPOOL_ERROR_OUT_OF_MEMORY,
     GPUPOOL_ERROR_NO_DEVICE, GPUPOOL_ERROR_FORKED, GPUPOOL_ERROR_INTERNAL, GPUPOOL_ERROR_ASLEEP,
-    GP_ASLEEP, GP_FORKED,
+    GP_ASLEEP, GP_FORKED, GP_RECORDED,
 )
 from gpupool.records.streams cimport (
     StreamKey, BAD_STREAM_TAG, BY_HANDLE, OWN_HANDLE_TAG, STREAM_PER_THREAD, key_status,
@@ -39,6 +41,10 @@ from gpupool.records.streams cimport (
 )
 
 from gpupool.capi cimport gpupool_api, gpupool_stats, GPUPOOL_API_VERSION
+
+import logging
+
+_logger = logging.getLogger("gpupool")
 
 cdef size_t STATS_FIELDS = sizeof(gpupool_stats) // sizeof(size_t)
 cdef PyObject** _pools = pool_table()
@@ -79,13 +85,9 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
     and one retry. A handle the driver refuses (not a stream, or destroyed) gets its status."""
     cdef Block* b
     cdef StreamKey key
-    cdef int r
-    if stream <= STREAM_PER_THREAD:             # the default streams: no driver call
-        key = stream_key(stream, BY_HANDLE)
-    else:
-        r = key_status(pool.upstream, stream, &key)
-        if r != 0:
-            return _code(r)                     # not a stream, destroyed, or a failed query
+    cdef int r = _stream_key(pool, stream, &key)
+    if r != 0:
+        return r
     b = pool.mag_take(nbytes, key, True)
     if b == NULL:
         return _allocate_shared(pool, nbytes, stream, key, ptr)
@@ -93,22 +95,93 @@ cdef int _allocate(Pool pool, size_t nbytes, uintptr_t stream, void** ptr) noexc
     return GPUPOOL_OK
 
 
+cdef inline int _stream_key(Pool pool, uintptr_t stream, StreamKey* key) noexcept nogil:
+    """The key of a stream handle for an allocation: GPUPOOL_OK, or the status of a handle
+    the driver refuses (not a stream, or destroyed)."""
+    if stream <= STREAM_PER_THREAD:             # the default streams: no driver call
+        key[0] = stream_key(stream, BY_HANDLE)
+        return GPUPOOL_OK
+    return _code(key_status(pool.upstream, stream, key))
+
+
 cdef int _allocate_shared(Pool pool, size_t nbytes, uintptr_t stream, StreamKey key,
                           void** ptr) noexcept nogil:
     """_allocate's way when the thread's magazine has no block: the pool's shared path, listed
-    as handed; out of memory, the on_oom callbacks, then one retry (the magazine, then the
-    shared path)."""
+    as handed. Other statuses than GPUPOOL_OK go to _allocate_again, which looks the key up
+    again (so that _allocate, into which this is inlined, keeps no copy of it across the
+    magazine's path)."""
     cdef Block* b = NULL
-    cdef int r = pool.acquire_handed(nbytes, key, &b)
+    cdef int r = pool.acquire_handed(nbytes, key, &b, PW_HAND_BACK)
+    if r == 0:
+        ptr[0] = <void*>b.ptr
+        return GPUPOOL_OK
+    return _allocate_again(pool, nbytes, stream, r, ptr)
+
+
+cdef int _allocate_again(Pool pool, size_t nbytes, uintptr_t stream, int r,
+                         void** ptr) noexcept nogil:
+    """A request of the shared path that returned status r: request 0 of a planned region's
+    record step, handed back undone (GP_RECORDED: _allocate_record), or a failure
+    (_allocate_failed: the out-of-memory way)."""
+    cdef StreamKey key
+    cdef int found = _stream_key(pool, stream, &key)
+    if found != GPUPOOL_OK:
+        return found
+    if r == GP_RECORDED:
+        return _allocate_record(pool, nbytes, stream, key, ptr)
+    return _allocate_failed(pool, nbytes, stream, key, r, ptr, PW_HAND_BACK)
+
+
+
+cdef int _allocate_failed(Pool pool, size_t nbytes, uintptr_t stream, StreamKey key, int r,
+                          void** ptr, int way) noexcept nogil:
+    """A request of the shared path that failed with status r: out of memory, the on_oom
+    callbacks, then one retry (the magazine, then the shared path, way as the first try's: a
+    PlanWay); a failure for lack of memory is logged. Sets ptr; returns the status."""
+    cdef Block* b = NULL
     if r == CUDA_ERROR_OUT_OF_MEMORY and _callbacks(pool, nbytes):
         b = pool.mag_take(nbytes, key, True)
-        r = 0 if b != NULL else pool.acquire_handed(nbytes, key, &b)
+        r = 0 if b != NULL else pool.acquire_handed(nbytes, key, &b, way)
         hist_log(LOG_CALLBACK_RETRY, pool.device, nbytes, 0, r)
     if r == 0:
         ptr[0] = <void*>b.ptr
     elif r == CUDA_ERROR_OUT_OF_MEMORY:
         _out_of_memory(pool, nbytes, stream)
     return _code(r)
+
+
+cdef int _allocate_record(Pool pool, size_t nbytes, uintptr_t stream, StreamKey key,
+                          void** ptr) noexcept nogil:
+    """Request 0 of a planned region's record step (core/planned.pxd), handed back undone:
+    made again, online, then the region's slow path plans the step with the GIL, as
+    Pool.allocate does after its allocation (a request of another thread of the region
+    meanwhile leaves the entry online; so does one served only after the on_oom callbacks,
+    which runs no slow path). An exception it raises is logged; the block is freed and the
+    status is GPUPOOL_ERROR_INTERNAL."""
+    cdef Block* b = NULL
+    cdef int r = pool.acquire_handed(nbytes, key, &b, PW_ONLINE)
+    if r != 0:
+        return _allocate_failed(pool, nbytes, stream, key, r, ptr, PW_ONLINE)
+    if not _slow_path(b, nbytes):
+        _free_as(pool, b.ptr, StreamKey(0, BAD_STREAM_TAG))
+        return GPUPOOL_ERROR_INTERNAL
+    ptr[0] = <void*>b.ptr
+    return GPUPOOL_OK
+
+
+cdef bint _slow_path(Block* b, size_t nbytes) noexcept with gil:
+    """Run the allocation slow path of b's region (core/regioncache.pxd, rc_slow_path);
+    False if it raised: the exception is logged with its traceback to the "gpupool" logger,
+    as an on_oom callback's."""
+    try:
+        rc_slow_path(b)
+    except BaseException:
+        _logger.exception(
+            "gpupool: a planned region's slow path raised after a C API allocation of %d B "
+            "(request 0 of a record step); the allocation fails with GPUPOOL_ERROR_INTERNAL",
+            nbytes)
+        return False
+    return True
 
 
 cdef void _out_of_memory(Pool pool, size_t nbytes, uintptr_t stream) noexcept nogil:

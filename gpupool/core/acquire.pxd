@@ -4,6 +4,7 @@
 # out-of-memory ladder, the cut.
 # Only core/pool.pyx cimports this (it reads the thread's state: core/thread.pxd).
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
+from gpupool.driver.status cimport GP_RECORDED
 from gpupool.records.block cimport Block, LIVE
 from gpupool.records.sizes cimport SMALL_REQUEST
 from gpupool.records.streams cimport StreamKey
@@ -17,7 +18,8 @@ from gpupool.core.magpool cimport (
     mp_count_taken, mp_hand_out,
 )
 from gpupool.core.parking cimport pk_unpark, pk_flush
-from gpupool.core.planned cimport pl_take
+from gpupool.core.planned cimport pl_take, pl_started_record
+from gpupool.core.plantable cimport PW_HAND_BACK, PW_ONLINE
 from gpupool.core.regioncache cimport RegionCache, rc_link, rc_disown
 from gpupool.core.segments cimport round_request
 from gpupool.core.state cimport PoolState
@@ -30,10 +32,12 @@ from gpupool.upstream.base cimport Upstream
 
 
 cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t nbytes,
-                                  StreamKey s, Block** out) noexcept nogil:
+                                  StreamKey s, Block** out, int way) noexcept nogil:
     """Under the pool's lock: take a block for nbytes > 0 used on stream s for pool (its
     address: the thread's magazine and region are found by it). Returns 0 or a status
-    code."""
+    code. way (a PlanWay, core/plantable.pxd): how a planned region's request that starts a
+    record step goes: online (PW_SLOW_PATH, PW_ONLINE: not taken in by the plan again), or
+    handed back undone (PW_HAND_BACK: GP_RECORDED)."""
     cdef size_t size = round_request(nbytes)
     cdef RegionCache* rc
     cdef RegionCache* owner
@@ -56,7 +60,11 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
             mp_give_up(st, fp_mine(pool), s)
             so_mark_blocks(st, up, s)
     rc = current_cache(pool, st.process_region)
-    b = pl_take(st, up, rc, nbytes, size, s) if rc != NULL and rc.plan != NULL else NULL
+    b = NULL
+    if rc != NULL and rc.plan != NULL and way != PW_ONLINE:
+        b = pl_take(st, up, rc, nbytes, size, s)
+        if way == PW_HAND_BACK and b == NULL and pl_started_record(rc.plan):
+            return GP_RECORDED
     if b == NULL and st.nparked:
         b = pk_unpark(st, size, s, rc)
     if b == NULL and rc == NULL:

@@ -87,6 +87,18 @@ cdef inline void pl_unrecord(RegionCache* rc) noexcept nogil:
         rc.on_record = hook
 
 
+cdef inline bint pl_started_record(PlanTable* p) noexcept nogil:
+    """After pl_take: whether the request it took in was request 0 and started a record step
+    (pl_record), for a caller that hands such a request back (PW_HAND_BACK)."""
+    return p.next == 1 and p.record_nbytes != 0
+
+
+cdef inline bint pl_at_record(PlanTable* p) noexcept nogil:
+    """Whether the entry's only event since its start (but the tails' frees before it) is
+    its request 0: a record step's plan is made then, and installed only if still so."""
+    return p.next == 1 and p.active and p.event == <size_t>p.allocs[0] + 1
+
+
 cdef inline bint pl_grow(PoolState* st, Upstream up, RegionCache* rc, uintptr_t end,
                          StreamKey s) noexcept nogil:
     """A growing plan's place ends at end, past the mapped end of the plan's segment: map
@@ -249,34 +261,41 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     PL_LAYOUT returns pl_layout's base; PL_RECORD the pending record step's layout's base and
     its request 0's bytes in io.record_nbytes (0 and 0: none pending); PL_INSTALL installs io's
     plan at io.base (with io.lenient, io.grows and io.record_over; during an entry, its next
-    requests are served from it)."""
+    requests are served from it) and returns its base; a lenient one (a record step's plan)
+    only if no event of the entry came since its PL_RECORD, else 0. PL_READ (at exit) and
+    PL_ENTRY drop a record step's plan pending."""
     cdef PlanTable* p = rc.plan
     cdef PlanEvent marker
     if op == PL_ENTRY:
         pl_unrecord(rc)
+        p.record_event = 0
         marker.ptr, marker.nbytes, marker.stream = 0, 0, 0
         p.events.push_back(marker)
         p.next = p.hits = p.misses = p.event = p.first_nbytes = 0
         p.stopped = False
     elif op == PL_READ:
+        pl_unrecord(rc)             # the entry is over: a record step's plan pending is not
+        p.record_event = 0          # made, nor installed
         io.events.swap(p.events)
         io.hits, io.misses, io.stopped = p.hits, p.misses, p.stopped
         io.first_nbytes = p.first_nbytes
     elif op == PL_LAYOUT:
         return pl_layout(st, rc, io, rc.entries)
     elif op == PL_RECORD:
-        # Planned only right after request 0 (no event of the entry since: a request of
-        # another thread of the region, or one through the C API that runs no slow path,
-        # leaves the entry online).
-        io.record_nbytes = p.record_nbytes if p.next == 1 and p.active and \
-            p.event == <size_t>p.allocs[0] + 1 else 0
+        # Planned only right after request 0 (no event of the entry since: a request or a
+        # free of another thread of the region leaves the entry online).
+        io.record_nbytes = p.record_nbytes if pl_at_record(p) else 0
         pl_unrecord(rc)
         if not io.record_nbytes:
             return 0
+        p.record_event = p.event
         return pl_layout(st, rc, io, rc.entries - 1)
     elif op == PL_OVER:
         p.record_over = io.record_over if p.active else 0
     elif op == PL_INSTALL:
+        if io.lenient and not (p.record_event == p.event and pl_at_record(p)):
+            p.record_event = 0
+            return 0            # an event of the entry came while its record plan was made
         pt_clear(p)
         p.base = io.base
         p.offsets.swap(io.offsets)

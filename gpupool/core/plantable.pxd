@@ -16,6 +16,15 @@ cdef enum PlanCall:
                         # that plan goes (PL_LAYOUT's, the entry before's live blocks movable)
     PL_OVER = 6         # the installed plan's record_over becomes the caller's
 
+cdef enum PlanWay:
+    # How a request of a planned region treats request 0 of a record step (core/planned.pxd)
+    PW_SLOW_PATH = 0    # it goes online; the caller runs the region's slow path after it
+                        # (Pool.allocate_on: rc.on_alloc)
+    PW_HAND_BACK = 1    # it is handed back undone (GP_RECORDED), for a caller that runs no
+                        # Python after an allocation (the C API) to make it again PW_ONLINE
+                        # and then run the slow path itself
+    PW_ONLINE = 2       # the request handed back, made again: online, counted once already
+
 cdef struct PlanEvent:
     uintptr_t ptr           # the block's address; 0: an entry starts
     size_t nbytes           # an allocation's bytes (rounded); 0: a free
@@ -45,6 +54,8 @@ cdef cppclass PlanTable:
     size_t record_over              # request 0 asking more bytes than this (requested, not
                                     # rounded) makes the entry a record step; 0: never
     size_t record_nbytes            # the record step's request 0's bytes, its plan pending; 0
+    size_t record_event             # the entry's events when that plan was asked for
+                                    # (PL_RECORD): it is installed only if none came since; 0
     bint lenient                    # a request larger than its place misses alone (a record
                                     # step's plan: its sizes are predicted)
     bint grows                      # a place past the segment's mapped end maps pages for it
@@ -85,6 +96,7 @@ cdef inline void pt_note_free(PlanTable* p, Block* b) noexcept nogil:
 cdef inline void pt_clear(PlanTable* p) noexcept nogil:
     """No plan: every request goes the online way."""
     p.active = False
+    p.record_event = 0
     p.lenient = p.grows = False
     p.record_over = 0
     p.offsets.clear()

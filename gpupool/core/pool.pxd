@@ -43,7 +43,7 @@ cdef class Pool(PoolBase):      # final: its cdef methods are direct calls the c
     cdef Block* region_find_live(self, RegionCache* rc, uintptr_t ptr) noexcept nogil
     cdef RegionCache region_counters(self, RegionCache* rc) noexcept nogil
     cdef void region_reset_peak(self, RegionCache* rc) noexcept nogil
-    cdef int acquire_handed(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil
+    cdef int acquire_handed(self, size_t nbytes, StreamKey s, Block** out, int way) noexcept nogil
     cdef Block* _handed_locked(self, uintptr_t ptr, bint remove) noexcept nogil
     cdef Block* take_handed(self, uintptr_t ptr) noexcept nogil
     cdef Block* find_handed(self, uintptr_t ptr) noexcept nogil

@@ -34,10 +34,11 @@ from gpupool.core.magpool cimport mp_counters_view, mp_reset_peaks
 from gpupool.core.parking cimport pk_flush
 from gpupool.core.ladder cimport ld_trim
 from gpupool.core.regioncache cimport (
-    RegionCache, rc_detach, rc_drain, rc_return_unused, rc_find_live,
+    RegionCache, rc_detach, rc_drain, rc_return_unused, rc_find_live, rc_slow_path,
 )
 from gpupool.core.private cimport pp_allocate_at, pp_end
 from gpupool.core.planned cimport pl_call
+from gpupool.core.plantable cimport PW_SLOW_PATH
 from gpupool.core.segments cimport sg_find_live
 from gpupool.core.acquire cimport ps_acquire_locked
 from gpupool.core.fastpath cimport (
@@ -159,7 +160,8 @@ cdef class Pool(PoolBase):
         return r
 
     cdef int acquire_locked(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
-        return ps_acquire_locked(&self._st, self.upstream, <void*>self, nbytes, s, out)
+        return ps_acquire_locked(&self._st, self.upstream, <void*>self, nbytes, s, out,
+                                 PW_SLOW_PATH)
 
     # Magazines (core/magazine.pxd) ---------------------------------------------------------
 
@@ -369,15 +371,16 @@ cdef class Pool(PoolBase):
         rc.peak_in_use_bytes = rc.live_bytes
         self.unlock()
 
-    cdef int acquire_handed(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
+    cdef int acquire_handed(self, size_t nbytes, StreamKey s, Block** out,
+                            int way) noexcept nogil:
         """acquire, for a block handed out by pointer (the C API: a free finds it in the
         pool's table), through the shared path (the caller tried the magazine). Returns 0 or
-        a status code."""
+        a status code (way: a PlanWay, as ps_acquire_locked's)."""
         cdef int r
         if self._st.lock_thread == current_thread():
             return GP_REENTRANT                 # from inside the pool's own upstream call
         self.lock()
-        r = self.acquire_locked(nbytes, s, out)
+        r = ps_acquire_locked(&self._st, self.upstream, <void*>self, nbytes, s, out, way)
         if r == 0:
             pt_insert(&self._st.capi_blocks, out[0].ptr, out[0])
             if hist_on(RECORDING):
@@ -563,7 +566,6 @@ cdef class Pool(PoolBase):
         DeviceBuffer. The C-level entry of the adapters that build their own wrappers."""
         cdef size_t n
         cdef Block* b = NULL
-        cdef RegionCache* rc
         cdef int r
         cdef bint retried = False
         if type(nbytes) is int and 0 < <object>nbytes <= MAX_NBYTES:
@@ -582,9 +584,7 @@ cdef class Pool(PoolBase):
         if r != 0:
             self.raise_status(r, n)
         buf = new_buffer(self, b, n, key)
-        rc = <RegionCache*>b.region.cache
-        if rc != NULL and rc.on_alloc != NULL:
-            (<object>rc.on_alloc)(b.ptr)
+        rc_slow_path(b)
         return buf
 
 

@@ -139,6 +139,16 @@ cdef inline RegionCache* rc_freed_into(Block* b) noexcept nogil:
     return rc
 
 
+cdef inline int rc_slow_path(Block* b) except -1:
+    """Run the allocation slow path of the region of b, a block just handed out (trace's
+    site, a record step's plan: RegionCache.on_alloc), if it has one; with the GIL, outside
+    the pool's lock. Raises what it raises."""
+    cdef RegionCache* rc = <RegionCache*>b.region.cache
+    if rc != NULL and rc.on_alloc != NULL:
+        (<object>rc.on_alloc)(b.ptr)
+    return 0
+
+
 cdef inline void rc_cached_blocks(RegionCache* rc, vector[Block*]* out) noexcept nogil:
     """Append the region's cached blocks."""
     cdef Block* b = rc.cached_head

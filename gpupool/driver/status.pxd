@@ -11,5 +11,6 @@ cdef extern from "gpupool_status.h" nogil:
         GP_NO_DRIVER
         GP_PY_ERROR
         GP_REENTRANT
+        GP_RECORDED
         GP_ASLEEP
         GP_FORKED

@@ -26,6 +26,9 @@ enum {
     GP_NO_DRIVER = 100000,               /* libcuda or a driver symbol could not be loaded */
     GP_PY_ERROR = 100001,                /* a Python upstream raised; the exception is kept */
     GP_REENTRANT = 100002,               /* the pool was entered again by its lock's holder */
+    GP_RECORDED = 100006,                /* a C API request that starts a planned region's
+                                            record step, handed back undone: the C API makes
+                                            it again and runs the region's slow path */
     GP_ASLEEP = GPUPOOL_ERROR_ASLEEP,    /* a request with a tag whose memory sleeps */
     GP_FORKED = GPUPOOL_ERROR_FORKED
 };

@@ -165,13 +165,14 @@ class Planner:
         self.base = 0               # the address of its range (0: none)
         self._transition = False    # the plan installed is the current one's transition
         self._grown = False         # the step to plan asks more than the current plan covers
+        self._fell_back = False     # the last plan made is first fit (GREEDY_MAX, budget_ms)
         self._relayout = False      # the current plan served its last entry badly
         self._carried = {}          # the last entry's blocks live at its exit: k -> (ptr, bytes)
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
         self.counts = {"plans": 0, "planning_ms": 0.0, "hits": 0, "misses": 0,
                        "installs": 0, "given_up": 0, "no_room": 0, "records": 0,
-                       "record_ms": 0.0}
+                       "record_ms": 0.0, "records_dropped": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call, the entry's planned
@@ -351,8 +352,11 @@ class Planner:
     def growing(self):
         """Whether the plan :meth:`place` returned last may map pages for its places past
         the memory mapped: a transition (its steady plan fits, but the blocks the entry
-        before left live, and its tails at their steady places, may push it past)."""
-        return self.record_steps and self._transition and self.counts["records"] > 0
+        before left live, and its tails at their steady places, may push it past) placed
+        greedily (first fit past the budget puts every place above the blocks that stay:
+        mapping for it would cost what the online way does not)."""
+        return self.record_steps and self._transition and self.counts["records"] > 0 and \
+            not self._fell_back
 
     def record(self, nbytes, base, obstacles):
         """The plan of a record step, made at its request 0 (which asked ``nbytes`` bytes and
@@ -363,7 +367,9 @@ class Planner:
         ``base``, bytes) rows that stay, request 0's block among them) and the entry before's
         blocks (its tails until this entry frees them). Its places may pass the memory
         mapped (the core maps pages for them on an expandable upstream). None when the
-        installed plan's signature has no sizes kept."""
+        installed plan's signature has no sizes kept, or when the placement fell back to
+        first fit (past ``budget_ms``: every place above the blocks that stay, pages mapped
+        for them; counted in ``counts["records_dropped"]``)."""
         seen, kept = self._seen.get(self.current), self._plans.get(self.current)
         if not self.record_steps or seen is None or kept is None or not seen[3] or \
                 len(seen[1]) != len(kept[0].step):
@@ -380,8 +386,19 @@ class Planner:
                                                  np.asarray(obstacles, np.int64).reshape(-1, 2)))
         self.counts["records"] += 1
         self.counts["record_ms"] += made.planning_ms
+        if made.fallback is not None:
+            self.counts["records_dropped"] += 1
+            return None
         self._recorded = 1
         return made, anchors(made)
+
+    def record_dropped(self):
+        """The plan :meth:`record` returned last was not installed (an event of the entry, on
+        another thread, came while it was made): the entry goes on online, as one that left
+        the plan's step. Counted in ``counts["records_dropped"]`` (and still in
+        ``"records"``), as a record plan that fell back to first fit."""
+        self._recorded = 0
+        self.counts["records_dropped"] += 1
 
     def _made(self, step, fixed, pinned=None):
         """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted. The
@@ -389,6 +406,7 @@ class Planner:
         budget) places nothing around them: its places move above the highest."""
         made = placement.plan(step, budget_ms=self.budget_ms, max_requests=GREEDY_MAX,
                               fixed=fixed, pinned=pinned)
+        self._fell_back = made.fallback is not None
         self.counts["plans"] += 1
         self.counts["planning_ms"] += made.planning_ms
         if made.fallback is not None and len(fixed):

@@ -137,15 +137,16 @@ cdef class Region:
         online way, and so does the rest of an entry after its first request or free off
         the plan's step; a step larger than the plan has it planned again. An entry whose
         first request asks more bytes than any step's did (a record step, once the last two
-        steps share the plan's signature) is planned at that request, when it is made from
-        Python: the plan's structure, the sizes that varied scaled by that ratio, its places
-        mapped as they are reached (an expandable upstream); its later requests are served
-        from that plan. The plan holds no memory of its own. A plan that serves less than
-        half of an entry's planned requests, or whose entries grow the pool, twice, is given
-        up for a while. A dict passes options to ``gpupool.region.planned.Planner``
-        (``max_plans``, ``max_plan_requests``, ``budget_ms``, ``min_hit_rate``, ``record``),
-        which is the region's ``planner`` attribute (None without a plan); ``stats()`` has
-        its counters. Note [Planned regions] in docs/design.md has the design.
+        steps share the plan's signature) is planned at that request (made from Python or
+        through the C API, on the allocating thread): the plan's structure, the sizes that
+        varied scaled by that ratio, its places mapped as they are reached (an expandable
+        upstream); its later requests are served from that plan. The plan holds no memory of its
+        own. A plan that serves less than half of an entry's planned requests, or whose entries
+        grow the pool, twice, is given up for a while. A dict passes options to
+        ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``, ``budget_ms``,
+        ``min_hit_rate``, ``record``), which is the region's ``planner`` attribute (None without
+        a plan); ``stats()`` has its counters. Note [Planned regions] in docs/design.md has the
+        design.
 
     Warns
     -----
@@ -186,6 +187,7 @@ cdef class Region:
     cdef size_t entries, live_at_exit_bytes, collections
     cdef double collect_seconds
     cdef readonly object planner          # a planned region's Planner (region/planned.py); None
+    cdef object _planning                 # held while the planner plans (an exit, a record step)
     cdef size_t _misses_at_entry
     cdef object __weakref__
 
@@ -231,6 +233,7 @@ cdef class Region:
         self.rc.max_cached_bytes = max_cached_bytes or 0
         if planner is not None:
             self.planner = planner
+            self._planning = threading.Lock()
             self.rc.plan = new PlanTable()
             self._on_record = self._record_step
             self.rc.on_record = <PyObject*>self._on_record
@@ -308,7 +311,8 @@ cdef class Region:
                 self.pool.region_leave(self.rc)
             self._active_thread = None
         if self.planner is not None:
-            self._replan()
+            with self._planning:
+                self._replan()
         return False
 
     cdef int _replan(self) except -1:
@@ -341,12 +345,13 @@ cdef class Region:
             self._install(placed, base, False, self.planner.growing(), self.planner.record_over())
         return 0
 
-    cdef int _install(self, placed, uintptr_t base, bint lenient, bint grows,
-                      size_t record_over) except -1:
+    cdef bint _install(self, placed, uintptr_t base, bint lenient, bint grows,
+                       size_t record_over) except -1:
         """Install the planner's (Plan, anchors) at base: lenient, a request larger than its
-        place misses alone (a record step's plan); grows, places past the mapped end map
-        pages; request 0 asking more than record_over bytes makes an entry a record step
-        (0: none does)."""
+        place misses alone (a record step's plan: not installed if an event of the entry came
+        since its PL_RECORD); grows, places past the mapped end map pages; request 0 asking
+        more than record_over bytes makes an entry a record step (0: none does). Whether it
+        was installed."""
         cdef PlanTable io
         cdef size_t i
         found, anchors = placed
@@ -363,25 +368,37 @@ cdef class Region:
         io.base = base
         io.lenient, io.grows = lenient, grows
         io.record_over = record_over
-        self.pool.region_plan(self.rc, PL_INSTALL, &io)
+        if self.pool.region_plan(self.rc, PL_INSTALL, &io) == 0:
+            return False
         self.planner.base = base
-        return 0
+        return True
 
     def _record_step(self, ptr):
         """The slow path of a record step's request 0 (at ptr, served online): the core
         swapped it in for the allocation's (``on_alloc``); the step's plan is made now and
-        serves the entry's next requests (Note [Planned regions])."""
+        serves the entry's next requests (Note [Planned regions]). Any thread that allocates
+        in the region may run it (the C API's included). It plans nothing when another event
+        of the entry came first, or while the planner plans on another thread (the exit's
+        plans, or this record step's slow path run there: the step is then served online),
+        and the plan is not installed when an event of the entry came while it was made."""
         cdef PlanTable io
         cdef size_t i
-        base = self.pool.region_plan(self.rc, PL_RECORD, &io)     # swaps the slow paths back
         if self.trace:
             self._record_site(ptr)
-        if base == 0 or io.record_nbytes == 0:
-            return
-        obstacles = [(io.events[i].ptr, io.events[i].nbytes) for i in range(io.events.size())]
-        placed = self.planner.record(io.record_nbytes, base, obstacles)
-        if placed is not None:
-            self._install(placed, base, True, True, io.record_nbytes)
+        if not self._planning.acquire(False):
+            return          # the exit (PL_READ) or the other thread (PL_RECORD) swaps back
+        try:
+            base = self.pool.region_plan(self.rc, PL_RECORD, &io)     # swaps the paths back
+            if base == 0 or io.record_nbytes == 0:
+                return
+            obstacles = [(io.events[i].ptr, io.events[i].nbytes)
+                         for i in range(io.events.size())]
+            placed = self.planner.record(io.record_nbytes, base, obstacles)
+            if placed is not None and not self._install(placed, base, True, True,
+                                                        io.record_nbytes):
+                self.planner.record_dropped()
+        finally:
+            self._planning.release()
 
     cdef int _check_exit(self) except -1:
         """Raise unless this exit closes the innermost region entered on this thread; the
@@ -434,7 +451,10 @@ cdef class Region:
         return 0
 
     def _record_site(self, ptr):
-        frame = sys._getframe(0)      # the innermost Python frame (Cython adds none)
+        try:
+            frame = sys._getframe(0)      # the innermost Python frame (Cython adds none)
+        except ValueError:
+            return                        # none: an allocation of C code on a thread of its own
         libraries = _library_dirs()
         while frame is not None and frame.f_code.co_filename.startswith(libraries):
             frame = frame.f_back

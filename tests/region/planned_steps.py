@@ -88,3 +88,33 @@ def draw_step(data, lo, hi):
     frees = [data.draw(st.one_of(st.none(), st.integers(0, k))) for k in range(n)]
     tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3)))
     return sizes, frees, tails
+
+
+class Run:
+    """A planned region's entries of scaled SIZES, each returning its (hits, misses); the
+    addresses of the last entry's requests in ``addrs``. ``mem``: how its requests are made
+    (default: ``Checked(pool)``, through Python)."""
+
+    def __init__(self, pool, mem=None, **region):
+        region.setdefault("plan", True)
+        self.pool, self.mem = pool, mem or Checked(pool)  # every allocation checked for overlap
+        self.region = gpupool.Region(pool=pool, collect=None, **region)
+        self.count, self.addrs = 0, []
+
+    def entry(self, sizes, frees=FREES, tails=TAILS):
+        before = self.region.stats()
+        with self.region:
+            self.addrs = run_step(self.mem, sizes, frees, tails, self.count)
+        self.count += 1
+        check_invariants(self.pool)
+        after = self.region.stats()
+        return after.plan_hits - before.plan_hits, after.plan_misses - before.plan_misses
+
+    def warm(self):
+        for scale in SCALES:
+            self.entry(scaled(scale))
+        return self
+
+    def close(self):
+        self.mem.live.clear()
+        assert check_invariants(self.pool).in_use_bytes == 0

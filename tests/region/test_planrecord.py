@@ -3,48 +3,19 @@ request 0 asks more than any step of the plan's signature is planned at that req
 envelope's structure scaled by the ratio, and served from that plan; every deviation stays
 correct, the slow paths are restored, and memory stops growing once the shapes repeat."""
 
-import capi_table as capi
 import numpy as np
 import pytest
 from conftest import check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planned_steps import (  # noqa: F401 (fixtures)
-    FREES, KIB, MIB, SCALES, SIZES, TAILS, Checked, draw_step, run_step, scaled, vpool, vsim,
+    FREES, KIB, MIB, SIZES, TAILS, Run, draw_step, run_step, scaled, vpool, vsim,
 )
 
 import gpupool
-from gpupool.region import placement
+from gpupool.region import placement, planned
 from gpupool.region.planned import Planner
 from gpupool.testing import SimulatedDevice
-
-
-class Run:
-    """A planned region's entries of scaled SIZES, each returning its (hits, misses)."""
-
-    def __init__(self, pool, **region):
-        region.setdefault("plan", True)
-        self.pool, self.mem = pool, Checked(pool)     # every allocation checked for overlap
-        self.region = gpupool.Region(pool=pool, collect=None, **region)
-        self.count = 0
-
-    def entry(self, sizes, frees=FREES, tails=TAILS):
-        before = self.region.stats()
-        with self.region:
-            run_step(self.mem, sizes, frees, tails, self.count)
-        self.count += 1
-        check_invariants(self.pool)
-        after = self.region.stats()
-        return after.plan_hits - before.plan_hits, after.plan_misses - before.plan_misses
-
-    def warm(self):
-        for scale in SCALES:
-            self.entry(scaled(scale))
-        return self
-
-    def close(self):
-        self.mem.live.clear()
-        assert check_invariants(self.pool).in_use_bytes == 0
 
 
 def test_a_record_step_is_planned_at_its_first_request_and_served(vpool):
@@ -148,28 +119,6 @@ def test_the_slow_paths_are_restored_after_a_record_step(vpool):
     run.close()
 
 
-def test_a_record_request_0_through_the_c_api_leaves_the_entry_online(vsim):
-    pool = gpupool.Pool(upstream=vsim, device=0)
-    gpupool.set_pool(pool)              # the C API's pool
-    run = Run(pool).warm()
-    with run.region:
-        for key in [k for k in run.mem.live if k[0] == "tail"]:
-            run.mem.free(key)
-        # Request 0 asks more than any step, through the C API, which runs no slow path:
-        # when one runs (the next request's, from Python), the entry has gone on.
-        ptr = capi.allocate(scaled(1.5)[0])
-        run.mem.allocate(("step", 99, 1), scaled(1.5)[1])
-        assert capi.call("free", 0, ptr, 0) == 0
-    check_invariants(pool)
-    stats = run.region.stats()
-    assert stats.record_plans == 0 and stats.plan_hits == 6 * len(SIZES)
-    run.mem.live.clear()
-    for _ in range(3):
-        run.entry(scaled(1.0))
-    assert run.entry(scaled(1.0)) == (len(SIZES), 0)
-    run.close()
-
-
 def test_records_stop_once_the_shapes_repeat(vpool):
     run = Run(vpool).warm()
     rng = np.random.default_rng(7)
@@ -224,3 +173,45 @@ def test_a_record_plan_scales_the_sizes_that_varied():
     assert list(plan.step.nbytes) == [8192, 8192, 2048]
     assert plan.offsets[0] == -1 and (plan.offsets[1:] >= 4096).all()   # around the obstacle
     assert len(anchors) == 3 and planner.counts["records"] == 1
+
+
+def test_a_record_plan_that_falls_back_to_first_fit_is_not_used(monkeypatch):
+    monkeypatch.setattr(planned, "GREEDY_MAX", 0)     # every placement is first fit
+    planner = Planner()
+    step = placement.Step([4096, 8192, 1024], [0, 1, 2], [3, 4, 5], [0, 0, 0], 6)
+    planner._plans[b"sig"] = (placement.plan(step), np.array([-1, -1, -1]), 1 << 20)
+    planner._seen[b"sig"] = (2, step.nbytes, step.nbytes // 2, 4000)
+    planner.current = b"sig"
+    # First fit puts every place above the blocks that stay, and a record plan maps pages
+    # for its places: the entry goes on online instead.
+    assert planner.record(8000, 1 << 20, [(0, 4096)]) is None
+    assert planner.counts["records"] == planner.counts["records_dropped"] == 1
+    assert planner._recorded == 0
+
+
+def test_a_transition_placed_by_first_fit_maps_nothing(monkeypatch):
+    planner = Planner()
+    planner.counts["records"], planner._transition = 1, True
+    step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
+    planner._made(step, np.zeros((0, 4), np.int64))
+    assert planner.growing()
+    monkeypatch.setattr(planned, "GREEDY_MAX", 0)
+    assert planner._made(step, np.zeros((0, 4), np.int64)).fallback is not None
+    assert not planner.growing()
+
+
+def test_a_record_step_whose_plan_falls_back_runs_online(vsim, monkeypatch):
+    def run_to_record(greedy_max, **region):
+        pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32, virtual_memory=True))
+        run = Run(pool, **region).warm()
+        monkeypatch.setattr(planned, "GREEDY_MAX", greedy_max)
+        hits = run.entry(scaled(2.0))[0]
+        monkeypatch.undo()
+        counts = run.region.planner.counts
+        run.close()
+        return hits, counts["records"], counts["records_dropped"], \
+            pool.stats().peak_reserved_bytes
+    assert run_to_record(planned.GREEDY_MAX)[:3] == (len(SIZES) - 1, 1, 0)
+    hits, records, dropped, peak = run_to_record(0)
+    assert (hits, records, dropped) == (0, 1, 1)
+    assert peak <= run_to_record(0, plan={"record": False})[3]   # no more than online

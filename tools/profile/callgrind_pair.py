@@ -6,9 +6,12 @@ Two paths: the C API (``bench/_capi_loop.c``'s loop, no GIL) and ``Pool.allocate
 totals is divided by the number of pairs, so start-up costs cancel. Counts are repeatable for
 the same build on any machine (they do not depend on load). ``--history`` runs the pairs with
 the memory history recording (``gpupool.record_memory_history``): ``python`` with Python
-frames, ``none`` without. Run::
+frames, ``none`` without. ``--region`` runs the warm-up and the pairs inside one entry of a
+(plain) ``gpupool.Region``: the shared path, where the pool alone takes the thread's magazine.
+Run::
 
     python tools/profile/callgrind_pair.py [--pairs 200000] [--nbytes 1048576] [--history python]
+                                           [--region]
 """
 
 import argparse
@@ -32,6 +35,9 @@ nbytes, pairs, path = {nbytes}, int(sys.argv[1]), {path!r}
 if {history!r} != "off":
     gpupool.record_memory_history(max_entries=1000, stacks=None if {history!r} == "none"
                                   else "python")
+region = gpupool.Region(pool=pool, collect=None) if {region!r} else None
+if region is not None:
+    region.__enter__()
 for _ in range(100):                     # warm up: the block is cached after the first
     del_me = pool.allocate(nbytes)
     del del_me
@@ -45,6 +51,8 @@ else:
     for _ in range(pairs):
         buf = allocate(nbytes)
         del buf
+if region is not None:
+    region.__exit__(None, None, None)
 """
 
 
@@ -72,12 +80,14 @@ def main(argv=None):
     p.add_argument("--nbytes", type=int, default=1 << 20)
     p.add_argument("--history", choices=("off", "python", "none"), default="off",
                    help="memory history: off (default), with Python frames, without")
+    p.add_argument("--region", action="store_true",
+                   help="the pairs inside one entry of a plain gpupool.Region")
     args = p.parse_args(argv)
     for path in ("capi", "python"):
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(CHILD.format(bench=BENCH, nbytes=args.nbytes, path=path,
                                  loop_c=os.path.join(BENCH, "_capi_loop.c"),
-                                 history=args.history))
+                                 history=args.history, region=args.region))
         try:
             # The extension is built in the first run; build it once outside the counts.
             instructions(f.name, 0)
@@ -87,7 +97,7 @@ def main(argv=None):
             os.unlink(f.name)
         print(f"{path:7} {(total - base) / args.pairs:8.1f} instructions per pair "
               f"({args.nbytes} B, legacy stream, {args.pairs:,} pairs, memory history "
-              f"{args.history})")
+              f"{args.history}{', in a region' if args.region else ''})")
     return 0
 
 

@@ -7,13 +7,15 @@ repetition's start the last step's tails (its gradients, freed in the step that 
 stay live for good, so the replay's own floor (the most bytes live at once, printed) is above
 the trace's; compare policies on the same replay, and each with that floor. With ``--plan`` a
 planned region (``gpupool.Region(plan=True)``) is entered at each step start, as
-``bench/fragmentation.py``'s planned column; its hits and plans are printed per pass. Run from
-the repository root::
+``bench/fragmentation.py``'s planned column; its hits and plans are printed per pass. With
+``--capi`` every request and free goes through gpupool's C API table (``allocate``, ``free``:
+PyTorch's way in), the pool being device 0's default. Run from the repository root::
 
-    PYTHONPATH=$PWD python tools/profile/long_replay.py TRACE PASSES [--plan]   # TRACE: gpt2-ckpt
+    PYTHONPATH=$PWD python tools/profile/long_replay.py TRACE PASSES [--plan] [--capi]
 """
 
 import argparse
+import ctypes
 import os
 import sys
 
@@ -24,18 +26,56 @@ import alloc_trace  # noqa: E402
 import fragmentation  # noqa: E402
 
 import gpupool  # noqa: E402
+import gpupool._capi  # noqa: E402
 from gpupool.testing import SimulatedDevice  # noqa: E402
 
 MiB = 1 << 20
 
 
-def long_replay(trace, passes, plan=False):
+class CBlock:
+    """A block of the C API's ``allocate`` (device 0, legacy default stream), given back with
+    its ``free`` when the last reference goes."""
+
+    __slots__ = ("ptr", "nbytes")
+    _allocate = _free = None
+
+    def __init__(self, nbytes):
+        if CBlock._allocate is None:
+            # The table (include/gpupool.h): version and size (two unsigned ints), then the
+            # pointers of allocate and free.
+            get = ctypes.pythonapi.PyCapsule_GetPointer
+            get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+            table = get(gpupool._capi._C_API, b"gpupool._capi._C_API")
+            fns = (ctypes.c_void_p * 2).from_address(table + 8)
+            CBlock._allocate = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_size_t,
+                                                ctypes.c_size_t,
+                                                ctypes.POINTER(ctypes.c_void_p))(fns[0])
+            CBlock._free = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                            ctypes.c_size_t)(fns[1])
+        ptr = ctypes.c_void_p()
+        status = CBlock._allocate(0, nbytes, 0, ctypes.byref(ptr))
+        if status:
+            raise RuntimeError(f"the C API's allocate({nbytes}) returned {status}")
+        self.ptr, self.nbytes = ptr.value, nbytes
+
+    def __del__(self):
+        CBlock._free(0, self.ptr, 0)
+
+
+def long_replay(trace, passes, plan=False, capi=False):
     """Yield (pass, synchronizes in it, peak reserved bytes so far, most bytes live at once so
     far, the planned region's stats() or None) for pass 0 (the whole trace) and each
     repetition of its steps 1.. (1..passes); with ``plan``, a planned region entered at each
-    step start (exited at the next one's and at each pass's end)."""
+    step start (exited at the next one's and at each pass's end); with ``capi``, the requests
+    made through the C API (one stream only), the pool made device 0's default."""
     sim = SimulatedDevice(capacity=1 << 40, virtual_memory=True)
-    pool = gpupool.Pool(upstream=sim)
+    pool = gpupool.Pool(upstream=sim, device=0)
+    if capi and trace.num_streams != 1:
+        raise ValueError(f"{trace.name}: --capi replays one stream, the trace has "
+                         f"{trace.num_streams}")
+    if capi:
+        gpupool.set_pool(pool, 0)
+    allocate = (lambda n, s: CBlock(n)) if capi else pool.allocate
     events = trace.events([None] * trace.num_streams)
     live, floor = {}, [0, 0]          # [bytes live now, most bytes live at once]
     starts = set(trace.meta.get("step_starts", ())) if plan else set()
@@ -53,7 +93,7 @@ def long_replay(trace, passes, plan=False):
                 if i in live:
                     floor[0] -= live.pop(i).nbytes
             elif i not in live:
-                live[i] = pool.allocate(n, s)
+                live[i] = allocate(n, s)
                 floor[0] += n
                 floor[1] = max(floor)
         if entered:
@@ -76,10 +116,12 @@ def main(argv=None):
     p.add_argument("passes", type=int, help="repetitions of steps 1.. after the whole trace")
     p.add_argument("--plan", action="store_true",
                    help="a planned region entered at each step start")
+    p.add_argument("--capi", action="store_true",
+                   help="every request and free through gpupool's C API (as PyTorch's)")
     args = p.parse_args(argv)
     (trace,) = [t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))
                 if t.name == args.trace]
-    for k, syncs, peak, floor, stats in long_replay(trace, args.passes, args.plan):
+    for k, syncs, peak, floor, stats in long_replay(trace, args.passes, args.plan, args.capi):
         planned = "" if stats is None else (
             f"; plan hits {stats.plan_hits:,}, misses {stats.plan_misses:,}, plans"
             f" {stats.plans} ({stats.planning_ms:,.0f} ms), given up {stats.plans_given_up}, at"
