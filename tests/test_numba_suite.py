@@ -259,3 +259,14 @@ def test_the_table_names_the_exception_of_a_failure():
                                       numba_suite.compare(run["tests"], run["tests"]))
     assert ("  m.T.t  [default error, gpupool error]  numba.cuda.cudadrv.error."
             "CudaSupportError: Error at driver init:") in table
+
+
+def test_the_children_alias_numpy_s_row_stack_for_numba_cuda(monkeypatch):
+    # numba-cuda 0.30 names np.row_stack (gone in NumPy 2.5) when it compiles a kernel: a
+    # child without the alias errors on every such test, under both managers.
+    import numpy as np
+
+    monkeypatch.delattr(np, "row_stack", raising=False)
+    assert numba_suite.numpy_aliases() == ["row_stack"]
+    assert np.row_stack is np.vstack
+    assert numba_suite.numpy_aliases() == []

@@ -36,10 +36,14 @@
 #             after the other; NUMBA_TIMEOUT the step's limit, default 450 s): numba.log,
 #             numba.json (outcomes, tracebacks of failures) and numba-runs.tar (each run's
 #             log and record); rc 0 when no test fails only under gpupool. numba-cuda's
-#             tests import filecheck (its wheel in .whl)
+#             tests import filecheck (its wheel in .whl). On the H200 (81fae5e) the
+#             default modules took 39 s per run, both runs side by side
 # Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first;
 # SKIP_BUILD=1 skips the build where gpupool imports (an earlier run on the same machine
-# made it); a machine started fresh between calls builds anyway.
+# made it); a machine started fresh between calls builds anyway. The device tool kills the
+# whole call at its limit and only $OUT comes back: keep each step's timeout (PARTS_TIMEOUT,
+# NUMBA_TIMEOUT, ...) plus the build (about 70 s) inside the call's limit, or a step's logs,
+# still under /tmp, are lost.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpupool-gpu-check}

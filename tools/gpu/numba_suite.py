@@ -128,6 +128,20 @@ class RecordingResult(unittest.TextTestResult):
             self._set("fail" if failed else "error", err, detail=f"{subtest}\n")
 
 
+def numpy_aliases():
+    """Give NumPy back the aliases numba-cuda still names: numba-cuda 0.30 registers an
+    overload for ``np.row_stack`` (removed in NumPy 2.5) when it first compiles a kernel, so
+    without it every test that compiles one errors under both managers (tests/conftest.py does
+    the same for gpupool's own tests). Returns the names added."""
+    import numpy as np
+
+    added = []
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+        added.append("row_stack")
+    return added
+
+
 def run_child(record_path, names):
     """Run the tests ``names`` (modules, classes or methods) with unittest, verbose output on
     stderr, recording into ``record_path``; the process's exit status is 0 when all passed."""
@@ -136,6 +150,7 @@ def run_child(record_path, names):
             "NUMBA_CUDA_MEMORY_MANAGER", "default"), "names": list(names),
             "pid": os.getpid()}) + "\n")
         record.flush()
+        numpy_aliases()
         suite = unittest.defaultTestLoader.loadTestsFromNames(names)
         runner = unittest.TextTestRunner(
             stream=sys.stderr, verbosity=2,
