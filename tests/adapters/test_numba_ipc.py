@@ -223,6 +223,8 @@ def test_a_pool_of_plain_segments_keeps_numba_s_cuda_ipc(numba_fake):
 GPU_SCRIPT = r"""
 import concurrent.futures, multiprocessing as mp, os, pickle, sys
 import numpy as np
+if not hasattr(np, "row_stack"):        # numba-cuda 0.30 and NumPy 2.5, as in conftest.py
+    np.row_stack = np.vstack
 from numba import cuda
 from numba.cuda.testing import ForeignArray
 from gpupool.adapters.numba_ipc import GpupoolIpcHandle
