@@ -13,6 +13,12 @@ Every ``numba.cuda.device_array`` (and every other device allocation Numba makes
 default stream; regions apply to it as to any other allocation. Pinned and mapped host
 memory stay Numba's. The plugin class is :class:`GpupoolNumbaManager`.
 
+CUDA IPC (``array.get_ipc_handle()``, ``context.get_ipc_handle(memory)``): on upstream
+"driver" Numba's own handle (``cuIpcGetMemHandle``); on upstream "vmm" a subclass of Numba's
+``IpcHandle`` carrying gpupool's export (``gpupool.ipc``), opened, pickled and closed as
+Numba's is. A handle sent as its ``handle.reserved`` bytes alone (``cuda.open_ipc_array``)
+opens on "driver" only.
+
 Numba is imported when the class is first asked for (``gpupool.numba.GpupoolNumbaManager``,
 ``use()``, or Numba's own lookup of ``_numba_memory_manager``), not when this module is.
 """

@@ -11,8 +11,8 @@ import weakref
 from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
 from numba.cuda.cudadrv.driver import binding
 
+from gpupool.adapters import numba_ipc
 from gpupool.core import defaults
-from gpupool.errors import GpupoolError
 
 EMM_INTERFACE_VERSION = 1
 
@@ -159,26 +159,34 @@ class GpupoolNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         return MemoryInfo(free=free, total=total)
 
     def get_ipc_handle(self, memory):
-        """An IPC handle of ``memory`` for another process (``cuIpcGetMemHandle``).
+        """An IPC handle of ``memory`` for another process.
 
-        The handle names the whole driver allocation holding ``memory`` (found with
-        ``cuMemGetAddressRange``: for blocks up to 256 KiB, a 2 MiB shared segment that holds
-        other blocks too) and carries ``memory``'s offset in it, so the importer sees the right
-        bytes.
+        On upstream "driver" it is Numba's ``IpcHandle`` of ``cuIpcGetMemHandle``: it names
+        the whole driver allocation holding ``memory`` (found with ``cuMemGetAddressRange``:
+        for blocks up to 256 KiB, a 2 MiB shared segment that holds other blocks too) and
+        carries ``memory``'s offset in it, so the importer sees the right bytes. On upstream
+        "vmm" (expandable segments, which ``cuIpcGetMemHandle`` cannot name) it is a
+        :class:`gpupool.adapters.numba_ipc.GpupoolIpcHandle`, a subclass of Numba's that
+        carries gpupool's export of exactly ``memory``'s bytes (a POSIX file descriptor per
+        page) and opens it through ``gpupool.open_ipc``; it pickles with ``pickle`` and
+        through ``multiprocessing``, as Numba's does.
+
+        Stream semantics: on "vmm" the importer's legacy default stream waits for the work
+        queued on this process's legacy default stream before this call (an IPC event);
+        on "driver", as in Numba, nothing orders the importer after the exporter's work.
 
         Raises
         ------
         ValueError
             ``memory`` is empty (address 0): it has no allocation to share.
-        GpupoolError
-            The pool's memory comes from expandable segments (upstream ``"vmm"``), which
-            ``cuIpcGetMemHandle`` cannot share.
+        gpupool.IpcError
+            On "vmm": ``memory`` is not memory of this context's pool (reason
+            "foreign_memory"), or the pool cannot export (as ``DeviceBuffer.ipc_handle``).
         """
         if not memory.device_pointer_value:
             raise ValueError("an empty Numba allocation (size 0) has no IPC handle")
-        if self.pool().upstream.expandable:
-            raise GpupoolError(
-                "CUDA IPC handles (cuIpcGetMemHandle) cannot share memory of expandable "
-                "segments (upstream 'vmm'): allocate what you share from "
-                "gpupool.Pool(upstream='driver'), or set GPUPOOL_UPSTREAM=driver")
+        pool = self.pool()
+        if pool.upstream.expandable:
+            identity = getattr(self.context.device, "get_device_identity", None)
+            return numba_ipc.export(pool, memory, identity() if identity else None)
         return super().get_ipc_handle(memory)
