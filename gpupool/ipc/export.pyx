@@ -286,13 +286,8 @@ def _alive(DeviceBuffer wrapper):
     return lambda: ref() is not None
 
 
-cdef Block* _walk(Pool pool, uintptr_t ptr, size_t nbytes) noexcept nogil:
-    """The live block of pool holding [ptr, ptr + nbytes), or NULL (Pool.find_live)."""
-    return pool.find_live(ptr, nbytes)
-
-
 cdef Block* _find_block(Pool pool, uintptr_t ptr, size_t nbytes) noexcept nogil:
-    """The live block of pool holding [ptr, ptr + nbytes), or NULL."""
+    """The live block of pool holding [ptr, ptr + nbytes), or NULL (Pool.find_live)."""
     return pool.find_live(ptr, nbytes)
 
 
