@@ -268,9 +268,10 @@ def refusal(torch, gpupool, device):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog=PROG, description="A PyTorch trainer and an inference "
-                                "engine taking turns on one GPU through gpupool's sleep and wake "
-                                "(see the module docstring).")
+    p = argparse.ArgumentParser(description="A PyTorch trainer and an inference engine taking "
+                                "turns on one GPU through gpupool's sleep and wake (see the "
+                                "module docstring). It needs an NVIDIA GPU and a CUDA build of "
+                                "PyTorch; without them it exits 2 naming what is missing.")
     p.add_argument("--steps", type=int, default=8,
                    help="training steps in all (default %(default)s)")
     p.add_argument("--width", type=int, default=4096, help="the trainer's hidden width (the "

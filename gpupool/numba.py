@@ -73,8 +73,9 @@ def __getattr__(name):
 
 
 def __dir__():
-    # The lazy names are left out: listing them must not import Numba (help(), inspect).
-    return sorted(globals())
+    """The public API and the module's dunder attributes, not the names it imports; the lazy
+    names are left out: listing them must not import Numba (help(), inspect)."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
 
 
 def _manager_class():

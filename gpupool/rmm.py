@@ -46,6 +46,11 @@ from gpupool.core.pool import Pool
 
 __all__ = ["resource", "use"]
 
+
+def __dir__():
+    """The public API and the module's dunder attributes, not the names it imports."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
+
 _FIX = "pip install 'gpupool[rmm]' (RMM's wheel for CUDA 13, rmm-cu13)"
 
 

@@ -101,6 +101,13 @@ from gpupool.errors import GpupoolError, NoDeviceError, import_extra
 __all__ = [  # noqa: F822
     "OutOfMemoryError", "allocator", "last_error", "memory_stats", "mempool", "use"]
 
+
+def __dir__():
+    """The public API and the module's dunder attributes, not the names it imports; the lazy
+    OutOfMemoryError is left out: listing it must not import PyTorch (help(), inspect)."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))}
+                  - {"OutOfMemoryError"})
+
 _MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (adapters/torch_entry.pyx)
 _MALLOC_MEMPOOL = "gpupool_torch_malloc"           # NULL on failure
 _FREE = "gpupool_torch_free"

@@ -273,12 +273,14 @@ def test_the_torch_examples_name_the_missing_gpu_before_pytorch(monkeypatch, tor
         f"(why), and {library}"), str(info.value)
 
 
-def test_train_digits_torch_help_says_what_it_needs(run_script):
-    proc, output = run_script("examples/train_digits_torch.py", "--help", env=NO_GPU,
-                              timeout=120)
+@pytest.mark.parametrize("script, needs", [
+    ("train_digits_torch.py", "It needs an NVIDIA GPU, a CUDA build of PyTorch and scikit-learn"),
+    ("sleep_wake.py", "It needs an NVIDIA GPU and a CUDA build of PyTorch")])
+def test_a_torch_example_s_help_says_what_it_needs(run_script, script, needs):
+    proc, output = run_script(f"examples/{script}", "--help", env=NO_GPU, timeout=120)
     assert proc.returncode == 0, output
-    assert "It needs an NVIDIA GPU, a CUDA build of PyTorch and scikit-learn" in " ".join(
-        proc.stdout.split()), output
+    assert proc.stdout.startswith(f"usage: {script} "), output
+    assert needs in " ".join(proc.stdout.split()), output
 
 
 def test_train_digits_plot_without_matplotlib_stops_before_training(monkeypatch, capsys):

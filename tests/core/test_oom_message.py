@@ -103,6 +103,9 @@ def test_fragmented_cache_is_counted_exactly():
     assert "largest free block 1.000 MiB" in message
     assert "4.000 MiB of the cached bytes cannot serve this request: fragmentation" in message
     assert "can never fit" not in message and "Free buffers" in message
+    # The way out of fragmentation named for this upstream, not a GPU's (upstream='vmm').
+    assert "(gpupool.testing.SimulatedDevice(virtual_memory=True) grows segments instead)" in \
+        message and "upstream='vmm'" not in message
     assert error.by_stream == {0: 4 * MIB}
     del bufs
 
