@@ -9,8 +9,8 @@ optimizer for every allocator, seeded so that the losses agree across allocators
   parameters) as ``GPT2LMHeadModel``, batch 8 of 512 tokens, fp32, its own LM loss, AdamW;
 - ``gpt2-varlen``: the same with each step's sequence length drawn uniformly from 128..1024
   (one fixed seed, so every allocator sees the same lengths in the same order);
-- ``vit``, ``bert-varlen``: workloads added as a check on a policy not tuned on them (issue 13
-  asks for one); since 2026-12-02 the placement of small blocks is tuned on ViT-B/16's trace,
+- ``vit``, ``bert-varlen``: workloads added as a check on a policy not tuned on them; since
+  2026-12-02 the placement of small blocks is tuned on ViT-B/16's trace,
   so BERT is the check left: torchvision's ViT-B/16, batch 32 of 224x224 images, fp32,
   AdamW; BERT base (``transformers.BertConfig()``: 12 layers, d_model 768, 110 M parameters) as
   ``BertForMaskedLM``, batch 16, each step's sequence length drawn uniformly from 64..512, its

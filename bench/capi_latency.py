@@ -3,7 +3,7 @@
 Builds ``examples/c_extension`` (gpupool's header only, no CUDA toolkit) into a temporary
 folder, then times ``api->allocate`` + ``api->free`` pairs in a C loop without the GIL
 (``gpupool_scratch.bench``), and ``pool.allocate`` + ``del`` from Python, on the same pool,
-legacy default stream. Target (issue 7 / DESIGN): C API <= 50 ns per pair.
+legacy default stream. Target (DESIGN.md): C API <= 50 ns per pair.
 
     python bench/capi_latency.py [--quick] [--simulated] [--json PATH]
 """

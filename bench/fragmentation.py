@@ -126,7 +126,7 @@ def peak_reserved_two_threads(gpupool, trace):
     another (the backward, on PyTorch's autograd thread; the optimizer step goes with it here,
     the trace having no thread ids), on the expandable simulated device; peak reserved bytes.
     On the H200 (2026-12-02), gpupool's own peak reserved bytes under PyTorch were within
-    10 MiB of this replay's on ResNet-50 and GPT-2, 38 MiB below it on ViT-B/16 (issue 13)."""
+    10 MiB of this replay's on ResNet-50 and GPT-2, 38 MiB below it on ViT-B/16."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gpupool.testing import SimulatedDevice

@@ -95,7 +95,7 @@ COLUMNS = {
                       REGION),
     "gp.vmm.plan": ("gpupool vmm upstream + Region(scope='process', plan=True) per step",
                     {"GPUPOOL_UPSTREAM": "vmm"}, "gpupool", PLANNED),
-    # Not a default column: the pool without the threads' magazines (issue 13: what they cost
+    # Not a default column: the pool without the threads' magazines (what they cost
     # when PyTorch's autograd thread allocates while the main thread's magazine holds blocks).
     "gp.vmm.nomag": ("gpupool.torch.use(), vmm upstream, GPUPOOL_MAGAZINES=0",
                      {"GPUPOOL_UPSTREAM": "vmm", "GPUPOOL_MAGAZINES": "0"}, "gpupool", None),

@@ -5,7 +5,7 @@ out-of-memory test should not leave its state behind).
 ``python tests/torch_child.py SCENARIO`` prints one JSON object on its last line of stdout.
 Scenarios: ``train-native``, ``train-use``, ``train-mempool``, ``too-late``, ``oom-use``,
 ``oom-mempool``, ``region-ptr``, ``snapshot-use PATH``, ``sleep-use``, and ``FEATURE-MODE`` for each PyTorch
-feature of issue 14 (``FEATURES``: cudnn-benchmark, compile, reduce-overhead, graph,
+feature (``FEATURES``: cudnn-benchmark, compile, reduce-overhead, graph,
 autocast-loader, stats, record-stream, mempool-object) under MODE ``use``
 (``gpupool.torch.use()``), ``mempool`` (inside
 ``torch.cuda.use_mem_pool(gpupool.torch.mempool())``) or ``native`` (PyTorch's own allocator).
@@ -139,7 +139,7 @@ def region_ptr():
             "misses": stats.cache_misses, "cached": stats.cached_bytes}
 
 
-# Issue 14's table: each PyTorch feature, under a mode ----------------------------------------
+# The features' table: each PyTorch feature, under a mode ----------------------------------------
 
 def routed(mode):
     """Start the mode (use() first of all); the context manager the feature's work runs in."""

@@ -299,7 +299,7 @@ cdef inline void mp_settle_peak(PoolState* st) noexcept nogil:
     magazines still: no peak went by unseen, and the other threads' magazines were not
     stopped. If all the credit does not do, every magazine is locked by then: bytes in
     use, exactly, raise the peak, and the credit above it goes. (Richest first alone had
-    8 threads cycling through 5 sizes take each other's credit at every turn: issue 18.)"""
+    8 threads cycling through 5 sizes take each other's credit at every turn.)"""
     cdef vector[pair[size_t, size_t]] order     # (credit, index), the most last
     cdef vector[char] locked
     cdef size_t k, j, n = st.magazines.size(), held = 0, in_use, spare, largest

@@ -363,7 +363,7 @@ def test_region_hands_a_step_s_tensors_back_at_the_same_addresses(torch):
     assert len(set(out["reserved"])) == 1, out["reserved"]
 
 
-# Issue 14: PyTorch's features under use() (gpupool's allocator) and under mempool() ----------
+# PyTorch's features under use() (gpupool's allocator) and under mempool() ----------
 
 MODES = ["use", "mempool"]
 
