@@ -132,7 +132,6 @@ cdef int _allocate_again(Pool pool, size_t nbytes, uintptr_t stream, int r,
     return _allocate_failed(pool, nbytes, stream, key, r, ptr, PW_HAND_BACK)
 
 
-
 cdef int _allocate_failed(Pool pool, size_t nbytes, uintptr_t stream, StreamKey key, int r,
                           void** ptr, int way) noexcept nogil:
     """A request of the shared path that failed with status r: out of memory, the on_oom
