@@ -1,6 +1,8 @@
 """tools/gpu/numba_suite.py without numba-cuda: its record of canned unittest modules run under
-each manager's environment variable (outcomes, subtests, class set-up errors, a crash and a
-timeout), the comparison, the table and the exit status; the record's parser on canned lines."""
+each run's environment (manager, upstream; outcomes, subtests, class set-up errors, a crash and
+a timeout), the upstream a child's pool used, the comparison of each gpupool run with the
+default, the known limits, the table and the exit status; the record's parser on canned lines;
+the choice of runs."""
 
 import contextlib
 import importlib.util
@@ -26,6 +28,7 @@ import time
 import unittest
 
 GPUPOOL = os.environ["NUMBA_CUDA_MEMORY_MANAGER"] == "gpupool.numba"
+DRIVER = GPUPOOL and os.environ.get("GPUPOOL_UPSTREAM") == "driver"
 '''
 
 CANNED = HEADER + '''
@@ -46,6 +49,12 @@ class TestCanned(unittest.TestCase):
 
     def test_fails_under_the_default(self):
         self.assertTrue(GPUPOOL)
+
+    def test_fails_only_on_expandable_segments(self):
+        self.assertFalse(GPUPOOL and not DRIVER, "a limit of cuMemCreate memory")
+
+    def test_fails_only_on_the_driver_upstream(self):
+        self.assertFalse(DRIVER, "a bug of the driver upstream")
 
     @unittest.skipIf(GPUPOOL, "Deallocation specific to Numba memory management")
     def test_skipped_under_gpupool(self):
@@ -108,44 +117,104 @@ def _suite(canned, *args):
     return status, json.loads(out.read_text())
 
 
+CASE = "canned_tests.TestCanned."
+# A known limit of the vmm upstream, as VMM_IPC_LEGACY_HANDLE, naming a canned test.
+CANNED_LIMIT = numba_suite.KnownLimit(
+    "CANNED_LIMIT", "vmm", "on expandable segments",
+    (CASE + "test_fails_only_on_expandable_segments",), "cuMemCreate memory cannot do it")
+GPUPOOL_ONLY = [CASE + "test_errors_under_gpupool", CASE + "test_fails_under_gpupool",
+                CASE + "test_subtest_fails_under_gpupool",
+                "setUpClass (canned_tests.TestSetUpClassErrorsUnderGpupool)"]
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_tests_that_fail_only_under_gpupool_are_named_and_fail_the_run(canned, capsys,
-                                                                       parallel):
+                                                                       monkeypatch, parallel):
+    monkeypatch.setattr(numba_suite, "KNOWN_LIMITS", (CANNED_LIMIT,))
+    monkeypatch.setenv("GPUPOOL_UPSTREAM", "driver")    # the gpupool run removes it
     status, result = _suite(canned, "--modules", "canned_tests", "--timeout", "120",
                             *(["--parallel"] if parallel else []))
     table = capsys.readouterr().out
-    case = "canned_tests.TestCanned."
+    vmm, driver = result["comparisons"]["gpupool"], result["comparisons"]["gpupool-driver"]
     assert status == 1 and result["status"] == 1
-    assert result["gpupool_only"] == [
-        "canned_tests.TestCanned.test_errors_under_gpupool",
-        "canned_tests.TestCanned.test_fails_under_gpupool",
-        "canned_tests.TestCanned.test_subtest_fails_under_gpupool",
-        "setUpClass (canned_tests.TestSetUpClassErrorsUnderGpupool)"]
-    assert result["both"] == [case + "test_fails_under_both"]
-    assert result["default_only"] == [case + "test_fails_under_the_default"]
-    assert result["skipped_only_under_gpupool"] == [case + "test_skipped_under_gpupool"]
+    assert list(result["runs"]) == ["default", "gpupool", "gpupool-driver"]
+    assert vmm["gpupool_only"] == GPUPOOL_ONLY
+    assert vmm["by_design"] == {"CANNED_LIMIT": [
+        CASE + "test_fails_only_on_expandable_segments"]}
+    assert driver["gpupool_only"] == sorted(
+        GPUPOOL_ONLY + [CASE + "test_fails_only_on_the_driver_upstream"])
+    assert driver["by_design"] == {}
+    assert result["counts"] == {"gpupool": {"gpupool_only": 4, "by_design": 1},
+                                "gpupool-driver": {"gpupool_only": 5, "by_design": 0}}
+    assert result["known_limits"][0]["name"] == "CANNED_LIMIT"
+    for diff in (vmm, driver):
+        assert diff["both"] == [CASE + "test_fails_under_both"]
+        assert diff["default_only"] == [CASE + "test_fails_under_the_default"]
+        assert diff["skipped_only_under_gpupool"] == [CASE + "test_skipped_under_gpupool"]
     assert result["problems"] == []
-    default, gpupool = result["runs"]["default"], result["runs"]["gpupool"]
+    runs = result["runs"]
     none = dict.fromkeys(numba_suite.OUTCOMES, 0)
-    assert numba_suite.counts(default["tests"]) == dict(none, **{
-        "pass": 6, "fail": 2, "skip": 1, "xfail": 1})
-    assert numba_suite.counts(gpupool["tests"]) == dict(none, **{
-        "pass": 2, "fail": 3, "error": 2, "skip": 2, "xfail": 1})
-    assert (default["manager"], gpupool["manager"]) == ("default", "gpupool.numba")
-    assert default["finished"] and gpupool["finished"]
-    assert "has no attribute 'id'" in gpupool["tests"][case + "test_errors_under_gpupool"][
+    assert numba_suite.counts(runs["default"]["tests"]) == dict(none, **{
+        "pass": 8, "fail": 2, "skip": 1, "xfail": 1})
+    assert numba_suite.counts(runs["gpupool"]["tests"]) == dict(none, **{
+        "pass": 3, "fail": 4, "error": 2, "skip": 2, "xfail": 1})
+    assert numba_suite.counts(runs["gpupool-driver"]["tests"]) == dict(none, **{
+        "pass": 3, "fail": 4, "error": 2, "skip": 2, "xfail": 1})
+    assert [run["manager"] for run in runs.values()] == [
+        "default", "gpupool.numba", "gpupool.numba"]
+    assert all(run["finished"] and run["upstream"] is None for run in runs.values())
+    gpupool = runs["gpupool"]
+    assert "has no attribute 'id'" in gpupool["tests"][CASE + "test_errors_under_gpupool"][
         "detail"]
-    assert "(i=1)" in gpupool["tests"][case + "test_subtest_fails_under_gpupool"]["detail"]
-    assert "fail only under gpupool (must be none): 4" in table
+    assert "(i=1)" in gpupool["tests"][CASE + "test_subtest_fails_under_gpupool"]["detail"]
+    assert "fail only under gpupool (upstream vmm), must be none: 4" in table
+    assert "fail only under gpupool (upstream driver), must be none: 5" in table
+    assert ("fail only under gpupool on expandable segments, by design (CANNED_LIMIT: "
+            "cuMemCreate memory cannot do it): 1\n  canned_tests.TestCanned.test_fails_only_on"
+            "_expandable_segments  [default pass, gpupool fail, gpupool-driver pass]  "
+            "AssertionError: True is not false : a limit of cuMemCreate memory") in table
     assert ("  canned_tests.TestCanned.test_fails_under_the_default  [default fail, gpupool "
-            "pass]  AssertionError: False is not true") in table
-    assert ("gpupool: NUMBA_CUDA_MEMORY_MANAGER=gpupool.numba, Numba's manager class at the "
-            "end: None") in table
-    assert ("  canned_tests.TestCanned.test_errors_under_gpupool  [default pass, gpupool "
-            "error]  AttributeError: 'CUdevice' object has no attribute 'id'") in table
-    for name in ("default", "gpupool"):         # each run's verbose log and record
+            "pass, gpupool-driver pass]  AssertionError: False is not true") in table
+    assert ("gpupool: NUMBA_CUDA_MEMORY_MANAGER=gpupool.numba, GPUPOOL_UPSTREAM unset; "
+            "Numba's manager class at the end: None") in table
+    assert ("gpupool-driver: NUMBA_CUDA_MEMORY_MANAGER=gpupool.numba, GPUPOOL_UPSTREAM=driver; "
+            "Numba's manager class at the end: None") in table
+    assert ("  canned_tests.TestCanned.test_fails_only_on_the_driver_upstream  [default pass, "
+            "gpupool pass, gpupool-driver fail]  AssertionError: True is not false : a bug of "
+            "the driver upstream") in table
+    for name in runs:                           # each run's verbose log and record
         assert "test_passes" in (canned / "logs" / f"{name}.log").read_text()
         assert (canned / "logs" / f"{name}.jsonl").exists()
+
+
+@pytest.mark.parametrize("limits, status", [((), 1), ((CANNED_LIMIT,), 0)])
+def test_only_a_known_limit_of_the_vmm_upstream_excuses_a_failure(canned, monkeypatch,
+                                                                   limits, status):
+    monkeypatch.setattr(numba_suite, "KNOWN_LIMITS", limits)
+    got, result = _suite(canned, "--modules", "canned_tests.TestCanned.test_passes,"
+                         "canned_tests.TestCanned.test_fails_only_on_expandable_segments")
+    assert got == result["status"] == status
+    assert result["counts"]["gpupool"] == {"gpupool_only": status, "by_design": 1 - status}
+    assert result["counts"]["gpupool-driver"] == {"gpupool_only": 0, "by_design": 0}
+
+
+def test_a_failure_only_on_the_driver_upstream_fails_the_run(canned, monkeypatch):
+    monkeypatch.setattr(numba_suite, "KNOWN_LIMITS", (CANNED_LIMIT,))
+    status, result = _suite(canned, "--modules",
+                            "canned_tests.TestCanned.test_fails_only_on_the_driver_upstream")
+    assert status == 1
+    assert result["comparisons"]["gpupool-driver"]["gpupool_only"] == [
+        CASE + "test_fails_only_on_the_driver_upstream"]
+    assert result["comparisons"]["gpupool"]["gpupool_only"] == []
+
+
+def test_runs_picks_the_runs_in_the_table_s_order(canned):
+    status, result = _suite(canned, "--modules", "canned_tests.TestCanned.test_passes",
+                            "--runs", "gpupool-driver, default")
+    assert status == 0 and list(result["runs"]) == ["default", "gpupool-driver"]
+    assert list(result["comparisons"]) == ["gpupool-driver"]
+    assert sorted(p.name for p in (canned / "logs").iterdir()) == [
+        "default.jsonl", "default.log", "gpupool-driver.jsonl", "gpupool-driver.log"]
 
 
 def test_a_clean_comparison_exits_0(canned):
@@ -153,7 +222,8 @@ def test_a_clean_comparison_exits_0(canned):
                             "canned_tests.TestCanned.test_passes,"
                             "canned_tests.TestCanned.test_fails_under_both")
     assert status == 0
-    assert result["gpupool_only"] == [] and len(result["both"]) == 1
+    for diff in result["comparisons"].values():
+        assert diff["gpupool_only"] == [] and len(diff["both"]) == 1
 
 
 @pytest.mark.parametrize("end, outcome", [("crash", "crash"), ("hang", "timeout")])
@@ -161,14 +231,18 @@ def test_a_run_that_dies_names_the_test_it_was_in_and_keeps_the_rest(canned, mon
                                                                      end, outcome):
     monkeypatch.setenv("CANNED_END", end)
     status, result = _suite(canned, "--modules", "canned_ends", "--timeout", "20")
-    gpupool = result["runs"]["gpupool"]
+    runs = result["runs"]
     assert status == 1
-    assert result["gpupool_only"] == ["canned_ends.TestEnds.test_b_dies_under_gpupool"]
-    assert {n: t["outcome"] for n, t in gpupool["tests"].items()} == {
-        "canned_ends.TestEnds.test_a_first": "pass",
-        "canned_ends.TestEnds.test_b_dies_under_gpupool": outcome}
-    assert not gpupool["finished"] and result["runs"]["default"]["finished"]
-    assert result["problems"] == [f"gpupool: the run did not finish (rc={gpupool['rc']})"]
+    for name in ("gpupool", "gpupool-driver"):
+        assert result["comparisons"][name]["gpupool_only"] == [
+            "canned_ends.TestEnds.test_b_dies_under_gpupool"]
+        assert {n: t["outcome"] for n, t in runs[name]["tests"].items()} == {
+            "canned_ends.TestEnds.test_a_first": "pass",
+            "canned_ends.TestEnds.test_b_dies_under_gpupool": outcome}
+        assert not runs[name]["finished"]
+    assert runs["default"]["finished"]
+    assert result["problems"] == [f"{name}: the run did not finish (rc={runs[name]['rc']})"
+                                  for name in ("gpupool", "gpupool-driver")]
 
 
 def test_stopping_the_suite_stops_its_runs(canned, monkeypatch):
@@ -197,20 +271,90 @@ def test_a_module_that_does_not_import_errors_under_both(canned):
     status, result = _suite(canned, "--modules", "canned_tests.TestCanned.test_passes,"
                                                  "no_such_numba_tests")
     assert status == 0
-    assert result["both"] == ["unittest.loader._FailedTest.no_such_numba_tests"]
-    assert "No module named 'no_such_numba_tests'" in (
-        result["runs"]["gpupool"]["tests"][result["both"][0]]["detail"])
+    for name, diff in result["comparisons"].items():
+        assert diff["both"] == ["unittest.loader._FailedTest.no_such_numba_tests"]
+        assert "No module named 'no_such_numba_tests'" in (
+            result["runs"][name]["tests"][diff["both"][0]]["detail"])
+
+
+def _record(manager, memory_manager=None, upstream=None):
+    """The read record of a finished run of one passing test."""
+    lines = [json.dumps({"event": "begin", "manager": manager, "names": ["m"]}),
+             '{"event": "start", "test": "m.T.t"}',
+             '{"event": "end", "test": "m.T.t", "outcome": "pass", "detail": ""}',
+             json.dumps({"event": "done", "tests_run": 1, "memory_manager": memory_manager,
+                         "upstream": upstream})]
+    return dict(numba_suite.read_record(lines), rc=0)
 
 
 def test_a_run_under_another_manager_is_not_comparable():
-    lines = ['{"event": "begin", "manager": "default", "names": ["m"]}',
-             '{"event": "start", "test": "m.T.t"}',
-             '{"event": "end", "test": "m.T.t", "outcome": "pass", "detail": ""}',
-             '{"event": "done", "tests_run": 1, "memory_manager": null}']
-    run = dict(numba_suite.read_record(lines), rc=0)
+    run = _record("default")
     assert run["finished"] and run["tests"] == {"m.T.t": {"outcome": "pass", "detail": ""}}
-    assert numba_suite.run_problems({"default": run, "gpupool": run}) == [
-        "gpupool: ran with NUMBA_CUDA_MEMORY_MANAGER=default, not gpupool.numba"]
+    assert numba_suite.run_problems({"default": run, "gpupool": run, "gpupool-driver": run}) == [
+        "gpupool: ran with NUMBA_CUDA_MEMORY_MANAGER=default, not gpupool.numba",
+        "gpupool-driver: ran with NUMBA_CUDA_MEMORY_MANAGER=default, not gpupool.numba"]
+
+
+@pytest.mark.parametrize("vmm_upstream, driver_upstream, problems", [
+    ("vmm", "driver", []),
+    ("driver", "driver", ["gpupool: gpupool's pool took memory from upstream driver, not vmm"]),
+    ("vmm", None, ["gpupool-driver: gpupool's pool took memory from upstream None, not driver"]),
+    ("vmm", "unknown (NoDeviceError: no driver)", [
+        "gpupool-driver: gpupool's pool took memory from upstream unknown (NoDeviceError: no "
+        "driver), not driver"])])
+def test_a_gpupool_run_on_another_upstream_is_not_comparable(vmm_upstream, driver_upstream,
+                                                             problems):
+    runs = {"default": _record("default", "NumbaCUDAMemoryManager"),
+            "gpupool": _record("gpupool.numba", "GpupoolNumbaManager", vmm_upstream),
+            "gpupool-driver": _record("gpupool.numba", "GpupoolNumbaManager", driver_upstream)}
+    assert runs["gpupool"]["upstream"] == vmm_upstream
+    assert numba_suite.run_problems(runs) == problems
+
+
+def test_without_a_context_or_a_pool_the_upstream_is_not_checked():
+    # No Numba context made and gpupool never imported: no pool took any memory.
+    runs = {"default": _record("default"), "gpupool": _record("gpupool.numba"),
+            "gpupool-driver": _record("gpupool.numba")}
+    assert numba_suite.run_problems(runs) == []
+    runs["default"] = _record("default", upstream="vmm")    # a pool the default must not use
+    assert numba_suite.run_problems(runs) == [
+        "default: gpupool's pool took memory from upstream vmm, not None"]
+
+
+POOL = HEADER + '''
+import gpupool
+from gpupool.testing import SimulatedDevice
+
+
+class TestPool(unittest.TestCase):
+    def test_makes_the_default_pool(self):
+        gpupool.set_pool(gpupool.Pool(upstream=SimulatedDevice()), 0)
+'''
+
+
+def test_a_gpupool_child_records_its_pool_s_upstream(canned):
+    (canned / "canned_pool.py").write_text(POOL)
+    status, result = _suite(canned, "--modules", "canned_pool")
+    runs = result["runs"]
+    assert [run["upstream"] for run in runs.values()] == [
+        None, "SimulatedDevice", "SimulatedDevice"]
+    assert status == result["status"] == 2
+    assert result["problems"] == [
+        "gpupool: gpupool's pool took memory from upstream SimulatedDevice, not vmm",
+        "gpupool-driver: gpupool's pool took memory from upstream SimulatedDevice, not driver"]
+
+
+def test_an_upstream_is_named_by_its_exact_class():
+    from gpupool.core.upstreams import UPSTREAMS
+    from gpupool.testing import SimulatedDevice
+
+    class Sub(SimulatedDevice):
+        pass
+
+    device = SimulatedDevice()
+    assert numba_suite.upstream_name(device, {"sim": SimulatedDevice}) == "sim"
+    assert numba_suite.upstream_name(device, UPSTREAMS) == "SimulatedDevice"
+    assert numba_suite.upstream_name(Sub(), {"sim": SimulatedDevice}) == "Sub"
 
 
 def test_the_record_parser_ignores_a_line_cut_short_and_names_the_running_test():
@@ -228,25 +372,70 @@ def test_the_record_parser_ignores_a_line_cut_short_and_names_the_running_test()
         "timeout"
 
 
-def test_comparison_of_canned_outcomes():
-    def tests(**outcomes):
-        return {name: {"outcome": outcome, "detail": ""} for name, outcome in outcomes.items()}
+def _tests(**outcomes):
+    return {name: {"outcome": outcome, "detail": ""} for name, outcome in outcomes.items()}
 
-    default = tests(a="pass", b="skip", c="fail", d="error", e="pass", f="pass")
-    gpupool = tests(a="error", b="xpass", c="error", d="pass", e="skip", g="crash")
+
+def test_comparison_of_canned_outcomes():
+    default = _tests(a="pass", b="skip", c="fail", d="error", e="pass", f="pass")
+    gpupool = _tests(a="error", b="xpass", c="error", d="pass", e="skip", g="crash")
     assert numba_suite.compare(default, gpupool) == {
         "gpupool_only": ["a", "b", "g"], "both": ["c"], "default_only": ["d"],
         "skipped_only_under_gpupool": ["e"]}
 
 
+@pytest.mark.parametrize("vmm, driver, limits, status", [
+    # a, the test a vmm limit names, fails only on vmm: by design.
+    ({"a": "fail"}, {}, (CANNED_LIMIT._replace(tests=("a",)),), 0),
+    ({"a": "fail"}, {}, (), 1),                                       # no limit: it counts
+    ({"a": "fail"}, {}, (CANNED_LIMIT._replace(tests=("b",)),), 1),   # a limit of others
+    ({"a": "fail"}, {}, (CANNED_LIMIT._replace(upstream="driver", tests=("a",)),), 1),
+    # The same test failing on the driver upstream is not excused by the vmm limit.
+    ({"a": "fail"}, {"a": "fail"}, (CANNED_LIMIT._replace(tests=("a",)),), 1),
+    ({"a": "fail", "b": "error"}, {}, (CANNED_LIMIT._replace(tests=("a",)),), 1),
+    ({}, {"b": "crash"}, (CANNED_LIMIT._replace(tests=("a",)),), 1)])
+def test_the_status_of_each_gpupool_run_against_the_default(vmm, driver, limits, status):
+    default = _tests(a="pass", b="pass", c="fail")
+
+    def run(failing):
+        return {"tests": {**default, **_tests(**failing)}}
+
+    runs = {"default": {"tests": default}, "gpupool": run(vmm), "gpupool-driver": run(driver)}
+    diffs = numba_suite.compare_runs(runs, limits)
+    assert numba_suite.suite_status(diffs, []) == status
+    assert numba_suite.suite_status(diffs, ["a run did not finish"]) == (status or 2)
+    assert all(diff["both"] == ["c"] for diff in diffs.values())
+    excused = [n for names in diffs["gpupool"]["by_design"].values() for n in names]
+    assert sorted(excused + diffs["gpupool"]["gpupool_only"]) == sorted(vmm)
+    assert diffs["gpupool-driver"]["gpupool_only"] == sorted(driver)
+    assert diffs["gpupool-driver"]["by_design"] == {
+        limit.name: [] for limit in limits if limit.upstream == "driver"}
+
+
+def test_the_known_ipc_limit_of_expandable_segments_is_named():
+    limit = numba_suite.VMM_IPC_LEGACY_HANDLE
+    assert numba_suite.KNOWN_LIMITS == (limit,)
+    assert limit.name == "VMM_IPC_LEGACY_HANDLE" and limit.upstream == "vmm"
+    assert limit.tests == ("numba.cuda.tests.cudapy.test_ipc.TestIpcMemory.test_ipc_handle",)
+    assert "CUipcMemHandle" in limit.reason
+    assert numba_suite.RUNS["gpupool"].upstream == "vmm"
+    assert numba_suite.RUNS["gpupool-driver"] == numba_suite.Run(
+        "gpupool.numba", {"GPUPOOL_UPSTREAM": "driver"}, "driver")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--modules", " , "], "--modules names no test module"),
-    (["--timeout", "0"], "--timeout must be > 0 seconds, not 0.0")])
+    (["--timeout", "0"], "--timeout must be > 0 seconds, not 0.0"),
+    (["--runs", "default,gpupool-vmm"],
+     "--runs: no run gpupool-vmm; the runs: default, gpupool, gpupool-driver"),
+    (["--runs", "default,gpupool,default"], "--runs names default more than once"),
+    (["--runs", "gpupool,gpupool-driver"],
+     "--runs must name default and a gpupool run, not 'gpupool,gpupool-driver'"),
+    (["--runs", "default"], "--runs must name default and a gpupool run, not 'default'")])
 def test_bad_options_are_refused(args, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
         numba_suite.main(["--log-dir", str(tmp_path), *args])
     assert message in capsys.readouterr().err
-
 
 
 def test_the_table_names_the_exception_of_a_failure():
@@ -254,11 +443,13 @@ def test_the_table_names_the_exception_of_a_failure():
               "numba.cuda.cudadrv.error.CudaSupportError: Error at driver init: \n\n"
               "CUDA driver library cannot be found.\n:\n")
     run = {"tests": {"m.T.t": {"outcome": "error", "detail": detail}}, "finished": True,
-           "manager": "gpupool.numba", "memory_manager": None, "rc": 1, "seconds": 1.0}
-    table = numba_suite.format_report({"default": run, "gpupool": run},
-                                      numba_suite.compare(run["tests"], run["tests"]))
+           "manager": "gpupool.numba", "memory_manager": None, "upstream": "vmm", "rc": 1,
+           "seconds": 1.0}
+    runs = {"default": run, "gpupool": run}
+    table = numba_suite.format_report(runs, numba_suite.compare_runs(runs, ()), ())
     assert ("  m.T.t  [default error, gpupool error]  numba.cuda.cudadrv.error."
             "CudaSupportError: Error at driver init:") in table
+    assert "Numba's manager class at the end: None, the pool's upstream: vmm" in table
 
 
 def test_the_children_alias_numpy_s_row_stack_for_numba_cuda(monkeypatch):
