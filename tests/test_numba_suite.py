@@ -442,14 +442,26 @@ def test_the_table_names_the_exception_of_a_failure():
     detail = ("Traceback (most recent call last):\n  File \"driver.py\", line 308\n"
               "numba.cuda.cudadrv.error.CudaSupportError: Error at driver init: \n\n"
               "CUDA driver library cannot be found.\n:\n")
-    run = {"tests": {"m.T.t": {"outcome": "error", "detail": detail}}, "finished": True,
-           "manager": "gpupool.numba", "memory_manager": None, "upstream": "vmm", "rc": 1,
-           "seconds": 1.0}
-    runs = {"default": run, "gpupool": run}
+
+    def run(outcome, detail, upstream):
+        return {"tests": {"m.T.t": {"outcome": outcome, "detail": detail}}, "finished": True,
+                "manager": "gpupool.numba", "memory_manager": None, "upstream": upstream,
+                "rc": 1, "seconds": 1.0}
+
+    runs = {"default": run("error", detail, None), "gpupool": run("error", detail, "vmm")}
     table = numba_suite.format_report(runs, numba_suite.compare_runs(runs, ()), ())
     assert ("  m.T.t  [default error, gpupool error]  numba.cuda.cudadrv.error."
             "CudaSupportError: Error at driver init:") in table
     assert "Numba's manager class at the end: None, the pool's upstream: vmm" in table
+    # Each gpupool run's list gives that run's reason, not another run's skip.
+    runs = {"default": run("pass", "", None), "gpupool": run("error", detail, "vmm"),
+            "gpupool-driver": run("skip", "not on the driver upstream", "driver")}
+    table = numba_suite.format_report(runs, numba_suite.compare_runs(runs, ()), ())
+    assert ("fail only under gpupool (upstream vmm), must be none: 1\n  m.T.t  [default pass, "
+            "gpupool error, gpupool-driver skip]  numba.cuda.cudadrv.error.CudaSupportError:"
+            ) in table
+    assert ("skipped only under gpupool (upstream driver): 1\n  m.T.t  [default pass, gpupool "
+            "error, gpupool-driver skip]  not on the driver upstream") in table
 
 
 def test_the_children_alias_numpy_s_row_stack_for_numba_cuda(monkeypatch):
