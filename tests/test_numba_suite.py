@@ -169,8 +169,10 @@ def test_tests_that_fail_only_under_gpupool_are_named_and_fail_the_run(canned, c
     assert "(i=1)" in gpupool["tests"][CASE + "test_subtest_fails_under_gpupool"]["detail"]
     assert "fail only under gpupool (upstream vmm), must be none: 4" in table
     assert "fail only under gpupool (upstream driver), must be none: 5" in table
-    assert ("fail only under gpupool on expandable segments, by design (CANNED_LIMIT: "
-            "cuMemCreate memory cannot do it): 1\n  canned_tests.TestCanned.test_fails_only_on"
+    assert ("known limit CANNED_LIMIT (upstream vmm): canned_tests.TestCanned.test_fails_only_"
+            "on_expandable_segments: cuMemCreate memory cannot do it") in table
+    assert ("fail only under gpupool on expandable segments, by design (CANNED_LIMIT): 1\n"
+            "  canned_tests.TestCanned.test_fails_only_on"
             "_expandable_segments  [default pass, gpupool fail, gpupool-driver pass]  "
             "AssertionError: True is not false : a limit of cuMemCreate memory") in table
     assert ("  canned_tests.TestCanned.test_fails_under_the_default  [default fail, gpupool "

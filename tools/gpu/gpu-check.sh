@@ -29,15 +29,18 @@
 #             a tagged pool's sleep and wake of 10 GiB, with and without offload, beside a plain
 #             pinned copy of the same size, targets judged -> sleep.log
 #   numba     numba-cuda's own tests (the driver layer, arrays, __cuda_array_interface__, IPC,
-#             streams) under Numba's default memory manager and under gpupool.numba, one
-#             process each: tools/gpu/numba_suite.py (NUMBA_SUITE_ARGS its options, default
-#             "--parallel --timeout 400": both runs at once, so that they and a fresh build
-#             fit one call; e.g. "--modules numba.cuda.tests.cudadrv --timeout 250" runs one
-#             after the other; NUMBA_TIMEOUT the step's limit, default 450 s): numba.log,
+#             streams) in three runs, one process each: Numba's default memory manager,
+#             gpupool.numba on its default upstream (expandable segments) and gpupool.numba
+#             with GPUPOOL_UPSTREAM=driver: tools/gpu/numba_suite.py (NUMBA_SUITE_ARGS its
+#             options, default "--parallel --timeout 400": the three processes at once, so
+#             that they and a fresh build fit one call; "--runs default,gpupool-driver"
+#             leaves a run out; e.g. "--modules numba.cuda.tests.cudadrv --timeout 250" runs
+#             one after the other; NUMBA_TIMEOUT the step's limit, default 450 s): numba.log,
 #             numba.json (outcomes, tracebacks of failures) and numba-runs.tar (each run's
-#             log and record); rc 0 when no test fails only under gpupool. numba-cuda's
-#             tests import filecheck (its wheel in .whl). On the H200 (81fae5e) the
-#             default modules took 39 s per run, both runs side by side
+#             log and record); rc 0 when no test fails only under a gpupool run beyond the
+#             known limits the suite lists apart (VMM_IPC_LEGACY_HANDLE on expandable
+#             segments). numba-cuda's tests import filecheck (its wheel in .whl). On the H200
+#             (81fae5e) the default modules took 39 s per run, two runs side by side
 # Wheels carried in .whl (RMM: rmm-cu13, librmm-cu13, rapids-logger) are installed first;
 # SKIP_BUILD=1 skips the build where gpupool imports (an earlier run on the same machine
 # made it); a machine started fresh between calls builds anyway. The device tool kills the
@@ -181,7 +184,7 @@ if step numba; then
     timeout ${NUMBA_TIMEOUT:-450} python3 tools/gpu/numba_suite.py --json "$OUT/numba.json" \
         --log-dir /tmp/gpupool-numba-suite ${NUMBA_SUITE_ARGS:---parallel --timeout 400} \
         > "$OUT/numba.log" 2>&1
-    summary "numba-cuda tests, default vs gpupool.numba (rc=$?): $(grep -E '^fail only under gpupool' "$OUT/numba.log")"
+    summary "numba-cuda tests, default vs gpupool.numba (rc=$?): $(grep -E '^fail only under gpupool' "$OUT/numba.log" | paste -sd ';')"
     (cd /tmp/gpupool-numba-suite && tar cf "$OUT/numba-runs.tar" *.log *.jsonl 2>/dev/null)
 fi
 if step models; then

@@ -382,8 +382,9 @@ def _environment(name):
 
 
 def format_report(runs, diffs, limits):
-    """The table: outcomes per run, then for each gpupool run (``diffs`` as
-    :func:`compare_runs` gives, with ``limits``) the tests in each of its lists."""
+    """The table: outcomes per run, each run's environment, the known ``limits``, then for each
+    gpupool run (``diffs`` as :func:`compare_runs` gives with ``limits``) the tests in each of
+    its lists."""
     width = max(len(o) for o in OUTCOMES)
     name_width = max(len("run"), *map(len, runs))
     lines = [f"{'run':<{name_width}} " + " ".join(f"{o:>{width}}" for o in OUTCOMES)
@@ -397,12 +398,14 @@ def format_report(runs, diffs, limits):
         pool = "" if run["upstream"] is None else f", the pool's upstream: {run['upstream']}"
         lines.append(f"{name}: {_environment(name)}; Numba's manager class at the end: "
                      f"{run['memory_manager']}{pool}")
+    lines += [f"known limit {limit.name} (upstream {limit.upstream}): {', '.join(limit.tests)}: "
+              f"{limit.reason}" for limit in limits]
     by_name = {limit.name: limit for limit in limits}
     for name, diff in diffs.items():
         upstream = f"(upstream {RUNS[name].upstream})"
         lists = [(f"fail only under gpupool {upstream}, must be none", diff["gpupool_only"])]
-        lists += [(f"fail only under gpupool {by_name[key].where}, by design ({key}: "
-                   f"{by_name[key].reason})", tests) for key, tests in diff["by_design"].items()]
+        lists += [(f"fail only under gpupool {by_name[key].where}, by design ({key})", tests)
+                  for key, tests in diff["by_design"].items()]
         lists += [(f"fail under both, gpupool {upstream}", diff["both"]),
                   (f"fail only under the default, not gpupool {upstream}", diff["default_only"]),
                   (f"skipped only under gpupool {upstream}", diff["skipped_only_under_gpupool"])]
