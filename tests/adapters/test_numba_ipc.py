@@ -249,7 +249,7 @@ for index in (None, slice(3, None), slice(3, 8), slice(None, 8)):
         np.testing.assert_equal(expect, out)
         out = exe.submit(numba_ipc_gpu.array, devarr.get_ipc_handle(), pid).result(timeout=60)
         np.testing.assert_equal(expect, out)
-arr = np.random.random(10)
+arr = np.random.default_rng(0).integers(0, 1 << 40, 10).astype(np.intp)   # staged reads intp
 devarr = cuda.to_device(arr)
 ipch = cuda.current_context().get_ipc_handle(devarr.gpu_data)
 for device in range(len(cuda.gpus)):

@@ -3,9 +3,11 @@
 # (default: tests,memcheck,example,bench), logs to $OUT (at most 8 files come back: the build log
 # only when the build fails, the plots as one tar), summary last.
 #   tests     the whole test suite (TESTS names files instead)
-#   parts     the whole suite as six lanes run side by side (separate processes, one log
+#   parts     the whole suite as nine lanes run side by side (separate processes, one log
 #             each, failures named with -rfE, returned as parts.tar): a crash or a hang in
-#             one lane leaves the others' summaries; the device-memory checks run after
+#             one lane leaves the others' summaries, and a lane cut at PARTS_TIMEOUT names
+#             the test it was in; the device-memory checks run after (PARTS_LANES=a-f,ipc
+#             runs only the lanes named)
 #   memcheck  the GPU tests under compute-sanitizer memcheck (PyTorch's and JAX's left out:
 #             MEMCHECK_K selects, MEMCHECK_TESTS names files)
 #   example   the main job (examples/train_digits.py)
@@ -82,35 +84,47 @@ if step parts; then
     # H200). Lanes take files by basename: test_[a-m]* and the rest, wherever they sit.
     mkdir -p /tmp/gpupool-parts && rm -f /tmp/gpupool-parts/*
     lane() {    # lane NAME PYTEST-ARGS...: one pytest process, its log, its last line
-        timeout ${PARTS_TIMEOUT:-480} python3 -m pytest -q -rfEs -p no:randomly -p no:cacheprovider \
-            --durations=10 "${@:2}" > "/tmp/gpupool-parts/$1.log" 2>&1
+        [ -n "${PARTS_LANES:-}" ] && [[ ",$PARTS_LANES," != *",$1,"* ]] && return 0
+        # -v names each test as it starts, so a lane cut at its timeout shows where it was;
+        # faulthandler dumps every thread's stack for a test that runs past 200 s
+        timeout ${PARTS_TIMEOUT:-480} python3 -m pytest -v -rfEs -p no:randomly -p no:cacheprovider \
+            -o faulthandler_timeout=200 --durations=10 "${@:2}" > "/tmp/gpupool-parts/$1.log" 2>&1
         echo "rc=$?" >> "/tmp/gpupool-parts/$1.log"
     }
     # Tests that read the device's used memory (cuMemGetInfo) with a tolerance that the other
     # lanes' allocations break.
-    alone="1000_export_open_close or trim_gives_whole_free_pages_back_to_the_device"
+    alone="1000_export_open_close or trim_gives_whole_free_pages_back_to_the_device or \
+sleep_frees_the_pages_and_a_graph_replays_after_wake"
     harness="come_from_gpupool or stats_are_gpupool or out_of_memory_is_pytorch or \
 empty_cache_trims or base_allocation_and or capture_s_allocations or mempool_counts or \
 stream_uses_waits or checkpointed or history_records"
-    first=(); second=()
+    af=(); gm=(); nz=()
     for f in tests/test_*.py tests/*/test_*.py; do
         case $(basename "$f") in
             test_torch.py|test_torch_allocator.py|test_ipc_*.py|test_examples.py) ;;
-            test_[a-m]*) first+=("$f") ;;
-            *) second+=("$f") ;;
+            test_[a-f]*) af+=("$f") ;;
+            test_[g-m]*) gm+=("$f") ;;
+            *) nz+=("$f") ;;
         esac
     done
-    lane a-m "${first[@]}" &
-    lane n-z "${second[@]}" -k "not ($alone)" &
-    lane torch tests/adapters/test_torch.py &
+    # Nine lanes: on the H100 (e61abe4) the a-m files, test_torch.py and test_examples.py
+    # each ran past 330 s as one lane, so each is split in two
+    lane a-f "${af[@]}" -k "not ($alone)" &
+    lane g-m "${gm[@]}" -k "not ($alone)" &
+    lane n-z "${nz[@]}" -k "not ($alone)" &
+    lane torch-use tests/adapters/test_torch.py -k "not mempool" &
+    lane torch-mempool tests/adapters/test_torch.py -k "mempool" &
     (lane torch_allocator tests/adapters/test_torch_allocator.py -k "not ($harness)";
-     lane harness -v tests/adapters/test_torch_allocator.py -k "$harness") &
+     lane harness tests/adapters/test_torch_allocator.py -k "$harness") &
     lane ipc tests/ipc/test_ipc_*.py -k "not ($alone)" &
-    lane examples tests/test_examples.py &
+    lane examples-torch tests/test_examples.py -k "torch" &
+    lane examples-rest tests/test_examples.py -k "not torch" &
     wait
-    lane alone tests/ipc/test_ipc_processes.py tests/core/test_vmm.py -k "$alone"
+    lane alone tests/ipc/test_ipc_processes.py tests/core/test_vmm.py tests/core/test_sleep.py \
+        -k "$alone"
     for f in /tmp/gpupool-parts/*.log; do
-        summary "$(basename "$f" .log): $(grep -E ' in [0-9.]+s' "$f" | tail -1) $(tail -1 "$f")"
+        cut=""; [ "$(tail -1 "$f")" = "rc=124" ] && cut="cut in $(grep -oE '^tests/[^ ]+' "$f" | tail -1)"
+        summary "$(basename "$f" .log): $(grep -E ' in [0-9.]+s' "$f" | tail -1) $(tail -1 "$f") $cut"
     done
     (cd /tmp/gpupool-parts && tar cf "$OUT/parts.tar" *.log)
     grep -hE "^(FAILED|ERROR)|Fatal Python|Timeout" /tmp/gpupool-parts/*.log | head -40
