@@ -64,12 +64,12 @@ def _warm(entry, oom_callback, k):
 
 
 @pytest.mark.parametrize("entry", [None, *sorted(ENTRIES)])
-def test_a_request_retried_after_the_callbacks_is_taken_in_by_the_plan_once(entry,
-                                                                            oom_callback):
+def test_a_request_retried_after_the_callbacks_is_taken_in_by_the_plan_once(
+        entry, oom_callback):
     # A record step (request 0 asks more than any step): its plan is installed at request 0
     # and maps pages for its places past the mapped end. From request 1 on the pool cannot
-    # grow: request 1's place is not mapped (a miss), and request 2 misses as well, goes
-    # online, runs out of memory, and is retried after the callback.
+    # grow until the callback runs: request 2 misses its place, goes online, runs out of
+    # memory and is retried after the callback.
     run, failing, stopped = _warm(entry, oom_callback, 1)
     hits, misses = run.entry(scaled(2.0))
     assert failing.asked == [scaled(2.0)[2]]
