@@ -129,18 +129,19 @@ cdef int _allocate_again(Pool pool, size_t nbytes, uintptr_t stream, int r,
         return found
     if r == GP_RECORDED:
         return _allocate_record(pool, nbytes, stream, key, ptr)
-    return _allocate_failed(pool, nbytes, stream, key, r, ptr, PW_HAND_BACK)
+    return _allocate_failed(pool, nbytes, stream, key, r, ptr)
 
 
 cdef int _allocate_failed(Pool pool, size_t nbytes, uintptr_t stream, StreamKey key, int r,
-                          void** ptr, int way) noexcept nogil:
+                          void** ptr) noexcept nogil:
     """A request of the shared path that failed with status r: out of memory, the on_oom
-    callbacks, then one retry (the magazine, then the shared path, way as the first try's: a
-    PlanWay); a failure for lack of memory is logged. Sets ptr; returns the status."""
+    callbacks, then one retry (the magazine, then the shared path, online: PW_ONLINE, as the
+    first try's plan answered; Note [Planned out-of-memory retry]); a failure for lack of
+    memory is logged. Sets ptr; returns the status."""
     cdef Block* b = NULL
     if r == CUDA_ERROR_OUT_OF_MEMORY and _callbacks(pool, nbytes):
         b = pool.mag_take(nbytes, key, True)
-        r = 0 if b != NULL else pool.acquire_handed(nbytes, key, &b, way)
+        r = 0 if b != NULL else pool.acquire_handed(nbytes, key, &b, PW_ONLINE)
         hist_log(LOG_CALLBACK_RETRY, pool.device, nbytes, 0, r)
     if r == 0:
         ptr[0] = <void*>b.ptr
@@ -160,7 +161,7 @@ cdef int _allocate_record(Pool pool, size_t nbytes, uintptr_t stream, StreamKey 
     cdef Block* b = NULL
     cdef int r = pool.acquire_handed(nbytes, key, &b, PW_ONLINE)
     if r != 0:
-        return _allocate_failed(pool, nbytes, stream, key, r, ptr, PW_ONLINE)
+        return _allocate_failed(pool, nbytes, stream, key, r, ptr)
     if not _slow_path(b, nbytes):
         _free_as(pool, b.ptr, StreamKey(0, BAD_STREAM_TAG))
         return GPUPOOL_ERROR_INTERNAL

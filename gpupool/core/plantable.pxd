@@ -23,7 +23,8 @@ cdef enum PlanWay:
     PW_HAND_BACK = 1    # it is handed back undone (GP_RECORDED), for a caller that runs no
                         # Python after an allocation (the C API) to make it again PW_ONLINE
                         # and then run the slow path itself
-    PW_ONLINE = 2       # the request handed back, made again: online, counted once already
+    PW_ONLINE = 2       # a request the plan took in already, made again (handed back, or
+                        # retried after the on_oom callbacks): online, not counted again
 
 cdef struct PlanEvent:
     uintptr_t ptr           # the block's address; 0: an entry starts

@@ -19,8 +19,9 @@ cdef class Pool(PoolBase):      # final: its cdef methods are direct calls the c
 
     cdef void lock(self) noexcept nogil
     cdef void unlock(self) noexcept nogil
-    cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
-    cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out) noexcept nogil
+    cdef int acquire(self, size_t nbytes, StreamKey stream, Block** out, int way) noexcept nogil
+    cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out,
+                            int way) noexcept nogil
     cdef void free_locked(self, Block* blk, StreamKey stream) noexcept nogil
     cdef void region_register(self, RegionCache* rc) noexcept nogil
     cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil

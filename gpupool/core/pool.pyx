@@ -38,7 +38,7 @@ from gpupool.core.regioncache cimport (
 )
 from gpupool.core.private cimport pp_allocate_at, pp_end
 from gpupool.core.planned cimport pl_call
-from gpupool.core.plantable cimport PW_SLOW_PATH
+from gpupool.core.plantable cimport PW_SLOW_PATH, PW_ONLINE
 from gpupool.core.segments cimport sg_find_live
 from gpupool.core.acquire cimport ps_acquire_locked
 from gpupool.core.fastpath cimport (
@@ -140,8 +140,9 @@ cdef class Pool(PoolBase):
             self.upstream.raise_error(r, f"cuStreamGetId (stream handle {handle:#x})")
         return key
 
-    cdef int acquire(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
-        """Take a block for nbytes > 0 used on stream s. Returns 0 or a status code."""
+    cdef int acquire(self, size_t nbytes, StreamKey s, Block** out, int way) noexcept nogil:
+        """Take a block for nbytes > 0 used on stream s (way: a PlanWay, as
+        ps_acquire_locked's). Returns 0 or a status code."""
         cdef int r
         cdef Block* b
         if FORKED[0]:
@@ -153,15 +154,14 @@ cdef class Pool(PoolBase):
         if self._st.lock_thread == current_thread():
             return GP_REENTRANT
         self.lock()
-        r = self.acquire_locked(nbytes, s, out)
+        r = self.acquire_locked(nbytes, s, out, way)
         if hist_on(RECORDING) and r == 0:
             hist_alloc(self.device, self._st.segments.pool_id, out[0].ptr, nbytes, s.handle)
         self.unlock()
         return r
 
-    cdef int acquire_locked(self, size_t nbytes, StreamKey s, Block** out) noexcept nogil:
-        return ps_acquire_locked(&self._st, self.upstream, <void*>self, nbytes, s, out,
-                                 PW_SLOW_PATH)
+    cdef int acquire_locked(self, size_t nbytes, StreamKey s, Block** out, int way) noexcept nogil:
+        return ps_acquire_locked(&self._st, self.upstream, <void*>self, nbytes, s, out, way)
 
     # Magazines (core/magazine.pxd) ---------------------------------------------------------
 
@@ -566,8 +566,7 @@ cdef class Pool(PoolBase):
         DeviceBuffer. The C-level entry of the adapters that build their own wrappers."""
         cdef size_t n
         cdef Block* b = NULL
-        cdef int r
-        cdef bint retried = False
+        cdef int r, way = PW_SLOW_PATH
         if type(nbytes) is int and 0 < <object>nbytes <= MAX_NBYTES:
             n = nbytes
         else:
@@ -575,12 +574,13 @@ cdef class Pool(PoolBase):
             if n == 0:
                 return new_buffer(self, NULL, 0, key)
         while True:             # one call of acquire, which the compiler then inlines
-            r = self.acquire(n, key, &b)
-            if retried:
+            r = self.acquire(n, key, &b, way)
+            if way == PW_ONLINE:
                 hist_log(LOG_CALLBACK_RETRY, self.device, n, 0, r)
-            if r != CUDA_ERROR_OUT_OF_MEMORY or retried or not run_oom_callbacks(self, n):
                 break
-            retried = True      # after the on_oom callbacks, once
+            if r != CUDA_ERROR_OUT_OF_MEMORY or not run_oom_callbacks(self, n):
+                break
+            way = PW_ONLINE     # retried once, online (Note [Planned out-of-memory retry])
         if r != 0:
             self.raise_status(r, n)
         buf = new_buffer(self, b, n, key)
