@@ -516,8 +516,10 @@ def main(argv=None):
                 record["summary"] = summarize(record)
             runs[column] = record
             s = record.get("summary")
-            print(f"  {model} {column}: " + (f"peak {_mib(s['peak'])} MiB, {s['ms']:.1f} ms/step,"
-                                            f" {record['seconds']:.0f} s" if s else
+            print(f"  {model} {column}: " + (f"peak {_mib(s['peak'])} MiB (own reserved "
+                                            f"{_mib(s['own_peak_reserved'])}, in use "
+                                            f"{_mib(s['own_peak_in_use'])}), {s['ms']:.1f} "
+                                            f"ms/step, {record['seconds']:.0f} s" if s else
                                             record.get("error", "?")),
                   file=sys.stderr, flush=True)
     if args.plot:

@@ -192,14 +192,21 @@ def test_a_stream_the_driver_refuses_fails_the_allocation_not_the_free(scratch, 
 def test_a_block_a_thread_took_from_its_magazine_is_freed_by_pointer_on_any_thread(
         scratch, sim_pool):
     from concurrent.futures import ThreadPoolExecutor
-    ptr = scratch.allocate(1000)
-    scratch.free(ptr)                               # into this thread's magazine
-    again = scratch.allocate(1000)                  # taken from it, without the pool's lock
-    assert again == ptr
-    assert sim_pool._magazines_info()[0]["handed"] == 1
-    with ThreadPoolExecutor(1) as worker:           # the free of another thread finds it
-        worker.submit(scratch.free, again).result()
-    assert sim_pool._magazines_info()[0]["handed"] == 0
+
+    def take_twice():
+        ptr = scratch.allocate(1000)
+        scratch.free(ptr)                           # into this thread's magazine
+        return ptr, scratch.allocate(1000)          # taken from it, without the pool's lock
+
+    # A fresh thread: a thread keeps magazines for 8 pools at most (GP_THREAD_POOLS), and
+    # the main thread's table may be full of the pools earlier GPU tests keep alive.
+    with ThreadPoolExecutor(1) as owner:
+        ptr, again = owner.submit(take_twice).result()
+        assert again == ptr
+        assert sim_pool._magazines_info()[0]["handed"] == 1
+        with ThreadPoolExecutor(1) as worker:       # the free of another thread finds it
+            worker.submit(scratch.free, again).result()
+        assert sim_pool._magazines_info()[0]["handed"] == 0
     with pytest.raises(Exception, match="invalid value"):
         scratch.free(again)                         # freed once: a second free is refused
     stats = check_invariants(sim_pool)
