@@ -52,7 +52,7 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
         if st.order.wanted.size() > WANTED_MAX:
             # Many streams hold blocks that others want and never allocate again (most
             # likely destroyed): one synchronize frees their blocks for every stream.
-            ld_trim_logged(st, up, LOG_STREAM_TRIM, WANTED_MAX)
+            ld_trim_logged(st, up, LOG_STREAM_TRIM, WANTED_MAX, s)
         elif so_clear_wanted(&st.order, s):
             # s is allocating, so it is alive: another stream waits for its free blocks,
             # whose events are recorded now (and those of blocks its thread lets go below).
@@ -129,6 +129,6 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
             rc.hits += 1
     mp_count_taken(st, b.size)
     if grew and st.soft_limit and st.counters.reserved > st.soft_limit:
-        ld_trim_logged(st, up, LOG_SOFT_TRIM, st.soft_limit)    # only growth crosses it
+        ld_trim_logged(st, up, LOG_SOFT_TRIM, st.soft_limit, s)     # only growth crosses it
     out[0] = b
     return 0

@@ -16,7 +16,7 @@ from gpupool.core.segments cimport (
     COLD_ALLOCS, round_up, sg_note, sg_new_segment, sg_drop_segment,
 )
 from gpupool.core.state cimport PoolState, Segments, StreamOrder
-from gpupool.core.streamorder cimport so_drop_events
+from gpupool.core.streamorder cimport so_capturing, so_drop_events
 from gpupool.records.streams cimport (
     StreamKey, NO_STREAM, BY_HANDLE, same_stream, is_no_stream, stream_key,
 )
@@ -227,7 +227,6 @@ cdef inline size_t sg_reclaim(PoolState* st, Upstream up, size_t size, StreamKey
     cdef Block* b
     cdef vector[Block*] cold
     cdef size_t i, j, have = 0, need, total = 0, got = 0, g = up.granularity
-    cdef bint capturing = True
     if seg == NULL:
         return 0
     b = seg.last
@@ -244,8 +243,7 @@ cdef inline size_t sg_reclaim(PoolState* st, Upstream up, size_t size, StreamKey
                     total += sg_whole_pages(b, g)
                 b = b.seg_next
         seg = seg.next
-    if total < need or up.stream_capturing(s.handle, &capturing) != 0 or capturing:
-        up.clear_error()                # (a failed query counts as capturing)
+    if total < need or so_capturing(up, s):
         return 0
     for i in range(1, cold.size()):     # largest first (insertion sort: a few blocks)
         b = cold[i]

@@ -14,15 +14,21 @@ from gpupool.core.magpool cimport mp_flush_all
 from gpupool.core.parking cimport pk_flush
 from gpupool.core.regioncache cimport rc_drain
 from gpupool.core.state cimport PoolState
+from gpupool.core.streamorder cimport so_capturing
 from gpupool.upstream.base cimport Upstream
 
 
 cdef inline int ld_ladder(PoolState* st, Upstream up, size_t size, StreamKey s,
                           void* owner) noexcept nogil:
     """The upstream is out of memory for a request of size bytes on s (made through cache
-    owner): give back this pool's cache and grow again, then every region's."""
+    owner): give back this pool's cache and grow again, then every region's. Nothing while
+    s is being captured into a CUDA graph: a trim synchronizes the device, which would
+    invalidate the capture (the request fails as out of memory; Note [Capture in a planned
+    region])."""
     cdef int r = CUDA_ERROR_OUT_OF_MEMORY
     cdef size_t i, released
+    if st.counters.cached and so_capturing(up, s):
+        return r
     if not st.counters.cached:
         hist_log(LOG_LADDER_NOTHING, st.segments.device, size, 0, r)
     if st.counters.cached:
@@ -58,10 +64,13 @@ cdef inline size_t ld_trim(PoolState* st, Upstream up) noexcept nogil:
     return sg_trim(st, up)
 
 
-cdef inline void ld_trim_logged(PoolState* st, Upstream up, LogKind kind,
-                                size_t bound) noexcept nogil:
-    """ld_trim for a reason the debug log names (kind; bound: the limit crossed)."""
-    hist_log(kind, st.segments.device, bound, ld_trim(st, up), 0)
+cdef inline void ld_trim_logged(PoolState* st, Upstream up, LogKind kind, size_t bound,
+                                StreamKey s) noexcept nogil:
+    """ld_trim for a reason the debug log names (kind; bound: the limit crossed), made by a
+    request on s; none while s is being captured into a CUDA graph (its synchronize would
+    invalidate the capture: the trim waits for a request outside it)."""
+    if not so_capturing(up, s):
+        hist_log(kind, st.segments.device, bound, ld_trim(st, up), 0)
 
 
 cdef inline int ld_merge_streams(PoolState* st, Upstream up, size_t* moved) noexcept nogil:

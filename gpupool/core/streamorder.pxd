@@ -56,13 +56,27 @@ cdef inline void so_drop_events(StreamOrder* so, Block* b) noexcept nogil:
         b.extra_events = NULL
 
 
+cdef inline bint so_capturing(Upstream up, StreamKey s) noexcept nogil:
+    """Whether work on s is being captured into a CUDA graph (cuStreamIsCapturing; a failed
+    query counts as capturing): s then neither waits for an event recorded outside its
+    capture nor has the device synchronized under it."""
+    cdef bint capturing = True
+    if up.stream_capturing(s.handle, &capturing) != 0:
+        up.clear_error()
+        return True
+    return capturing
+
+
 cdef inline bint so_after(Upstream up, uintptr_t event, StreamKey s, bint wait) noexcept nogil:
     """Whether work on s is ordered after event: it has completed, or (wait) s now waits for
-    it on the GPU (cuStreamWaitEvent), which never blocks the host."""
+    it on the GPU (cuStreamWaitEvent), which never blocks the host. A stream being captured
+    into a CUDA graph does not wait: a wait for an event recorded outside its capture would
+    cross the capture's boundary, which the driver refuses (capture isolation) and which may
+    break the capture (see Note [Capture in a planned region])."""
     if up.event_query(event) == 0:
         return True
     up.clear_error()                    # not complete, or the query failed: a wait may order it
-    if wait and up.stream_wait(s.handle, event) == 0:
+    if wait and not so_capturing(up, s) and up.stream_wait(s.handle, event) == 0:
         return True
     up.clear_error()                    # not ordered (yet): the block is not taken
     return False
