@@ -142,8 +142,11 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         count.
     capturing : set of int
         Handles of the streams a test says are being captured into a CUDA graph (empty at
-        first): ``stream_capturing`` reports them, and a ``synchronize`` meanwhile is a
-        misuse (it would invalidate the capture).
+        first): ``stream_capturing`` reports them; a ``synchronize`` meanwhile is a misuse
+        (it would invalidate the capture), and so are a ``stream_wait_event`` across a
+        capture's boundary (one of the stream and the event's last record in a capture, the
+        other not: capture isolation) and an ``event_query`` of an event last recorded on
+        a stream being captured.
     errors : list of str
         Misuses seen (a call on an unknown or destroyed stream, a free of an unknown pointer):
         each also raises, but a pool freeing from ``__dealloc__`` cannot report it, so tests

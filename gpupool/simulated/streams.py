@@ -17,6 +17,7 @@ class SimulatedStreams(SimulatedBase):
 
     def _init_streams(self):
         self.capturing = set()
+        self._captured = set()          # events last recorded on a stream being captured
         self._handles = itertools.count(0x1000, 0x10)
         # Work on a stream is numbered; `done` is the last finished number, `queued` the last.
         # Streams are keyed by handle; a thread's per-thread stream by (2, thread ident), made
@@ -144,13 +145,25 @@ class SimulatedStreams(SimulatedBase):
         self._called("event_record", (event, stream))
         # The event completes when the stream's work so far, and what it waits for, is done.
         self._events[event] = self._covered(self._check_stream(stream))
+        if stream in self.capturing:
+            self._captured.add(event)
+        else:
+            self._captured.discard(event)
 
     def _event_query(self, event):
         self._called("event_query", (event,))
+        if event in self._captured:
+            self._misuse(f"query of event {event:#x}, recorded in a capture (it stands for "
+                         f"no work that runs)")
         return all(self._done.get(s, n) >= n for s, n in self._events[event])
 
     def _stream_wait_event(self, stream, event):
         self._called("stream_wait_event", (stream, event))
+        if (stream in self.capturing) != (event in self._captured):
+            self._misuse(f"stream {stream:#x} waits for event {event:#x} across a capture's "
+                         f"boundary (capture isolation: "
+                         f"{'the stream' if stream in self.capturing else 'the event'} is "
+                         f"in a capture, the other is not)")
         key = self._check_stream(stream)
         # The wait is on the event as recorded now; a later record of it changes nothing.
         copy = self._new_handle()
