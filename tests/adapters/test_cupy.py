@@ -135,6 +135,53 @@ def test_step_captured_as_a_cuda_graph_inside_a_region_replays_like_eager_runs(p
             np.testing.assert_allclose(replayed, eager, rtol=1e-6)
 
 
+@pytest.mark.parametrize("captured", ["planned", "record"])
+def test_step_captured_inside_a_planned_region_replays_like_eager_runs(pool, captured):
+    # The 4th entry is captured, served from the plan made from the first ones ("planned"),
+    # or, after 6 entries, an entry of 4 times the rows, a record step planned at its first
+    # request ("record"). Eager entries of the region between replays get the same places
+    # for the same requests (Note [Capture in a planned region]).
+    rng = np.random.default_rng(0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    region = gpupool.Region(pool=pool, plan=True)
+    with cupy.cuda.using_allocator(gpupool.cupy.allocator(pool)), stream:
+        a = cupy.asarray(rng.standard_normal(256, dtype=np.float32))
+
+        def step(x):                        # elementwise kernels only (no cuBLAS in a capture)
+            h = cupy.tanh(x * a + 1)
+            g = h * h - x
+            return g * 0.5 + h
+
+        x = cupy.empty((128, 256), dtype=cupy.float32)
+        x.set(rng.standard_normal((128, 256), dtype=np.float32), stream=stream)
+        for _ in range(3 if captured == "planned" else 6):
+            with region:
+                out = step(x)
+        if captured == "record":
+            x = cupy.empty((512, 256), dtype=cupy.float32)
+            x.set(rng.standard_normal((512, 256), dtype=np.float32), stream=stream)
+        before = region.stats()
+        with region:
+            stream.begin_capture()
+            try:
+                out = step(x)
+            finally:
+                graph = stream.end_capture()
+        after = region.stats()
+        assert after.plan_hits > before.plan_hits
+        assert after.record_plans == before.record_plans + (captured == "record")
+        for i in range(20):
+            x.set(rng.standard_normal(x.shape, dtype=np.float32), stream=stream)
+            graph.launch(stream)
+            replayed = out.get(stream=stream)
+            if i % 2:
+                eager = step(x).get(stream=stream)
+            else:
+                with region:
+                    eager = step(x).get(stream=stream)
+            np.testing.assert_allclose(replayed, eager, rtol=1e-6)
+
+
 def expandable(pool):
     """``pool``, whose default upstream is the expandable one where the device has virtual
     memory management (sleep needs it); skips otherwise."""
