@@ -15,7 +15,7 @@ producer's pool reserves no more than that many batches' memory however many bat
 Every hand-off is stream-ordered without a host wait: the producer writes on a stream of its
 own; the handle's IPC event, recorded there, makes the consumer's stream wait for the writes.
 
-On a GPU the batches are CuPy arrays (``pip install cupy-cuda13x``) on the producer's pool
+On a GPU the batches are CuPy arrays (``pip install 'gpupool[cupy]'``) on the producer's pool
 (``--upstream vmm``, the default, shares virtual-memory pages through POSIX file
 descriptors, which the queue passes along; ``driver`` shares ``cuMemAlloc`` segments through
 ``cuIpcGetMemHandle``). Without one, both processes run on ``gpupool.testing.SimulatedDevice``
@@ -76,7 +76,7 @@ def choose_device(wanted):
     try:
         import cupy
     except ImportError:
-        cupy, library = None, "CuPy is not installed (pip install cupy-cuda13x)"
+        cupy, library = None, "CuPy is not installed (pip install 'gpupool[cupy]')"
     else:
         library = None
     why = _gpu.missing(library)

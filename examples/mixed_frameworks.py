@@ -55,7 +55,7 @@ if not hasattr(np, "row_stack"):
 
 ROWS, COLS, FEATURES = 4096, 1024, 256
 THREADS = 128
-FRAMEWORKS = (("cupy", "cupy-cuda13x"), ("numba.cuda", "numba-cuda"), ("torch", "torch"))  # pip
+FRAMEWORKS = (("cupy", "cupy"), ("numba.cuda", "numba"), ("torch", "torch"))  # gpupool's extras
 
 
 class SetupError(Exception):
@@ -78,18 +78,18 @@ def parse(argv):
 def import_frameworks():
     """``(cupy, numba.cuda, torch)``; SetupError naming every one missing."""
     modules, missing = [], []
-    for name, package in FRAMEWORKS:
+    for name, extra in FRAMEWORKS:
         with warnings.catch_warnings():     # some installs warn at import; the error matters
             warnings.simplefilter("ignore")
             try:
                 modules.append(importlib.import_module(name))
             except Exception as exc:  # not installed, or an install that cannot load
-                missing.append((name, package, _one_line(exc)))
+                missing.append((name, extra, _one_line(exc)))
     if missing:
         names = ", ".join(name for name, _, _ in missing)
-        install = " ".join(package for _, package, _ in missing)
+        install = ",".join(extra for _, extra, _ in missing)
         why = "; ".join(f"{name}: {error}" for name, _, error in missing)
-        raise SetupError(f"{names} cannot be imported (pip install {install}): {why}")
+        raise SetupError(f"{names} cannot be imported (pip install 'gpupool[{install}]'): {why}")
     return tuple(modules)
 
 

@@ -17,13 +17,14 @@ import gpupool
 from gpupool.adapters.cupy_allocator import CupyAllocator
 from gpupool.core.pool import Pool
 from gpupool.errors import import_extra
+from gpupool.public import public_dir
 
 __all__ = ["allocator"]
 
 
 def __dir__():
     """The public API and the module's dunder attributes, not the names it imports."""
-    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
+    return public_dir(globals(), __all__)
 
 
 def allocator(pool=None):

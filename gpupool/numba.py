@@ -26,6 +26,7 @@ Numba is imported when the class is first asked for (``gpupool.numba.GpupoolNumb
 from typing import TYPE_CHECKING
 
 from gpupool.errors import import_extra
+from gpupool.public import public_dir
 
 if TYPE_CHECKING:                    # at run time the class comes from __getattr__, lazily
     pass
@@ -75,7 +76,7 @@ def __getattr__(name):
 def __dir__():
     """The public API and the module's dunder attributes, not the names it imports; the lazy
     names are left out: listing them must not import Numba (help(), inspect)."""
-    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
+    return public_dir(globals(), __all__)
 
 
 def _manager_class():

@@ -43,13 +43,14 @@ import functools
 import gpupool
 from gpupool.adapters.rmm_entry import RmmCallbacks
 from gpupool.core.pool import Pool
+from gpupool.public import public_dir
 
 __all__ = ["resource", "use"]
 
 
 def __dir__():
     """The public API and the module's dunder attributes, not the names it imports."""
-    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
+    return public_dir(globals(), __all__)
 
 _FIX = "pip install 'gpupool[rmm]' (RMM's wheel for CUDA 13, rmm-cu13)"
 

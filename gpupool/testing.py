@@ -34,6 +34,7 @@ import mmap
 import numpy as np
 
 from gpupool.limits import parse_limit
+from gpupool.public import public_dir
 from gpupool.simulated.failures import Failures
 from gpupool.simulated.host import libc, map_rw
 from gpupool.simulated.sharing import SimulatedSharing
@@ -46,6 +47,12 @@ from gpupool.simulated.virtual_memory import SimulatedVirtualMemory
 from gpupool.upstream.python import PythonUpstream
 
 __all__ = ["Failures", "SimulatedDevice"]
+
+
+def __dir__():
+    """The public API and the module's dunder attributes, not the names it imports."""
+    return public_dir(globals(), __all__)
+
 
 ALIGNMENT = 256
 PAGE_BYTES = 2 << 20                    # the driver's page (cuMemAlloc rounds to it)

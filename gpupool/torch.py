@@ -96,6 +96,7 @@ import warnings
 import gpupool
 from gpupool.adapters import torch_entry
 from gpupool.errors import GpupoolError, NoDeviceError, import_extra
+from gpupool.public import public_dir
 
 # OutOfMemoryError subclasses torch's: module __getattr__ makes it on first access.
 __all__ = [  # noqa: F822
@@ -105,8 +106,7 @@ __all__ = [  # noqa: F822
 def __dir__():
     """The public API and the module's dunder attributes, not the names it imports; the lazy
     OutOfMemoryError is left out: listing it must not import PyTorch (help(), inspect)."""
-    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))}
-                  - {"OutOfMemoryError"})
+    return public_dir(globals(), __all__, leave_out=("OutOfMemoryError",))
 
 _MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (adapters/torch_entry.pyx)
 _MALLOC_MEMPOOL = "gpupool_torch_malloc"           # NULL on failure

@@ -197,7 +197,7 @@ def test_mixed_frameworks_names_every_missing_library_in_one_line(monkeypatch):
         mixed_frameworks.import_frameworks()
     message = str(info.value)
     assert message.startswith("no_such_lib_a, no_such_lib_b cannot be imported "
-                              "(pip install lib-a lib-b): no_such_lib_a: No module named")
+                              "(pip install 'gpupool[lib-a,lib-b]'): no_such_lib_a: No module named")
     assert "numpy" not in message and "\n" not in message
 
 
@@ -241,7 +241,7 @@ def test_mixed_frameworks_names_the_missing_gpu_before_the_missing_libraries(mon
         mixed_frameworks.set_up()
     assert str(info.value).startswith(
         "this example needs an NVIDIA GPU, CuPy, numba-cuda and PyTorch, but there is no GPU "
-        "(why), and no_such_lib cannot be imported (pip install lib): ")
+        "(why), and no_such_lib cannot be imported (pip install 'gpupool[lib]'): ")
     # As run: the GPU hidden, whichever libraries this machine has.
     proc, output = run_script("examples/mixed_frameworks.py", env=NO_GPU, timeout=300)
     assert proc.returncode == 2, output

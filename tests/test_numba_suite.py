@@ -323,6 +323,24 @@ def test_without_a_context_or_a_pool_the_upstream_is_not_checked():
         "default: gpupool's pool took memory from upstream vmm, not None"]
 
 
+def test_a_run_in_which_no_test_passed_is_not_comparable():
+    # Without numba-cuda every module fails to import under every manager: no comparison.
+    lines = [json.dumps({"event": "begin", "manager": "default", "names": ["numba"]}),
+             '{"event": "start", "test": "unittest.loader._FailedTest.numba"}',
+             json.dumps({"event": "end", "test": "unittest.loader._FailedTest.numba",
+                         "outcome": "error", "detail": "Traceback (most recent call last):\n"
+                         "ModuleNotFoundError: No module named 'numba'\n"}),
+             json.dumps({"event": "done", "tests_run": 1, "memory_manager": None,
+                         "upstream": None})]
+    empty = dict(numba_suite.read_record(lines), rc=1)
+    runs = {"default": empty, "gpupool": dict(empty, manager="gpupool.numba")}
+    problems = numba_suite.run_problems(runs)
+    assert problems == [
+        f"{name}: no test passed, so nothing was compared (it needs numba-cuda and a GPU): "
+        "ModuleNotFoundError: No module named 'numba'" for name in runs]
+    assert numba_suite.suite_status(numba_suite.compare_runs(runs, ()), problems) == 2
+
+
 POOL = HEADER + '''
 import gpupool
 from gpupool.testing import SimulatedDevice

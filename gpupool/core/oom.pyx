@@ -90,7 +90,9 @@ cdef object oom_error(int device, uint32_t pool_id, bint real_device, OomFacts* 
                 f"{_pages(limit // f.page, f.page)}. Raise the limit to a whole number of "
                 f"pages (at least {_exact(pages * f.page)} for this request: "
                 f"Pool(hard_limit=...), GPUPOOL_HARD_LIMIT), split the allocation, or use "
-                f"upstream='driver', whose segments can be the exact request; {numbers}.")
+                + ("upstream='driver'" if real_device else
+                   "a gpupool.testing.SimulatedDevice without virtual_memory=True")
+                + f", whose segments can be the exact request; {numbers}.")
     elif total and nbytes > total:
         text = (f"{head}the request can never fit: {nbytes} B requested, the device has "
                 f"{_exact(total)}. Split the allocation or use a device "

@@ -51,7 +51,10 @@ def test_a_request_whose_pages_exceed_the_hard_limit_can_never_fit(page, limit, 
     assert (f"the request can never fit: it needs {needs} (the upstream maps whole pages) and "
             f"the hard limit {format_bytes(exact)} ({exact} B) holds {holds}") in message
     assert "Raise the limit to a whole number of pages" in message
-    assert "upstream='driver'" in message and "Free buffers" not in message
+    # A simulated device: the fix named is one the simulated device takes.
+    assert "a gpupool.testing.SimulatedDevice without virtual_memory=True, whose segments " \
+        "can be the exact request" in message
+    assert "upstream='driver'" not in message and "Free buffers" not in message
     assert (error.requested_bytes, error.limit_bytes) == (nbytes, exact)
     largest = exact // page * page
     assert pool.allocate(largest).nbytes == largest

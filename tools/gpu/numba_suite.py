@@ -23,8 +23,8 @@ that fail only under gpupool (the criterion: none), those of them a known limit 
 upstream explains (``KNOWN_LIMITS``: listed apart, by design), those failing under both and
 only under the default. Exit status: 0 when no gpupool run has a test failing only under it
 other than by a known limit, and every run finished with the manager and upstream asked for;
-1 when some gpupool run has such a test; 2 when a run did not finish (crash, timeout) or ran
-under another manager or upstream.
+1 when some gpupool run has such a test; 2 when a run did not finish (crash, timeout), passed
+no test (numba-cuda or the GPU missing) or ran under another manager or upstream.
 """
 
 import argparse
@@ -335,9 +335,10 @@ def compare_runs(runs, limits):
 
 def run_problems(runs):
     """Why the comparison of ``runs`` (run name, a key of RUNS -> run as :func:`read_record`
-    gives, with ``rc``) cannot be trusted: a run that did not finish, saw another manager, or
-    whose gpupool pool took memory from another upstream than its Run names (checked where
-    Numba made a context or the child found a pool); [] if none."""
+    gives, with ``rc``) cannot be trusted: a run that did not finish, in which no test passed
+    (numba-cuda or the GPU missing), that saw another manager, or whose gpupool pool took
+    memory from another upstream than its Run names (checked where Numba made a context or
+    the child found a pool); [] if none."""
     problems = []
     for name, run in runs.items():
         want = RUNS[name]
@@ -346,6 +347,10 @@ def run_problems(runs):
         if run["manager"] != want.manager:
             problems.append(f"{name}: ran with NUMBA_CUDA_MEMORY_MANAGER={run['manager']}, "
                             f"not {want.manager}")
+        if not any(test["outcome"] == "pass" for test in run["tests"].values()):
+            failed = [test["detail"] for test in run["tests"].values() if test["detail"]]
+            problems.append(f"{name}: no test passed, so nothing was compared (it needs "
+                            f"numba-cuda and a GPU){': ' + _why(failed[0]) if failed else ''}")
         seen = run["memory_manager"] is not None or run["upstream"] is not None
         if seen and run["upstream"] != want.upstream:
             problems.append(f"{name}: gpupool's pool took memory from upstream "
@@ -476,7 +481,13 @@ def parse_runs(text):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+        epilog="It needs numba-cuda (and its test support's filecheck) and an NVIDIA GPU. Exit "
+               "status: 0 when no gpupool run has a test failing only under it beyond the "
+               "known limits it lists; 1 when one has; 2 when the runs cannot be compared (a "
+               "run did not finish, passed no test, or ran under another manager or "
+               "upstream).")
     parser.add_argument("--modules", default=",".join(DEFAULT_MODULES),
                         help="comma-separated test modules, classes or methods (default: "
                              "%(default)s)")
