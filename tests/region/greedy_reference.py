@@ -1,5 +1,6 @@
-"""The planner's greedy placement as NumPy code, with an n-by-n lifetime mask: the reference
-that the compiled core (gpupool.region.greedy) must match offset for offset."""
+"""The planner's compiled loops as NumPy code, the references they must match: the greedy
+placement with an n-by-n lifetime mask (gpupool.region.greedy) and a plan's anchors
+(gpupool.region.anchors)."""
 
 import numpy as np
 
@@ -49,3 +50,18 @@ def greedy(sizes, starts, ends, busy_with, order_key, fit, fixed, pinned):
         offsets[i] = at
         done[i] = True
     return offsets
+
+
+def anchors(plan):
+    """For each planned request k, the request allocated before k, live at k's allocation,
+    whose end is the largest at or below k's offset (the first of equal ends); -1 if none."""
+    step, off = plan.step, plan.offsets
+    ends = off + step.nbytes
+    out = np.full(len(step), -1, np.int64)
+    planned = step.planned
+    for k in np.flatnonzero(planned):
+        cand = np.flatnonzero(planned[:k] & (step.free[:k] > step.alloc[k]) &
+                              (ends[:k] <= off[k]))
+        if len(cand):
+            out[k] = cand[np.argmax(ends[cand])]
+    return out
