@@ -17,7 +17,7 @@ nothing is taken).
 The work is the number of placed requests compared with the one being placed (each fixed
 range compared counts as one too): the core stops past ``work_limit`` of it, or past
 ``budget_ns`` of wall-clock time (steady clock, checked every 64 placements), and says which.
-The core runs without the GIL.
+The core runs without the GIL. Measurements: Note [Compiled greedy placement] in docs/design.md.
 """
 from libc.stdint cimport int64_t
 from libcpp.algorithm cimport lower_bound
