@@ -301,6 +301,16 @@ def _step_floor(step):
     return floor_bytes(step.nbytes[keep], step.alloc[keep], step.free[keep], step.length)
 
 
+def _order(sizes, starts, ends, order_key):
+    """The order a greedy strategy places requests in: by ``order_key`` ("size", "lifetime"
+    or "area", the largest first), then the largest, then the earliest allocated."""
+    if order_key == "size":
+        return np.lexsort((starts, -sizes))
+    life = ends - starts
+    key = -life if order_key == "lifetime" else -(life * sizes)
+    return np.lexsort((starts, -sizes, key))
+
+
 def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pinned,
             work_limit=0):
     """Offsets by one greedy strategy (placed by the compiled core, gpupool.region.greedy).
@@ -310,12 +320,7 @@ def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pin
     event + 1) of bytes taken for a while; ``pinned``: each request's given offset, -1 where
     the strategy places it; ``work_limit``: comparisons allowed (<= 0: no limit).
     Returns (offsets, work, None), or (None, work, "time" or "work") past a limit."""
-    if order_key == "size":
-        order = np.lexsort((starts, -sizes))
-    else:
-        life = ends - starts
-        key = -life if order_key == "lifetime" else -(life * sizes)
-        order = np.lexsort((starts, -sizes, key))
+    order = _order(sizes, starts, ends, order_key)
     streams, period, share_streams = busy_with
     budget_ns = -1 if deadline is None else max(0, int((deadline - time.perf_counter()) * 1e9))
     offsets, work, status = greedy.place(sizes, starts, ends, streams, period, share_streams,

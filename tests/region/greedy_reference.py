@@ -4,7 +4,7 @@ placement with an n-by-n lifetime mask (gpupool.region.greedy) and a plan's anch
 
 import numpy as np
 
-from gpupool.region.placement import overlaps
+from gpupool.region.placement import _order, overlaps
 
 
 def busy_mask(starts, ends, streams, period, share_streams):
@@ -20,12 +20,7 @@ def greedy(sizes, starts, ends, busy_with, order_key, fit, fixed, pinned):
     """Offsets by one greedy strategy. ``fixed``: (offsets, ends, first event, last event + 1)
     of bytes taken for a while; ``pinned``: each request's given offset, -1 where the
     strategy places it."""
-    if order_key == "size":
-        order = np.lexsort((starts, -sizes))
-    else:
-        life = ends - starts
-        key = -life if order_key == "lifetime" else -(life * sizes)
-        order = np.lexsort((starts, -sizes, key))
+    order = _order(sizes, starts, ends, order_key)
     done = pinned >= 0
     offsets = np.where(done, pinned, 0)
     order = order[~done[order]]

@@ -8,6 +8,7 @@ import pytest
 from greedy_reference import busy_mask, greedy
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_placement import steps
 
 from gpupool.region import greedy as compiled
 from gpupool.region.placement import ALIGN, ESCAPED, STRATEGIES, Step, _greedy, plan
@@ -17,21 +18,16 @@ FOREVER = np.iinfo(np.int64).max
 
 @st.composite
 def cases(draw, max_requests=40):
-    """A step's planned requests (tails crossing the period included), a strategy, whether
-    streams share, fixed ranges (some for the whole step) and pinned requests. Sizes come from
-    few values, so that ties in size and offset are common."""
-    n = draw(st.integers(1, max_requests))
-    length = 2 * n + draw(st.integers(0, 4))
-    alloc = sorted(draw(st.lists(st.integers(0, length - 1), min_size=n, max_size=n,
-                                 unique=True)))
-    free = []
-    for a in alloc:
-        tail = draw(st.booleans()) and a > 0
-        free.append(length + draw(st.integers(0, a - 1)) if tail or a == length - 1 and a > 0
-                    else draw(st.integers(a + 1, max(a + 1, length - 1))))
+    """A step's planned requests (those of test_placement's steps, tails crossing the period
+    included, sizes drawn again from few values so that ties in size and offset are common), a
+    strategy, whether streams share, fixed ranges (some for the whole step) and pinned
+    requests."""
+    drawn = draw(steps(max_requests, streams=3))
+    keep = drawn.planned
+    n, length = int(keep.sum()), drawn.length
     units = draw(st.lists(st.sampled_from([1, 2, 3, 8, 64, 1000]), min_size=n, max_size=n))
-    step = Step(np.array(units) * ALIGN, alloc, free,
-                draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)), length)
+    step = Step(np.array(units, np.int64) * ALIGN, drawn.alloc[keep], drawn.free[keep],
+                drawn.stream[keep], length)
     m = draw(st.integers(0, 4))
     lo = np.array(draw(st.lists(st.integers(0, 64), min_size=m, max_size=m)), np.int64) * ALIGN
     hi = lo + np.array(draw(st.lists(st.integers(1, 16), min_size=m, max_size=m)),
