@@ -21,12 +21,14 @@ online: a request takes its planned place when it fits there and no block in the
 any of the place's bytes, which :meth:`Plan.conflicts` lets it check in O(#conflicts).
 
 Times are event indices of one step (its allocations and frees, in order); sizes are bytes.
-Pure Python and NumPy, no device.
+NumPy, and the greedy placement compiled (:mod:`gpupool.region.greedy`); no device.
 """
 
 import time
 
 import numpy as np
+
+from gpupool.region import greedy
 
 __all__ = ["ALIGN", "ESCAPED", "STRATEGIES", "Plan", "Step", "envelope", "floor_bytes",
            "overlaps", "plan", "record_step", "servable"]
@@ -299,42 +301,33 @@ def _step_floor(step):
     return floor_bytes(step.nbytes[keep], step.alloc[keep], step.free[keep], step.length)
 
 
-def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pinned):
-    """Offsets by one greedy strategy, or None past ``deadline`` (a perf_counter time).
-    ``fixed``: (offsets, ends, first event, last event + 1) of bytes taken for a while;
-    ``pinned``: each request's given offset, -1 where the strategy places it."""
+def _order(sizes, starts, ends, order_key):
+    """The order a greedy strategy places requests in: by ``order_key`` ("size", "lifetime"
+    or "area", the largest first), then the largest, then the earliest allocated."""
     if order_key == "size":
-        order = np.lexsort((starts, -sizes))
-    else:
-        life = ends - starts
-        key = -life if order_key == "lifetime" else -(life * sizes)
-        order = np.lexsort((starts, -sizes, key))
-    done = pinned >= 0
-    offsets = np.where(done, pinned, 0)
-    order = order[~done[order]]
-    for count, i in enumerate(order):
-        if count % 64 == 63 and time.perf_counter() > deadline:
-            return None
-        busy = done & busy_with[i]
-        now = (fixed[2] < ends[i]) & (starts[i] < fixed[3])
-        lo = np.concatenate((offsets[busy], fixed[0][now]))
-        hi = np.concatenate((offsets[busy] + sizes[busy], fixed[1][now]))
-        at = 0
-        if len(lo):
-            by_lo = np.argsort(lo, kind="stable")
-            lo, reach = lo[by_lo], np.maximum.accumulate(hi[by_lo])
-            before = np.concatenate(([0], reach[:-1]))
-            gaps = lo - before
-            fits = np.flatnonzero(gaps >= sizes[i])
-            if not len(fits):
-                at = int(reach[-1])
-            elif fit == "first":
-                at = int(before[fits[0]])
-            else:
-                at = int(before[fits[np.argmin(gaps[fits])]])
-        offsets[i] = at
-        done[i] = True
-    return offsets
+        return np.lexsort((starts, -sizes))
+    life = ends - starts
+    key = -life if order_key == "lifetime" else -(life * sizes)
+    return np.lexsort((starts, -sizes, key))
+
+
+def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pinned,
+            work_limit=0):
+    """Offsets by one greedy strategy (placed by the compiled core, gpupool.region.greedy).
+    ``busy_with``: (streams, period, share_streams), what makes two requests busy with each
+    other (:func:`overlaps` with the period; unless ``share_streams``, different streams);
+    ``deadline``: a perf_counter time or None; ``fixed``: (offsets, ends, first event, last
+    event + 1) of bytes taken for a while; ``pinned``: each request's given offset, -1 where
+    the strategy places it; ``work_limit``: comparisons allowed (<= 0: no limit).
+    Returns (offsets, work, None), or (None, work, "time" or "work") past a limit."""
+    order = _order(sizes, starts, ends, order_key)
+    streams, period, share_streams = busy_with
+    budget_ns = -1 if deadline is None else max(0, int((deadline - time.perf_counter()) * 1e9))
+    offsets, work, status = greedy.place(sizes, starts, ends, streams, period, share_streams,
+                                         order, fit, fixed, pinned, work_limit, budget_ns)
+    if status == greedy.DONE:
+        return offsets, work, None
+    return None, work, "work" if status == greedy.PAST_WORK else "time"
 
 
 def _first_fit(step, keep):
@@ -396,7 +389,7 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
         the best plan so far is kept.
     max_requests : int
         Steps of more planned requests get the first-fit plan at once
-        (``plan.fallback == "requests"``): the greedy holds an n-by-n mask of lifetimes.
+        (``plan.fallback == "requests"``): the greedy's work grows as the square of their number.
     strategies : sequence of str
         Keys of :data:`STRATEGIES`, run in order; ties go to the earlier.
     share_streams : bool
@@ -434,15 +427,12 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
         fallback = "requests"
     else:
         sizes, starts, ends = step.nbytes[idx], step.alloc[idx], step.free[idx]
-        busy_with = overlaps(starts[:, None], ends[:, None], starts[None, :], ends[None, :],
-                             step.length)
-        if not share_streams:
-            busy_with |= step.stream[idx][:, None] != step.stream[idx][None, :]
+        busy_with = (step.stream[idx], step.length, share_streams)
         for name in strategies:
-            found = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name], deadline, fixed,
-                            pinned[idx])
+            found, _, why = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name], deadline,
+                                    fixed, pinned[idx])
             if found is None:
-                fallback = None if best is not None else "time"
+                fallback = None if best is not None else why
                 break
             tried[name] = int((found + sizes).max())
             if best is None or tried[name] < tried[method]:

@@ -47,6 +47,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from gpupool.region import anchors as _anchors
 from gpupool.region import placement
 
 __all__ = ["Planner", "anchors", "signature"]
@@ -87,19 +88,12 @@ def _meets(plan, obstacles):
 
 def anchors(plan):
     """For each planned request k, a request placed just below it (the largest end at or
-    below k's offset) among those allocated before k in the entry and still live when k is
-    allocated; -1 if none. The core finds k's place by walking the pool's blocks from that
-    one's, usually its neighbour. int64 array, one entry per request."""
-    step, off = plan.step, plan.offsets
-    ends = off + step.nbytes
-    out = np.full(len(step), -1, np.int64)
-    planned = step.planned
-    for k in np.flatnonzero(planned):
-        cand = np.flatnonzero(planned[:k] & (step.free[:k] > step.alloc[k]) &
-                              (ends[:k] <= off[k]))
-        if len(cand):
-            out[k] = cand[np.argmax(ends[cand])]
-    return out
+    below k's offset, the lowest index of equal ends) among those allocated before k in the
+    entry and still live when k is allocated; -1 if none. The core finds k's place by walking
+    the pool's blocks from that one's, usually its neighbour. int64 array, one entry per
+    request (a sweep compiled in gpupool.region.anchors)."""
+    step = plan.step
+    return _anchors.anchors(plan.offsets, step.nbytes, step.alloc, step.free, step.planned)
 
 
 class Planner:
