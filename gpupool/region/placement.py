@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-__all__ = ["ALIGN", "ESCAPED", "STRATEGIES", "Plan", "Step", "envelope", "floor_bytes",
-           "overlaps", "plan", "record_step", "servable"]
+__all__ = ["ALIGN", "BUDGET_MS", "BUDGET_WORK", "ESCAPED", "STRATEGIES", "Plan", "Step",
+           "envelope", "floor_bytes", "overlaps", "plan", "record_step", "servable"]
 
 ALIGN = 512                 # bytes: the pool's rounding of a request, the offsets' alignment
 ESCAPED = -1                # a request's free: not in its step nor before its next allocation
@@ -43,6 +43,14 @@ STRATEGIES = {
     "area": ("area", "first"),
 }
 DEFAULT_STRATEGIES = ("size",)     # on the recorded steps no other strategy placed smaller
+# The greedy strategies' work, in units of one candidate place examined (a block placed so far
+# that lives at the same time, or a fixed row taken then: sorted by offset and scanned for a
+# gap). Placing a block also costs PLACE_WORK units (its NumPy calls), one unit per MASK_ROW
+# entries of its lifetime-mask row and one per FIXED_ROW fixed rows it checks: the weights of
+# their measured costs (Note [Planning budget in work] in docs/design.md).
+PLACE_WORK, MASK_ROW, FIXED_ROW = 256, 64, 4
+BUDGET_WORK = 4_000_000     # units: 1.15x the most a recorded real step's plan takes
+BUDGET_MS = 2000.0          # wall-clock cap: a safety net the recorded steps never reach
 
 
 def _round(nbytes):
@@ -223,11 +231,15 @@ class Plan:
         The step's most bytes live at once, the tails of the entry before counted.
     planning_ms : float
         Milliseconds :func:`plan` took.
+    work : int
+        The greedy strategies' work in all, in units of one candidate place examined (see
+        :func:`plan`); the same on any machine for the same step and arguments.
     method : str
         The strategy whose plan was kept (a key of :data:`STRATEGIES`, or ``"first-fit"``).
     fallback : str or None
-        Why the cheap first-fit plan was returned (``"requests"``: more requests than the
-        budget; ``"time"``: the greedy ran past it); None when a greedy plan was kept.
+        Why the cheap first-fit plan was returned: ``"requests"``, more planned requests than
+        ``max_requests``; ``"work"``, the first strategy passed ``budget_work``; ``"time"``,
+        it passed ``budget_ms`` first. None when a greedy plan was kept.
     tried : dict
         Each strategy run to its end, with its range's size in bytes.
     events : numpy.ndarray of int64, shape (k, 2)
@@ -235,17 +247,17 @@ class Plan:
         ``share_streams``): the later user must wait for an event on the earlier's stream.
     """
 
-    __slots__ = ("step", "offsets", "nbytes", "floor", "planning_ms", "method", "fallback",
-                 "tried", "events", "_ptr", "_idx")
+    __slots__ = ("step", "offsets", "nbytes", "floor", "planning_ms", "work", "method",
+                 "fallback", "tried", "events", "_ptr", "_idx")
 
     def __init__(self, step, offsets, *, method, fallback=None, tried=None, planning_ms=0.0,
-                 share_streams=False):
+                 work=0, share_streams=False):
         self.step, self.offsets = step, np.asarray(offsets, dtype=np.int64)
         ends = self.offsets + step.nbytes
         self.nbytes = int(ends[step.planned].max(initial=0))
         self.floor = _step_floor(step)
         self.method, self.fallback, self.tried = method, fallback, dict(tried or {})
-        self.planning_ms = planning_ms
+        self.planning_ms, self.work = planning_ms, int(work)
         first, second = _address_pairs(self.offsets, ends, step.planned)
         if share_streams:
             other = step.stream[first] != step.stream[second]
@@ -278,7 +290,7 @@ class Plan:
     def __repr__(self):
         how = self.method + (f", fallback: {self.fallback}" if self.fallback else "")
         return (f"Plan({len(self.offsets)} requests, nbytes={self.nbytes}, floor={self.floor}, "
-                f"{how}, {self.planning_ms:.1f} ms)")
+                f"{how}, {self.work} work, {self.planning_ms:.1f} ms)")
 
 
 def _address_pairs(offsets, ends, planned):
@@ -299,10 +311,12 @@ def _step_floor(step):
     return floor_bytes(step.nbytes[keep], step.alloc[keep], step.free[keep], step.length)
 
 
-def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pinned):
-    """Offsets by one greedy strategy, or None past ``deadline`` (a perf_counter time).
-    ``fixed``: (offsets, ends, first event, last event + 1) of bytes taken for a while;
-    ``pinned``: each request's given offset, -1 where the strategy places it."""
+def _greedy(sizes, starts, ends, busy_with, order_key, fit, limits, fixed, pinned):
+    """Offsets by one greedy strategy, the work it took (units, see :func:`plan`) and None;
+    or None, the work and the limit that stopped it (``"work"``, ``"time"``) when it passed
+    one of ``limits``: (work units left, a perf_counter deadline). ``fixed``: (offsets, ends,
+    first event, last event + 1) of bytes taken for a while; ``pinned``: each request's given
+    offset, -1 where the strategy places it."""
     if order_key == "size":
         order = np.lexsort((starts, -sizes))
     else:
@@ -312,13 +326,17 @@ def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pin
     done = pinned >= 0
     offsets = np.where(done, pinned, 0)
     order = order[~done[order]]
+    work, each = 0, PLACE_WORK + len(sizes) // MASK_ROW + len(fixed[0]) // FIXED_ROW
     for count, i in enumerate(order):
-        if count % 64 == 63 and time.perf_counter() > deadline:
-            return None
+        if work > limits[0]:
+            return None, work, "work"
+        if count % 64 == 63 and time.perf_counter() > limits[1]:
+            return None, work, "time"
         busy = done & busy_with[i]
         now = (fixed[2] < ends[i]) & (starts[i] < fixed[3])
         lo = np.concatenate((offsets[busy], fixed[0][now]))
         hi = np.concatenate((offsets[busy] + sizes[busy], fixed[1][now]))
+        work += each + len(lo)
         at = 0
         if len(lo):
             by_lo = np.argsort(lo, kind="stable")
@@ -334,7 +352,7 @@ def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pin
                 at = int(before[fits[np.argmin(gaps[fits])]])
         offsets[i] = at
         done[i] = True
-    return offsets
+    return offsets, work, None
 
 
 def _first_fit(step, keep):
@@ -383,17 +401,26 @@ def _give_back(gaps, at, size):
     gaps.insert(g, (at, size))
 
 
-def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATEGIES,
-         share_streams=False, fixed=None, pinned=None):
+def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=4096,
+         strategies=DEFAULT_STRATEGIES, share_streams=False, fixed=None, pinned=None):
     """Place ``step``'s requests in one range; keep the smallest of the strategies' plans.
 
     Parameters
     ----------
     step : Step
+    budget_work : int
+        Work the greedy strategies may do in all, in units of one candidate place examined
+        (a block placed so far that lives at the same time as the one being placed, or a
+        fixed row taken then); placing a block costs ``PLACE_WORK`` more, and one unit per
+        ``MASK_ROW`` planned requests and per ``FIXED_ROW`` fixed rows. A strategy that has
+        passed it with blocks left stops: during the first, the first-fit plan is returned
+        (``plan.fallback == "work"``); during a later one, the best plan so far is kept. The
+        count depends on the step and the arguments alone, so the plan is the same on any
+        machine under any load. The default takes about 200 ms on a 2026 server core.
     budget_ms : float
-        Milliseconds the greedy strategies may take in all. Past it during the first, the
-        first-fit plan is returned (``plan.fallback == "time"``); past it during a later one,
-        the best plan so far is kept.
+        Milliseconds of wall-clock time the greedy strategies may take in all, a safety net
+        (checked every 64 blocks): past it, as past ``budget_work`` (``"time"``). The default
+        is far above what ``budget_work``'s default takes.
     max_requests : int
         Steps of more planned requests get the first-fit plan at once
         (``plan.fallback == "requests"``): the greedy holds an n-by-n mask of lifetimes.
@@ -415,7 +442,7 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
     Plan
     """
     start = time.perf_counter()
-    deadline = start + budget_ms / 1e3
+    left = [budget_work, start + budget_ms / 1e3]      # work units, perf_counter deadline
     fixed = np.asarray(fixed if fixed is not None and len(fixed) else np.zeros((0, 2)),
                        dtype=np.int64)
     forever = np.iinfo(np.int64).max
@@ -427,7 +454,7 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
         np.asarray(pinned, dtype=np.int64)
     keep = step.planned
     idx = np.flatnonzero(keep)
-    best, method, fallback, tried = None, "first-fit", None, {}
+    best, method, fallback, tried, work = None, "first-fit", None, {}, 0
     if not len(idx):
         best, method = idx, strategies[0]
     elif len(idx) > max_requests:
@@ -439,10 +466,12 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
         if not share_streams:
             busy_with |= step.stream[idx][:, None] != step.stream[idx][None, :]
         for name in strategies:
-            found = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name], deadline, fixed,
-                            pinned[idx])
+            found, spent, stopped = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name],
+                                            left, fixed, pinned[idx])
+            work += spent
+            left[0] -= spent
             if found is None:
-                fallback = None if best is not None else "time"
+                fallback = None if best is not None else stopped
                 break
             tried[name] = int((found + sizes).max())
             if best is None or tried[name] < tried[method]:
@@ -455,7 +484,7 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
         offsets[idx] = best
     ms = (time.perf_counter() - start) * 1e3
     return Plan(step, offsets, method=method, fallback=fallback, tried=tried, planning_ms=ms,
-                share_streams=share_streams)
+                work=work, share_streams=share_streams)
 
 
 def servable(plan, step, carried=()):
