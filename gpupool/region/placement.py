@@ -50,7 +50,7 @@ DEFAULT_STRATEGIES = ("size",)     # on the recorded steps no other strategy pla
 # their measured costs (Note [Planning budget in work] in docs/design.md).
 PLACE_WORK, MASK_ROW, FIXED_ROW = 256, 64, 4
 BUDGET_WORK = 4_000_000     # units: 1.15x the most a recorded real step's plan takes
-BUDGET_MS = 2000.0          # wall-clock cap: a safety net the recorded steps never reach
+BUDGET_MS = 5000.0          # wall-clock cap: a safety net the recorded steps never reach
 
 
 def _round(nbytes):
