@@ -416,7 +416,8 @@ def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=409
         passed it with blocks left stops: during the first, the first-fit plan is returned
         (``plan.fallback == "work"``); during a later one, the best plan so far is kept. The
         count depends on the step and the arguments alone, so the plan is the same on any
-        machine under any load. The default takes about 200 ms on a 2026 server core.
+        machine under any load. At the default the greedy takes up to about 175 ms (Note
+        [Planning budget in work] in docs/design.md).
     budget_ms : float
         Milliseconds of wall-clock time the greedy strategies may take in all, a safety net
         (checked every 64 blocks): past it, as past ``budget_work`` (``"time"``). The default
