@@ -36,7 +36,10 @@ pool's peak reserved bytes with the range in it. A last table replays the real r
 the runtime ``gpupool.Region(plan=True)`` entered at each step start (as the "vmm + region"
 column), beside the pool alone and the pool with a plain region: peak reserved MiB and / run
 floor, the share of the planned requests served at their planned place, the plans made, given
-up and not used for want of room, and the planning milliseconds in all. The other columns do not change with the flag.
+up and not used for want of room, the planning milliseconds and work in all, and the plans that
+fell back to first fit past a budget (work or time). Every column but the milliseconds is the
+same on every run, whatever the machine's load (Note [Planning budget in work] in
+docs/design.md). The other columns do not change with the flag.
 """
 
 import json
@@ -303,6 +306,8 @@ def run_planner(gpupool, rows):
             tried = stats["plan_hits"] + stats["plan_misses"]
             row.update(runtime_served=stats["plan_hits"] / tried if tried else 0.0,
                        runtime_plans=stats["plans"], runtime_ms=stats["planning_ms"],
+                       runtime_work=stats["planning_work"],
+                       runtime_past=stats["plans_past_work"] + stats["plans_past_time"],
                        runtime_given_up=stats["plans_given_up"],
                        runtime_unfit=stats["plans_not_fitting"],
                        runtime_records=stats["record_plans"], runtime_record_ms=stats["record_ms"])
@@ -339,11 +344,13 @@ def report_runtime(found):
     return format_table(
         ["trace", "run floor MiB", "pool (vmm) MiB (/ floor)", "pool + region",
          "Region(plan=True)", "planned / pool + region", "served at the planned place",
-         "plans", "given up", "not fitting", "planning ms", "at request 0 (ms)"],
+         "plans", "given up", "not fitting", "planning ms", "work (M units)",
+         "past a budget", "at request 0 (ms)"],
         [[name, f"{r['run_floor'] / MiB:,.0f}", mib(r, "pool"), mib(r, "pool_region"),
           mib(r, "runtime"), f"{r['runtime'] / r['pool_region']:.4f}",
           f"{r['runtime_served']:.1%}", str(r["runtime_plans"]), str(r["runtime_given_up"]),
-          str(r["runtime_unfit"]), f"{r['runtime_ms']:.0f}",
+          str(r["runtime_unfit"]), f"{r['runtime_ms']:.0f}", f"{r['runtime_work'] / 1e6:.1f}",
+          str(r["runtime_past"]),
           f"{r['runtime_records']} ({r['runtime_record_ms']:.0f})"]
          for name, r in found.items() if "runtime" in r],
         title="the planned region at run time (gpupool.Region(plan=True), a region per step) on "

@@ -104,6 +104,10 @@ class RegionStats:
     plan_bytes: int = 0         # bytes of the largest plan's range kept
     record_plans: int = 0       # plans made at a record step's request 0 (counted in plans)
     record_ms: float = 0.0      # milliseconds those took (counted in planning_ms)
+    planning_work: int = 0      # the plans' work (placement.Plan.work: units), in all
+    plans_past_work: int = 0    # plans that fell back to first fit: past budget_work,
+    plans_past_time: int = 0    # past budget_ms (the wall-clock cap),
+    plans_past_requests: int = 0    # or of more planned requests than the greedy takes
 
     def as_dict(self):
         """The counters as a plain ``dict``."""

@@ -2,6 +2,7 @@
 and the recorded training runs), against PyTorch's recorded expandable segments, with a
 region per step, with a pool of its own for small requests, and with a planned region."""
 
+import math
 import os
 import sys
 
@@ -88,3 +89,20 @@ def test_a_planned_region_never_costs_memory_on_the_real_runs():
         if trace.name.endswith("varlen"):
             # No sizes repeat, the structure does: planned from the envelope, served there.
             assert stats["plans"] >= 1 and stats["plan_hits"] > 0.9 * tried
+
+
+def test_the_wall_clock_cap_decides_nothing_on_the_real_runs():
+    # Plans are bounded by their work (Note [Planning budget in work]): every plan of the
+    # real runs finishes within the default work budget, and lifting the wall-clock cap
+    # changes nothing the replay reports, on any machine and under any load.
+    for trace in [alloc_trace.load(p) for p in alloc_trace.find(fragmentation.REAL_DIR)]:
+        capped, unbounded = {}, {}
+        peak = fragmentation.peak_reserved(gpupool, trace, "vmm", region=True, plan=True,
+                                           out=capped)
+        free = fragmentation.peak_reserved(gpupool, trace, "vmm", region=True,
+                                           plan={"budget_ms": math.inf}, out=unbounded)
+        assert peak == free, (trace.name, peak / MiB, free / MiB)
+        assert capped["plans_past_work"] == capped["plans_past_time"] == 0, trace.name
+        for key in ("plans", "plan_hits", "plan_misses", "record_plans", "plans_not_fitting",
+                    "plans_given_up", "planning_work", "plans_past_requests"):
+            assert capped[key] == unbounded[key], (trace.name, key)

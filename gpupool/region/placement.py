@@ -30,8 +30,8 @@ import numpy as np
 
 from gpupool.region import greedy
 
-__all__ = ["ALIGN", "ESCAPED", "STRATEGIES", "Plan", "Step", "envelope", "floor_bytes",
-           "overlaps", "plan", "record_step", "servable"]
+__all__ = ["ALIGN", "BUDGET_MS", "BUDGET_WORK", "ESCAPED", "STRATEGIES", "Plan", "Step",
+           "envelope", "floor_bytes", "overlaps", "plan", "record_step", "servable"]
 
 ALIGN = 512                 # bytes: the pool's rounding of a request, the offsets' alignment
 ESCAPED = -1                # a request's free: not in its step nor before its next allocation
@@ -45,6 +45,11 @@ STRATEGIES = {
     "area": ("area", "first"),
 }
 DEFAULT_STRATEGIES = ("size",)     # on the recorded steps no other strategy placed smaller
+# The greedy strategies' work, in units of one comparison of the compiled core
+# (gpupool.region.greedy): a block placed so far, or a fixed row, checked against the block
+# being placed (Note [Planning budget in work] in docs/design.md).
+BUDGET_WORK = 8_000_000     # units: 1.27x the most a recorded real step's plan takes
+BUDGET_MS = 5000.0          # wall-clock cap: a safety net the recorded steps never reach
 
 
 def _round(nbytes):
@@ -225,11 +230,15 @@ class Plan:
         The step's most bytes live at once, the tails of the entry before counted.
     planning_ms : float
         Milliseconds :func:`plan` took.
+    work : int
+        The greedy strategies' work in all, in units of one candidate place examined (see
+        :func:`plan`); the same on any machine for the same step and arguments.
     method : str
         The strategy whose plan was kept (a key of :data:`STRATEGIES`, or ``"first-fit"``).
     fallback : str or None
-        Why the cheap first-fit plan was returned (``"requests"``: more requests than the
-        budget; ``"time"``: the greedy ran past it); None when a greedy plan was kept.
+        Why the cheap first-fit plan was returned: ``"requests"``, more planned requests than
+        ``max_requests``; ``"work"``, the first strategy passed ``budget_work``; ``"time"``,
+        it passed ``budget_ms`` first. None when a greedy plan was kept.
     tried : dict
         Each strategy run to its end, with its range's size in bytes.
     events : numpy.ndarray of int64, shape (k, 2)
@@ -237,17 +246,17 @@ class Plan:
         ``share_streams``): the later user must wait for an event on the earlier's stream.
     """
 
-    __slots__ = ("step", "offsets", "nbytes", "floor", "planning_ms", "method", "fallback",
-                 "tried", "events", "_ptr", "_idx")
+    __slots__ = ("step", "offsets", "nbytes", "floor", "planning_ms", "work", "method",
+                 "fallback", "tried", "events", "_ptr", "_idx")
 
     def __init__(self, step, offsets, *, method, fallback=None, tried=None, planning_ms=0.0,
-                 share_streams=False):
+                 work=0, share_streams=False):
         self.step, self.offsets = step, np.asarray(offsets, dtype=np.int64)
         ends = self.offsets + step.nbytes
         self.nbytes = int(ends[step.planned].max(initial=0))
         self.floor = _step_floor(step)
         self.method, self.fallback, self.tried = method, fallback, dict(tried or {})
-        self.planning_ms = planning_ms
+        self.planning_ms, self.work = planning_ms, int(work)
         first, second = _address_pairs(self.offsets, ends, step.planned)
         if share_streams:
             other = step.stream[first] != step.stream[second]
@@ -280,7 +289,7 @@ class Plan:
     def __repr__(self):
         how = self.method + (f", fallback: {self.fallback}" if self.fallback else "")
         return (f"Plan({len(self.offsets)} requests, nbytes={self.nbytes}, floor={self.floor}, "
-                f"{how}, {self.planning_ms:.1f} ms)")
+                f"{how}, {self.work} work, {self.planning_ms:.1f} ms)")
 
 
 def _address_pairs(offsets, ends, planned):
@@ -322,7 +331,8 @@ def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pin
     Returns (offsets, work, None), or (None, work, "time" or "work") past a limit."""
     order = _order(sizes, starts, ends, order_key)
     streams, period, share_streams = busy_with
-    budget_ns = -1 if deadline is None else max(0, int((deadline - time.perf_counter()) * 1e9))
+    budget_ns = -1 if deadline is None or deadline == float("inf") else \
+        max(0, int((deadline - time.perf_counter()) * 1e9))
     offsets, work, status = greedy.place(sizes, starts, ends, streams, period, share_streams,
                                          order, fit, fixed, pinned, work_limit, budget_ns)
     if status == greedy.DONE:
@@ -376,17 +386,26 @@ def _give_back(gaps, at, size):
     gaps.insert(g, (at, size))
 
 
-def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATEGIES,
-         share_streams=False, fixed=None, pinned=None):
+def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=4096,
+         strategies=DEFAULT_STRATEGIES, share_streams=False, fixed=None, pinned=None):
     """Place ``step``'s requests in one range; keep the smallest of the strategies' plans.
 
     Parameters
     ----------
     step : Step
+    budget_work : int
+        Work the greedy strategies may do in all, in units of one comparison of the
+        compiled core: a block placed so far, or a fixed row, checked against the block
+        being placed (whether they live at the same time, then where it lies). A strategy
+        that has passed it with blocks left stops: during the first, the first-fit plan is returned
+        (``plan.fallback == "work"``); during a later one, the best plan so far is kept. The
+        count depends on the step and the arguments alone, so the plan is the same on any
+        machine under any load. At the default the greedy takes up to about 25 ms (Note
+        [Planning budget in work] in docs/design.md).
     budget_ms : float
-        Milliseconds the greedy strategies may take in all. Past it during the first, the
-        first-fit plan is returned (``plan.fallback == "time"``); past it during a later one,
-        the best plan so far is kept.
+        Milliseconds of wall-clock time the greedy strategies may take in all, a safety net
+        (checked every 64 blocks): past it, as past ``budget_work`` (``"time"``). The default
+        is far above what ``budget_work``'s default takes.
     max_requests : int
         Steps of more planned requests get the first-fit plan at once
         (``plan.fallback == "requests"``): the greedy's work grows as the square of their number.
@@ -408,7 +427,7 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
     Plan
     """
     start = time.perf_counter()
-    deadline = start + budget_ms / 1e3
+    left = [budget_work, start + budget_ms / 1e3]      # work units, perf_counter deadline
     fixed = np.asarray(fixed if fixed is not None and len(fixed) else np.zeros((0, 2)),
                        dtype=np.int64)
     forever = np.iinfo(np.int64).max
@@ -420,7 +439,7 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
         np.asarray(pinned, dtype=np.int64)
     keep = step.planned
     idx = np.flatnonzero(keep)
-    best, method, fallback, tried = None, "first-fit", None, {}
+    best, method, fallback, tried, work = None, "first-fit", None, {}, 0
     if not len(idx):
         best, method = idx, strategies[0]
     elif len(idx) > max_requests:
@@ -429,10 +448,15 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
         sizes, starts, ends = step.nbytes[idx], step.alloc[idx], step.free[idx]
         busy_with = (step.stream[idx], step.length, share_streams)
         for name in strategies:
-            found, _, why = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name], deadline,
-                                    fixed, pinned[idx])
+            if left[0] <= 0:                    # (the compiled core reads 0 as no limit)
+                fallback = None if best is not None else "work"
+                break
+            found, spent, stopped = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name],
+                                            left[1], fixed, pinned[idx], work_limit=left[0])
+            work += spent
+            left[0] -= spent
             if found is None:
-                fallback = None if best is not None else why
+                fallback = None if best is not None else stopped
                 break
             tried[name] = int((found + sizes).max())
             if best is None or tried[name] < tried[method]:
@@ -445,7 +469,7 @@ def plan(step, *, budget_ms=1000.0, max_requests=4096, strategies=DEFAULT_STRATE
         offsets[idx] = best
     ms = (time.perf_counter() - start) * 1e3
     return Plan(step, offsets, method=method, fallback=fallback, tried=tried, planning_ms=ms,
-                share_streams=share_streams)
+                work=work, share_streams=share_streams)
 
 
 def servable(plan, step, carried=()):

@@ -7,7 +7,7 @@ starts (core/plantable.pxd). At each exit the step before the one that just ende
 keyed by its signature: its structure (the order of its allocations and frees, their streams),
 without sizes. Each signature keeps its envelope, the elementwise most of the sizes its steps
 asked for. A signature seen twice is planned from its envelope (:func:`placement.plan`, within
-a time budget), and planned again when a step asks more than the plan covers; the next entry is
+a budget of work), and planned again when a step asks more than the plan covers; the next entry is
 served from the plan of the last complete step's signature, request k at its place whenever it
 asks no more than the place's bytes (a smaller step's blocks lie inside the envelope's places,
 so they stay apart as those do). Steps of fixed sizes are the case where the envelope is the
@@ -106,8 +106,13 @@ class Planner:
     max_plan_requests : int
         Requests of the kept plans together (their host memory), the least recently used
         dropped past it; a step of more requests than this is never planned; >= 1.
+    budget_work : int
+        Work one plan's greedy placement may do (``placement.plan``'s ``budget_work``, in
+        units of one candidate place examined): what bounds planning, the same on any machine
+        and load, so the same steps get the same plans; >= 1.
     budget_ms : float
-        Milliseconds one plan may take (``placement.plan``'s budget); > 0.
+        Milliseconds of wall-clock time one plan's greedy placement may take
+        (``placement.plan``'s ``budget_ms``), a safety net for the allocating thread; > 0.
     min_hit_rate : float
         Share of an entry's planned requests that must be served at their place; 0 to 1.
     record : bool
@@ -119,18 +124,22 @@ class Planner:
     Raises
     ------
     TypeError
-        An option of another type: an integer (not a bool) for the first two, a real number
-        for ``budget_ms`` and ``min_hit_rate``, a bool for ``record``.
+        An option of another type: an integer (not a bool) for the first two and
+        ``budget_work``, a real number for ``budget_ms`` and ``min_hit_rate``, a bool for
+        ``record``.
         The message names the option, its value and what it accepts.
     ValueError
         An option out of its range (NaN included), named with its value and the range.
     """
 
-    def __init__(self, max_plans=4, max_plan_requests=1 << 16, budget_ms=200.0,
+    def __init__(self, max_plans=4, max_plan_requests=1 << 16,
+                 budget_work=placement.BUDGET_WORK, budget_ms=placement.BUDGET_MS,
                  min_hit_rate=0.5, record=True):
         for name, value, kind, accepted, within in (
                 ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
                 ("max_plan_requests", max_plan_requests, numbers.Integral, "an integer >= 1",
+                 lambda v: v >= 1),
+                ("budget_work", budget_work, numbers.Integral, "an integer >= 1",
                  lambda v: v >= 1),
                 ("budget_ms", budget_ms, numbers.Real, "a number of milliseconds > 0",
                  lambda v: v > 0),
@@ -143,7 +152,8 @@ class Planner:
         if not isinstance(record, bool):
             raise TypeError(f"record must be a bool, got {record!r}")
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
-        self.budget_ms, self.min_hit_rate = float(budget_ms), float(min_hit_rate)
+        self.budget_work, self.budget_ms = int(budget_work), float(budget_ms)
+        self.min_hit_rate = float(min_hit_rate)
         self.record_steps = bool(record)
         self._firsts = []           # the last two entries' request 0's requested bytes
         self._recorded = 0          # exits since a record step's plan was installed (0: none)
@@ -159,14 +169,17 @@ class Planner:
         self.base = 0               # the address of its range (0: none)
         self._transition = False    # the plan installed is the current one's transition
         self._grown = False         # the step to plan asks more than the current plan covers
-        self._fell_back = False     # the last plan made is first fit (GREEDY_MAX, budget_ms)
+        self._fell_back = False     # the last plan made is first fit (its fallback's limit)
         self._relayout = False      # the current plan served its last entry badly
         self._carried = {}          # the last entry's blocks live at its exit: k -> (ptr, bytes)
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
-        self.counts = {"plans": 0, "planning_ms": 0.0, "hits": 0, "misses": 0,
+        # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
+        # by the limit that stopped them (placement.Plan.fallback).
+        self.counts = {"plans": 0, "planning_ms": 0.0, "work": 0, "hits": 0, "misses": 0,
                        "installs": 0, "given_up": 0, "no_room": 0, "records": 0,
-                       "record_ms": 0.0, "records_dropped": 0}
+                       "record_ms": 0.0, "records_dropped": 0, "past_work": 0,
+                       "past_time": 0, "past_requests": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call, the entry's planned
@@ -362,7 +375,7 @@ class Planner:
         blocks (its tails until this entry frees them). Its places may pass the memory
         mapped (the core maps pages for them on an expandable upstream). None when the
         installed plan's signature has no sizes kept, or when the placement fell back to
-        first fit (past ``budget_ms``: every place above the blocks that stay, pages mapped
+        first fit (past a budget: every place above the blocks that stay, pages mapped
         for them; counted in ``counts["records_dropped"]``)."""
         seen, kept = self._seen.get(self.current), self._plans.get(self.current)
         if not self.record_steps or seen is None or kept is None or not seen[3] or \
@@ -396,18 +409,22 @@ class Planner:
 
     def _made(self, step, fixed, pinned=None):
         """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted. The
-        first-fit plan (a step of more than GREEDY_MAX planned requests, or past the time
-        budget) places nothing around them: its places move above the highest."""
-        made = placement.plan(step, budget_ms=self.budget_ms, max_requests=GREEDY_MAX,
-                              fixed=fixed, pinned=pinned)
+        first-fit plan (a step of more than GREEDY_MAX planned requests, or past a budget)
+        places nothing around them: its places move above the highest."""
+        made = placement.plan(step, budget_work=self.budget_work, budget_ms=self.budget_ms,
+                              max_requests=GREEDY_MAX, fixed=fixed, pinned=pinned)
         self._fell_back = made.fallback is not None
         self.counts["plans"] += 1
         self.counts["planning_ms"] += made.planning_ms
-        if made.fallback is not None and len(fixed):
-            top = int((fixed[:, 0] + fixed[:, 1]).max())
-            made = placement.Plan(step, np.where(made.offsets >= 0, made.offsets + top, -1),
-                                  method=made.method, fallback=made.fallback,
-                                  tried=made.tried, planning_ms=made.planning_ms)
+        self.counts["work"] += made.work
+        if made.fallback is not None:
+            self.counts["past_" + made.fallback] += 1
+            if len(fixed):
+                top = int((fixed[:, 0] + fixed[:, 1]).max())
+                made = placement.Plan(step, np.where(made.offsets >= 0, made.offsets + top, -1),
+                                      method=made.method, fallback=made.fallback,
+                                      tried=made.tried, planning_ms=made.planning_ms,
+                                      work=made.work)
         return made
 
     def _steady(self, sig, step, base, obstacles):

@@ -130,7 +130,7 @@ cdef class Region:
         without addresses and sizes) has been seen twice, it places the whole step, each
         request at the most bytes it asked for in the steps of that signature, in one address
         range of the pool's memory, where the region's own step lies
-        (``gpupool.region.placement``, greedy by size, within a time budget), and later
+        (``gpupool.region.placement``, greedy by size, within a budget of work), and later
         entries take each request's planned place (the k-th request of the entry, if it is
         no larger than its place, on the planned stream, at its planned event, and the
         place's bytes are free now; stream order as the pool's). Other requests go the
@@ -143,10 +143,12 @@ cdef class Region:
         upstream); its later requests are served from that plan. The plan holds no memory of its
         own. A plan that serves less than half of an entry's planned requests, or whose entries
         grow the pool, twice, is given up for a while. A dict passes options to
-        ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``, ``budget_ms``,
-        ``min_hit_rate``, ``record``), which is the region's ``planner`` attribute (None without
-        a plan); ``stats()`` has its counters. Note [Planned regions] in docs/design.md has the
-        design.
+        ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``,
+        ``budget_work``: the work one plan may do, which makes the same steps get the same
+        plans on any machine and load, ``budget_ms``: a wall-clock cap, ``min_hit_rate``,
+        ``record``), which is the region's ``planner`` attribute (None without a plan);
+        ``stats()`` has its counters. Notes [Planned regions] and [Planning budget in work]
+        in docs/design.md have the design.
 
     Warns
     -----
@@ -539,7 +541,10 @@ cdef class Region:
                 "plan_hits": counts["hits"], "plan_misses": counts["misses"],
                 "plans_given_up": counts["given_up"], "plans_not_fitting": counts["no_room"],
                 "plan_bytes": max((p.nbytes for p in self.planner.plans), default=0),
-                "record_plans": counts["records"], "record_ms": counts["record_ms"]}
+                "record_plans": counts["records"], "record_ms": counts["record_ms"],
+                "planning_work": counts["work"], "plans_past_work": counts["past_work"],
+                "plans_past_time": counts["past_time"],
+                "plans_past_requests": counts["past_requests"]}
 
     def reset_peak_stats(self):
         """Set the region's peak bytes in use to the bytes its live buffers hold now."""

@@ -252,7 +252,7 @@ def test_bad_plan_options_are_refused(vpool):
     with pytest.raises(ValueError, match="max_plans"):
         gpupool.Region(pool=vpool, plan={"max_plans": 0})
     with pytest.raises(TypeError, match=r"^Region\(plan=\.\.\.\): unknown option 'bogus'; "
-                       r"the accepted keys are max_plans, max_plan_requests, budget_ms, "
+                       r"the accepted keys are max_plans, max_plan_requests, budget_work, budget_ms, "
                        r"min_hit_rate, record$"):
         gpupool.Region(pool=vpool, plan={"bogus": 1, "max_plans": 2})
 
@@ -269,6 +269,11 @@ def test_bad_plan_options_are_refused(vpool):
     ("budget_ms", 0, ValueError, "a number of milliseconds > 0"),
     ("budget_ms", -1, ValueError, "a number of milliseconds > 0"),
     ("budget_ms", "fast", TypeError, "a number of milliseconds > 0"),
+    ("budget_work", 0, ValueError, "an integer >= 1"),
+    ("budget_work", -5, ValueError, "an integer >= 1"),
+    ("budget_work", 1e6, TypeError, "an integer >= 1"),
+    ("budget_work", True, TypeError, "an integer >= 1"),
+    ("budget_work", "lots", TypeError, "an integer >= 1"),
 ])
 def test_a_plan_option_out_of_range_is_refused_naming_it(vpool, option, value, error, accepted):
     with pytest.raises(error) as info:
@@ -278,10 +283,12 @@ def test_a_plan_option_out_of_range_is_refused_naming_it(vpool, option, value, e
 
 def test_plan_options_at_the_ends_of_their_ranges_are_taken(vpool):
     region = gpupool.Region(pool=vpool, plan={"max_plans": np.int64(1), "max_plan_requests": 1,
-                                               "budget_ms": 0.5, "min_hit_rate": 0})
+                                               "budget_work": np.int32(1), "budget_ms": 0.5,
+                                               "min_hit_rate": 0})
     planner = region.planner
     assert (planner.max_plans, planner.max_plan_requests) == (1, 1)
-    assert (planner.budget_ms, planner.min_hit_rate) == (0.5, 0.0)
+    assert (planner.budget_work, planner.budget_ms, planner.min_hit_rate) == (1, 0.5, 0.0)
+    assert type(planner.budget_work) is int
     assert gpupool.Region(pool=vpool, plan={"min_hit_rate": 1}).planner.min_hit_rate == 1.0
 
 
