@@ -1,0 +1,60 @@
+"""The Python loops that ``Planner._complete_step`` ran before its bookkeeping was compiled
+(gpupool.region.steps): the reference tests/region/test_steps.py compares the compiled one
+with, and ``Plan``'s conflicts table as ``Plan.__init__`` built it (tests/region/test_placement.py
+compares the lazy table with it)."""
+
+import numpy as np
+
+from gpupool.region import placement
+
+
+def complete_step(events):
+    """(events kept, step or None, carried) of the event list ``events`` (rows of ptr,
+    nbytes, stream; ptr 0 where an entry starts), as ``Planner._complete_step`` made them:
+    the step of the entry before the last one, its tails' frees looked up in the last one;
+    the events before it dropped; carried, the last entry's live blocks, k -> (ptr, bytes),
+    a dict in its order."""
+    events = list(events)
+    starts = [i for i, e in enumerate(events) if e[0] == 0]
+    index, count = {}, 0            # the last entry's live blocks: ptr -> (k, bytes)
+    for ptr, nbytes, _ in events[starts[-1] + 1:] if starts else ():
+        if nbytes:
+            index[ptr] = (count, nbytes)
+            count += 1
+        else:
+            index.pop(ptr, None)
+    carried = {k: (ptr, n) for ptr, (k, n) in index.items()}
+    if len(starts) < 2:
+        return events, None, carried
+    lo, hi = starts[-2], starts[-1]
+    del events[:lo]
+    hi -= lo
+    trace, ids, mid = [], {}, None
+    for t, (ptr, nbytes, stream) in enumerate(events):
+        if ptr == 0:
+            if t == hi:
+                mid = len(trace)
+            continue
+        if nbytes:
+            ids[ptr] = len(trace)
+            trace.append((0, len(trace), nbytes, stream))
+        else:
+            trace.append((1, ids.pop(ptr, -1), 0, 0))
+    end = len(trace)
+    return events, placement.record_step(trace, 0, mid, end) if mid else None, carried
+
+
+def conflicts_table(plan):
+    """Each request's conflicts (``Plan.conflicts``) as ``Plan.__init__`` built them: a list
+    of int64 arrays, one per request."""
+    step = plan.step
+    ends = plan.offsets + step.nbytes
+    first, second = placement._address_pairs(plan.offsets, ends, step.planned)
+    tails = step.tails
+    both_ways = (np.concatenate([first, second]), np.concatenate([second, first]))
+    keep = (both_ways[1] < both_ways[0]) | tails[both_ways[1]]
+    rows, cols = both_ways[0][keep], both_ways[1][keep]
+    order = np.lexsort((cols, rows))
+    idx = cols[order]
+    ptr = np.searchsorted(rows[order], np.arange(len(step) + 1))
+    return [idx[ptr[i]:ptr[i + 1]] for i in range(len(step))]
