@@ -1,9 +1,6 @@
 """The Python loops that ``Planner._complete_step`` ran before its bookkeeping was compiled
 (gpupool.region.steps): the reference tests/region/test_steps.py compares the compiled one
-with, and ``Plan``'s conflicts table as ``Plan.__init__`` built it (tests/region/test_placement.py
-compares the lazy table with it)."""
-
-import numpy as np
+with."""
 
 from gpupool.region import placement
 
@@ -42,19 +39,3 @@ def complete_step(events):
             trace.append((1, ids.pop(ptr, -1), 0, 0))
     end = len(trace)
     return events, placement.record_step(trace, 0, mid, end) if mid else None, carried
-
-
-def conflicts_table(plan):
-    """Each request's conflicts (``Plan.conflicts``) as ``Plan.__init__`` built them: a list
-    of int64 arrays, one per request."""
-    step = plan.step
-    ends = plan.offsets + step.nbytes
-    first, second = placement._address_pairs(plan.offsets, ends, step.planned)
-    tails = step.tails
-    both_ways = (np.concatenate([first, second]), np.concatenate([second, first]))
-    keep = (both_ways[1] < both_ways[0]) | tails[both_ways[1]]
-    rows, cols = both_ways[0][keep], both_ways[1][keep]
-    order = np.lexsort((cols, rows))
-    idx = cols[order]
-    ptr = np.searchsorted(rows[order], np.arange(len(step) + 1))
-    return [idx[ptr[i]:ptr[i + 1]] for i in range(len(step))]
