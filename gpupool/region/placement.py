@@ -257,28 +257,25 @@ class Plan:
         self.floor = _step_floor(step)
         self.method, self.fallback, self.tried = method, fallback, dict(tried or {})
         self.planning_ms, self.work = planning_ms, int(work)
-        first, second = _address_pairs(self.offsets, ends, step.planned)
         if share_streams:
+            first, second = _address_pairs(self.offsets, ends, step.planned)
             other = step.stream[first] != step.stream[second]
             self.events = np.stack([np.minimum(first, second)[other],
                                     np.maximum(first, second)[other]], axis=1)
         else:
             self.events = np.zeros((0, 2), np.int64)
-        # Request i's conflicts: those allocated before it in the entry, and tails (the entry
-        # before may still hold them), whose bytes meet i's.
-        tails = step.tails
-        both_ways = (np.concatenate([first, second]), np.concatenate([second, first]))
-        keep = (both_ways[1] < both_ways[0]) | tails[both_ways[1]]
-        rows, cols = both_ways[0][keep], both_ways[1][keep]
-        order = np.lexsort((cols, rows))
-        self._idx = cols[order]
-        self._ptr = np.searchsorted(rows[order], np.arange(len(step) + 1))
+        # The conflicts table, made at its first use from the places as they are now.
+        self._ptr, self._idx = None, (self.offsets.copy(), ends, step.planned, step.tails)
 
     def conflicts(self, i):
         """The requests whose planned bytes meet request ``i``'s and that may hold them when
         ``i`` is allocated: those allocated before ``i`` in the entry, and the tails (the
         entry before may still hold those). Increasing indices; ``i`` itself is not listed (a
-        tail's place is also held by its own previous block until the entry frees it)."""
+        tail's place is also held by its own previous block until the entry frees it).
+        The table of every request's is made at the first call (the region's core never
+        asks: Note [Planner bookkeeping] in docs/design.md)."""
+        if self._ptr is None:
+            self._ptr, self._idx = _conflicts_table(*self._idx)
         return self._idx[self._ptr[i]:self._ptr[i + 1]]
 
     @property
@@ -303,6 +300,18 @@ def _address_pairs(offsets, ends, planned):
     first = np.repeat(np.arange(len(order)), counts)
     second = first + 1 + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
     return order[first], order[second]
+
+
+def _conflicts_table(offsets, ends, planned, tails):
+    """:meth:`Plan.conflicts` of every request, as (ptr, idx): request i's are
+    ``idx[ptr[i]:ptr[i + 1]]``. Request i's conflicts are the requests allocated before it
+    in the entry, and the tails (the entry before may still hold them), whose bytes meet i's."""
+    first, second = _address_pairs(offsets, ends, planned)
+    both_ways = (np.concatenate([first, second]), np.concatenate([second, first]))
+    keep = (both_ways[1] < both_ways[0]) | tails[both_ways[1]]
+    rows, cols = both_ways[0][keep], both_ways[1][keep]
+    order = np.lexsort((cols, rows))
+    return np.searchsorted(rows[order], np.arange(len(offsets) + 1)), cols[order]
 
 
 def _step_floor(step):

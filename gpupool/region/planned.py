@@ -49,6 +49,7 @@ import numpy as np
 
 from gpupool.region import anchors as _anchors
 from gpupool.region import placement
+from gpupool.region import steps as _steps
 
 __all__ = ["Planner", "anchors", "signature"]
 
@@ -159,7 +160,9 @@ class Planner:
         self._recorded = 0          # exits since a record step's plan was installed (0: none)
         self._fresh = False         # the next plan installed is a transition (after a record)
         self._streak = (None, 0)    # the last complete steps' signature, how many in a row
-        self._events = []           # (ptr, nbytes, stream); ptr 0: an entry starts
+        # The events since the step before the last: rows (ptr, nbytes, stream), nbytes 0 a
+        # free, ptr 0 where an entry starts.
+        self._events = np.zeros((0, 3), np.int64)
         self._seen = OrderedDict()
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
         self._later = OrderedDict()     # signature -> the exit before which it is not planned
@@ -182,16 +185,18 @@ class Planner:
                        "past_time": 0, "past_requests": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
-        """An entry has exited: ``events`` recorded since the last call, the entry's planned
-        requests served (``hits``) and not (``misses``, the request that left the plan's
-        step included when it ``stopped``), whether its requests grew the pool, and its
-        request 0's requested bytes (``first``; 0: it made none). An entry
-        that left the plan's step (another structure, or larger) is not the plan's failure:
+        """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
+        stream as integers, an (n, 3) int64 array or any sequence of such rows; bytes 0: a
+        free; ptr 0: an entry starts), the entry's planned requests served (``hits``) and
+        not (``misses``, the request that left the plan's step included when it
+        ``stopped``), whether its requests grew the pool, and its request 0's requested
+        bytes (``first``; 0: it made none). An entry that left the plan's step (another structure, or larger) is not the plan's failure:
         only the requests refused on the plan's step count against it. Returns ``"layout"``
         when a plan is to be installed (the region then asks the core where it goes and calls
         :meth:`place`), ``"clear"`` to serve the next entry online, or None to keep what is
         installed."""
-        self._events.extend(events)
+        self._events = np.concatenate(
+            [self._events, np.asarray(events, np.int64).reshape(-1, 3)])
         self._firsts = (self._firsts + [int(first)])[-2:]
         self._exits += 1
         self.counts["hits"] += hits
@@ -458,31 +463,11 @@ class Planner:
 
     def _complete_step(self):
         """The step of the entry before the last one, its tails' frees looked up in the last
-        one, as a placement.Step; None before two entries. Events before it are dropped."""
-        starts = [i for i, e in enumerate(self._events) if e[0] == 0]
-        index, count = {}, 0            # the last entry's live blocks: ptr -> (k, bytes)
-        for ptr, nbytes, _ in self._events[starts[-1] + 1:] if starts else ():
-            if nbytes:
-                index[ptr] = (count, nbytes)
-                count += 1
-            else:
-                index.pop(ptr, None)
-        self._carried = {k: (ptr, n) for ptr, (k, n) in index.items()}
-        if len(starts) < 2:
-            return None
-        lo, hi = starts[-2], starts[-1]
-        del self._events[:lo]
-        hi -= lo
-        trace, ids, end, mid = [], {}, len(self._events), None
-        for t, (ptr, nbytes, stream) in enumerate(self._events):
-            if ptr == 0:
-                if t == hi:
-                    mid = len(trace)
-                continue
-            if nbytes:
-                ids[ptr] = len(trace)
-                trace.append((0, len(trace), nbytes, stream))
-            else:
-                trace.append((1, ids.pop(ptr, -1), 0, 0))
-        end = len(trace)
-        return placement.record_step(trace, 0, mid, end) if mid else None
+        one, as a placement.Step; None before two entries. Events before it are dropped. The
+        last entry's blocks live at its exit go to ``_carried`` (compiled in
+        gpupool.region.steps)."""
+        lo, made, carried = _steps.complete(self._events)
+        k, ptr, nbytes = (a.tolist() for a in carried)
+        self._carried = dict(zip(k, zip(ptr, nbytes)))
+        self._events = self._events[lo:]
+        return placement.Step(*made) if made is not None else None

@@ -10,7 +10,7 @@ reference cycles die there), and the survivors are detached (they return to the 
 they die) or invalidated, by the ``on_exit`` policy.
 """
 from cpython.ref cimport PyObject
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport int64_t, uintptr_t
 from gpupool.records.block cimport Block
 from gpupool.buffer.device_buffer cimport DeviceBuffer
 from gpupool.buffer.dlpack cimport capsule_data
@@ -33,6 +33,8 @@ import threading
 import time
 import warnings
 import weakref
+
+import numpy as np
 
 from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
 from gpupool.buffer.interface import read_cai
@@ -321,9 +323,13 @@ cdef class Region:
         """Hand the recorded events to the planner; install the plan it returns."""
         cdef PlanTable io
         cdef size_t i
+        cdef int64_t[:, ::1] rows
         self.pool.region_plan(self.rc, PL_READ, &io)
-        events = [(io.events[i].ptr, io.events[i].nbytes, io.events[i].stream)
-                  for i in range(io.events.size())]
+        events = np.empty((io.events.size(), 3), np.int64)      # the planner's rows
+        rows = events
+        for i in range(io.events.size()):
+            rows[i, 0], rows[i, 1] = <int64_t>io.events[i].ptr, <int64_t>io.events[i].nbytes
+            rows[i, 2] = <int64_t>io.events[i].stream
         grew = self.pool.region_counters(self.rc).misses > self._misses_at_entry
         action = self.planner.exited(events, io.hits, io.misses, grew, io.stopped,
                                      io.first_nbytes)

@@ -1,0 +1,94 @@
+"""A planned region's per-exit bookkeeping (gpupool.region.steps, behind
+``Planner._complete_step``) gives the steps, the carried blocks (in their order) and the events
+kept that the Python loops it replaces gave (steps_reference.complete_step), on random event
+lists: pointers allocated again, freed twice, freed without an allocation, entries without
+events, tails and escaped requests."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from steps_reference import complete_step as reference
+
+from gpupool.region import steps
+from gpupool.region.placement import Step
+from gpupool.region.planned import Planner
+
+MARK = (0, 0, 0)
+
+
+@st.composite
+def event_lists(draw):
+    """Rows (ptr, nbytes, stream): mostly frees of a live pointer and allocations of a free
+    one, some of any pointer of a few; markers where entries start."""
+    n_ptrs = draw(st.integers(1, 8))
+    live, events = set(), []
+    for _ in range(draw(st.integers(0, 60))):
+        kind = draw(st.sampled_from(["alloc", "alloc", "free", "free", "any", "mark"]))
+        if kind == "mark":
+            events.append(MARK)
+            continue
+        ptr = draw(st.integers(1, n_ptrs)) * 4096
+        if kind == "alloc" or (kind == "any" and draw(st.booleans())):
+            free = [p for p in range(4096, (n_ptrs + 1) * 4096, 4096) if p not in live]
+            if kind == "alloc" and free:
+                ptr = draw(st.sampled_from(free))
+            live.add(ptr)
+            events.append((ptr, draw(st.integers(1, 5000)), draw(st.integers(0, 2))))
+        else:
+            if kind == "free" and live:
+                ptr = draw(st.sampled_from(sorted(live)))
+            live.discard(ptr)
+            events.append((ptr, 0, 0))
+    return events
+
+
+def compiled(events):
+    """(events kept, step, carried) by the compiled bookkeeping, as the reference gives them."""
+    rows = np.asarray(events, np.int64).reshape(-1, 3)
+    lo, made, carried = steps.complete(rows)
+    k, ptr, nbytes = (a.tolist() for a in carried)
+    return [tuple(r) for r in rows[lo:].tolist()], made, dict(zip(k, zip(ptr, nbytes)))
+
+
+def same_step(made, step):
+    if step is None:
+        return made is None
+    nbytes, alloc, free, stream, length = made
+    got = Step(nbytes, alloc, free, stream, length)
+    return got.structure() == step.structure() and got.nbytes.tolist() == step.nbytes.tolist()
+
+
+@settings(max_examples=400, deadline=None)
+@given(event_lists())
+def test_the_compiled_bookkeeping_is_the_reference(events):
+    kept, step, carried = reference(events)
+    got_kept, made, got_carried = compiled(events)
+    assert got_kept == [tuple(e) for e in kept]
+    assert list(got_carried.items()) == list(carried.items())
+    assert same_step(made, step)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(event_lists(), min_size=1, max_size=5))
+def test_the_planner_keeps_the_reference_steps_across_exits(batches):
+    """Exit after exit, the planner's steps and carried blocks are the reference's run on the
+    events it would have kept."""
+    planner = Planner()
+    kept = []
+    for batch in batches:
+        planner._events = np.concatenate(
+            [planner._events, np.asarray(batch, np.int64).reshape(-1, 3)])
+        kept, step, carried = reference(kept + list(batch))
+        made = planner._complete_step()
+        assert list(planner._carried.items()) == list(carried.items())
+        assert [tuple(r) for r in planner._events.tolist()] == [tuple(e) for e in kept]
+        assert (made is None) == (step is None)
+        if step is not None:
+            assert made.structure() == step.structure()
+            assert made.nbytes.tolist() == step.nbytes.tolist()
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="3 columns"):
+        steps.complete(np.zeros((2, 4), np.int64))
