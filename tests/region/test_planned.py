@@ -374,3 +374,18 @@ def test_a_served_block_freed_at_another_event_sends_the_rest_online(vpool):
     assert (after.plan_hits - before.plan_hits, after.plan_misses - before.plan_misses) == (3, 1)
     mem.live.clear()
     assert check_invariants(vpool).in_use_bytes == 0
+
+
+@pytest.mark.parametrize("greedy_max, planned", [(len(SIZES) - 1, False), (len(SIZES), True)])
+def test_a_step_too_large_for_the_greedy_is_not_planned(vpool, monkeypatch, greedy_max,
+                                                        planned):
+    # Past GREEDY_MAX planned requests a plan could only be first fit, which places no better
+    # than the online way: the step is served online, and no time goes into planning it.
+    from gpupool.region import planned as planned_module
+    monkeypatch.setattr(planned_module, "GREEDY_MAX", greedy_max)
+    region = gpupool.Region(pool=vpool, plan=True, collect=None)
+    entries(vpool, region, 6)
+    stats = region.stats()
+    assert (stats.plans > 0, stats.plan_hits > 0) == (planned, planned)
+    if not planned:
+        assert stats.planning_ms == 0 and stats.plan_misses == 0
