@@ -60,8 +60,7 @@ RETRY_EXITS = 2             # exits before a plan that did not fit is tried agai
 GIVE_UP_EXITS = 64          # exits before a plan given up is made again
 GREEDY_MAX = 8192           # planned requests a step may have to be planned: the greedy's work
                             # grows as their square, and first fit places no better than the
-                            # online way (gpt2-generate's steps of ~16k requests: the same peak
-                            # with or without such plans, at 0.4 s a plan)
+                            # online way (Note [Planned regions])
 
 
 def signature(step):
