@@ -478,6 +478,9 @@ def main(argv=None):
     p.add_argument("--trace-path", help=argparse_hidden())
     p.add_argument("--dry-run", action="store_true",
                    help="list the (model, allocator) runs and the skipped ones, run none")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each (model, allocator), the columns interleaved (ABCABC): "
+                        "ms/step is the median of the runs' medians (default %(default)s)")
     args = p.parse_args(argv)
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
     if args.child:
@@ -488,9 +491,11 @@ def main(argv=None):
     if set(models) - set(_models.MODELS):
         p.error(f"models must be among {_models.MODELS}")
     columns = _common.column_keys(p, args.columns or ",".join(DEFAULT_COLUMNS), COLUMNS)
+    if args.repeat < 1:
+        p.error(f"--repeat must be >= 1, not {args.repeat}")
     skipped = skip_reasons(columns)
     if args.dry_run:
-        print(dry_run_text(models, columns, skipped, steps, args.trace_dir))
+        print(dry_run_text(models, columns, skipped, steps, args.trace_dir, args.repeat))
         return 0
     if args.simulated:
         _common.skip(SCRIPT, "--simulated: it trains PyTorch models on the GPU", args.json)
@@ -507,36 +512,53 @@ def main(argv=None):
             out.setdefault("traces", {})[model] = record.get("trace") or record
             print(f"  {model} trace: {record.get('trace') or record.get('error')}",
                   file=sys.stderr, flush=True)
-        for column in columns:
-            if column in skipped:
-                runs[column] = {"skipped": skipped[column]}
-                continue
-            record = run_child(model, column, steps, None, args.cudnn_benchmark)
-            if "per_step" in record:
-                record["summary"] = summarize(record)
-            runs[column] = record
-            s = record.get("summary")
-            print(f"  {model} {column}: " + (f"peak {_mib(s['peak'])} MiB (own reserved "
-                                            f"{_mib(s['own_peak_reserved'])}, in use "
-                                            f"{_mib(s['own_peak_in_use'])}), {s['ms']:.1f} "
-                                            f"ms/step, {record['seconds']:.0f} s" if s else
-                                            record.get("error", "?")),
-                  file=sys.stderr, flush=True)
+        done = {column: [] for column in columns if column not in skipped}
+        for _ in range(args.repeat):            # interleaved: every column once per round
+            for column in done:
+                record = run_child(model, column, steps, None, args.cudnn_benchmark)
+                if "per_step" in record:
+                    record["summary"] = summarize(record)
+                done[column].append(record)
+                s = record.get("summary")
+                print(f"  {model} {column}: " + (
+                    f"peak {_mib(s['peak'])} MiB (own reserved {_mib(s['own_peak_reserved'])}"
+                    f", in use {_mib(s['own_peak_in_use'])}), {s['ms']:.1f} ms/step, "
+                    f"{record['seconds']:.0f} s" if s else record.get("error", "?")),
+                    file=sys.stderr, flush=True)
+        runs.update({column: combine(done[column]) if column in done else
+                     {"skipped": skipped[column]} for column in columns})
     if args.plot:
         out["plot"], out["plot_skipped"] = plot(out, args.plot)
     return _common.finish(out, start, report, args.json)
 
 
-def dry_run_text(models, columns, skipped, steps, trace_dir):
+def combine(records):
+    """One (model, allocator)'s record from its repeated runs: the run of the highest peak
+    (memory is judged by the worst run), its ``summary["ms"]`` the median of every run's
+    steady ms/step, ``summary["ms_runs"]`` those, ``repeats`` the runs' records. A run that
+    failed makes the whole a failure (its record)."""
+    failed = [r for r in records if "summary" not in r]
+    if failed or len(records) == 1:
+        return failed[0] if failed else records[0]
+    worst = dict(max(records, key=lambda r: r["summary"]["peak"]))
+    ms = [r["summary"]["ms"] for r in records]
+    worst["summary"] = dict(worst["summary"], ms=statistics.median(ms), ms_runs=ms)
+    worst["repeats"] = records
+    return worst
+
+
+def dry_run_text(models, columns, skipped, steps, trace_dir, repeat=1):
     """The runs a call would make, one line each, and how many processes they take."""
-    lines = [f"{SCRIPT} --dry-run: {steps} steps per run, each run a process of its own"]
+    lines = [f"{SCRIPT} --dry-run: {steps} steps per run, each run a process of its own"
+             + (f", {repeat} runs each, the columns interleaved" if repeat > 1 else "")]
     for model in models:
         if trace_dir:
             lines.append(f"  {model:14} trace      on torch -> {trace_dir}/{model}.npz")
         lines += [f"  {model:14} {column:16} " + (f"skipped: {skipped[column]}"
                                                    if column in skipped else "runs")
                   for column in columns]
-    runs = len(models) * (len([c for c in columns if c not in skipped]) + bool(trace_dir))
+    runs = len(models) * (repeat * len([c for c in columns if c not in skipped]) +
+                          bool(trace_dir))
     lines.append(f"{runs} processes")
     return "\n".join(lines)
 

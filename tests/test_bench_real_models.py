@@ -112,3 +112,44 @@ def test_real_models_dry_run_lists_the_new_workloads_runs_without_a_gpu(monkeypa
     with pytest.raises(SystemExit) as exc:
         real_models.main(["--help"])
     assert exc.value.code == 0 and "gpt2-generate" in capsys.readouterr().out
+
+
+def test_real_models_repeats_interleave_the_columns_and_take_the_median_ms(monkeypatch, capsys):
+    order = []
+
+    def fake_child(model, column, steps, trace_path, cudnn_benchmark):
+        order.append(column)
+        k = order.count(column)
+        ms = {"torch.exp": [300.0, 320.0, 310.0], "gp.vmm": [305.0, 500.0, 306.0]}[column]
+        peak = (1000 + 10 * k) * MiB if column == "gp.vmm" else 1000 * MiB
+        return {"per_step": {"used_after": [peak] * 4, "peak": [peak] * 4,
+                             "ms": [ms[k - 1]] * 4, "loss": [1.0] * 4},
+                "peak_bytes": peak, "allocator_peak_reserved": peak - 10 * MiB,
+                "allocator_peak_in_use": 900 * MiB, "seconds": 1.0}
+
+    monkeypatch.setattr(real_models, "run_child", fake_child)
+    monkeypatch.setattr(real_models._common, "cuda_torch_or_skip", lambda *a: None)
+    monkeypatch.setattr(real_models, "report", lambda out: "")
+    out = {}
+    monkeypatch.setattr(real_models._common, "finish",
+                        lambda result, start, report, path: out.update(result) or 0)
+    assert real_models.main(["--models", "gpt2-ckpt", "--columns", "torch.exp,gp.vmm",
+                             "--repeat", "3", "--steps", "4"]) == 0
+    assert order == ["torch.exp", "gp.vmm"] * 3                   # ABABAB
+    runs = out["runs"]["gpt2-ckpt"]
+    assert list(runs) == ["torch.exp", "gp.vmm"]
+    assert runs["gp.vmm"]["summary"]["ms"] == 306.0               # the median, not the mean
+    assert runs["gp.vmm"]["summary"]["ms_runs"] == [305.0, 500.0, 306.0]
+    assert runs["gp.vmm"]["summary"]["peak"] == 1030 * MiB        # the worst run's memory
+    assert len(runs["gp.vmm"]["repeats"]) == 3
+    assert runs["torch.exp"]["summary"]["ms"] == 310.0
+    assert "--repeat must be >= 1, not 0" in _error(["--repeat", "0", "--dry-run"], capsys)
+    assert real_models.main(["--dry-run", "--models", "gpt2-ckpt", "--columns",
+                             "torch.exp,gp.vmm", "--repeat", "3"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("\n6 processes")
+
+
+def _error(argv, capsys):
+    with pytest.raises(SystemExit):
+        real_models.main(argv)
+    return capsys.readouterr().err
