@@ -152,8 +152,8 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         first): ``stream_capturing`` reports them; a ``synchronize`` meanwhile is a misuse
         (it would invalidate the capture), and so are a ``stream_wait_event`` across a
         capture's boundary (one of the stream and the event's last record in a capture, the
-        other not: capture isolation) and an ``event_query`` of an event last recorded on
-        a stream being captured.
+        other not: capture isolation) and an ``event_query`` while any stream is being
+        captured (the driver refuses it in a capture of the global mode).
     errors : list of str
         Misuses seen (a call on an unknown or destroyed stream, a free of an unknown pointer):
         each also raises, but a pool freeing from ``__dealloc__`` cannot report it, so tests

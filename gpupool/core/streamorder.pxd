@@ -69,14 +69,12 @@ cdef inline bint so_capturing(Upstream up, StreamKey s) noexcept nogil:
 
 cdef inline bint so_after(Upstream up, uintptr_t event, StreamKey s, bint wait) noexcept nogil:
     """Whether work on s is ordered after event: it has completed, or (wait) s now waits for
-    it on the GPU (cuStreamWaitEvent), which never blocks the host. A stream being captured
-    into a CUDA graph does not wait: a wait for an event recorded outside its capture would
-    cross the capture's boundary, which the driver refuses (capture isolation) and which may
-    break the capture (see Note [Capture in a planned region])."""
+    it on the GPU (cuStreamWaitEvent), which never blocks the host. Not for a stream being
+    captured into a CUDA graph (so_ready asks first)."""
     if up.event_query(event) == 0:
         return True
     up.clear_error()                    # not complete, or the query failed: a wait may order it
-    if wait and not so_capturing(up, s) and up.stream_wait(s.handle, event) == 0:
+    if wait and up.stream_wait(s.handle, event) == 0:
         return True
     up.clear_error()                    # not ordered (yet): the block is not taken
     return False
@@ -109,9 +107,16 @@ cdef inline bint so_ready(StreamOrder* so, Upstream up, Block* b, StreamKey s,
                           bint wait) noexcept nogil:
     """Whether stream s may use b now: all work on b's earlier streams, submitted before its
     free, has completed or (wait) is ordered before s's next work. b keeps its events: a
-    request looks at several blocks and so_take drops them for the one it takes."""
+    request looks at several blocks and so_take drops them for the one it takes. Never while
+    s is being captured into a CUDA graph: an event query or record is refused during a
+    capture (and invalidates it), and a wait for an event recorded outside the capture
+    crosses its boundary (capture isolation), so a block of other streams' work is not
+    taken then (Note [Capture in a planned region])."""
     cdef size_t i
-    if not (same_stream(b.stream, s) or is_no_stream(b.stream)):
+    cdef bint others = not (same_stream(b.stream, s) or is_no_stream(b.stream))
+    if (others or b.extra_events != NULL) and not is_no_stream(s) and so_capturing(up, s):
+        return False
+    if others:
         if b.event == 0:
             # The legacy stream and this thread's per-thread stream always exist: record now.
             # Another stream may be gone; ask for an event when it next allocates.

@@ -340,8 +340,10 @@ def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pin
     Returns (offsets, work, None), or (None, work, "time" or "work") past a limit."""
     order = _order(sizes, starts, ends, order_key)
     streams, period, share_streams = busy_with
-    budget_ns = -1 if deadline is None or deadline == float("inf") else \
-        max(0, int((deadline - time.perf_counter()) * 1e9))
+    left_s = None if deadline is None else deadline - time.perf_counter()
+    # Past 2^62 ns (146 years) or 2^62 units a limit is none (the core's are int64).
+    budget_ns = -1 if left_s is None or left_s > 2**62 / 1e9 else max(0, int(left_s * 1e9))
+    work_limit = int(min(work_limit, 2**62))
     offsets, work, status = greedy.place(sizes, starts, ends, streams, period, share_streams,
                                          order, fit, fixed, pinned, work_limit, budget_ns)
     if status == greedy.DONE:
@@ -406,7 +408,8 @@ def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=409
         Work the greedy strategies may do in all, in units of one comparison of the
         compiled core: a block placed so far, or a fixed row, checked against the block
         being placed (whether they live at the same time, then where it lies). A strategy
-        that has passed it with blocks left stops: during the first, the first-fit plan is returned
+        whose work passes it stops (its plan is not used, even when the block that passed it
+        was its last): during the first, the first-fit plan is returned
         (``plan.fallback == "work"``); during a later one, the best plan so far is kept. The
         count depends on the step and the arguments alone, so the plan is the same on any
         machine under any load. At the default the greedy takes up to about 25 ms (Note

@@ -152,7 +152,11 @@ class SimulatedStreams(SimulatedBase):
 
     def _event_query(self, event):
         self._called("event_query", (event,))
-        if event in self._captured:
+        if self.capturing:
+            self._misuse(f"query of event {event:#x} while streams {sorted(self.capturing)} "
+                         f"are being captured (the driver refuses it in a capture of the "
+                         f"global mode, and the capture is invalidated)")
+        elif event in self._captured:
             self._misuse(f"query of event {event:#x}, recorded in a capture (it stands for "
                          f"no work that runs)")
         return all(self._done.get(s, n) >= n for s, n in self._events[event])

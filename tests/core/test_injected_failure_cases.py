@@ -274,8 +274,8 @@ def test_a_failed_event_query_that_a_wait_gets_past_keeps_no_frame_alive():
         return buf.ptr
 
     assert step() == ptr
-    # (the stream is not being captured: it may wait)
-    assert [name for name, _ in sim.calls[-3:]] == ["event_query", "stream_capturing",
+    # (asked first: the stream is not being captured, so it may query and wait)
+    assert [name for name, _ in sim.calls[-3:]] == ["stream_capturing", "event_query",
                                                     "stream_wait_event"]
     assert pool.stats().in_use_bytes == 0           # no stale error holds step's buf
     consistent(pool, sim)

@@ -101,3 +101,14 @@ def test_a_planned_region_passes_the_work_budget_on_and_counts_what_stopped_it(v
     assert stats.plans >= 1 and stats.plans_past_work == stats.plans_past_time == 0
     # The plans kept are among those made (transitions are made and not kept).
     assert stats.planning_work >= sum(p.work for p in roomy.planner.plans) > 0
+
+
+def test_budgets_beyond_int64_are_no_limit():
+    # The compiled core's limits are int64: larger budgets (and infinity) mean none, not an
+    # OverflowError out of a region's exit.
+    step = Step([4096] * 50, np.arange(50), np.arange(50) + 50, [0] * 50, 100)
+    full = plan(step)
+    for budgets in ({"budget_ms": 1e13}, {"budget_ms": float("inf")},
+                    {"budget_work": 2**70}, {"budget_work": float("inf")}):
+        made = plan(step, **budgets)
+        assert made.fallback is None and np.array_equal(made.offsets, full.offsets), budgets
