@@ -380,7 +380,7 @@ cdef class Pool(PoolBase):
         if self._st.lock_thread == current_thread():
             return GP_REENTRANT                 # from inside the pool's own upstream call
         self.lock()
-        r = ps_acquire_locked(&self._st, self.upstream, <void*>self, nbytes, s, out, way)
+        r = self.acquire_locked(nbytes, s, out, way)
         if r == 0:
             pt_insert(&self._st.capi_blocks, out[0].ptr, out[0])
             if hist_on(RECORDING):

@@ -528,8 +528,9 @@ cdef class Region:
         claims are the pool's again); the next entries plan again."""
         self.pool.region_drain(self.rc)
         if self.planner is not None:
-            self.pool.region_plan(self.rc, PL_CLEAR, NULL)
-            self.planner.clear()
+            with self._planning:        # not while an exit or a record step plans
+                self.pool.region_plan(self.rc, PL_CLEAR, NULL)
+                self.planner.clear()
 
     def stats(self):
         """The region's counters as a :class:`gpupool.RegionStats`."""
