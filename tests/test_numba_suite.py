@@ -493,3 +493,13 @@ def test_the_children_alias_numpy_s_row_stack_for_numba_cuda(monkeypatch):
     assert numba_suite.numpy_aliases() == ["row_stack"]
     assert np.row_stack is np.vstack
     assert numba_suite.numpy_aliases() == []
+
+
+def test_without_numba_cuda_it_says_so_and_runs_nothing(monkeypatch, capsys, tmp_path):
+    real = numba_suite.importlib.util.find_spec
+    monkeypatch.setattr(numba_suite.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "numba" else real(name, *a))
+    assert numba_suite.main(["--log-dir", str(tmp_path / "logs")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("numba_suite: numba-cuda is not installed")
+    assert not (tmp_path / "logs").exists()          # no run started

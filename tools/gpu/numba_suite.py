@@ -29,6 +29,7 @@ no test (numba-cuda or the GPU missing) or ran under another manager or upstream
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -511,6 +512,12 @@ def main(argv=None):
         parser.error(str(exc))
     if args.timeout <= 0:
         parser.error(f"--timeout must be > 0 seconds, not {args.timeout}")
+    if any(m.split(".")[0] == "numba" for m in modules) and \
+            importlib.util.find_spec("numba") is None:
+        print("numba_suite: numba-cuda is not installed, so no run can compare anything "
+              "(pip install numba-cuda; its tests also need filecheck and an NVIDIA GPU)",
+              file=sys.stderr)
+        return 2
     os.makedirs(args.log_dir, exist_ok=True)
 
     runs, children = {}, {}
