@@ -523,13 +523,22 @@ def main(argv=None):
                 print(f"  {model} {column}: " + (
                     f"peak {_mib(s['peak'])} MiB (own reserved {_mib(s['own_peak_reserved'])}"
                     f", in use {_mib(s['own_peak_in_use'])}), {s['ms']:.1f} ms/step, "
-                    f"{record['seconds']:.0f} s" if s else record.get("error", "?")),
+                    f"{record['seconds']:.0f} s" + _planning(record) if s else
+                    record.get("error", "?")),
                     file=sys.stderr, flush=True)
         runs.update({column: combine(done[column]) if column in done else
                      {"skipped": skipped[column]} for column in columns})
     if args.plot:
         out["plot"], out["plot_skipped"] = plot(out, args.plot)
     return _common.finish(out, start, report, args.json)
+
+
+def _planning(record):
+    """A planned run's plans and planning time, as the run's line ends with them."""
+    region = record.get("region") or {}
+    if not region.get("plans"):
+        return ""
+    return f", {region['plans']} plans in {region.get('planning_ms', 0.0):.0f} ms"
 
 
 def combine(records):
