@@ -215,7 +215,7 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
         region = gpupool.Region(**region_args)
     sampler.start()
     work = _models.make(model, steps)
-    used_after, peak_in_step, ms, losses = [], [], [], []
+    used_after, peak_in_step, ms, losses, exit_ms = [], [], [], [], []
     for i in range(steps):
         if trace_path:
             record_trace.mark_step(torch)
@@ -224,6 +224,8 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
             loss = _models.step(work, i, on_phase=sampler.sample)
             losses.append(float(loss))          # synchronizes the loss's stream
             del loss
+            body_end = time.perf_counter()
+        exit_ms.append((time.perf_counter() - body_end) * 1e3)     # the region's exit
         torch.cuda.synchronize()
         ms.append((time.perf_counter() - start) * 1e3)
         used_after.append(sampler.used() - baseline)
@@ -233,7 +235,7 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
     record = {
         "model": model, "column": column, "steps": steps, "baseline_bytes": baseline,
         "per_step": {"used_after": used_after, "peak": peak_in_step, "ms": ms,
-                     "loss": losses},
+                     "loss": losses, "exit_ms": exit_ms},
         "peak_bytes": max(peak_in_step), "allocator_peak_reserved": peak_reserved,
         "allocator_peak_in_use": peak_in_use,
         "cudnn_benchmark": cudnn_benchmark,
@@ -538,7 +540,11 @@ def _planning(record):
     region = record.get("region") or {}
     if not region.get("plans"):
         return ""
-    return f", {region['plans']} plans in {region.get('planning_ms', 0.0):.0f} ms"
+    exits = record.get("per_step", {}).get("exit_ms") or [0.0]
+    return (f", {region['plans']} plans in {region.get('planning_ms', 0.0):.0f} ms, "
+            f"{region.get('record_plans', 0)} at request 0 in "
+            f"{region.get('record_ms', 0.0):.0f} ms, exits "
+            f"{', '.join(f'{x:.0f}' for x in exits)} ms")
 
 
 def combine(records):

@@ -153,3 +153,12 @@ def _error(argv, capsys):
     with pytest.raises(SystemExit):
         real_models.main(argv)
     return capsys.readouterr().err
+
+
+def test_a_planned_runs_line_ends_with_its_planning_and_each_steps_exit():
+    record = _model_run(1000 * MiB, 900 * MiB, 880 * MiB)
+    assert real_models._planning(record) == ""              # no region: nothing
+    record["per_step"]["exit_ms"] = [0.4, 1.2, 33.6, 20.2]
+    record["region"] = {"plans": 3, "planning_ms": 61.0, "record_plans": 1, "record_ms": 15.2}
+    assert real_models._planning(record) == (
+        ", 3 plans in 61 ms, 1 at request 0 in 15 ms, exits 0, 1, 34, 20 ms")

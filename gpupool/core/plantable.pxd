@@ -94,6 +94,20 @@ cdef inline void pt_note_free(PlanTable* p, Block* b) noexcept nogil:
     p.event += 1
 
 
+cdef inline void pt_fill(PlanTable* io, const int64_t* columns, size_t n) noexcept nogil:
+    """A plan's requests into io's vectors (PL_INSTALL's input): columns holds n offsets,
+    then n sizes, n stream handles (their bits), n anchors, n allocations and n frees."""
+    cdef size_t i
+    io.offsets.assign(columns, columns + n)
+    io.sizes.assign(columns + n, columns + 2 * n)
+    io.streams.resize(n)
+    for i in range(n):
+        io.streams[i] = <uintptr_t>columns[2 * n + i]
+    io.anchors.assign(columns + 3 * n, columns + 4 * n)
+    io.allocs.assign(columns + 4 * n, columns + 5 * n)
+    io.frees.assign(columns + 5 * n, columns + 6 * n)
+
+
 cdef inline void pt_clear(PlanTable* p) noexcept nogil:
     """No plan: every request goes the online way."""
     p.active = False

@@ -246,7 +246,7 @@ class Plan:
         ``share_streams``): the later user must wait for an event on the earlier's stream.
     """
 
-    __slots__ = ("step", "offsets", "nbytes", "floor", "planning_ms", "work", "method",
+    __slots__ = ("step", "offsets", "nbytes", "_floor", "planning_ms", "work", "method",
                  "fallback", "tried", "events", "_ptr", "_idx")
 
     def __init__(self, step, offsets, *, method, fallback=None, tried=None, planning_ms=0.0,
@@ -254,7 +254,7 @@ class Plan:
         self.step, self.offsets = step, np.asarray(offsets, dtype=np.int64)
         ends = self.offsets + step.nbytes
         self.nbytes = int(ends[step.planned].max(initial=0))
-        self.floor = _step_floor(step)
+        self._floor = None          # made at its first use (the region never asks)
         self.method, self.fallback, self.tried = method, fallback, dict(tried or {})
         self.planning_ms, self.work = planning_ms, int(work)
         if share_streams:
@@ -277,6 +277,13 @@ class Plan:
         if self._ptr is None:
             self._ptr, self._idx = _conflicts_table(*self._idx)
         return self._idx[self._ptr[i]:self._ptr[i + 1]]
+
+    @property
+    def floor(self):
+        """The step's most bytes live at once, the tails of the entry before counted."""
+        if self._floor is None:
+            self._floor = _step_floor(self.step)
+        return self._floor
 
     @property
     def sizes(self):

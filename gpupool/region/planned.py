@@ -175,7 +175,9 @@ class Planner:
         self._grown = False         # the step to plan asks more than the current plan covers
         self._fell_back = False     # the last plan made is first fit (its fallback's limit)
         self._relayout = False      # the current plan served its last entry badly
-        self._carried = {}          # the last entry's blocks live at its exit: k -> (ptr, bytes)
+        # The last entry's blocks live at its exit: int64 arrays of their request numbers in
+        # it, pointers and bytes (steps.complete's order).
+        self._carried = (np.zeros(0, np.int64),) * 3
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
         # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
@@ -323,10 +325,12 @@ class Planner:
     def _in_place(self, plan, base):
         """Whether every block the last entry left live is a tail at its place in ``plan``
         (made at ``base``) or meets none of its places."""
-        stray = [(ptr - base, nbytes) for j, (ptr, nbytes) in self._carried.items()
-                 if not (j < len(plan.offsets) and plan.step.tails[j] and
-                         plan.offsets[j] == ptr - base)]
-        return not _meets(plan, np.array(stray, np.int64).reshape(-1, 2))
+        k, ptr, nbytes = self._carried
+        inside = k < len(plan.offsets)
+        placed = np.zeros(len(k), bool)
+        placed[inside] = plan.step.tails[k[inside]] & \
+            (plan.offsets[k[inside]] == ptr[inside] - base)
+        return not _meets(plan, np.column_stack([ptr - base, nbytes])[~placed])
 
     def _transition_plan(self, step, steady, base, obstacles):
         """The plan of the first entry served: the steady plan's tails where it puts them,
@@ -342,13 +346,18 @@ class Planner:
         throughout, and the blocks the last entry left live (its tails until the step's
         entry frees them, anything else throughout)."""
         forever = np.iinfo(np.int64).max
-        rows = [(o, n, 0, forever) for o, n in obstacles]
-        for j, (ptr, nbytes) in self._carried.items():
-            if ptr < base:
-                continue
-            tail = j < len(step) and step.tails[j] and step.nbytes[j] >= nbytes
-            rows.append((ptr - base, nbytes, 0, step.free[j] - step.length if tail else forever))
-        return np.array(rows, np.int64).reshape(-1, 4)
+        k, ptr, nbytes = (a[self._carried[1] >= base] for a in self._carried)
+        inside = k < len(step)
+        tail = np.zeros(len(k), bool)
+        tail[inside] = step.tails[k[inside]] & (step.nbytes[k[inside]] >= nbytes[inside])
+        end = np.full(len(k), forever)
+        end[tail] = step.free[k[tail]] - step.length
+        obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
+        return np.concatenate([
+            np.column_stack([obstacles, np.zeros(len(obstacles), np.int64),
+                             np.full(len(obstacles), forever)]),
+            np.column_stack([ptr - base, nbytes, np.zeros(len(k), np.int64), end])]
+        ).astype(np.int64).reshape(-1, 4)
 
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan
@@ -468,8 +477,6 @@ class Planner:
         one, as a placement.Step; None before two entries. Events before it are dropped. The
         last entry's blocks live at its exit go to ``_carried`` (compiled in
         gpupool.region.steps)."""
-        lo, made, carried = _steps.complete(self._events)
-        k, ptr, nbytes = (a.tolist() for a in carried)
-        self._carried = dict(zip(k, zip(ptr, nbytes)))
+        lo, made, self._carried = _steps.complete(self._events)
         self._events = self._events[lo:]
         return placement.Step(*made) if made is not None else None

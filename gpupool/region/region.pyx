@@ -18,7 +18,7 @@ from gpupool.driver.calls cimport forked
 from gpupool.core.pool cimport Pool, region_push, region_pop, uncached_marker
 from gpupool.core.regioncache cimport RegionCache
 from gpupool.core.plantable cimport (
-    PlanTable, PL_ENTRY, PL_READ, PL_INSTALL, PL_CLEAR, PL_LAYOUT, PL_RECORD, PL_OVER,
+    PlanTable, PL_ENTRY, PL_READ, PL_INSTALL, PL_CLEAR, PL_LAYOUT, PL_RECORD, PL_OVER, pt_fill,
 )
 
 cimport cython
@@ -76,6 +76,20 @@ _entered = threading.local()
 # snapshot, which finds regions' blocks by their cache (gpupool.snapshot).
 cdef dict _by_cache = {}
 _region_ids = itertools.count(1)
+
+
+cdef object _event_rows(PlanTable* io, Py_ssize_t columns):
+    """io.events as an (n, columns) int64 array of their first columns of (ptr, nbytes,
+    stream): the recorded events (3) for the planner, or PL_LAYOUT's and PL_RECORD's
+    obstacles (2: offset from the base, bytes)."""
+    cdef size_t i
+    out = np.empty((io.events.size(), columns), np.int64)
+    cdef int64_t[:, ::1] rows = out
+    for i in range(io.events.size()):
+        rows[i, 0], rows[i, 1] = <int64_t>io.events[i].ptr, <int64_t>io.events[i].nbytes
+        if columns > 2:
+            rows[i, 2] = <int64_t>io.events[i].stream
+    return out
 
 
 cdef list _entered_here():
@@ -322,14 +336,8 @@ cdef class Region:
     cdef int _replan(self) except -1:
         """Hand the recorded events to the planner; install the plan it returns."""
         cdef PlanTable io
-        cdef size_t i
-        cdef int64_t[:, ::1] rows
         self.pool.region_plan(self.rc, PL_READ, &io)
-        events = np.empty((io.events.size(), 3), np.int64)      # the planner's rows
-        rows = events
-        for i in range(io.events.size()):
-            rows[i, 0], rows[i, 1] = <int64_t>io.events[i].ptr, <int64_t>io.events[i].nbytes
-            rows[i, 2] = <int64_t>io.events[i].stream
+        events = _event_rows(&io, 3)
         grew = self.pool.region_counters(self.rc).misses > self._misses_at_entry
         action = self.planner.exited(events, io.hits, io.misses, grew, io.stopped,
                                      io.first_nbytes)
@@ -344,9 +352,7 @@ cdef class Region:
                 self.planner.no_room()
                 self.pool.region_plan(self.rc, PL_CLEAR, NULL)
                 return 0
-            obstacles = [(io.events[i].ptr, io.events[i].nbytes)
-                         for i in range(io.events.size())]
-            placed = self.planner.place(base, io.nbytes, obstacles)
+            placed = self.planner.place(base, io.nbytes, _event_rows(&io, 2))
             if placed is None:
                 self.pool.region_plan(self.rc, PL_CLEAR, NULL)
                 return 0
@@ -361,16 +367,13 @@ cdef class Region:
         more than record_over bytes makes an entry a record step (0: none does). Whether it
         was installed."""
         cdef PlanTable io
-        cdef size_t i
         found, anchors = placed
         step = found.step
-        for i in range(len(step)):
-            io.offsets.push_back(found.offsets[i])
-            io.sizes.push_back(step.nbytes[i])
-            io.streams.push_back(<uintptr_t>int(step.stream[i]))
-            io.anchors.push_back(anchors[i])
-            io.allocs.push_back(step.alloc[i])
-            io.frees.push_back(step.free[i])
+        # One (6, n) table of the plan's columns (ValueError if their lengths differ), copied
+        # into the table's vectors in C.
+        cdef const int64_t[:, ::1] columns = np.ascontiguousarray(np.stack(
+            [found.offsets, step.nbytes, step.stream, anchors, step.alloc, step.free]), np.int64)
+        pt_fill(&io, &columns[0, 0], columns.shape[1])
         io.length = step.length
         io.nbytes = found.nbytes
         io.base = base
@@ -390,7 +393,6 @@ cdef class Region:
         plans, or this record step's slow path run there: the step is then served online),
         and the plan is not installed when an event of the entry came while it was made."""
         cdef PlanTable io
-        cdef size_t i
         if self.trace:
             self._record_site(ptr)
         if not self._planning.acquire(False):
@@ -399,9 +401,7 @@ cdef class Region:
             base = self.pool.region_plan(self.rc, PL_RECORD, &io)     # swaps the paths back
             if base == 0 or io.record_nbytes == 0:
                 return
-            obstacles = [(io.events[i].ptr, io.events[i].nbytes)
-                         for i in range(io.events.size())]
-            placed = self.planner.record(io.record_nbytes, base, obstacles)
+            placed = self.planner.record(io.record_nbytes, base, _event_rows(&io, 2))
             if placed is not None and not self._install(placed, base, True, True,
                                                         io.record_nbytes):
                 self.planner.record_dropped()

@@ -1,0 +1,53 @@
+"""tools/profile/exit_cost.py on a recorded trace: a row per step, its columns in their
+places, and the upstream calls a planned region makes per step against a region without a
+plan: no event, stream wait, synchronize, unmap or trim of its own, only maps (a record
+step's plan maps pages for its places as it reaches them)."""
+
+import collections
+import os
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "profile"))
+
+import alloc_trace  # noqa: E402
+import exit_cost  # noqa: E402
+import fragmentation  # noqa: E402
+
+import gpupool  # noqa: E402
+from gpupool.region import placement, planned  # noqa: E402
+
+
+def trace_named(name):
+    (trace,) = [t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))
+                if t.name == name]
+    return trace
+
+
+def test_a_row_per_step_and_the_spies_removed_after():
+    trace = trace_named("gpt2-ckpt")
+    originals = (gpupool.Region, planned.Planner.exited, planned.Planner.place,
+                 planned.Planner.record, placement._greedy)
+    rows = exit_cost.steps_of(trace, passes=1)
+    assert (gpupool.Region, planned.Planner.exited, planned.Planner.place,
+            planned.Planner.record, placement._greedy) == originals
+    starts = trace.meta["step_starts"]
+    assert len(rows) == len(starts) + len(starts) - 1
+    assert all(set(ms) == set(exit_cost.COLUMNS) for ms, _ in rows)
+    assert any(ms["greedy"] > 0 for ms, _ in rows)      # it plans: the greedy was timed
+    plain = exit_cost.steps_of(trace, passes=1, plan=False)
+    assert len(plain) == len(rows)
+    assert all(ms["greedy"] == ms["planner"] == ms["record"] == 0 for ms, _ in plain)
+
+
+def test_a_planned_step_makes_no_upstream_call_but_maps_that_the_online_way_does_not(
+        default_pools):
+    trace = trace_named("llama-ckpt")
+    for capi in (False, True):
+        planned_rows = exit_cost.steps_of(trace, passes=1, capi=capi)
+        plain_rows = exit_cost.steps_of(trace, passes=1, capi=capi, plan=False)
+        for (_, mine), (_, theirs) in zip(planned_rows, plain_rows, strict=True):
+            extra = collections.Counter(mine)
+            extra.subtract(theirs)
+            assert {name for name, n in extra.items() if n > 0} <= {"map", "map MiB"}
