@@ -310,16 +310,22 @@ def environment(device=0):
 
 # Command line and output ----------------------------------------------------------------
 
-def parser(description, columns=False):
+SIMULATED_HELP = ("run gpupool on gpupool.testing.SimulatedDevice (no GPU needed; checks "
+                  "the harness only, the numbers are not GPU numbers)")
+
+
+def parser(description, columns=False, no_simulated=None):
     """Argument parser with the options every script takes; with ``columns``, ``--columns``
-    too (read it with :func:`column_keys`)."""
+    too (read it with :func:`column_keys`). A script that has no simulated run names why in
+    ``no_simulated``: ``--simulated``'s help then says it skips, and why."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     p.add_argument("--quick", action="store_true",
                    help="few repetitions: checks the script runs, numbers are rough")
     p.add_argument("--simulated", action="store_true",
-                   help="run gpupool on gpupool.testing.SimulatedDevice (no GPU needed; checks "
-                        "the harness only, the numbers are not GPU numbers)")
+                   help=SIMULATED_HELP if no_simulated is None else
+                   f"print a skip line and exit 0: {no_simulated} (run_all.py passes the "
+                   f"flag to every script)")
     if columns:
         p.add_argument("--columns", help="comma-separated column keys to run (default: all)")
     return p

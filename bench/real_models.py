@@ -73,6 +73,7 @@ STEADY_FROM = 3            # ms/step medians over the steps after this many
 CHILD_TIMEOUT = 300        # seconds per (model, allocator) process
 SAMPLE_S = 0.0005          # the sampler thread's period
 REGION = {"scope": "process"}               # the region entered around each step
+NO_SIMULATED = "it trains PyTorch models on the GPU"
 PLANNED = {"scope": "process", "plan": True}  # the same, planned
 
 # key -> (description, environment, allocator, Region's arguments per step or None)
@@ -465,7 +466,8 @@ def plot(out, path):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0], columns=True)
+    p = _common.parser(__doc__.splitlines()[0], columns=True,
+                       no_simulated=NO_SIMULATED)
     p.add_argument("--steps", type=int, help=f"training steps (default {STEPS}; --quick: "
                                               f"{QUICK_STEPS})")
     p.add_argument("--models", default=",".join(_models.DEFAULT_MODELS),
@@ -500,7 +502,7 @@ def main(argv=None):
         print(dry_run_text(models, columns, skipped, steps, args.trace_dir, args.repeat))
         return 0
     if args.simulated:
-        _common.skip(SCRIPT, "--simulated: it trains PyTorch models on the GPU", args.json)
+        _common.skip(SCRIPT, "--simulated: " + NO_SIMULATED, args.json)
     _common.cuda_torch_or_skip(SCRIPT, args.json)
     start = time.perf_counter()
     out = {"script": SCRIPT, "steps": steps, "models": models, "columns": columns,

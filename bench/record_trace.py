@@ -221,7 +221,8 @@ def record(torch, name, steps, max_entries):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0])
+    p = _common.parser(__doc__.splitlines()[0],
+                       no_simulated="recording needs PyTorch on a GPU")
     p.add_argument("--out", default=alloc_trace.TRACE_DIR, metavar="DIR",
                    help="folder for NAME.npz (default: bench/data/traces)")
     p.add_argument("--steps", type=int, default=5, help="training steps per model (5)")

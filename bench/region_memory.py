@@ -188,7 +188,8 @@ def default_plot_path(json_path):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0])
+    p = _common.parser(__doc__.splitlines()[0],
+                       no_simulated="it trains a CuPy model on the GPU")
     p.add_argument("--steps", type=int,
                    help=f"training steps per way (default {STEPS}; --quick: {QUICK_STEPS})")
     p.add_argument("--gc-steps", type=int, default=GC_STEPS,

@@ -140,7 +140,8 @@ def report(out):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0], columns=True)
+    p = _common.parser(__doc__.splitlines()[0], columns=True,
+                       no_simulated="RMM allocates device memory")
     args = p.parse_args(argv)
     columns = _peers.chosen_columns(p, args.columns, COLUMNS)
     if args.simulated:

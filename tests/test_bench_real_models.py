@@ -162,3 +162,12 @@ def test_a_planned_runs_line_ends_with_its_planning_and_each_steps_exit():
     record["region"] = {"plans": 3, "planning_ms": 61.0, "record_plans": 1, "record_ms": 15.2}
     assert real_models._planning(record) == (
         ", 3 plans in 61 ms, 1 at request 0 in 15 ms, exits 0, 1, 34, 20 ms")
+
+
+def test_simulated_help_says_the_script_skips_and_why(capsys):
+    # The flag is every script's (run_all.py passes it); this one has no simulated run.
+    with pytest.raises(SystemExit):
+        real_models.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--simulated print a skip line and exit 0: it trains PyTorch models on the GPU" \
+        in text and "SimulatedDevice" not in text

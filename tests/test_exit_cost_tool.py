@@ -51,3 +51,15 @@ def test_a_planned_step_makes_no_upstream_call_but_maps_that_the_online_way_does
             extra = collections.Counter(mine)
             extra.subtract(theirs)
             assert {name for name, n in extra.items() if n > 0} <= {"map", "map MiB"}
+
+
+def test_an_unknown_trace_or_negative_passes_exit_2_naming_what_is_accepted(capsys):
+    for argv, said in ((["nope"], "one of bert-varlen,"), (["vit", "--passes", "-1"],
+                                                           "passes must be 0 or more")):
+        try:
+            exit_cost.main(argv)
+        except SystemExit as stop:
+            assert stop.code == 2
+        else:
+            raise AssertionError(f"{argv} ran")
+        assert said in capsys.readouterr().err

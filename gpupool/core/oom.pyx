@@ -113,10 +113,12 @@ cdef object oom_error(int device, uint32_t pool_id, bint real_device, OomFacts* 
         text += (". Free buffers you no longer need, release regions (region.release()), "
                  "or register a callback with gpupool.on_oom")
         if unusable:
+            # Expandable segments are the way out named for a plain upstream only.
             text += ("; fragmented memory joins once the buffers between its blocks are "
-                     "freed (" + ("upstream='vmm'" if real_device else
-                                  "gpupool.testing.SimulatedDevice(virtual_memory=True)") +
-                     " grows segments instead)")
+                     "freed" + ("" if f.page else " (" + (
+                         "upstream='vmm'" if real_device else
+                         "gpupool.testing.SimulatedDevice(virtual_memory=True)") +
+                         " grows segments instead)"))
         # pool_status() reports the default pool of a GPU: pool= reaches any pool.
         text += (f"; gpupool.pool_status(pool=...) given this pool shows "
                  f"{'the device' if real_device else 'its upstream'}'s free memory.")

@@ -113,6 +113,18 @@ def test_fragmented_cache_is_counted_exactly():
     del bufs
 
 
+def test_an_expandable_pool_is_not_told_to_use_expandable_segments():
+    pool = gpupool.Pool(hard_limit=8 * MIB, upstream=SimulatedDevice(virtual_memory=True))
+    bufs = [pool.allocate(MIB // 2) for _ in range(16)]
+    del bufs[::2]                          # eight free 512 KiB blocks, each between live ones
+    error = oom_of(pool, 3 * MIB)
+    message = str(error)
+    assert error.unusable_cached_bytes > 0 and "fragmentation" in message
+    assert "fragmented memory joins once the buffers between its blocks are freed" in message
+    assert "grows segments instead" not in message and "virtual_memory=True" not in message
+    del bufs
+
+
 def test_cached_blocks_that_could_serve_are_not_unusable():
     pool = gpupool.Pool(hard_limit=8 * MIB, upstream=SimulatedDevice())
     bufs = [pool.allocate(MIB) for _ in range(8)]

@@ -13,7 +13,6 @@ the repository root::
     PYTHONPATH=$PWD python tools/profile/exit_cost.py TRACE [--passes P] [--capi] [--no-plan]
 """
 
-import argparse
 import collections
 import os
 import sys
@@ -23,8 +22,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "profile"))
 
-import alloc_trace  # noqa: E402
-import fragmentation  # noqa: E402
 import long_replay  # noqa: E402
 
 import gpupool  # noqa: E402
@@ -119,15 +116,13 @@ def steps_of(trace, passes=0, capi=False, plan=True):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = long_replay.parser(__doc__)
     p.add_argument("trace", help="a trace's name in bench/data/traces-real")
     p.add_argument("--passes", type=int, default=0,
                    help="repetitions of steps 1.. after the whole trace")
     p.add_argument("--capi", action="store_true", help="the requests through the C API")
     p.add_argument("--no-plan", action="store_true", help="a region without a plan per step")
-    args = p.parse_args(argv)
-    (trace,) = [t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))
-                if t.name == args.trace]
+    args, trace = long_replay.parse(p, argv)
     rows = steps_of(trace, args.passes, args.capi, not args.no_plan)
     print("step " + " ".join(f"{c:>8}" for c in COLUMNS) + "  upstream calls")
     total = collections.Counter()

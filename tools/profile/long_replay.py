@@ -110,17 +110,35 @@ def long_replay(trace, passes, plan=False, capi=False):
     live.clear()
 
 
+def parser(doc):
+    """An argument parser whose help is ``doc`` as written, for a tool taking a trace's name
+    (``trace``) and the repetitions after it (``passes``); read with :func:`parse`."""
+    return argparse.ArgumentParser(description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def parse(p, argv=None):
+    """``p``'s arguments and the recorded trace named by ``trace``; an unknown name or
+    negative ``passes`` exits (status 2) naming what is accepted."""
+    args = p.parse_args(argv)
+    if args.passes < 0:
+        p.error(f"passes must be 0 or more, got {args.passes}")
+    traces = {t.name: t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))}
+    if args.trace not in traces:
+        p.error(f"no recorded trace {args.trace!r} in {fragmentation.REAL_DIR}: one of "
+                + ", ".join(sorted(traces)))
+    return args, traces[args.trace]
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("trace", help="a trace's name in bench/data/traces-real")
     p.add_argument("passes", type=int, help="repetitions of steps 1.. after the whole trace")
     p.add_argument("--plan", action="store_true",
                    help="a planned region entered at each step start")
     p.add_argument("--capi", action="store_true",
                    help="every request and free through gpupool's C API (as PyTorch's)")
-    args = p.parse_args(argv)
-    (trace,) = [t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))
-                if t.name == args.trace]
+    args, trace = parse(p, argv)
     for k, syncs, peak, floor, stats in long_replay(trace, args.passes, args.plan, args.capi):
         planned = "" if stats is None else (
             f"; plan hits {stats.plan_hits:,}, misses {stats.plan_misses:,}, plans"
