@@ -114,8 +114,9 @@ class Planner:
         dropped past it; a step of more requests than this is never planned; >= 1.
     budget_work : int
         Work one greedy strategy of a plan may do (``placement.plan``'s ``budget_work`` is
-        this times the strategies, in units of one candidate place examined): what bounds planning, the same on any machine
-        and load, so the same steps get the same plans; >= 1.
+        this times the strategies, in units of one candidate place examined): what bounds
+        planning, the same on any machine and load, so the same steps get the same plans;
+        >= 1.
     budget_ms : float
         Milliseconds of wall-clock time one plan's greedy placement may take
         (``placement.plan``'s ``budget_ms``), a safety net for the allocating thread; > 0.

@@ -253,8 +253,8 @@ def test_bad_plan_options_are_refused(vpool):
     with pytest.raises(ValueError, match="max_plans"):
         gpupool.Region(pool=vpool, plan={"max_plans": 0})
     with pytest.raises(TypeError, match=r"^Region\(plan=\.\.\.\): unknown option 'bogus'; "
-                       r"the accepted keys are max_plans, max_plan_requests, budget_work, budget_ms, "
-                       r"min_hit_rate, record, strategies$"):
+                       r"the accepted keys are max_plans, max_plan_requests, budget_work, "
+                       r"budget_ms, min_hit_rate, record, strategies$"):
         gpupool.Region(pool=vpool, plan={"bogus": 1, "max_plans": 2})
 
 
