@@ -106,3 +106,21 @@ def test_the_wall_clock_cap_decides_nothing_on_the_real_runs():
         for key in ("plans", "plan_hits", "plan_misses", "record_plans", "plans_not_fitting",
                     "plans_given_up", "planning_work", "plans_past_requests"):
             assert capped[key] == unbounded[key], (trace.name, key)
+
+
+def test_plans_keep_the_lower_of_two_orders_on_the_checkpointing_runs():
+    # The record plans set these runs' peaks: their predicted steps are placed around the
+    # blocks the online era scattered (Llama: 4,279 MiB of parameters and optimizer state over
+    # 5,825 MiB), whose holes the order by size x lifetime fills better than by size alone
+    # (Note [Plans in two orders]). Each plan runs both and keeps the lower.
+    found = {}
+    for trace in [alloc_trace.load(p) for p in alloc_trace.find(fragmentation.REAL_DIR)]:
+        if trace.name in ("gpt2-ckpt", "llama-ckpt"):
+            stats = {}
+            both = fragmentation.peak_reserved(gpupool, trace, "vmm", region=True, plan=True,
+                                               out=stats)
+            size = fragmentation.peak_reserved(gpupool, trace, "vmm", region=True,
+                                               plan={"strategies": ("size",)})
+            assert stats["record_plans"] == 2 and stats["plans_past_work"] == 0, trace.name
+            found[trace.name] = (both / MiB, size / MiB)
+    assert found == {"gpt2-ckpt": (9512, 9622), "llama-ckpt": (10528, 10748)}

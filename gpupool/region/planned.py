@@ -61,6 +61,10 @@ GIVE_UP_EXITS = 64          # exits before a plan given up is made again
 GREEDY_MAX = 8192           # planned requests a step may have to be planned: the greedy's work
                             # grows as their square, and first fit places no better than the
                             # online way (Note [Planned regions])
+# The greedy strategies each plan tries, the lowest kept: a step placed around blocks the online
+# era scattered often fills their holes better in the order of size x lifetime than by size
+# (Note [Plans in two orders]).
+STRATEGIES = ("size", "area")
 
 
 def signature(step):
@@ -109,9 +113,10 @@ class Planner:
         Requests of the kept plans together (their host memory), the least recently used
         dropped past it; a step of more requests than this is never planned; >= 1.
     budget_work : int
-        Work one plan's greedy placement may do (``placement.plan``'s ``budget_work``, in
-        units of one candidate place examined): what bounds planning, the same on any machine
-        and load, so the same steps get the same plans; >= 1.
+        Work one greedy strategy of a plan may do (``placement.plan``'s ``budget_work`` is
+        this times the strategies, in units of one candidate place examined): what bounds
+        planning, the same on any machine and load, so the same steps get the same plans;
+        >= 1.
     budget_ms : float
         Milliseconds of wall-clock time one plan's greedy placement may take
         (``placement.plan``'s ``budget_ms``), a safety net for the allocating thread; > 0.
@@ -122,21 +127,26 @@ class Planner:
         plan's structure whose request 0 asks more bytes than any step that plan was made
         from. False: such an entry runs online up to its first request larger than its
         place, as any step larger than the plan.
+    strategies : tuple of str
+        The greedy strategies (keys of ``placement.STRATEGIES``) each plan runs, in order, the
+        plan of the lowest top kept, each within ``budget_work`` (planning takes about as many
+        times one strategy's time; a record step waits for them all); not empty.
 
     Raises
     ------
     TypeError
         An option of another type: an integer (not a bool) for the first two and
         ``budget_work``, a real number for ``budget_ms`` and ``min_hit_rate``, a bool for
-        ``record``.
+        ``record``, a tuple of strings for ``strategies``.
         The message names the option, its value and what it accepts.
     ValueError
-        An option out of its range (NaN included), named with its value and the range.
+        An option out of its range (NaN included), named with its value and the range, or
+        ``strategies`` empty or naming a strategy not in ``placement.STRATEGIES``.
     """
 
     def __init__(self, max_plans=4, max_plan_requests=1 << 16,
                  budget_work=placement.BUDGET_WORK, budget_ms=placement.BUDGET_MS,
-                 min_hit_rate=0.5, record=True):
+                 min_hit_rate=0.5, record=True, strategies=STRATEGIES):
         for name, value, kind, accepted, within in (
                 ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
                 ("max_plan_requests", max_plan_requests, numbers.Integral, "an integer >= 1",
@@ -153,6 +163,12 @@ class Planner:
                 raise ValueError(f"{name} must be {accepted}, got {value!r}")
         if not isinstance(record, bool):
             raise TypeError(f"record must be a bool, got {record!r}")
+        if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
+            raise TypeError(f"strategies must be a tuple of str, got {strategies!r}")
+        if not strategies or not set(strategies) <= set(placement.STRATEGIES):
+            raise ValueError(f"strategies must be a non-empty tuple of "
+                             f"{sorted(placement.STRATEGIES)}, got {strategies!r}")
+        self.strategies = strategies
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
         self.budget_work, self.budget_ms = int(budget_work), float(budget_ms)
         self.min_hit_rate = float(min_hit_rate)
@@ -424,11 +440,13 @@ class Planner:
         self.counts["records_dropped"] += 1
 
     def _made(self, step, fixed, pinned=None):
-        """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted. The
-        first-fit plan (a step of more than GREEDY_MAX planned requests, or past a budget)
-        places nothing around them: its places move above the highest."""
-        made = placement.plan(step, budget_work=self.budget_work, budget_ms=self.budget_ms,
-                              max_requests=GREEDY_MAX, fixed=fixed, pinned=pinned)
+        """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted, the
+        lowest of the strategies' (each within ``budget_work``). The first-fit plan (a step of
+        more than GREEDY_MAX planned requests, or past a budget) places nothing around them:
+        its places move above the highest."""
+        made = placement.plan(step, budget_work=self.budget_work * len(self.strategies),
+                              budget_ms=self.budget_ms, max_requests=GREEDY_MAX, fixed=fixed,
+                              pinned=pinned, strategies=self.strategies)
         self._fell_back = made.fallback is not None
         self.counts["plans"] += 1
         self.counts["planning_ms"] += made.planning_ms

@@ -162,7 +162,8 @@ cdef class Region:
         ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``,
         ``budget_work``: the work one plan may do, which makes the same steps get the same
         plans on any machine and load, ``budget_ms``: a wall-clock cap, ``min_hit_rate``,
-        ``record``), which is the region's ``planner`` attribute (None without a plan);
+        ``record``, ``strategies``: the greedy orders each plan tries, the lowest kept),
+        which is the region's ``planner`` attribute (None without a plan);
         ``stats()`` has its counters. Notes [Planned regions] and [Planning budget in work]
         in docs/design.md have the design.
 

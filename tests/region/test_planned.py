@@ -1,6 +1,7 @@
 """Planned regions (Region(plan=True)) on the simulated device: the step is planned once its
 signature repeats, later entries take their planned places, and every deviation stays correct."""
 
+import re
 import threading
 
 import numpy as np
@@ -252,8 +253,8 @@ def test_bad_plan_options_are_refused(vpool):
     with pytest.raises(ValueError, match="max_plans"):
         gpupool.Region(pool=vpool, plan={"max_plans": 0})
     with pytest.raises(TypeError, match=r"^Region\(plan=\.\.\.\): unknown option 'bogus'; "
-                       r"the accepted keys are max_plans, max_plan_requests, budget_work, budget_ms, "
-                       r"min_hit_rate, record$"):
+                       r"the accepted keys are max_plans, max_plan_requests, budget_work, "
+                       r"budget_ms, min_hit_rate, record, strategies$"):
         gpupool.Region(pool=vpool, plan={"bogus": 1, "max_plans": 2})
 
 
@@ -279,6 +280,16 @@ def test_a_plan_option_out_of_range_is_refused_naming_it(vpool, option, value, e
     with pytest.raises(error) as info:
         gpupool.Region(pool=vpool, plan={option: value})
     assert str(info.value) == f"{option} must be {accepted}, got {value!r}"
+
+
+@pytest.mark.parametrize("value, error", [
+    (["size"], TypeError), (("size", 3), TypeError), ("size", TypeError),
+    ((), ValueError), (("size", "bogus"), ValueError),
+])
+def test_bad_strategies_are_refused_naming_them(vpool, value, error):
+    with pytest.raises(error, match=r"^strategies must be a (tuple of str|non-empty "
+                                    r"tuple of \[.*\]), got " + re.escape(repr(value)) + "$"):
+        gpupool.Region(pool=vpool, plan={"strategies": value})
 
 
 def test_plan_options_at_the_ends_of_their_ranges_are_taken(vpool):
