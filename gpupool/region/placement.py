@@ -24,6 +24,7 @@ Times are event indices of one step (its allocations and frees, in order); sizes
 NumPy, and the greedy placement compiled (:mod:`gpupool.region.greedy`); no device.
 """
 
+import threading
 import time
 
 import numpy as np
@@ -358,6 +359,33 @@ def _greedy(sizes, starts, ends, busy_with, order_key, fit, deadline, fixed, pin
     return None, work, "work" if status == greedy.PAST_WORK else "time"
 
 
+def _side_by_side(calls):
+    """``_greedy(*args)`` of each argument tuple in ``calls``, the first on this thread and
+    each other on a thread of its own, side by side (the compiled core runs without the GIL):
+    a plan of several strategies takes about the time of its slowest, not their sum. Fresh
+    threads, joined here: nothing outlives the call (a pool of threads would not survive a
+    fork). Returns their results in order; an exception in any is raised here."""
+    results = [None] * len(calls)
+
+    def run(k):
+        try:
+            results[k] = (True, _greedy(*calls[k]))
+        except BaseException as exc:            # re-raised on the calling thread
+            results[k] = (False, exc)
+
+    others = [threading.Thread(target=run, args=(k,), name="gpupool-plan", daemon=True)
+              for k in range(1, len(calls))]
+    for thread in others:
+        thread.start()
+    run(0)
+    for thread in others:
+        thread.join()
+    for ok, value in results:
+        if not ok:
+            raise value
+    return [value for _, value in results]
+
+
 def _first_fit(step, keep):
     """Cheap offsets: each stream's in-step requests first fit in the order of their events
     (a sweep over one free list), the streams' ranges one above the other, and the tails
@@ -466,12 +494,16 @@ def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=409
     else:
         sizes, starts, ends = step.nbytes[idx], step.alloc[idx], step.free[idx]
         busy_with = (step.stream[idx], step.length, share_streams)
-        for name in strategies:
+        runs = _side_by_side([(sizes, starts, ends, busy_with, *STRATEGIES[name], left[1],
+                               fixed, pinned[idx], left[0]) for name in strategies])
+        for name, (found, spent, stopped) in zip(strategies, runs):
             if left[0] <= 0:                    # (the compiled core reads 0 as no limit)
                 fallback = None if best is not None else "work"
                 break
-            found, spent, stopped = _greedy(sizes, starts, ends, busy_with, *STRATEGIES[name],
-                                            left[1], fixed, pinned[idx], work_limit=left[0])
+            # Each strategy ran with the whole budget; as in one run after the other, it
+            # stops past what the strategies before it left.
+            if found is not None and spent > left[0]:
+                found, stopped = None, "work"
             work += spent
             left[0] -= spent
             if found is None:

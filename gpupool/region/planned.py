@@ -129,8 +129,8 @@ class Planner:
         place, as any step larger than the plan.
     strategies : tuple of str
         The greedy strategies (keys of ``placement.STRATEGIES``) each plan runs, in order, the
-        plan of the lowest top kept, each within ``budget_work`` (planning takes about as many
-        times one strategy's time; a record step waits for them all); not empty.
+        plan of the lowest top kept, each within ``budget_work``; they run side by side, each
+        on a thread of its own (planning takes about the time of the slowest); not empty.
 
     Raises
     ------

@@ -400,3 +400,49 @@ def test_a_step_too_large_for_the_greedy_is_not_planned(vpool, monkeypatch, gree
     assert (stats.plans > 0, stats.plan_hits > 0) == (planned, planned)
     if not planned:
         assert stats.planning_ms == 0 and stats.plan_misses == 0
+
+
+def test_a_plan_of_two_strategies_runs_them_side_by_side_with_one_runs_result(monkeypatch):
+    # Each strategy's greedy on a thread of its own (the compiled core runs without the GIL),
+    # the plan the same as one strategy after the other: the lower top kept, work summed.
+    from gpupool.region import placement
+    rng = np.random.default_rng(3)
+    n = 300
+    alloc = 2 * np.arange(n)                   # allocations at even events, frees at odd
+    step = placement.Step(rng.integers(1, 64, n) * placement.ALIGN, alloc,
+                          alloc + 2 * rng.integers(0, 40, n) + 1, np.zeros(n, np.int64),
+                          2 * n + 100)
+    threads, greedy = [], placement._greedy
+
+    def spy(*args, **kwargs):
+        threads.append(threading.get_ident())
+        return greedy(*args, **kwargs)
+
+    monkeypatch.setattr(placement, "_greedy", spy)
+    both = placement.plan(step, strategies=("size", "area"))
+    assert len(threads) == 2 and len(set(threads)) == 2
+    alone = {name: placement.plan(step, strategies=(name,)) for name in ("size", "area")}
+    lower = min(alone.values(), key=lambda p: p.tried[p.method])
+    assert np.array_equal(both.offsets, lower.offsets)
+    assert both.work == sum(p.work for p in alone.values())
+    # Past the budget in all, as one after the other: the second strategy stops where the
+    # first left too little, and the first's plan is kept.
+    first = alone["size"].work
+    capped = placement.plan(step, strategies=("size", "area"), budget_work=first + 1)
+    assert capped.method == "size" and np.array_equal(capped.offsets, alone["size"].offsets)
+
+
+def test_a_failing_strategy_raises_on_the_planning_thread(monkeypatch):
+    from gpupool.region import placement
+
+    def broken(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            raise MemoryError("strategy on its own thread")
+        return greedy(*args, **kwargs)
+
+    greedy = placement._greedy
+    monkeypatch.setattr(placement, "_greedy", broken)
+    step = placement.Step(np.full(4, placement.ALIGN), np.arange(4), np.arange(4) + 2,
+                          np.zeros(4, np.int64), 8)
+    with pytest.raises(MemoryError, match="its own thread"):
+        placement.plan(step, strategies=("size", "area"))
