@@ -137,6 +137,32 @@ class Trace:
                 "allocated_bytes": int(self.nbytes[self.op == ALLOC].sum())}
 
 
+def first_steps(trace, n):
+    """The first ``n`` steps of ``trace``: its events before ``meta["step_starts"][n]`` (all
+    of them when it has ``n`` steps), what a run of ``n`` steps records; the last step's
+    tails (freed in the step that would follow) stay live at its end. Its meta is the
+    trace's, with ``step_starts`` cut to ``n`` and ``steps`` set to ``n``.
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an integer (a bool is not one).
+    ValueError
+        ``trace`` has no ``meta["step_starts"]``, or ``n`` is not from 1 to its steps.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n must be an integer number of steps, got {n!r}")
+    starts = trace.meta.get("step_starts")
+    if not starts:
+        raise ValueError(f"{trace.name}: no step starts (meta['step_starts']) to cut at")
+    if not 1 <= n <= len(starts):
+        raise ValueError(f"{trace.name}: n must be from 1 to its {len(starts)} steps, got {n}")
+    end = starts[n] if n < len(starts) else len(trace)
+    meta = dict(trace.meta, step_starts=list(starts[:n]), steps=int(n))
+    return Trace(trace.name, trace.op[:end], trace.ids[:end], trace.nbytes[:end],
+                 trace.stream[:end], meta=meta)
+
+
 class _Builder:
     """Collects events with fresh ids; used by the converters and the synthetic trace."""
 

@@ -142,6 +142,38 @@ class Counting:
         self.live -= n
 
 
+def stepped_trace():
+    """A recorded run (30 steps, their starts in ``meta["step_starts"]``)."""
+    return alloc_trace.load(os.path.join(os.path.dirname(alloc_trace.TRACE_DIR), "traces-real",
+                                         "resnet50.npz"))
+
+
+def test_first_steps_cut_a_trace_where_a_step_starts():
+    trace = stepped_trace()
+    starts = trace.meta["step_starts"]
+    two = alloc_trace.first_steps(trace, 2)
+    assert len(two) == starts[2] and two.meta["step_starts"] == starts[:2]
+    assert two.meta["steps"] == 2 and two.name == trace.name
+    assert (two.nbytes == trace.nbytes[:starts[2]]).all()
+    assert (two.op == trace.op[:starts[2]]).all()
+    assert two.summary()["live_at_end_bytes"] > 0           # the last step's tails stay live
+    whole = alloc_trace.first_steps(trace, len(starts))
+    assert len(whole) == len(trace) and whole.meta["step_starts"] == starts
+
+
+@pytest.mark.parametrize("n, error, message", [
+    (0, ValueError, "from 1 to its 30 steps, got 0"), (31, ValueError, "got 31"),
+    (2.0, TypeError, "integer"), (True, TypeError, "integer")])
+def test_first_steps_refuse_steps_out_of_range(n, error, message):
+    with pytest.raises(error, match=message):
+        alloc_trace.first_steps(stepped_trace(), n)
+
+
+def test_first_steps_refuse_a_trace_without_steps():
+    with pytest.raises(ValueError, match="no step starts"):
+        alloc_trace.first_steps(small_trace(), 1)
+
+
 def test_replay_frees_what_the_trace_frees():
     trace = alloc_trace.synthetic(steps=3)
     counter = Counting()

@@ -14,8 +14,8 @@ so they stay apart as those do). Steps of fixed sizes are the case where the env
 step itself.
 
 A record step (an entry whose request 0 asks more bytes than any step of a signature with a
-plan kept, while the last two complete steps are of the installed plan's signature) is
-planned at that request: the core sends the request online and swaps the region's record
+plan kept, while the last two complete steps are of the installed plan's signature and its
+steps asked the most of those) is planned at that request: the core sends the request online and swaps the region's record
 slow path in for the allocation's (core/planned.pxd, ``pl_record``), which calls
 :meth:`Planner.record`; the plan is the installed plan's structure, the sizes that varied
 among its signature's steps scaled by the request's bytes over the most a step's request 0
@@ -382,11 +382,18 @@ class Planner:
         which comes); then the most that the steps of any signature with a plan kept asked
         (a step of another structure than the plan's, whose request 0 passes the plan's
         steps' but not its own structure's, would leave a record plan at its first
-        divergent event, after it took places of the wrong structure); 0: none is."""
+        divergent event, after it took places of the wrong structure). And only when the
+        plan's own steps asked that most: a request 0 past it is then more likely of the
+        structure whose steps asked more (GPT-2's and BERT's runs switch structure with the
+        length), and a record plan of the installed structure, its sizes scaled by that
+        request over the plan's smaller steps', maps pages for places the step does not
+        take (Note [Record steps of another structure]). 0: none is."""
         if not self.record_steps or self.current not in self._plans or \
                 self._streak != (self.current, self._streak[1]) or self._streak[1] < 2:
             return 0
-        return max((self._seen[sig][3] for sig in self._plans if sig in self._seen), default=0)
+        most = max((self._seen[sig][3] for sig in self._plans if sig in self._seen), default=0)
+        own = self._seen[self.current][3] if self.current in self._seen else 0
+        return most if own >= most else 0
 
     def growing(self):
         """Whether the plan :meth:`place` returned last may map pages for its places past

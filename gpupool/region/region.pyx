@@ -92,6 +92,15 @@ cdef object _event_rows(PlanTable* io, Py_ssize_t columns):
     return out
 
 
+def _weak_hook(region, method):
+    """``method(region, ptr)`` for the core's borrowed hooks, the region held weakly: a bound
+    method kept on it is a cycle no_gc_clear leaves uncollected (region and pool never freed)."""
+    def hook(ptr, ref=weakref.ref(region)):
+        found = ref()
+        return None if found is None else method(found, ptr)
+    return hook
+
+
 cdef list _entered_here():
     """The calling thread's entered regions, innermost last."""
     regions = getattr(_entered, "regions", None)
@@ -254,10 +263,10 @@ cdef class Region:
             self.planner = planner
             self._planning = threading.Lock()
             self.rc.plan = new PlanTable()
-            self._on_record = self._record_step
+            self._on_record = _weak_hook(self, Region._record_step)
             self.rc.on_record = <PyObject*>self._on_record
         if trace:
-            self._on_alloc = self._record_site
+            self._on_alloc = _weak_hook(self, Region._record_site)
             self.rc.on_alloc = <PyObject*>self._on_alloc
         self.pool.region_register(self.rc)
         _by_cache[<uintptr_t>self.rc] = (next(_region_ids), weakref.ref(self))

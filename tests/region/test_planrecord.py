@@ -215,3 +215,18 @@ def test_a_record_step_whose_plan_falls_back_runs_online(vsim, monkeypatch):
     hits, records, dropped, peak = run_to_record(0)
     assert (hits, records, dropped) == (0, 1, 1)
     assert peak <= run_to_record(0, plan={"record": False})[3]   # no more than online
+
+
+def test_no_record_when_another_plans_steps_asked_more_at_request_0():
+    # The installed plan's steps (b"short") asked at most 4,000 bytes at request 0, another
+    # kept plan's (b"long") 9,000: a request 0 past both is more likely of the long structure,
+    # so no record plan of the short one's (Note [Record steps of another structure]).
+    planner = Planner()
+    step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
+    for sig, first in ((b"long", 9000), (b"short", 4000)):
+        planner._plans[sig] = (placement.plan(step), np.array([-1, -1]), 1 << 20)
+        planner._seen[sig] = (2, step.nbytes, step.nbytes // 2, first)
+    planner.current, planner._streak = b"short", (b"short", 2)
+    assert planner.record_over() == 0
+    planner.current, planner._streak = b"long", (b"long", 2)
+    assert planner.record_over() == 9000

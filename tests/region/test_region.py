@@ -1,12 +1,15 @@
 """Regions on the simulated device: cached steps, working-set peak, exit policies."""
 
+import gc
 import re
 import threading
+import weakref
 
 import pytest
 from conftest import check_invariants
 
 import gpupool
+from gpupool.testing import SimulatedDevice
 
 KIB = 1024
 
@@ -507,3 +510,20 @@ def test_a_bad_max_cached_bytes_is_named_before_any_pool_is_looked_up(value, err
     # No pool given: the argument is checked before the default pool (which needs a device).
     with pytest.raises(error, match=f"^max_cached_bytes={value!r}: "):
         gpupool.Region(max_cached_bytes=value)
+
+
+@pytest.mark.parametrize("options", [{}, {"plan": True}, {"trace": True}])
+def test_a_region_dropped_is_freed_with_its_pool(options):
+    # A planned or traced region hands the core hooks of its own; they hold it weakly, so
+    # dropping it frees it and its pool (and the pool's memory).
+    sim = SimulatedDevice(capacity=1 << 30, virtual_memory=True)
+    pool = gpupool.Pool(upstream=sim)
+    region = gpupool.Region(pool=pool, collect=None, **options)
+    for _ in range(3):
+        with region:
+            pool.allocate(1 << 20)
+    refs = weakref.ref(region), weakref.ref(pool)
+    del region, pool
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
+    assert sim.used == 0
