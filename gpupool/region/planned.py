@@ -58,6 +58,7 @@ STRIKES = 2                 # bad entries before a plan is given up
 RETRY_EXITS = 2             # exits before a plan that did not fit is tried again, doubled
                             # each time it does not fit again, up to GIVE_UP_EXITS
 GIVE_UP_EXITS = 64          # exits before a plan given up is made again
+REUSE_MAX = 16              # plans kept by the digest of what they were made from
 GREEDY_MAX = 8192           # planned requests a step may have to be planned: the greedy's work
                             # grows as their square, and first fit places no better than the
                             # online way (Note [Planned regions])
@@ -75,6 +76,20 @@ def signature(step):
     for part in step.structure()[1:]:
         h.update(part)
     h.update(step.length.to_bytes(8, "little"))
+    return h.digest()
+
+
+def _digest(step, fixed, pinned, options):
+    """A digest of a plan's inputs: the step (its sizes, events, streams and length), the
+    ``fixed`` rows, the ``pinned`` offsets (None: none) and ``options`` (the planner's
+    budgets and strategies, a tuple); 16 bytes. The placement is a function of these, so
+    equal digests give equal plans."""
+    h = hashlib.blake2b(repr((step.length, options, pinned is None)).encode(), digest_size=16)
+    for part in (step.nbytes, step.alloc, step.free, step.stream, fixed,
+                 () if pinned is None else pinned):
+        part = np.ascontiguousarray(part, np.int64)
+        h.update(repr(part.shape).encode())
+        h.update(part.tobytes())
     return h.digest()
 
 
@@ -184,6 +199,7 @@ class Planner:
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
         self._later = OrderedDict()     # signature -> the exit before which it is not planned
         self._waits = OrderedDict()     # signature -> exits its last plan not fitting waited
+        self._made_from = OrderedDict()     # digest of a plan's inputs -> the plan made
         self._exits = 0
         self.current = None         # the signature whose plan is installed
         self.base = 0               # the address of its range (0: none)
@@ -197,11 +213,12 @@ class Planner:
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
         # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
-        # by the limit that stopped them (placement.Plan.fallback).
+        # by the limit that stopped them (placement.Plan.fallback); "reused": plans not made
+        # again, their inputs the same as a plan's made before (:meth:`_placed`).
         self.counts = {"plans": 0, "planning_ms": 0.0, "work": 0, "hits": 0, "misses": 0,
                        "installs": 0, "given_up": 0, "no_room": 0, "records": 0,
                        "record_ms": 0.0, "records_dropped": 0, "past_work": 0,
-                       "past_time": 0, "past_requests": 0}
+                       "past_time": 0, "past_requests": 0, "reused": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
@@ -354,7 +371,7 @@ class Planner:
         left live (its tails until the entry frees them, anything else throughout), so that
         the next entry finds the tails at their steady places."""
         pinned = np.where(step.tails & step.planned, steady.offsets, -1)
-        made = self._made(step, self._fixed(step, base, obstacles), pinned)
+        made = self._placed(step, self._fixed(step, base, obstacles), pinned)
         return made, anchors(made)
 
     def _fixed(self, step, base, obstacles):
@@ -461,12 +478,34 @@ class Planner:
                                       work=made.work)
         return made
 
+    def _placed(self, step, fixed, pinned=None):
+        """:meth:`_made`'s plan of step around ``fixed`` with ``pinned``, or the one made
+        before from the same inputs (their digest; the placement is a function of them): a
+        signature whose plan kept meets blocks that stay, and whose plan around them does not
+        fit, is planned at each exit from the same step and blocks; a run of a few
+        structures meets the same transitions again. The REUSE_MAX plans made last are kept,
+        of ``max_plan_requests`` requests in all; a reuse is counted in
+        ``counts["reused"]``, not in ``"plans"``."""
+        key = _digest(step, fixed, pinned,
+                      (self.budget_work, self.budget_ms, self.strategies))
+        made = self._made_from.get(key)
+        if made is not None:
+            self._made_from.move_to_end(key)
+            self._fell_back = made.fallback is not None
+            self.counts["reused"] += 1
+            return made
+        made = self._made_from[key] = self._made(step, fixed, pinned)
+        while len(self._made_from) > 1 and (len(self._made_from) > REUSE_MAX or sum(
+                len(p.offsets) for p in self._made_from.values()) > self.max_plan_requests):
+            self._made_from.popitem(last=False)
+        return made
+
     def _steady(self, sig, step, base, obstacles):
         """The plan kept for sig, or a new one placed around the obstacles."""
         kept = self._plans.get(sig)
         if kept is None or kept[2] != base or _meets(kept[0], obstacles) or \
                 (step.nbytes > kept[0].step.nbytes).any():
-            made = self._made(step, obstacles)
+            made = self._placed(step, obstacles)
             self._plans[sig] = kept = (made, anchors(made), base)
             while len(self._plans) > self.max_plans or \
                     sum(len(p.offsets) for p, _, _ in self._plans.values()) > \

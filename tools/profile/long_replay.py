@@ -142,7 +142,8 @@ def main(argv=None):
     for k, syncs, peak, floor, stats in long_replay(trace, args.passes, args.plan, args.capi):
         planned = "" if stats is None else (
             f"; plan hits {stats.plan_hits:,}, misses {stats.plan_misses:,}, plans"
-            f" {stats.plans} ({stats.planning_ms:,.0f} ms), given up {stats.plans_given_up}, at"
+            f" {stats.plans} ({stats.planning_ms:,.0f} ms), reused {stats.plans_reused}, given"
+            f" up {stats.plans_given_up}, at"
             f" request 0 {stats.record_plans} ({stats.record_ms:,.0f} ms)")
         print(f"{trace.name} pass {k}: {syncs} synchronizes, peak reserved {peak / MiB:,.0f} MiB"
               f" ({peak / floor:.3f}x the most bytes live at once, {floor / MiB:,.0f} MiB)"
