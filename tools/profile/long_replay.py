@@ -117,6 +117,14 @@ def parser(doc):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def trace_options(p, passes):
+    """Add a trace's name (``trace``) and ``--passes`` (default ``passes``) to parser ``p``."""
+    p.add_argument("trace", help="a trace's name in bench/data/traces-real")
+    p.add_argument("--passes", type=int, default=passes,
+                   help="repetitions of steps 1.. after the whole trace")
+    return p
+
+
 def parse(p, argv=None):
     """``p``'s arguments and the recorded trace named by ``trace``; an unknown name or
     negative ``passes`` exits (status 2) naming what is accepted."""
