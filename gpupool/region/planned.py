@@ -21,7 +21,8 @@ slow path in for the allocation's (core/planned.pxd, ``pl_record``), which calls
 among its signature's steps scaled by the request's bytes over the most a step's request 0
 asked, placed around the blocks live then, and the entry's later requests are served from it
 (a request larger than its place misses alone; places past the mapped end map pages). The
-entry after it keeps that plan; the next gets a transition plan of the grown envelope. Once a
+entry after it keeps that plan; the next gets a transition plan of the grown envelope (or
+its steady plan at once, when the blocks left live meet none of its places while live). Once a
 record step has been planned, transition plans map pages for their places too (the record
 plan leaves the online way no room past its own top).
 
@@ -344,26 +345,58 @@ class Planner:
             return None
         self._relayout = False
         again = self.current == sig and not self._grown and not self._fresh
-        if again and self._in_place(steady[0], base):
-            self._transition = False
-            return steady
         if not again:
             self.current, self._entries_on, self._strikes, self._fresh = sig, 0, 0, False
             self.counts["installs"] += 1
+        if self._in_place(steady[0], base, obstacles):
+            self._transition = False
+            return steady
         # The last entry's blocks (tails served elsewhere than their steady places) are in
         # the steady plan's way: a transition plan places the next entry around them.
         self._transition = True
         return self._transition_plan(step, steady[0], base, obstacles)
 
-    def _in_place(self, plan, base):
-        """Whether every block the last entry left live is a tail at its place in ``plan``
-        (made at ``base``) or meets none of its places."""
+    def _in_place(self, plan, base, obstacles):
+        """Whether the steady ``plan`` (made at ``base``) serves the next entry as it is: every
+        block the last entry left live is a tail at its place in it or meets none of its
+        places; or, when none of ``obstacles`` (blocks that stay) meets its places either,
+        none while both are live: a tail of the last entry until the entry frees it
+        (``_left_live``), a place from its request's allocation to its free. The plan's
+        transition would then pin every request at its steady place. A plan kept although
+        blocks that stay meet it (the one placed around them did not fit) gets its
+        transition, placed around them too."""
         k, ptr, nbytes = self._carried
         inside = k < len(plan.offsets)
         placed = np.zeros(len(k), bool)
         placed[inside] = plan.step.tails[k[inside]] & \
             (plan.offsets[k[inside]] == ptr[inside] - base)
-        return not _meets(plan, np.column_stack([ptr - base, nbytes])[~placed])
+        offset, nbytes, end = (a[~placed] for a in self._left_live(plan.step, base))
+        if not _meets(plan, np.column_stack([offset, nbytes])):
+            return True
+        forever = end == np.iinfo(np.int64).max
+        if _meets(plan, obstacles) or _meets(plan, np.column_stack([offset, nbytes])[forever]):
+            return False
+        offset, top, end = offset[~forever], offset[~forever] + nbytes[~forever], end[~forever]
+        step = plan.step
+        # Only the places allocated before the last of those blocks is freed can meet one.
+        early = step.planned & (step.alloc < end.max())
+        lo, hi, alloc = plan.offsets[early], plan.offsets[early] + step.nbytes[early], \
+            step.alloc[early]
+        return not ((lo[:, None] < top) & (hi[:, None] > offset) &
+                    (alloc[:, None] < end)).any()
+
+    def _left_live(self, step, base):
+        """The blocks the last entry left live, for a plan of step made at ``base``: int64
+        arrays of their offsets from base, bytes, and the event of the step's entry until
+        which they stay (the free of a tail of step's request at its index, less the step's
+        length; the int64 most for anything else)."""
+        k, ptr, nbytes = self._carried
+        inside = k < len(step)
+        tail = np.zeros(len(k), bool)
+        tail[inside] = step.tails[k[inside]] & (step.nbytes[k[inside]] >= nbytes[inside])
+        end = np.full(len(k), np.iinfo(np.int64).max)
+        end[tail] = step.free[k[tail]] - step.length
+        return ptr - base, nbytes, end
 
     def _transition_plan(self, step, steady, base, obstacles):
         """The plan of the first entry served: the steady plan's tails where it puts them,
@@ -379,17 +412,12 @@ class Planner:
         throughout, and the blocks the last entry left live (its tails until the step's
         entry frees them, anything else throughout)."""
         forever = np.iinfo(np.int64).max
-        k, ptr, nbytes = (a[self._carried[1] >= base] for a in self._carried)
-        inside = k < len(step)
-        tail = np.zeros(len(k), bool)
-        tail[inside] = step.tails[k[inside]] & (step.nbytes[k[inside]] >= nbytes[inside])
-        end = np.full(len(k), forever)
-        end[tail] = step.free[k[tail]] - step.length
+        offset, nbytes, end = (a[self._carried[1] >= base] for a in self._left_live(step, base))
         obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
         return np.concatenate([
             np.column_stack([obstacles, np.zeros(len(obstacles), np.int64),
                              np.full(len(obstacles), forever)]),
-            np.column_stack([ptr - base, nbytes, np.zeros(len(k), np.int64), end])]
+            np.column_stack([offset, nbytes, np.zeros(len(offset), np.int64), end])]
         ).astype(np.int64).reshape(-1, 4)
 
     def record_over(self):

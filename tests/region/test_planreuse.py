@@ -5,48 +5,58 @@ same blocks in its way and the same pinned places as one made before is that one
 import itertools
 
 import numpy as np
-from planned_steps import TAILS, Run, scaled, vpool, vsim  # noqa: F401 (fixtures)
+from conftest import check_invariants
+from planned_steps import MIB, Checked, vpool, vsim  # noqa: F401 (fixtures)
 
 import gpupool
 from gpupool.region import placement, planned
 from gpupool.region.planned import Planner
 from gpupool.testing import SimulatedDevice
 
-# Two structures taking turns: each exit installs the other's plan, through a transition.
-FREES_A = [None, None, 0, 1, 3, None]
-FREES_B = [None, 0, None, 1, 3, None]
-SCALES = [1.0, 0.8, 0.9]
+# Two structures taking turns (sizes per request; the last one the entry's tail), each exit
+# installing the other's plan through a transition: the tail of the entry before is freed
+# after request 0, whose place it may hold.
+A = [1 * MIB, 2 * MIB, 3 * MIB, 4 * MIB]
+B = [2 * MIB, 3 * MIB, 1 * MIB, MIB // 2, 5 * MIB]
 
 
 def alternating(pool, entries=24):
-    """A planned region's entries of the two structures in turn; per entry (hits, misses,
-    the addresses of its requests), and the region."""
-    r, seen = Run(pool), []
+    """A planned region's entries of A and B in turn; per entry (hits, misses, the
+    addresses of its requests), and the region."""
+    region, mem, seen = gpupool.Region(pool=pool, collect=None, plan=True), Checked(pool), []
     for k in range(entries):
-        hits, misses = r.entry(scaled(SCALES[k % 3]), (FREES_A, FREES_B)[k % 2], TAILS)
-        seen.append((hits, misses, list(r.addrs)))
-    return seen, r
+        sizes, before = (A, B)[k % 2], region.stats()
+        with region:
+            addrs = [mem.allocate(("step", k, 0), sizes[0]).ptr]
+            if ("tail", k - 1) in mem.live:
+                mem.free(("tail", k - 1))
+            addrs += [mem.allocate(("step", k, j), n).ptr for j, n in enumerate(sizes[1:-1], 1)]
+            for key in [key for key in mem.live if key[0] == "step"]:
+                mem.free(key)
+            addrs.append(mem.allocate(("tail", k), sizes[-1]).ptr)
+        check_invariants(pool)
+        after = region.stats()
+        seen.append((after.plan_hits - before.plan_hits,
+                     after.plan_misses - before.plan_misses, addrs))
+    return seen, region
 
 
 def test_structures_taking_turns_stop_planning_once_their_transitions_are_made(vpool):
-    _, r = alternating(vpool)
-    plans = r.region.stats().plans
-    for k in range(6):
-        hits, misses = r.entry(scaled(SCALES[k % 3]), (FREES_A, FREES_B)[k % 2], TAILS)
-        assert hits == 6 and misses == 0
-    assert r.region.stats().plans == plans
-    assert r.region.planner.counts["reused"] >= 8
-    r.close()
+    _, region = alternating(vpool, 12)
+    plans = region.stats().plans
+    _, more = alternating(gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32,
+                                                                virtual_memory=True)), 24)
+    assert more.stats().plans == plans
+    assert more.stats().plans_reused >= 12
 
 
 def test_a_reused_plan_serves_as_the_plan_made_again(vpool, monkeypatch):
     reused, _ = alternating(vpool)
     fresh = itertools.count()       # every plan's inputs new: each placed again
     monkeypatch.setattr(planned, "_digest", lambda *args: next(fresh))
-    made, r = alternating(gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32,
-                                                                virtual_memory=True)))
-    assert r.region.planner.counts["reused"] == 0
-    assert r.region.stats().plans > 2 * 8
+    made, region = alternating(gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32,
+                                                                     virtual_memory=True)))
+    assert region.stats().plans_reused == 0 and region.stats().plans > 12
     base_reused, base_made = reused[0][2][0], made[0][2][0]
     for (h1, m1, a1), (h2, m2, a2) in zip(reused, made, strict=True):
         assert (h1, m1) == (h2, m2)
@@ -60,11 +70,11 @@ def test_a_kept_plan_met_by_blocks_is_not_placed_again_around_the_same_blocks():
     planner = Planner()
     planner._wanted = (b"sig", STEP)
     planner.place(base=1 << 30, span=8 << 20, obstacles=[])
-    assert planner.counts["plans"] == 2          # the steady plan and its transition
+    assert planner.counts["plans"] == 1          # nothing left live: no transition
     kept = planner.plans[-1]
     # A block that stays meets the kept plan, and the plan around it does not fit: the kept
     # one stays. The next exits bring the same block and step: nothing is placed again.
-    for plans in (3, 3, 3):
+    for plans in (2, 2, 2):
         planner._wanted = (b"sig", STEP)
         plan, _ = planner.place(base=1 << 30, span=4 << 20, obstacles=[(0, 1 << 20)])
         assert plan is kept and planner.counts["plans"] == plans
@@ -72,7 +82,7 @@ def test_a_kept_plan_met_by_blocks_is_not_placed_again_around_the_same_blocks():
     # Other blocks are other inputs: placed anew.
     planner._wanted = (b"sig", STEP)
     planner.place(base=1 << 30, span=4 << 20, obstacles=[(1 << 20, 1 << 20)])
-    assert planner.counts["plans"] == 4
+    assert planner.counts["plans"] == 3
 
 
 def test_the_plans_kept_for_reuse_are_bounded():
