@@ -108,6 +108,7 @@ class RegionStats:
     plans_past_work: int = 0    # plans that fell back to first fit: past budget_work,
     plans_past_time: int = 0    # past budget_ms (the wall-clock cap),
     plans_past_requests: int = 0    # or of more planned requests than the greedy takes
+    plans_reused: int = 0       # plans not made again: one made before from the same inputs
 
     def as_dict(self):
         """The counters as a plain ``dict``."""

@@ -21,7 +21,8 @@ slow path in for the allocation's (core/planned.pxd, ``pl_record``), which calls
 among its signature's steps scaled by the request's bytes over the most a step's request 0
 asked, placed around the blocks live then, and the entry's later requests are served from it
 (a request larger than its place misses alone; places past the mapped end map pages). The
-entry after it keeps that plan; the next gets a transition plan of the grown envelope. Once a
+entry after it keeps that plan; the next gets a transition plan of the grown envelope (or
+its steady plan at once, when the blocks left live meet none of its places while live). Once a
 record step has been planned, transition plans map pages for their places too (the record
 plan leaves the online way no room past its own top).
 
@@ -58,6 +59,7 @@ STRIKES = 2                 # bad entries before a plan is given up
 RETRY_EXITS = 2             # exits before a plan that did not fit is tried again, doubled
                             # each time it does not fit again, up to GIVE_UP_EXITS
 GIVE_UP_EXITS = 64          # exits before a plan given up is made again
+REUSE_MAX = 16              # plans kept by the digest of what they were made from
 GREEDY_MAX = 8192           # planned requests a step may have to be planned: the greedy's work
                             # grows as their square, and first fit places no better than the
                             # online way (Note [Planned regions])
@@ -75,6 +77,20 @@ def signature(step):
     for part in step.structure()[1:]:
         h.update(part)
     h.update(step.length.to_bytes(8, "little"))
+    return h.digest()
+
+
+def _digest(step, fixed, pinned, options):
+    """A digest of a plan's inputs: the step (its sizes, events, streams and length), the
+    ``fixed`` rows, the ``pinned`` offsets (None: none) and ``options`` (the planner's
+    budgets and strategies, a tuple); 16 bytes. The placement is a function of these, so
+    equal digests give equal plans."""
+    h = hashlib.blake2b(repr((step.length, options, pinned is None)).encode(), digest_size=16)
+    for part in (step.nbytes, step.alloc, step.free, step.stream, fixed,
+                 () if pinned is None else pinned):
+        part = np.ascontiguousarray(part, np.int64)
+        h.update(repr(part.shape).encode())
+        h.update(part.tobytes())
     return h.digest()
 
 
@@ -184,6 +200,7 @@ class Planner:
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
         self._later = OrderedDict()     # signature -> the exit before which it is not planned
         self._waits = OrderedDict()     # signature -> exits its last plan not fitting waited
+        self._made_from = OrderedDict()     # digest of a plan's inputs -> the plan made
         self._exits = 0
         self.current = None         # the signature whose plan is installed
         self.base = 0               # the address of its range (0: none)
@@ -197,11 +214,12 @@ class Planner:
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
         # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
-        # by the limit that stopped them (placement.Plan.fallback).
+        # by the limit that stopped them (placement.Plan.fallback); "reused": plans not made
+        # again, their inputs the same as a plan's made before (:meth:`_placed`).
         self.counts = {"plans": 0, "planning_ms": 0.0, "work": 0, "hits": 0, "misses": 0,
                        "installs": 0, "given_up": 0, "no_room": 0, "records": 0,
                        "record_ms": 0.0, "records_dropped": 0, "past_work": 0,
-                       "past_time": 0, "past_requests": 0}
+                       "past_time": 0, "past_requests": 0, "reused": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
@@ -327,26 +345,58 @@ class Planner:
             return None
         self._relayout = False
         again = self.current == sig and not self._grown and not self._fresh
-        if again and self._in_place(steady[0], base):
-            self._transition = False
-            return steady
         if not again:
             self.current, self._entries_on, self._strikes, self._fresh = sig, 0, 0, False
             self.counts["installs"] += 1
+        if self._in_place(steady[0], base, obstacles):
+            self._transition = False
+            return steady
         # The last entry's blocks (tails served elsewhere than their steady places) are in
         # the steady plan's way: a transition plan places the next entry around them.
         self._transition = True
         return self._transition_plan(step, steady[0], base, obstacles)
 
-    def _in_place(self, plan, base):
-        """Whether every block the last entry left live is a tail at its place in ``plan``
-        (made at ``base``) or meets none of its places."""
+    def _in_place(self, plan, base, obstacles):
+        """Whether the steady ``plan`` (made at ``base``) serves the next entry as it is: every
+        block the last entry left live is a tail at its place in it or meets none of its
+        places; or, when none of ``obstacles`` (blocks that stay) meets its places either,
+        none while both are live: a tail of the last entry until the entry frees it
+        (``_left_live``), a place from its request's allocation to its free. The plan's
+        transition would then pin every request at its steady place. A plan kept although
+        blocks that stay meet it (the one placed around them did not fit) gets its
+        transition, placed around them too."""
         k, ptr, nbytes = self._carried
         inside = k < len(plan.offsets)
         placed = np.zeros(len(k), bool)
         placed[inside] = plan.step.tails[k[inside]] & \
             (plan.offsets[k[inside]] == ptr[inside] - base)
-        return not _meets(plan, np.column_stack([ptr - base, nbytes])[~placed])
+        offset, nbytes, end = (a[~placed] for a in self._left_live(plan.step, base))
+        if not _meets(plan, np.column_stack([offset, nbytes])):
+            return True
+        forever = end == np.iinfo(np.int64).max
+        if _meets(plan, obstacles) or _meets(plan, np.column_stack([offset, nbytes])[forever]):
+            return False
+        offset, top, end = offset[~forever], offset[~forever] + nbytes[~forever], end[~forever]
+        step = plan.step
+        # Only the places allocated before the last of those blocks is freed can meet one.
+        early = step.planned & (step.alloc < end.max())
+        lo, hi, alloc = plan.offsets[early], plan.offsets[early] + step.nbytes[early], \
+            step.alloc[early]
+        return not ((lo[:, None] < top) & (hi[:, None] > offset) &
+                    (alloc[:, None] < end)).any()
+
+    def _left_live(self, step, base):
+        """The blocks the last entry left live, for a plan of step made at ``base``: int64
+        arrays of their offsets from base, bytes, and the event of the step's entry until
+        which they stay (the free of a tail of step's request at its index, less the step's
+        length; the int64 most for anything else)."""
+        k, ptr, nbytes = self._carried
+        inside = k < len(step)
+        tail = np.zeros(len(k), bool)
+        tail[inside] = step.tails[k[inside]] & (step.nbytes[k[inside]] >= nbytes[inside])
+        end = np.full(len(k), np.iinfo(np.int64).max)
+        end[tail] = step.free[k[tail]] - step.length
+        return ptr - base, nbytes, end
 
     def _transition_plan(self, step, steady, base, obstacles):
         """The plan of the first entry served: the steady plan's tails where it puts them,
@@ -354,7 +404,7 @@ class Planner:
         left live (its tails until the entry frees them, anything else throughout), so that
         the next entry finds the tails at their steady places."""
         pinned = np.where(step.tails & step.planned, steady.offsets, -1)
-        made = self._made(step, self._fixed(step, base, obstacles), pinned)
+        made = self._placed(step, self._fixed(step, base, obstacles), pinned)
         return made, anchors(made)
 
     def _fixed(self, step, base, obstacles):
@@ -362,17 +412,12 @@ class Planner:
         throughout, and the blocks the last entry left live (its tails until the step's
         entry frees them, anything else throughout)."""
         forever = np.iinfo(np.int64).max
-        k, ptr, nbytes = (a[self._carried[1] >= base] for a in self._carried)
-        inside = k < len(step)
-        tail = np.zeros(len(k), bool)
-        tail[inside] = step.tails[k[inside]] & (step.nbytes[k[inside]] >= nbytes[inside])
-        end = np.full(len(k), forever)
-        end[tail] = step.free[k[tail]] - step.length
+        offset, nbytes, end = (a[self._carried[1] >= base] for a in self._left_live(step, base))
         obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
         return np.concatenate([
             np.column_stack([obstacles, np.zeros(len(obstacles), np.int64),
                              np.full(len(obstacles), forever)]),
-            np.column_stack([ptr - base, nbytes, np.zeros(len(k), np.int64), end])]
+            np.column_stack([offset, nbytes, np.zeros(len(offset), np.int64), end])]
         ).astype(np.int64).reshape(-1, 4)
 
     def record_over(self):
@@ -468,12 +513,34 @@ class Planner:
                                       work=made.work)
         return made
 
+    def _placed(self, step, fixed, pinned=None):
+        """:meth:`_made`'s plan of step around ``fixed`` with ``pinned``, or the one made
+        before from the same inputs (their digest; the placement is a function of them): a
+        signature whose plan kept meets blocks that stay, and whose plan around them does not
+        fit, is planned at each exit from the same step and blocks; a run of a few
+        structures meets the same transitions again. The REUSE_MAX plans made last are kept,
+        of ``max_plan_requests`` requests in all; a reuse is counted in
+        ``counts["reused"]``, not in ``"plans"``."""
+        key = _digest(step, fixed, pinned,
+                      (self.budget_work, self.budget_ms, self.strategies))
+        made = self._made_from.get(key)
+        if made is not None:
+            self._made_from.move_to_end(key)
+            self._fell_back = made.fallback is not None
+            self.counts["reused"] += 1
+            return made
+        made = self._made_from[key] = self._made(step, fixed, pinned)
+        while len(self._made_from) > 1 and (len(self._made_from) > REUSE_MAX or sum(
+                len(p.offsets) for p in self._made_from.values()) > self.max_plan_requests):
+            self._made_from.popitem(last=False)
+        return made
+
     def _steady(self, sig, step, base, obstacles):
         """The plan kept for sig, or a new one placed around the obstacles."""
         kept = self._plans.get(sig)
         if kept is None or kept[2] != base or _meets(kept[0], obstacles) or \
                 (step.nbytes > kept[0].step.nbytes).any():
-            made = self._made(step, obstacles)
+            made = self._placed(step, obstacles)
             self._plans[sig] = kept = (made, anchors(made), base)
             while len(self._plans) > self.max_plans or \
                     sum(len(p.offsets) for p, _, _ in self._plans.values()) > \

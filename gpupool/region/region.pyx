@@ -561,7 +561,8 @@ cdef class Region:
                 "record_plans": counts["records"], "record_ms": counts["record_ms"],
                 "planning_work": counts["work"], "plans_past_work": counts["past_work"],
                 "plans_past_time": counts["past_time"],
-                "plans_past_requests": counts["past_requests"]}
+                "plans_past_requests": counts["past_requests"],
+                "plans_reused": counts["reused"]}
 
     def reset_peak_stats(self):
         """Set the region's peak bytes in use to the bytes its live buffers hold now."""

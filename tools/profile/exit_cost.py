@@ -116,10 +116,7 @@ def steps_of(trace, passes=0, capi=False, plan=True):
 
 
 def main(argv=None):
-    p = long_replay.parser(__doc__)
-    p.add_argument("trace", help="a trace's name in bench/data/traces-real")
-    p.add_argument("--passes", type=int, default=0,
-                   help="repetitions of steps 1.. after the whole trace")
+    p = long_replay.trace_options(long_replay.parser(__doc__), passes=0)
     p.add_argument("--capi", action="store_true", help="the requests through the C API")
     p.add_argument("--no-plan", action="store_true", help="a region without a plan per step")
     args, trace = long_replay.parse(p, argv)

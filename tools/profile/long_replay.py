@@ -124,6 +124,14 @@ def parser(doc):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def trace_options(p, passes):
+    """Add a trace's name (``trace``) and ``--passes`` (default ``passes``) to parser ``p``."""
+    p.add_argument("trace", help="a trace's name in bench/data/traces-real")
+    p.add_argument("--passes", type=int, default=passes,
+                   help="repetitions of steps 1.. after the whole trace")
+    return p
+
+
 def parse(p, argv=None):
     """``p``'s arguments and the recorded trace named by ``trace``, cut to its first
     ``steps`` steps where ``p`` takes ``--steps`` and it is given; an unknown name, negative
@@ -161,7 +169,8 @@ def main(argv=None):
     for k, syncs, peak, floor, stats in long_replay(trace, args.passes, args.plan, args.capi):
         planned = "" if stats is None else (
             f"; plan hits {stats.plan_hits:,}, misses {stats.plan_misses:,}, plans"
-            f" {stats.plans} ({stats.planning_ms:,.0f} ms), given up {stats.plans_given_up}, at"
+            f" {stats.plans} ({stats.planning_ms:,.0f} ms), reused {stats.plans_reused}, given"
+            f" up {stats.plans_given_up}, at"
             f" request 0 {stats.record_plans} ({stats.record_ms:,.0f} ms)")
         print(f"{trace.name} pass {k}: {syncs} synchronizes, peak reserved {peak / MiB:,.0f} MiB"
               f" ({peak / floor:.3f}x the most bytes live at once, {floor / MiB:,.0f} MiB)"
