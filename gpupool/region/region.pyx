@@ -560,9 +560,8 @@ cdef class Region:
                 "plan_bytes": max((p.nbytes for p in self.planner.plans), default=0),
                 "record_plans": counts["records"], "record_ms": counts["record_ms"],
                 "planning_work": counts["work"], "plans_past_work": counts["past_work"],
-                "plans_past_time": counts["past_time"],
-                "plans_past_requests": counts["past_requests"],
-                "plans_reused": counts["reused"]}
+                "plans_past_time": counts["past_time"], "plans_reused": counts["reused"],
+                "plans_past_requests": counts["past_requests"]}
 
     def reset_peak_stats(self):
         """Set the region's peak bytes in use to the bytes its live buffers hold now."""
