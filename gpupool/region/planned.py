@@ -358,7 +358,7 @@ class Planner:
 
     def _in_place(self, plan, base, obstacles):
         """Whether the steady ``plan`` (made at ``base``) serves the next entry as it is: every
-        block the last entry left live is a tail at its place in it or meets none of its
+        block the last entry left live is a tail at its place in it (no larger) or meets none of its
         places; or, when none of ``obstacles`` (blocks that stay) meets its places either,
         none while both are live: a tail of the last entry until the entry frees it
         (``_left_live``), a place from its request's allocation to its free. The plan's
@@ -369,7 +369,8 @@ class Planner:
         inside = k < len(plan.offsets)
         placed = np.zeros(len(k), bool)
         placed[inside] = plan.step.tails[k[inside]] & \
-            (plan.offsets[k[inside]] == ptr[inside] - base)
+            (plan.offsets[k[inside]] == ptr[inside] - base) & \
+            (plan.step.nbytes[k[inside]] >= nbytes[inside])     # no larger than its place
         offset, nbytes, end = (a[~placed] for a in self._left_live(plan.step, base))
         if not _meets(plan, np.column_stack([offset, nbytes])):
             return True
