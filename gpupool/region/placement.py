@@ -364,7 +364,8 @@ def _side_by_side(calls):
     each other on a thread of its own, side by side (the compiled core runs without the GIL):
     a plan of several strategies takes about the time of its slowest, not their sum. Fresh
     threads, joined here: nothing outlives the call (a pool of threads would not survive a
-    fork). Returns their results in order; an exception in any is raised here."""
+    fork); one refused a thread (interpreter shutdown, a limit on threads) runs on this thread
+    after the first. Returns their results in order; an exception in any is raised here."""
     results = [None] * len(calls)
 
     def run(k):
@@ -373,13 +374,20 @@ def _side_by_side(calls):
         except BaseException as exc:            # re-raised on the calling thread
             results[k] = (False, exc)
 
-    others = [threading.Thread(target=run, args=(k,), name="gpupool-plan", daemon=True)
-              for k in range(1, len(calls))]
-    for thread in others:
-        thread.start()
+    others = []
+    for k in range(1, len(calls)):
+        thread = threading.Thread(target=run, args=(k,), name="gpupool-plan", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:
+            thread = None
+        others.append((k, thread))
     run(0)
-    for thread in others:
-        thread.join()
+    for k, thread in others:
+        if thread is None:
+            run(k)
+        else:
+            thread.join()
     for ok, value in results:
         if not ok:
             raise value
@@ -494,14 +502,17 @@ def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=409
     else:
         sizes, starts, ends = step.nbytes[idx], step.alloc[idx], step.free[idx]
         busy_with = (step.stream[idx], step.length, share_streams)
+        # No budget runs none (the loop falls back at once), as one after the other would.
         runs = _side_by_side([(sizes, starts, ends, busy_with, *STRATEGIES[name], left[1],
-                               fixed, pinned[idx], left[0]) for name in strategies])
+                               fixed, pinned[idx], left[0]) for name in strategies]) \
+            if left[0] > 0 else [(None, 0, "work")] * len(strategies)
         for name, (found, spent, stopped) in zip(strategies, runs):
             if left[0] <= 0:                    # (the compiled core reads 0 as no limit)
                 fallback = None if best is not None else "work"
                 break
             # Each strategy ran with the whole budget; as in one run after the other, it
-            # stops past what the strategies before it left.
+            # stops past what the strategies before it left (its work counted to its end,
+            # more than one after the other counts: offsets, method and fallback the same).
             if found is not None and spent > left[0]:
                 found, stopped = None, "work"
             work += spent

@@ -13,18 +13,18 @@ asks no more than the place's bytes (a smaller step's blocks lie inside the enve
 so they stay apart as those do). Steps of fixed sizes are the case where the envelope is the
 step itself.
 
-A record step (an entry whose request 0 asks more bytes than any step of a signature with a
-plan kept, while the last two complete steps are of the installed plan's signature and its
-steps asked the most of those) is planned at that request: the core sends the request online and swaps the region's record
-slow path in for the allocation's (core/planned.pxd, ``pl_record``), which calls
-:meth:`Planner.record`; the plan is the installed plan's structure, the sizes that varied
+A record step (an entry whose request 0 asks more bytes than any step of a signature with a plan
+kept, while the last two complete steps are of the installed plan's signature and its steps
+asked the most of those) is planned at that request: the core sends the request online and swaps
+the region's record slow path in for the allocation's (core/planned.pxd, ``pl_record``), which
+calls :meth:`Planner.record`; the plan is the installed plan's structure, the sizes that varied
 among its signature's steps scaled by the request's bytes over the most a step's request 0
-asked, placed around the blocks live then, and the entry's later requests are served from it
-(a request larger than its place misses alone; places past the mapped end map pages). The
-entry after it keeps that plan; the next gets a transition plan of the grown envelope (or
-its steady plan at once, when the blocks left live meet none of its places while live). Once a
-record step has been planned, transition plans map pages for their places too (the record
-plan leaves the online way no room past its own top).
+asked, placed around the blocks live then, and the entry's later requests are served from it (a
+request larger than its place misses alone; places past the mapped end map pages). The entry
+after it keeps that plan; the next gets a transition plan of the grown envelope (or its steady
+plan at once, when the blocks left live meet none of its places while live). Once a record step
+has been planned, transition plans map pages for their places too (the record plan leaves the
+online way no room past its own top).
 
 A plan holds no memory: its places are addresses in the pool's segments (the core chooses the
 range where the region's own step already lies, core/planned.pxd), taken when they are free,
@@ -227,11 +227,11 @@ class Planner:
         free; ptr 0: an entry starts), the entry's planned requests served (``hits``) and
         not (``misses``, the request that left the plan's step included when it
         ``stopped``), whether its requests grew the pool, and its request 0's requested
-        bytes (``first``; 0: it made none). An entry that left the plan's step (another structure, or larger) is not the plan's failure:
-        only the requests refused on the plan's step count against it. Returns ``"layout"``
-        when a plan is to be installed (the region then asks the core where it goes and calls
-        :meth:`place`), ``"clear"`` to serve the next entry online, or None to keep what is
-        installed."""
+        bytes (``first``; 0: it made none). An entry that left the plan's step (another
+        structure, or larger) is not the plan's failure: only the requests refused on the
+        plan's step count against it. Returns ``"layout"`` when a plan is to be installed
+        (the region then asks the core where it goes and calls :meth:`place`), ``"clear"``
+        to serve the next entry online, or None to keep what is installed."""
         self._events = np.concatenate(
             [self._events, np.asarray(events, np.int64).reshape(-1, 3)])
         self._firsts = (self._firsts + [int(first)])[-2:]
@@ -358,7 +358,7 @@ class Planner:
 
     def _in_place(self, plan, base, obstacles):
         """Whether the steady ``plan`` (made at ``base``) serves the next entry as it is: every
-        block the last entry left live is a tail at its place in it or meets none of its
+        block the last entry left live is a tail at its place in it (no larger) or meets none of its
         places; or, when none of ``obstacles`` (blocks that stay) meets its places either,
         none while both are live: a tail of the last entry until the entry frees it
         (``_left_live``), a place from its request's allocation to its free. The plan's
@@ -369,7 +369,8 @@ class Planner:
         inside = k < len(plan.offsets)
         placed = np.zeros(len(k), bool)
         placed[inside] = plan.step.tails[k[inside]] & \
-            (plan.offsets[k[inside]] == ptr[inside] - base)
+            (plan.offsets[k[inside]] == ptr[inside] - base) & \
+            (plan.step.nbytes[k[inside]] >= nbytes[inside])     # no larger than its place
         offset, nbytes, end = (a[~placed] for a in self._left_live(plan.step, base))
         if not _meets(plan, np.column_stack([offset, nbytes])):
             return True
@@ -519,8 +520,9 @@ class Planner:
         signature whose plan kept meets blocks that stay, and whose plan around them does not
         fit, is planned at each exit from the same step and blocks; a run of a few
         structures meets the same transitions again. The REUSE_MAX plans made last are kept,
-        of ``max_plan_requests`` requests in all; a reuse is counted in
-        ``counts["reused"]``, not in ``"plans"``."""
+        of ``max_plan_requests`` requests in all, but none that took ``budget_ms`` (a
+        strategy may have stopped on the wall clock, which depends on the load); a reuse is
+        counted in ``counts["reused"]``, not in ``"plans"``."""
         key = _digest(step, fixed, pinned,
                       (self.budget_work, self.budget_ms, self.strategies))
         made = self._made_from.get(key)
@@ -529,7 +531,10 @@ class Planner:
             self._fell_back = made.fallback is not None
             self.counts["reused"] += 1
             return made
-        made = self._made_from[key] = self._made(step, fixed, pinned)
+        made = self._made(step, fixed, pinned)
+        if made.planning_ms >= self.budget_ms:
+            return made             # perhaps cut by the wall clock: not a function of the inputs
+        self._made_from[key] = made
         while len(self._made_from) > 1 and (len(self._made_from) > REUSE_MAX or sum(
                 len(p.offsets) for p in self._made_from.values()) > self.max_plan_requests):
             self._made_from.popitem(last=False)

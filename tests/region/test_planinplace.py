@@ -64,3 +64,23 @@ def test_a_planned_region_of_tails_freed_first_installs_its_plan_at_once(vpool):
     assert r.region.stats().plans == 1 and not r.region.planner._transition
     assert (hits, misses) == (6, 0)
     r.close()
+
+
+def test_a_block_at_a_tails_place_but_larger_than_it_needs_a_transition():
+    # Request 1 is the tail (freed at the next entry's event 1), placed below request 0's
+    # place, allocated at event 0. A block of the entry before at the tail's place but larger
+    # than it (a record plan's predicted size, another structure's request) reaches request
+    # 0's place while both are live: it is not the tail at its place.
+    step = placement.Step([MIB, 2 * MIB, MIB], [0, 2, 4], [3, 7, 5], [0, 0, 0], 6)
+    planner = Planner()
+    planner._wanted = (b"sig", step)
+    steady, _ = planner.place(base=BASE, span=8 * MIB, obstacles=[])
+    assert steady.offsets[1] == 0 and steady.offsets[0] == 2 * MIB
+    planner._carried = (np.array([1]), np.array([BASE]), np.array([3 * MIB]))
+    planner._wanted, planner._fresh = (b"sig", step), True
+    plan, _ = planner.place(base=BASE, span=8 * MIB, obstacles=[])
+    assert planner._transition and plan is not steady
+    # The steady plan would miss request 0 (its bytes held); the transition serves it.
+    carried = [(0, 3 * MIB, 1, -1)]
+    assert not placement.servable(steady, step, carried)[0]
+    assert placement.servable(plan, step, carried).all()

@@ -446,3 +446,34 @@ def test_a_failing_strategy_raises_on_the_planning_thread(monkeypatch):
                           np.zeros(4, np.int64), 8)
     with pytest.raises(MemoryError, match="its own thread"):
         placement.plan(step, strategies=("size", "area"))
+
+
+def test_no_budget_runs_no_strategy(monkeypatch):
+    # As one strategy after the other: nothing left to spend, no greedy runs (the compiled
+    # core would read a limit of 0 as none), and the first-fit plan is returned.
+    from gpupool.region import placement
+    calls = []
+    greedy = placement._greedy
+    monkeypatch.setattr(placement, "_greedy", lambda *a, **k: calls.append(a) or greedy(*a, **k))
+    step = placement.Step(np.full(4, placement.ALIGN), np.arange(4), np.arange(4) + 2,
+                          np.zeros(4, np.int64), 8)
+    for budget in (0, -1):
+        made = placement.plan(step, strategies=("size", "area"), budget_work=budget)
+        assert made.method == "first-fit" and made.fallback == "work" and made.work == 0
+    assert calls == []
+
+
+def test_a_strategy_without_a_thread_runs_on_the_planning_thread(monkeypatch):
+    # A thread refused (interpreter shutdown, a limit on threads): the strategy runs on the
+    # calling thread, the plan the same.
+    from gpupool.region import placement
+    step = placement.Step(np.full(6, placement.ALIGN), np.arange(6), np.arange(6) + 3,
+                          np.zeros(6, np.int64), 12)
+    expected = placement.plan(step, strategies=("size", "area"))
+
+    def refused(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    made = placement.plan(step, strategies=("size", "area"))
+    assert np.array_equal(made.offsets, expected.offsets) and made.work == expected.work

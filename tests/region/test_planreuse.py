@@ -108,3 +108,18 @@ def test_a_plan_with_other_options_is_placed_anew():
     planner.budget_work, planner.strategies = placement.BUDGET_WORK, ("size",)
     planner._placed(STEP, np.zeros((0, 2), np.int64))
     assert planner.counts["plans"] == 3 and planner.counts["reused"] == 0
+
+
+def test_a_plan_cut_by_the_wall_clock_is_not_reused():
+    # budget_ms is a safety net of wall-clock time: a plan it cut short depends on the
+    # machine's load, not on its inputs alone, so the same inputs are placed again.
+    n = 200
+    alloc = 2 * np.arange(n)
+    step = placement.Step(np.full(n, 1 << 20), alloc, alloc + 3, np.zeros(n, np.int64), 2 * n)
+    planner = Planner(budget_ms=1e-6)
+    fixed = np.zeros((0, 2), np.int64)
+    first = planner._placed(step, fixed)
+    assert first.fallback == "time"
+    again = planner._placed(step, fixed)
+    assert again is not first and planner.counts["plans"] == 2
+    assert planner.counts["reused"] == 0
