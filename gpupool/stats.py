@@ -109,6 +109,7 @@ class RegionStats:
     plans_past_time: int = 0    # past budget_ms (the wall-clock cap),
     plans_past_requests: int = 0    # or of more planned requests than the greedy takes
     plans_reused: int = 0       # plans not made again: one made before from the same inputs
+    plans_repaired: int = 0     # kept plans repaired for a step that grew (counted in plans)
 
     def as_dict(self):
         """The counters as a plain ``dict``."""

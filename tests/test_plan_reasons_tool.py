@@ -1,6 +1,7 @@
 """tools/profile/plan_reasons.py on a recorded trace: every plan the planner makes has one
 label, so a pass's labels of plans made add up to its plans, the record plans' to its
-record plans, those reused to its plans reused, and the planner's methods are its own again after."""
+record plans, those reused to its plans reused, the repairs used to its plans repaired, and
+the planner's methods are its own again after."""
 
 import os
 import sys
@@ -15,7 +16,8 @@ import plan_reasons  # noqa: E402
 
 from gpupool.region import planned  # noqa: E402
 
-WRAPPED = ("exited", "place", "_steady", "_transition_plan", "record", "_made", "_placed")
+WRAPPED = ("exited", "place", "_steady", "_transition_plan", "record", "_made", "_placed",
+           "_repaired")
 
 
 def test_each_plan_made_has_one_label_per_pass_and_the_spies_are_removed_after(capsys):
@@ -25,7 +27,7 @@ def test_each_plan_made_has_one_label_per_pass_and_the_spies_are_removed_after(c
     rows = plan_reasons.reasons(trace, passes=2)
     assert [getattr(planned.Planner, name) for name in WRAPPED] == originals
     assert len(rows) == 3
-    plans = records = reused = 0
+    plans = records = reused = repaired = 0
     for counts, stats in rows:
         made = sum(n for label, n in counts.items()
                    if not label.startswith(("reused", "kept", "no room")))
@@ -33,7 +35,11 @@ def test_each_plan_made_has_one_label_per_pass_and_the_spies_are_removed_after(c
         assert counts["record at request 0"] == stats.record_plans - records
         assert sum(n for label, n in counts.items() if label.startswith("reused")) == \
             stats.plans_reused - reused
+        assert sum(n for label, n in counts.items() if "repair (" in label and
+                   not label.endswith("refused")) == stats.plans_repaired - repaired
         plans, records, reused = stats.plans, stats.record_plans, stats.plans_reused
+        repaired = stats.plans_repaired
     assert any(label.startswith("transition: ") for label in rows[1][0])
+    assert rows[0][0]["repair (grown, larger step)"] == 1       # the recorded step 11's
     assert plan_reasons.main(["gpt2-ckpt", "--passes", "0"]) == 0
     assert "record at request 0" in capsys.readouterr().out

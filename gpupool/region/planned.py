@@ -67,6 +67,8 @@ GREEDY_MAX = 8192           # planned requests a step may have to be planned: th
 # era scattered often fills their holes better in the order of size x lifetime than by size
 # (Note [Plans in two orders]).
 STRATEGIES = ("size", "area")
+REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
+                            # requests grew (the repair's work: theirs times the step's requests)
 
 
 def signature(step):
@@ -147,13 +149,16 @@ class Planner:
         The greedy strategies (keys of ``placement.STRATEGIES``) each plan runs, in order, the
         plan of the lowest top kept, each within ``budget_work``; they run side by side, each
         on a thread of its own (planning takes about the time of the slowest); not empty.
+    repair : bool
+        Try a kept plan repaired for a step that grew (:meth:`_repaired`: only the requests
+        that grew placed again) before placing the step whole.
 
     Raises
     ------
     TypeError
         An option of another type: an integer (not a bool) for the first two and
         ``budget_work``, a real number for ``budget_ms`` and ``min_hit_rate``, a bool for
-        ``record``, a tuple of strings for ``strategies``.
+        ``record`` and ``repair``, a tuple of strings for ``strategies``.
         The message names the option, its value and what it accepts.
     ValueError
         An option out of its range (NaN included), named with its value and the range, or
@@ -162,7 +167,7 @@ class Planner:
 
     def __init__(self, max_plans=4, max_plan_requests=1 << 16,
                  budget_work=placement.BUDGET_WORK, budget_ms=placement.BUDGET_MS,
-                 min_hit_rate=0.5, record=True, strategies=STRATEGIES):
+                 min_hit_rate=0.5, record=True, strategies=STRATEGIES, repair=True):
         for name, value, kind, accepted, within in (
                 ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
                 ("max_plan_requests", max_plan_requests, numbers.Integral, "an integer >= 1",
@@ -177,8 +182,9 @@ class Planner:
                 raise TypeError(f"{name} must be {accepted}, got {value!r}")
             if not within(value):
                 raise ValueError(f"{name} must be {accepted}, got {value!r}")
-        if not isinstance(record, bool):
-            raise TypeError(f"record must be a bool, got {record!r}")
+        for name, value in (("record", record), ("repair", repair)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
         if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
             raise TypeError(f"strategies must be a tuple of str, got {strategies!r}")
         if not strategies or not set(strategies) <= set(placement.STRATEGIES):
@@ -188,7 +194,7 @@ class Planner:
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
         self.budget_work, self.budget_ms = int(budget_work), float(budget_ms)
         self.min_hit_rate = float(min_hit_rate)
-        self.record_steps = bool(record)
+        self.record_steps, self.repair = bool(record), repair
         self._firsts = []           # the last two entries' request 0's requested bytes
         self._recorded = 0          # exits since a record step's plan was installed (0: none)
         self._fresh = False         # the next plan installed is a transition (after a record)
@@ -215,11 +221,12 @@ class Planner:
         self._strikes = 0
         # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
         # by the limit that stopped them (placement.Plan.fallback); "reused": plans not made
-        # again, their inputs the same as a plan's made before (:meth:`_placed`).
+        # again, their inputs the same as a plan's made before (:meth:`_placed`); "repairs",
+        # "repairs_refused": kept plans repaired, and repairs not used (:meth:`_repaired`).
         self.counts = {"plans": 0, "planning_ms": 0.0, "work": 0, "hits": 0, "misses": 0,
-                       "installs": 0, "given_up": 0, "no_room": 0, "records": 0,
-                       "record_ms": 0.0, "records_dropped": 0, "past_work": 0,
-                       "past_time": 0, "past_requests": 0, "reused": 0}
+                       "installs": 0, "given_up": 0, "no_room": 0, "records": 0, "reused": 0,
+                       "record_ms": 0.0, "records_dropped": 0, "past_work": 0, "repairs": 0,
+                       "past_time": 0, "past_requests": 0, "repairs_refused": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
@@ -541,11 +548,13 @@ class Planner:
         return made
 
     def _steady(self, sig, step, base, obstacles):
-        """The plan kept for sig, or a new one placed around the obstacles."""
+        """The plan kept for sig, or, when step grew past it, that one repaired, or a new one
+        placed around the obstacles."""
         kept = self._plans.get(sig)
-        if kept is None or kept[2] != base or _meets(kept[0], obstacles) or \
-                (step.nbytes > kept[0].step.nbytes).any():
-            made = self._placed(step, obstacles)
+        usable = kept is not None and kept[2] == base and not _meets(kept[0], obstacles)
+        if not usable or (step.nbytes > kept[0].step.nbytes).any():
+            made = self._repaired(kept[0], step, obstacles) if usable else None
+            made = self._placed(step, obstacles) if made is None else made
             self._plans[sig] = kept = (made, anchors(made), base)
             while len(self._plans) > self.max_plans or \
                     sum(len(p.offsets) for p, _, _ in self._plans.values()) > \
@@ -553,6 +562,21 @@ class Planner:
                 self._plans.popitem(last=False)
         self._plans.move_to_end(sig)
         return kept[:2]
+
+    def _repaired(self, old, step, obstacles):
+        """Kept plan ``old`` (at the base, met by none of ``obstacles``) repaired for step, of
+        its structure and larger: the requests that did not grow pinned at their places, those
+        that did placed around them and the obstacles (counted as a plan). None, and the step
+        placed whole, when ``repair`` is off, more than 1 in REPAIR_SHARE planned requests grew,
+        or the repair needs more bytes than ``old`` (counted in ``counts["repairs_refused"]``;
+        Note [Planning less often: reasons])."""
+        grown = step.planned & (step.nbytes > old.step.nbytes)
+        if not self.repair or REPAIR_SHARE * int(grown.sum()) > int(step.planned.sum()):
+            return None
+        made = self._placed(step, obstacles, np.where(grown | ~step.planned, -1, old.offsets))
+        fits = made.fallback is None and made.nbytes <= old.nbytes
+        self.counts["repairs" if fits else "repairs_refused"] += 1
+        return made if fits else None
 
     def no_room(self):
         """No room for the plan asked for: the next entries are served online."""

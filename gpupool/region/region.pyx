@@ -171,7 +171,7 @@ cdef class Region:
         ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``,
         ``budget_work``: the work one plan may do, which makes the same steps get the same
         plans on any machine and load, ``budget_ms``: a wall-clock cap, ``min_hit_rate``,
-        ``record``, ``strategies``: the greedy orders each plan tries, the lowest kept),
+        ``record``, ``repair``, ``strategies``: the greedy orders each plan tries, the lowest kept),
         which is the region's ``planner`` attribute (None without a plan);
         ``stats()`` has its counters. Notes [Planned regions] and [Planning budget in work]
         in docs/design.md have the design.
@@ -561,7 +561,7 @@ cdef class Region:
                 "record_plans": counts["records"], "record_ms": counts["record_ms"],
                 "planning_work": counts["work"], "plans_past_work": counts["past_work"],
                 "plans_past_time": counts["past_time"], "plans_reused": counts["reused"],
-                "plans_past_requests": counts["past_requests"]}
+                "plans_past_requests": counts["past_requests"], "plans_repaired": counts["repairs"]}
 
     def reset_peak_stats(self):
         """Set the region's peak bytes in use to the bytes its live buffers hold now."""

@@ -254,7 +254,7 @@ def test_bad_plan_options_are_refused(vpool):
         gpupool.Region(pool=vpool, plan={"max_plans": 0})
     with pytest.raises(TypeError, match=r"^Region\(plan=\.\.\.\): unknown option 'bogus'; "
                        r"the accepted keys are max_plans, max_plan_requests, budget_work, "
-                       r"budget_ms, min_hit_rate, record, strategies$"):
+                       r"budget_ms, min_hit_rate, record, strategies, repair$"):
         gpupool.Region(pool=vpool, plan={"bogus": 1, "max_plans": 2})
 
 

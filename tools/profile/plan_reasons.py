@@ -16,12 +16,16 @@ A plan is one of three kinds, each with a cause:
   the one installed), ``grown``, ``fresh``, or ``carried off places`` (the same signature
   again, the last entry's blocks not at the steady plan's places, ``_in_place`` false).
 - *record*, at a record step's request 0.
+- *repair*, the kept plan of a step that grew, its requests that did not grow pinned
+  (``Planner._repaired``), labelled with the steady plan's cause; ``refused`` when it needed
+  more bytes than the kept plan and the step was placed whole.
 
 A layout that makes no plan (the kept plan, the carried blocks at its places) is counted as
 ``kept, in place``; one whose plan does not fit as ``no room``; a plan not made again because
 one was made before from the same inputs (``Planner._placed``) as ``reused, `` and its label.
 The last rows: the plans made (not those reused) and their milliseconds (this machine's, one
-run), and their work (``placement.Plan.work``, the same on any machine). Run from the repository root::
+run), and their work (``placement.Plan.work``, the same on any machine), then the repairs
+used. Run from the repository root::
 
     PYTHONPATH=$PWD python tools/profile/plan_reasons.py TRACE [--passes P]
 """
@@ -59,7 +63,7 @@ class Reasons:
     def install(self):
         P = planned.Planner
         for name in ("exited", "place", "_steady", "_transition_plan", "record", "_made",
-                     "_placed"):
+                     "_placed", "_repaired"):
             original = getattr(P, name, None)
             if original is None:
                 continue
@@ -124,6 +128,20 @@ class Reasons:
             return original(planner, *args)
         return record
 
+    def _repaired(self, original):
+        def repaired(planner, *args):
+            steady, refused = self._label, planner.counts["repairs_refused"]
+            self._label, before = "repair (" + steady.removeprefix("steady: ") + ")", \
+                self.counts.copy()
+            made = original(planner, *args)
+            if planner.counts["repairs_refused"] > refused:
+                for label in self.counts - before:      # the repair's, made or reused
+                    self.counts[label] -= 1
+                    self.counts[label + ", refused"] += 1
+            self._label = steady
+            return made
+        return repaired
+
     def _placed(self, original):
         def placed(planner, *args, **kwargs):
             reused = planner.counts["reused"]
@@ -176,6 +194,9 @@ def main(argv=None):
           + f" {last.plans:3d} ({last.planning_ms:.0f})")
     print(f"{'work (M units)':{width}} " + " ".join(f"{w:8.1f}" for _, _, w in made)
           + f" {last.planning_work / 1e6:6.1f}")
+    repairs = [s.plans_repaired for _, s in rows]
+    print(f"{'repairs used':{width}} " + " ".join(
+        f"{b - a:8d}" for a, b in zip([0] + repairs, repairs)) + f" {repairs[-1]:6d}")
     return 0
 
 
