@@ -42,7 +42,6 @@ Pure Python and NumPy; the region (region/region.pyx) moves the events and the p
 this and the core.
 """
 
-import hashlib
 import numbers
 from collections import OrderedDict
 
@@ -51,6 +50,7 @@ import numpy as np
 from gpupool.region import anchors as _anchors
 from gpupool.region import placement
 from gpupool.region import steps as _steps
+from gpupool.region.digests import plan_digest as _digest, signature
 
 __all__ = ["Planner", "anchors", "signature"]
 
@@ -69,31 +69,6 @@ GREEDY_MAX = 8192           # planned requests a step may have to be planned: th
 STRATEGIES = ("size", "area")
 REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
                             # requests grew (the repair's work: theirs times the step's requests)
-
-
-def signature(step):
-    """A step's signature: a digest of its structure (``Step.structure``: its length and each
-    request's allocation, free and stream, without sizes; 16 bytes). Steps of one signature
-    differ only in their sizes, and share one plan made from their envelope."""
-    h = hashlib.blake2b(digest_size=16)
-    for part in step.structure()[1:]:
-        h.update(part)
-    h.update(step.length.to_bytes(8, "little"))
-    return h.digest()
-
-
-def _digest(step, fixed, pinned, options):
-    """A digest of a plan's inputs: the step (its sizes, events, streams and length), the
-    ``fixed`` rows, the ``pinned`` offsets (None: none) and ``options`` (the planner's
-    budgets and strategies, a tuple); 16 bytes. The placement is a function of these, so
-    equal digests give equal plans."""
-    h = hashlib.blake2b(repr((step.length, options, pinned is None)).encode(), digest_size=16)
-    for part in (step.nbytes, step.alloc, step.free, step.stream, fixed,
-                 () if pinned is None else pinned):
-        part = np.ascontiguousarray(part, np.int64)
-        h.update(repr(part.shape).encode())
-        h.update(part.tobytes())
-    return h.digest()
 
 
 def _meets(plan, obstacles):
