@@ -142,8 +142,9 @@ def __getattr__(name):
 
 @functools.cache
 def _oom_type():
-    """The out-of-memory error both PyTorch and gpupool users catch (made on first use)."""
-    import torch
+    """The out-of-memory error both PyTorch and gpupool users catch (made on first use);
+    without PyTorch, the ImportError naming gpupool's extra, as use() and mempool() raise."""
+    torch = import_extra("torch", "torch", "PyTorch with CUDA", "torch")
 
     class OutOfMemoryError(torch.OutOfMemoryError, gpupool.OutOfMemoryError):
         """gpupool ran out of memory serving PyTorch; the message has gpupool's numbers."""

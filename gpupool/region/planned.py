@@ -121,9 +121,11 @@ class Planner:
         from. False: such an entry runs online up to its first request larger than its
         place, as any step larger than the plan.
     strategies : tuple of str
-        The greedy strategies (keys of ``placement.STRATEGIES``) each plan runs, in order, the
-        plan of the lowest top kept, each within ``budget_work``; they run side by side, each
-        on a thread of its own (planning takes about the time of the slowest); not empty.
+        The greedy strategies each plan runs, the plan of the lowest top kept, each within
+        ``budget_work``: keys of ``placement.STRATEGIES`` (``"size"``, ``"area"``: by size, by
+        size x lifetime; ``"lifetime"``; ``"size-best"``, ``"lifetime-best"``: best fit);
+        they run side by side, each on a thread of its own (planning takes about the time
+        of the slowest); not empty, no name twice.
     repair : bool
         Try a kept plan repaired for a step that grew (:meth:`_repaired`: only the requests
         that grew placed again) before placing the step whole.
@@ -162,8 +164,9 @@ class Planner:
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
             raise TypeError(f"strategies must be a tuple of str, got {strategies!r}")
-        if not strategies or not set(strategies) <= set(placement.STRATEGIES):
-            raise ValueError(f"strategies must be a non-empty tuple of "
+        if not strategies or not set(strategies) <= set(placement.STRATEGIES) or \
+                len(set(strategies)) < len(strategies):
+            raise ValueError(f"strategies must be a non-empty tuple of distinct names among "
                              f"{sorted(placement.STRATEGIES)}, got {strategies!r}")
         self.strategies = strategies
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)

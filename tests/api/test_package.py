@@ -4,6 +4,7 @@
 import inspect
 import pydoc
 import re
+import sys
 import types
 
 import pytest
@@ -96,3 +97,17 @@ def test_a_framework_module_lists_its_api_and_renders_help_without_its_framework
     assert "__doc__" in dir(module)
     # Listing must not reach the framework: help() reads every listed name.
     assert module.__name__ in pydoc.render_doc(module)
+
+
+def test_torchs_out_of_memory_type_without_pytorch_names_the_extra(monkeypatch):
+    # The README names gpupool.torch.OutOfMemoryError; without PyTorch, reaching it says what
+    # to install, as use() and mempool() do, not a bare ModuleNotFoundError.
+    import gpupool.torch
+
+    monkeypatch.setitem(sys.modules, "torch", None)     # import torch: ModuleNotFoundError
+    gpupool.torch._oom_type.cache_clear()
+    try:
+        with pytest.raises(ImportError, match=r"pip install 'gpupool\[torch\]'"):
+            gpupool.torch.OutOfMemoryError
+    finally:
+        gpupool.torch._oom_type.cache_clear()

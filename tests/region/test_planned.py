@@ -284,11 +284,12 @@ def test_a_plan_option_out_of_range_is_refused_naming_it(vpool, option, value, e
 
 @pytest.mark.parametrize("value, error", [
     (["size"], TypeError), (("size", 3), TypeError), ("size", TypeError),
-    ((), ValueError), (("size", "bogus"), ValueError),
+    ((), ValueError), (("size", "bogus"), ValueError), (("size", "size"), ValueError),
 ])
 def test_bad_strategies_are_refused_naming_them(vpool, value, error):
     with pytest.raises(error, match=r"^strategies must be a (tuple of str|non-empty "
-                                    r"tuple of \[.*\]), got " + re.escape(repr(value)) + "$"):
+                                    r"tuple of distinct names among \[.*\]), got " +
+                       re.escape(repr(value)) + "$"):
         gpupool.Region(pool=vpool, plan={"strategies": value})
 
 
