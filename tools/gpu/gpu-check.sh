@@ -8,8 +8,11 @@
 #             one lane leaves the others' summaries, and a lane cut at PARTS_TIMEOUT names
 #             the test it was in; the device-memory checks run after (PARTS_LANES=a-f,ipc
 #             runs only the lanes named)
-#   memcheck  the GPU tests under compute-sanitizer memcheck (PyTorch's and JAX's left out:
-#             MEMCHECK_K selects, MEMCHECK_TESTS names files)
+#   memcheck  GPU tests under compute-sanitizer memcheck, about 7 s a test there (H100,
+#             f162020: the whole GPU suite did not finish in 370 s), so by default the core,
+#             upstream, C API, CuPy, Numba and IPC-handle files (PyTorch's and JAX's left out:
+#             MEMCHECK_K selects; MEMCHECK_TESTS names files, "tests" for all), verbose, so a
+#             run cut at MEMCHECK_TIMEOUT names the test it was in
 #   example   the main job (examples/train_digits.py)
 #   bench     bench/run_all.py (BENCH=a,b limits the scripts, BENCH_ARGS adds options)
 #   traces    bench/record_trace.py: allocation traces of PyTorch training steps -> $OUT, and
@@ -131,11 +134,15 @@ stream_uses_waits or checkpointed or history_records"
     grep -h -A25 "native frames" /tmp/gpupool-parts/*.log | head -30
 fi
 if step memcheck; then
+    MEMCHECK_TESTS=${MEMCHECK_TESTS:-"tests/core tests/upstream tests/c_api \
+        tests/adapters/test_cupy.py tests/adapters/test_numba.py tests/ipc/test_ipc_errors.py \
+        tests/ipc/test_ipc_export.py tests/ipc/test_ipc_handle.py"}
     GPUPOOL_UNDER_SANITIZER=1 GPUPOOL_STRESS_OPS=2000 timeout ${MEMCHECK_TIMEOUT:-400} compute-sanitizer --tool memcheck \
-        --report-api-errors no --error-exitcode 99 python3 -m pytest -q -m gpu \
+        --report-api-errors no --error-exitcode 99 python3 -m pytest -v -rfE -m gpu \
         -p no:cacheprovider -k "${MEMCHECK_K:-not torch and not jax and not mixed}" \
-        ${MEMCHECK_TESTS:-tests} > "$OUT/memcheck.log" 2>&1
-    summary "GPU tests under memcheck (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E 'passed|failed' "$OUT/memcheck.log" | tail -1)"
+        $MEMCHECK_TESTS > "$OUT/memcheck.log" 2>&1
+    rc=$?; cut=""; [ $rc = 124 ] && cut="cut in $(grep -oE '^tests/[^ ]+' "$OUT/memcheck.log" | tail -1)"
+    summary "GPU tests under memcheck (rc=$rc): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(grep -E ' in [0-9.]+s' "$OUT/memcheck.log" | tail -1) $(grep -cE ' PASSED' "$OUT/memcheck.log") PASSED so far $cut"
 fi
 if step traces; then
     timeout 300 python3 bench/record_trace.py --out "$OUT" > "$OUT/traces.log" 2>&1
