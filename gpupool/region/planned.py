@@ -350,13 +350,11 @@ class Planner:
         transition would then pin every request at its steady place. A plan kept although
         blocks that stay meet it (the one placed around them did not fit) gets its
         transition, placed around them too."""
-        k, ptr, nbytes = self._carried
-        inside = k < len(plan.offsets)
-        placed = np.zeros(len(k), bool)
-        placed[inside] = plan.step.tails[k[inside]] & \
-            (plan.offsets[k[inside]] == ptr[inside] - base) & \
-            (plan.step.nbytes[k[inside]] >= nbytes[inside])     # no larger than its place
-        offset, nbytes, end = (a[~placed] for a in self._left_live(plan.step, base))
+        k = self._carried[0]
+        offset, nbytes, end, tail = self._left_live(plan.step, base)
+        placed = tail.copy()
+        placed[tail] = plan.offsets[k[tail]] == offset[tail]     # a tail at its own place
+        offset, nbytes, end = offset[~placed], nbytes[~placed], end[~placed]
         if not _meets(plan, np.column_stack([offset, nbytes])):
             return True
         forever = end == np.iinfo(np.int64).max
@@ -375,14 +373,15 @@ class Planner:
         """The blocks the last entry left live, for a plan of step made at ``base``: int64
         arrays of their offsets from base, bytes, and the event of the step's entry until
         which they stay (the free of a tail of step's request at its index, less the step's
-        length; the int64 most for anything else)."""
+        length; the int64 most for anything else), and whether each is such a tail (a tail
+        of step's request at its index, no larger than that request)."""
         k, ptr, nbytes = self._carried
         inside = k < len(step)
         tail = np.zeros(len(k), bool)
         tail[inside] = step.tails[k[inside]] & (step.nbytes[k[inside]] >= nbytes[inside])
         end = np.full(len(k), np.iinfo(np.int64).max)
         end[tail] = step.free[k[tail]] - step.length
-        return ptr - base, nbytes, end
+        return ptr - base, nbytes, end, tail
 
     def _transition_plan(self, step, steady, base, obstacles):
         """The plan of the first entry served: the steady plan's tails where it puts them,
@@ -398,7 +397,8 @@ class Planner:
         throughout, and the blocks the last entry left live (its tails until the step's
         entry frees them, anything else throughout)."""
         forever = np.iinfo(np.int64).max
-        offset, nbytes, end = (a[self._carried[1] >= base] for a in self._left_live(step, base))
+        offset, nbytes, end, _ = (a[self._carried[1] >= base]
+                                  for a in self._left_live(step, base))
         obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
         return np.concatenate([
             np.column_stack([obstacles, np.zeros(len(obstacles), np.int64),
