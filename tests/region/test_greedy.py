@@ -121,3 +121,27 @@ def test_plan_keeps_the_reference_offsets(case):
                   pinned[idx])
     assert p.method == strategy
     assert p.offsets[idx].tolist() == want.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(), st.sampled_from([4, 5, 16, 64]))
+def test_the_time_index_places_as_the_scan_of_every_placed_request(case, buckets):
+    """With the index by time (``buckets``), the offsets are those of the scan of every placed
+    request, the strategy's order, fit, streams, fixed ranges and pinned requests as drawn."""
+    step, strategy, share, fixed, pinned = case
+    order_key, fit = STRATEGIES[strategy]
+    from gpupool.region.placement import _order
+    order = _order(step.nbytes, step.alloc, step.free, order_key)
+    args = (step.nbytes, step.alloc, step.free, step.stream, step.length, share, order, fit,
+            fixed, pinned)
+    scan, scan_work, scan_status = compiled.place(*args)
+    index, index_work, index_status = compiled.place(*args, buckets=buckets)
+    assert scan_status == index_status == compiled.DONE
+    assert index.tolist() == scan.tolist() and 0 <= index_work <= scan_work
+
+
+def test_a_negative_index_is_refused():
+    none = np.zeros(0, np.int64)
+    with pytest.raises(ValueError, match="buckets must be"):
+        compiled.place(np.full(2, ALIGN), np.arange(2), np.arange(2) + 1, np.zeros(2), 4, False,
+                       np.arange(2), "first", (none,) * 4, np.full(2, -1), buckets=-1)
