@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from test_placement import steps
 
 from gpupool.region import greedy as compiled
-from gpupool.region.placement import ALIGN, ESCAPED, STRATEGIES, Step, _greedy, plan
+from gpupool.region.placement import ALIGN, ESCAPED, STRATEGIES, Step, _greedy, _order, plan
 
 FOREVER = np.iinfo(np.int64).max
 
@@ -130,7 +130,6 @@ def test_the_time_index_places_as_the_scan_of_every_placed_request(case, buckets
     request, the strategy's order, fit, streams, fixed ranges and pinned requests as drawn."""
     step, strategy, share, fixed, pinned = case
     order_key, fit = STRATEGIES[strategy]
-    from gpupool.region.placement import _order
     order = _order(step.nbytes, step.alloc, step.free, order_key)
     args = (step.nbytes, step.alloc, step.free, step.stream, step.length, share, order, fit,
             fixed, pinned)
