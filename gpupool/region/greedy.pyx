@@ -19,11 +19,14 @@ two strides each, a stride every ``period / buckets`` events (then 4 times coars
 4 windows), each holding the placed requests whose lifetime meets it, by (offset, index). A
 request whose lifetime lies in one window scans that window's requests alone: every request
 busy with it meets that window (lifetimes taken round the period), so the same requests are
-busy, in the same order, and the offsets are the same; only the work is less. Lifetimes off
-``[0, period)`` or streams that keep apart scan every placed request.
+busy, in the same order, and the offsets are the same; only fewer placed requests are
+compared. Lifetimes off ``[0, period)`` or streams that keep apart scan every placed request.
 
-The work is the number of placed requests compared with the one being placed (each fixed
-range compared counts as one too): the core stops past ``work_limit`` of it, or past
+The work is the number of placed requests the scan of every placed request compares with the
+one being placed (each fixed range compared counts as one too), with the index or without:
+that scan compares the placed requests up to the last one in the way it meets, or all of them,
+so the index counts it by the position of that request among all those placed (one binary
+search a placement). The core stops past ``work_limit`` of it, or past
 ``budget_ns`` of wall-clock time (steady clock, checked every 64 placements), and says which.
 The core runs without the GIL. Measurements: Note [Compiled greedy placement] in docs/design.md.
 """
@@ -57,11 +60,17 @@ cdef extern from *:
         gp_placed x = {offset, index};
         run.insert(std::lower_bound(run.begin(), run.end(), x, gp_placed_less), x);
     }
+    /* The position of a placed request in a run that holds it. */
+    static inline Py_ssize_t gp_placed_rank(const std::vector<gp_placed>& run,
+                                            const gp_placed& x) {
+        return std::lower_bound(run.begin(), run.end(), x, gp_placed_less) - run.begin();
+    }
     """
     cdef struct gp_placed:
         int64_t offset
         int64_t index
     void gp_placed_insert(vector[gp_placed]& run, int64_t offset, int64_t index) nogil
+    Py_ssize_t gp_placed_rank(const vector[gp_placed]& run, const gp_placed& x) nogil
 
 cdef enum:
     _DONE = 0           # every request placed
@@ -69,8 +78,6 @@ cdef enum:
     _PAST_TIME = 2      # stopped past the time budget
 
 DONE, PAST_WORK, PAST_TIME = _DONE, _PAST_WORK, _PAST_TIME
-
-
 
 
 cdef inline bint _busy(int64_t sa, int64_t ea, int64_t sb, int64_t eb, int64_t period) \
@@ -101,7 +108,7 @@ cdef int _place(const int64_t[::1] sizes, const int64_t[::1] starts, const int64
     cdef Py_ssize_t n = sizes.shape[0], m = fixed_lo.shape[0]
     cdef Py_ssize_t count = 0, o, f, b, q, p
     cdef int64_t i, j, size, sa, ea, lo, hi, before, reach, at, gap, best_gap, w
-    cdef bint any_seen, found, p_busy, f_busy
+    cdef bint any_seen, found, p_busy, f_busy, p_end
     cdef long long deadline = gp_greedy_now_ns() + budget_ns if budget_ns >= 0 else 0
     # Levels of windows, finest first: level q's start every stride[q] events and span two
     # strides (round the period); each holds the placed requests that meet it.
@@ -146,15 +153,16 @@ cdef int _place(const int64_t[::1] sizes, const int64_t[::1] starts, const int64
             any_seen = found = False
             before = reach = at = best_gap = 0
             p = f = 0
-            p_busy = f_busy = False         # cur, fixed f: already known to be in the way
+            p_busy = f_busy = False         # data[p - 1], fixed f: known to be in the way
+            p_end = False                   # the run scanned to its end
             while True:
                 # The next range taken while i lives, by (offset, placed before fixed).
                 while not p_busy and p < nrun:
                     j = data[p].index
                     p += 1
-                    done += 1
                     p_busy = (not share_streams and streams[i] != streams[j]) or \
                         _busy(sa, ea, starts[j], ends[j], period)
+                p_end = p_end or not p_busy
                 while not f_busy and f < m:
                     done += 1
                     f_busy = fixed_first[f] < ea and sa < fixed_end[f]
@@ -178,6 +186,15 @@ cdef int _place(const int64_t[::1] sizes, const int64_t[::1] starts, const int64
                 reach = hi if not any_seen or hi > reach else reach
                 any_seen = True
             offsets[i] = at if found else reach
+            # The work counts the placed requests the scan of every placed request compares:
+            # all of them when the run is scanned to its end (no request busy with i is left
+            # in it), else those up to the last one in the way, the last the run compares.
+            if p_end:
+                done += <int64_t>placed.size()
+            elif run == &placed:
+                done += p
+            else:
+                done += gp_placed_rank(placed, data[p - 1]) + 1
         gp_placed_insert(placed, offsets[i], i)
         for q in range(<Py_ssize_t>stride.size()):
             for b in range(windows[q]):
@@ -221,8 +238,8 @@ def place(sizes, starts, ends, streams, period, share_streams, order, fit, fixed
         Nanoseconds of wall-clock time allowed (< 0: no limit).
     buckets : int
         Windows of the finest level of the index of placed requests by time (0, the default:
-        no index, every placed request scanned for each one placed; the planner's work budget
-        is counted that way). The offsets are the same either way; the work differs.
+        no index, every placed request scanned for each one placed). The offsets, the work
+        counted and so where ``work_limit`` stops the placement are the same either way.
 
     Returns
     -------
@@ -233,7 +250,8 @@ def place(sizes, starts, ends, streams, period, share_streams, order, fit, fixed
     Raises
     ------
     ValueError
-        ``fit`` is neither "first" nor "best", or the arrays differ in length.
+        ``fit`` is neither "first" nor "best", the arrays differ in length, or ``buckets``
+        is negative.
     """
     if fit not in ("first", "best"):
         raise ValueError(f"fit must be 'first' or 'best', got {fit!r}")

@@ -136,7 +136,23 @@ def test_the_time_index_places_as_the_scan_of_every_placed_request(case, buckets
     scan, scan_work, scan_status = compiled.place(*args)
     index, index_work, index_status = compiled.place(*args, buckets=buckets)
     assert scan_status == index_status == compiled.DONE
-    assert index.tolist() == scan.tolist() and 0 <= index_work <= scan_work
+    assert index.tolist() == scan.tolist() and index_work == scan_work
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(), st.sampled_from([4, 5, 16, 64]), st.integers(1, 400))
+def test_the_time_index_stops_where_the_scan_does(case, buckets, limit):
+    """Past a work limit, the index stops at the same request, with the same work and the
+    same offsets placed up to it, as the scan of every placed request."""
+    step, strategy, share, fixed, pinned = case
+    order_key, fit = STRATEGIES[strategy]
+    order = _order(step.nbytes, step.alloc, step.free, order_key)
+    args = (step.nbytes, step.alloc, step.free, step.stream, step.length, share, order, fit,
+            fixed, pinned, limit)
+    scan = compiled.place(*args)
+    index = compiled.place(*args, buckets=buckets)
+    assert index[1:] == scan[1:]
+    assert index[0].tolist() == scan[0].tolist()
 
 
 def test_a_negative_index_is_refused():
