@@ -79,6 +79,12 @@ cdef enum:
 
 DONE, PAST_WORK, PAST_TIME = _DONE, _PAST_WORK, _PAST_TIME
 
+# The index by time where it pays (``place``'s default): INDEX_BUCKETS windows at the finest
+# level when at least INDEX_FROM requests are placed (pinned ones not counted); below, keeping
+# the windows costs more than the scans it saves (Note [Compiled greedy placement]).
+INDEX_BUCKETS = 32
+INDEX_FROM = 1536
+
 
 cdef inline bint _busy(int64_t sa, int64_t ea, int64_t sb, int64_t eb, int64_t period) \
         noexcept nogil:
@@ -208,7 +214,7 @@ cdef int _place(const int64_t[::1] sizes, const int64_t[::1] starts, const int64
 
 
 def place(sizes, starts, ends, streams, period, share_streams, order, fit, fixed, pinned,
-          work_limit=0, budget_ns=-1, buckets=0):
+          work_limit=0, budget_ns=-1, buckets=None):
     """Offsets of requests placed greedily in ``order``.
 
     Parameters
@@ -236,10 +242,12 @@ def place(sizes, starts, ends, streams, period, share_streams, order, fit, fixed
         Comparisons allowed (<= 0: no limit).
     budget_ns : int
         Nanoseconds of wall-clock time allowed (< 0: no limit).
-    buckets : int
-        Windows of the finest level of the index of placed requests by time (0, the default:
-        no index, every placed request scanned for each one placed). The offsets, the work
-        counted and so where ``work_limit`` stops the placement are the same either way.
+    buckets : int or None
+        Windows of the finest level of the index of placed requests by time (0: no index,
+        every placed request scanned for each one placed; None, the default:
+        :data:`INDEX_BUCKETS` when at least :data:`INDEX_FROM` requests are placed, else 0).
+        The offsets, the work counted and so where ``work_limit`` stops the placement are the
+        same whatever it is.
 
     Returns
     -------
@@ -275,7 +283,8 @@ def place(sizes, starts, ends, streams, period, share_streams, order, fit, fixed
     cdef const int64_t[::1] fhi = np.ascontiguousarray(hi[by_lo])
     cdef const int64_t[::1] ffirst = np.ascontiguousarray(first[by_lo])
     cdef const int64_t[::1] fend = np.ascontiguousarray(end[by_lo])
-    nb = int(buckets)
+    nb = int(buckets) if buckets is not None else \
+        INDEX_BUCKETS if int(np.count_nonzero(np.asarray(pin) < 0)) >= INDEX_FROM else 0
     if nb < 0:
         raise ValueError(f"buckets must be >= 0, got {buckets}")
     if nb and n and not (period > 0 and np.min(a) >= 0 and np.max(a) < period and

@@ -160,3 +160,25 @@ def test_a_negative_index_is_refused():
     with pytest.raises(ValueError, match="buckets must be"):
         compiled.place(np.full(2, ALIGN), np.arange(2), np.arange(2) + 1, np.zeros(2), 4, False,
                        np.arange(2), "first", (none,) * 4, np.full(2, -1), buckets=-1)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_a_step_large_enough_for_the_index_places_and_stops_as_the_scan(fraction):
+    """Past INDEX_FROM requests the default turns the index on: the same offsets and work as
+    the scan of every placed request, and a work limit cuts both at the same request."""
+    n = compiled.INDEX_FROM + 64
+    rng = np.random.default_rng(7)
+    alloc = np.sort(rng.choice(3 * n - 1, n, replace=False))
+    free = np.minimum(alloc + rng.integers(1, n // 2, n), 3 * n - 1)
+    free[1::97] = 3 * n + alloc[1::97] // 2             # tails, living on in the next entry
+    step = Step(rng.integers(1, 64, n) * ALIGN, alloc, free, np.zeros(n), 3 * n)
+    none = np.zeros(0, np.int64)
+    args = (step.nbytes, step.alloc, step.free, step.stream, step.length, False,
+            _order(step.nbytes, step.alloc, step.free, "size"), "first", (none,) * 4,
+            np.full(n, -1))
+    _, needed, _ = compiled.place(*args, buckets=0)
+    limit = int(needed * fraction)
+    scan = compiled.place(*args, limit, buckets=0)
+    index = compiled.place(*args, limit)
+    assert scan[2] == (compiled.DONE if fraction == 1.0 else compiled.PAST_WORK)
+    assert index[1:] == scan[1:] and index[0].tolist() == scan[0].tolist()
