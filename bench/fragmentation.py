@@ -280,6 +280,17 @@ def planned_region(gpupool, trace, exact=False):
     return out
 
 
+def every_plan(gpupool, trace, plan=True):
+    """Make the plans ``--planner`` makes on ``trace``, results dropped (for tools that watch
+    the planner): one per step, the model of a planned region by envelope and by exact sizes,
+    and the runtime planned region (``plan``: True or its options)."""
+    step_plans(trace)
+    if "step_starts" in trace.meta:
+        planned_region(gpupool, trace)
+        planned_region(gpupool, trace, True)
+        peak_reserved(gpupool, trace, "vmm", region=True, plan=plan)
+
+
 def run_planner(gpupool, rows):
     """The planner's columns of each recorded trace, beside its row of ``rows``."""
     found = {}

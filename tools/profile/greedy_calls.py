@@ -3,9 +3,9 @@ recorded real traces, replayed: each call's milliseconds with the index of place
 time off and at several sizes, and whether every call gives the same offsets, work and status
 with the index as without.
 
-The calls are those of ``bench/fragmentation.py --planner`` on a trace: one plan per step
-(``step_plans``), the model of a planned region by envelope and by exact sizes
-(``planned_region``) and the runtime ``gpupool.Region(plan=True)`` (``peak_reserved``). Each
+The calls are those of ``bench/fragmentation.py --planner`` on a trace (``every_plan``: one
+plan per step, the model of a planned region by envelope and by exact sizes and the runtime
+``gpupool.Region(plan=True)``). Each
 call is replayed on this thread without a time budget (its work limit kept), one call after
 the other; a column's milliseconds are the sum over the trace's calls, the least of
 ``--repeat`` runs. Run from the repository root (set ``OPENBLAS_NUM_THREADS=1`` so that NumPy
@@ -48,11 +48,7 @@ def record(trace):
 
     greedy.place = recording
     try:
-        fragmentation.step_plans(trace)
-        if "step_starts" in trace.meta:
-            fragmentation.planned_region(gpupool, trace)
-            fragmentation.planned_region(gpupool, trace, True)
-            fragmentation.peak_reserved(gpupool, trace, "vmm", region=True, plan=True)
+        fragmentation.every_plan(gpupool, trace)
     finally:
         greedy.place = place
     return calls

@@ -46,12 +46,8 @@ def plans_of(trace, budget_work, budget_ms):
 
     placement.plan = spy
     try:
-        fragmentation.step_plans(trace)
-        if "step_starts" in trace.meta:
-            fragmentation.planned_region(gpupool, trace)
-            fragmentation.planned_region(gpupool, trace, True)
-            options = {"budget_work": budget_work, "budget_ms": budget_ms}
-            fragmentation.peak_reserved(gpupool, trace, "vmm", region=True, plan=options)
+        fragmentation.every_plan(gpupool, trace,
+                                 {"budget_work": budget_work, "budget_ms": budget_ms})
     finally:
         placement.plan = plan
     return made
