@@ -121,6 +121,6 @@ def test_plans_keep_the_lower_of_two_orders_on_the_checkpointing_runs():
                                                out=stats)
             size = fragmentation.peak_reserved(gpupool, trace, "vmm", region=True,
                                                plan={"strategies": ("size",)})
-            assert stats["record_plans"] == 2 and stats["plans_past_work"] == 0, trace.name
-            found[trace.name] = (both / MiB, size / MiB)
-    assert found == {"gpt2-ckpt": (9512, 9622), "llama-ckpt": (10528, 10748)}
+            assert stats["plans_past_work"] == 0, trace.name
+            found[trace.name] = (both / MiB, size / MiB, stats["record_plans"])
+    assert found == {"gpt2-ckpt": (11664, 11758, 4), "llama-ckpt": (12346, 12786, 5)}

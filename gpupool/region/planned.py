@@ -14,8 +14,8 @@ so they stay apart as those do). Steps of fixed sizes are the case where the env
 step itself.
 
 A record step (an entry whose request 0 asks more bytes than any step of a signature with a plan
-kept, while the last two complete steps are of the installed plan's signature and its steps
-asked the most of those) is planned at that request: the core sends the request online and swaps
+kept, while the installed plan's steps asked the most of those, whatever the steps before it)
+is planned at that request: the core sends the request online and swaps
 the region's record slow path in for the allocation's (core/planned.pxd, ``pl_record``), which
 calls :meth:`Planner.record`; the plan is the installed plan's structure, the sizes that varied
 among its signature's steps scaled by the request's bytes over the most a step's request 0
@@ -176,7 +176,6 @@ class Planner:
         self._firsts = []           # the last two entries' request 0's requested bytes
         self._recorded = 0          # exits since a record step's plan was installed (0: none)
         self._fresh = False         # the next plan installed is a transition (after a record)
-        self._streak = (None, 0)    # the last complete steps' signature, how many in a row
         # The events since the step before the last: rows (ptr, nbytes, stream), nbytes 0 a
         # free, ptr 0 where an entry starts.
         self._events = np.zeros((0, 3), np.int64)
@@ -227,7 +226,6 @@ class Planner:
         step, self._grown = self._complete_step(), False
         if step is not None:
             sig = signature(step)
-            self._streak = (sig, self._streak[1] + 1 if sig == self._streak[0] else 1)
             seen, envelope = self._remember(sig, step, self._firsts[0])
             kept = self._plans.get(sig)
             self._grown = sig == self.current and kept is not None and \
@@ -408,19 +406,15 @@ class Planner:
 
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan
-        is a record step (0: none is). Only while the last two complete steps are of the
-        plan's signature (where structures alternate, a step's request 0 does not tell
-        which comes); then the most that the steps of any signature with a plan kept asked
-        (a step of another structure than the plan's, whose request 0 passes the plan's
-        steps' but not its own structure's, would leave a record plan at its first
-        divergent event, after it took places of the wrong structure). And only when the
-        plan's own steps asked that most: a request 0 past it is then more likely of the
-        structure whose steps asked more (GPT-2's and BERT's runs switch structure with the
-        length), and a record plan of the installed structure, its sizes scaled by that
-        request over the plan's smaller steps', maps pages for places the step does not
-        take (Note [Record steps of another structure]). 0: none is."""
-        if not self.record_steps or self.current not in self._plans or \
-                self._streak != (self.current, self._streak[1]) or self._streak[1] < 2:
+        is a record step (0: none is): the most that the steps of any signature with a plan
+        kept asked, when the installed plan's own steps asked that most, whatever the
+        signatures of the steps before it (where structures alternate, the last two are
+        seldom of one signature). A request 0 past it is then more likely of the installed
+        plan's structure than of any other. Where another kept plan's steps asked more, a
+        request 0 past both is more likely of that one's (GPT-2's and BERT's runs switch
+        structure with the length), and a record plan of either maps pages that the online
+        way does not (Note [Record steps of another structure]): none is planned."""
+        if not self.record_steps or self.current not in self._plans:
             return 0
         most = max((self._seen[sig][3] for sig in self._plans if sig in self._seen), default=0)
         own = self._seen[self.current][3] if self.current in self._seen else 0

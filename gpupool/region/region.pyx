@@ -161,8 +161,8 @@ cdef class Region:
         place's bytes are free now; stream order as the pool's). Other requests go the
         online way, and so does the rest of an entry after its first request or free off
         the plan's step; a step larger than the plan has it planned again. An entry whose
-        first request asks more bytes than any step's did (a record step, once the last two
-        steps share the plan's signature) is planned at that request (made from Python or
+        first request asks more bytes than any step's did (a record step, when the plan's
+        own steps asked the most) is planned at that request (made from Python or
         through the C API, on the allocating thread): the plan's structure, the sizes that
         varied scaled by that ratio, its places mapped as they are reached (an expandable
         upstream); its later requests are served from that plan. The plan holds no memory of its

@@ -12,19 +12,27 @@ planned region (``gpupool.Region(plan=True)``) is entered at each step start, as
 PyTorch's way in), the pool being device 0's default. Run from the repository root::
 
     PYTHONPATH=$PWD python tools/profile/long_replay.py TRACE PASSES [--plan] [--capi]
-        [--steps N]
+        [--steps N] [--per-step]
 
 ``--steps N`` replays the trace's first N steps only (its events before step N's start; the
 last step's tails stay live), what a run of N steps records: ``real_models.py --steps N``
 draws its shapes by the step's index, so these are that run's (``gpt2-varlen 0 --steps 10``:
 the pool's 12,884 MiB peak reserved and 12,834 MiB in use at most of its ten steps on the
 H100).
+
+``--per-step`` prints a line at each step's end: its requests, the bytes they asked (and
+request 0), the most
+bytes live during it, the pool's reserved and peak reserved bytes, the planned region's
+counters that changed in it (plans, hits, misses, record plans, ...) and the upstream's calls
+(maps, synchronizes): where a peak is reached and by what.
 """
 
 import argparse
 import ctypes
 import os
 import sys
+from collections import Counter
+from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -69,12 +77,33 @@ class CBlock:
         CBlock._free(0, self.ptr, 0)
 
 
-def long_replay(trace, passes, plan=False, capi=False):
+class StepRow(NamedTuple):
+    """One step of a replay (``long_replay``'s ``on_step``): the pass, the step's number in
+    the trace (1: the first of ``meta["step_starts"]``), its requests, requested bytes and
+    request 0's requested bytes (0: none), the most bytes live during it, the pool's reserved and peak reserved bytes at its end,
+    the planned region's stats() (None without ``plan``) and the upstream's calls during the
+    step by name."""
+
+    passed: int
+    step: int
+    requests: int
+    asked: int
+    first: int
+    live_peak: int
+    reserved: int
+    peak_reserved: int
+    stats: object
+    calls: Counter
+
+
+def long_replay(trace, passes, plan=False, capi=False, on_step=None):
     """Yield (pass, synchronizes in it, peak reserved bytes so far, most bytes live at once so
     far, the planned region's stats() or None) for pass 0 (the whole trace) and each
     repetition of its steps 1.. (1..passes); with ``plan``, a planned region entered at each
     step start (exited at the next one's and at each pass's end); with ``capi``, the requests
-    made through the C API (one stream only), the pool made device 0's default."""
+    made through the C API (one stream only), the pool made device 0's default; with
+    ``on_step``, a callable given a :class:`StepRow` at each step's end (after the region's
+    exit)."""
     sim = SimulatedDevice(capacity=1 << 40, virtual_memory=True)
     pool = gpupool.Pool(upstream=sim, device=0)
     if capi and trace.num_streams != 1:
@@ -85,17 +114,30 @@ def long_replay(trace, passes, plan=False, capi=False):
     allocate = (lambda n, s: CBlock(n)) if capi else pool.allocate
     events = trace.events([None] * trace.num_streams)
     live, floor = {}, [0, 0]          # [bytes live now, most bytes live at once]
-    starts = set(trace.meta.get("step_starts", ())) if plan else set()
-    region = gpupool.Region(pool=pool, collect=None, plan=True) if starts else None
+    steps = list(trace.meta.get("step_starts", ())) if plan or on_step else []
+    starts = {t: k for k, t in enumerate(steps, 1)}
+    region = gpupool.Region(pool=pool, collect=None, plan=True) if plan and steps else None
 
-    def run(lo):
-        entered = False
+    def run(lo, passed):
+        step = None         # [number, requests, bytes, request 0's, live peak, calls before]
+
+        def ended():
+            if region is not None:
+                region.__exit__(None, None, None)
+            if on_step is not None:
+                stats = pool.stats()
+                on_step(StepRow(passed, *step[:5], stats.reserved_bytes,
+                                stats.peak_reserved_bytes,
+                                region.stats() if region is not None else None,
+                                Counter(call[0] for call in sim.calls[step[5]:])))
+
         for t, (op, i, n, s) in enumerate(events[lo:], lo):
             if t in starts:
-                if entered:
-                    region.__exit__(None, None, None)
-                region.__enter__()
-                entered = True
+                if step is not None:
+                    ended()
+                if region is not None:
+                    region.__enter__()
+                step = [starts[t], 0, 0, 0, floor[0], len(sim.calls)]
             if op:
                 if i in live:
                     floor[0] -= live.pop(i).nbytes
@@ -103,18 +145,50 @@ def long_replay(trace, passes, plan=False, capi=False):
                 live[i] = allocate(n, s)
                 floor[0] += n
                 floor[1] = max(floor)
-        if entered:
-            region.__exit__(None, None, None)
+                if step is not None:
+                    step[3] = step[3] if step[1] else n
+                    step[1], step[2], step[4] = step[1] + 1, step[2] + n, max(step[4], floor[0])
+        if step is not None:
+            ended()
 
     def syncs():
         return sum(1 for call in sim.calls if call[0] == "synchronize")
 
     for k in range(passes + 1):
         before = syncs()
-        run(0 if k == 0 else trace.meta["step_starts"][1])
+        run(0 if k == 0 else trace.meta["step_starts"][1], k)
         yield (k, syncs() - before, pool.stats().peak_reserved_bytes, floor[1],
                region.stats() if region is not None else None)
     live.clear()
+
+
+# The planned region's counters printed per step (--per-step), as their change in the step.
+STEP_COUNTERS = ("plans", "plan_hits", "plan_misses", "record_plans", "plans_reused",
+                 "plans_repaired", "plans_not_fitting", "plans_given_up", "plans_past_work",
+                 "plans_past_requests")
+
+
+def step_printer(name):
+    """An ``on_step`` that prints each step of trace ``name``: its requests, requested
+    bytes (MiB; request 0's in bytes), live peak, reserved and peak reserved (MiB), the planned region's counters that
+    changed in it and the upstream's calls."""
+    last = {}
+
+    def show(row):
+        line = (f"{name} pass {row.passed} step {row.step:2d}: {row.requests:5,} requests,"
+                f" asked {row.asked / MiB:9,.0f} MiB (request 0 {row.first:,} B), live peak {row.live_peak / MiB:7,.0f},"
+                f" reserved {row.reserved / MiB:7,.0f}, peak {row.peak_reserved / MiB:7,.0f}")
+        if row.stats is not None:
+            now = {key: getattr(row.stats, key) for key in STEP_COUNTERS}
+            line += "".join(f"; {key} +{now[key] - last.get(key, 0):,}" for key in STEP_COUNTERS
+                            if now[key] != last.get(key, 0))
+            last.update(now)
+        if row.calls:
+            line += "; upstream " + ", ".join(f"{call} {n}" for call, n in
+                                              sorted(row.calls.items()))
+        print(line)
+
+    return show
 
 
 def parser(doc):
@@ -165,8 +239,13 @@ def main(argv=None):
     p.add_argument("--steps", type=int, metavar="N",
                    help="the trace's first N steps only (alloc_trace.first_steps: what a run "
                         "of N steps records), the whole and the repetitions")
+    p.add_argument("--per-step", action="store_true",
+                   help="a line per step: requests, bytes asked (request 0's), live peak, reserved, the "
+                        "planned region's counters that changed and the upstream's calls")
     args, trace = parse(p, argv)
-    for k, syncs, peak, floor, stats in long_replay(trace, args.passes, args.plan, args.capi):
+    on_step = step_printer(trace.name) if args.per_step else None
+    for k, syncs, peak, floor, stats in long_replay(trace, args.passes, args.plan, args.capi,
+                                                    on_step):
         planned = "" if stats is None else (
             f"; plan hits {stats.plan_hits:,}, misses {stats.plan_misses:,}, plans"
             f" {stats.plans} ({stats.planning_ms:,.0f} ms), reused {stats.plans_reused}, given"
