@@ -1,0 +1,19 @@
+"""tools/profile/step_profile.py: the argument checks it makes before anything touches a GPU."""
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+sys.path.insert(0, os.path.join(ROOT, "tools", "profile"))
+
+import step_profile  # noqa: E402
+
+
+def test_an_unknown_column_exits_2_naming_the_columns(capsys):
+    with pytest.raises(SystemExit) as exc:
+        step_profile.main(["gpt2", "gp.nonesuch"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "gp.nonesuch" in err and "gp.vmm.plan" in err and "torch.exp" in err

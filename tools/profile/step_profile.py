@@ -1,0 +1,46 @@
+"""Where a training run's host time goes, per allocator column: ``bench/real_models.py``'s run
+of one (model, column) in this process under :mod:`cProfile`, its functions printed by own
+time and by calls (a Python hook called per allocation shows in the calls). GPU only::
+
+    python tools/profile/step_profile.py MODEL COLUMN [--steps N] [--top K]
+
+COLUMN is one of ``real_models.py``'s column keys; its environment (``GPUPOOL_UPSTREAM``) is
+set before anything is imported.
+"""
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model")
+    p.add_argument("column")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--top", type=int, default=25)
+    args = p.parse_args(argv)
+    import real_models
+
+    if args.column not in real_models.COLUMNS:
+        p.error(f"unknown column {args.column!r}: one of {', '.join(real_models.COLUMNS)}")
+    os.environ.update(real_models.COLUMNS[args.column][1])
+    profile = cProfile.Profile()
+    record = profile.runcall(real_models.child, args.model, args.column, args.steps, None, False)
+    ms = record["per_step"]["ms"]
+    print(f"{args.model} {args.column}: ms/step {[round(x) for x in ms]}, "
+          f"exits {[round(x, 1) for x in record['per_step']['exit_ms']]}")
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("ncalls").print_stats(args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
