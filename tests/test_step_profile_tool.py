@@ -17,3 +17,11 @@ def test_an_unknown_column_exits_2_naming_the_columns(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "gp.nonesuch" in err and "gp.vmm.plan" in err and "torch.exp" in err
+
+
+@pytest.mark.skipif(step_profile.no_gpu() is None, reason="a GPU is present")
+def test_without_a_gpu_it_exits_2_saying_so(capsys):
+    with pytest.raises(SystemExit) as exc:
+        step_profile.main(["gpt2", "gp.vmm.plan"])
+    assert exc.value.code == 2
+    assert "needs a GPU" in capsys.readouterr().err

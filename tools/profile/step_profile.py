@@ -18,6 +18,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
+def no_gpu():
+    """Why no run can be made here (no CUDA driver, or no device), or None. Asks the driver
+    (``cuInit``, ``cuDeviceGetCount``) without making a context, so that the column's allocator
+    is still installed before anything touches the GPU."""
+    try:
+        from cuda.bindings import driver
+
+        err, = driver.cuInit(0)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err, count = driver.cuDeviceGetCount()
+            if err == driver.CUresult.CUDA_SUCCESS:
+                return None if count else "no CUDA device"
+        return f"the CUDA driver answers {err.name}"
+    except Exception as exc:        # no driver library: cuda-bindings raises its own error
+        return f"no CUDA driver ({type(exc).__name__}: {exc})"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,6 +47,9 @@ def main(argv=None):
 
     if args.column not in real_models.COLUMNS:
         p.error(f"unknown column {args.column!r}: one of {', '.join(real_models.COLUMNS)}")
+    why = no_gpu()
+    if why:
+        p.exit(2, f"step_profile.py: needs a GPU: {why}\n")
     os.environ.update(real_models.COLUMNS[args.column][1])
     profile = cProfile.Profile()
     record = profile.runcall(real_models.child, args.model, args.column, args.steps, None, False)
