@@ -63,6 +63,7 @@ from contextlib import nullcontext
 
 import _common
 import _models
+import _run_line
 import record_trace
 from _common import MiB, format_table
 
@@ -216,16 +217,18 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
         region = gpupool.Region(**region_args)
     sampler.start()
     work = _models.make(model, steps)
-    used_after, peak_in_step, ms, losses, exit_ms = [], [], [], [], []
+    used_after, peak_in_step, ms, losses, exit_ms, phase_ms = [], [], [], [], [], []
+    clock = _run_line.PhaseClock(sampler.sample)
     for i in range(steps):
         if trace_path:
             record_trace.mark_step(torch)
         start = time.perf_counter()
         with region if region is not None else nullcontext():
-            loss = _models.step(work, i, on_phase=sampler.sample)
+            loss = _models.step(work, i, on_phase=clock)
             losses.append(float(loss))          # synchronizes the loss's stream
             del loss
             body_end = time.perf_counter()
+            phase_ms.append(clock.split(start, body_end))
         exit_ms.append((time.perf_counter() - body_end) * 1e3)     # the region's exit
         torch.cuda.synchronize()
         ms.append((time.perf_counter() - start) * 1e3)
@@ -236,7 +239,7 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
     record = {
         "model": model, "column": column, "steps": steps, "baseline_bytes": baseline,
         "per_step": {"used_after": used_after, "peak": peak_in_step, "ms": ms,
-                     "loss": losses, "exit_ms": exit_ms},
+                     "loss": losses, "exit_ms": exit_ms, "phase_ms": phase_ms},
         "peak_bytes": max(peak_in_step), "allocator_peak_reserved": peak_reserved,
         "allocator_peak_in_use": peak_in_use,
         "cudnn_benchmark": cudnn_benchmark,
@@ -527,7 +530,8 @@ def main(argv=None):
                 print(f"  {model} {column}: " + (
                     f"peak {_mib(s['peak'])} MiB (own reserved {_mib(s['own_peak_reserved'])}"
                     f", in use {_mib(s['own_peak_in_use'])}), {s['ms']:.1f} ms/step, "
-                    f"{record['seconds']:.0f} s" + _planning(record) if s else
+                    f"{record['seconds']:.0f} s" + _run_line.planning(record)
+                    + _run_line.phases(record, STEADY_FROM) if s else
                     record.get("error", "?")),
                     file=sys.stderr, flush=True)
         runs.update({column: combine(done[column]) if column in done else
@@ -535,18 +539,6 @@ def main(argv=None):
     if args.plot:
         out["plot"], out["plot_skipped"] = plot(out, args.plot)
     return _common.finish(out, start, report, args.json)
-
-
-def _planning(record):
-    """A planned run's plans and planning time, as the run's line ends with them."""
-    region = record.get("region") or {}
-    if not region.get("plans"):
-        return ""
-    exits = record.get("per_step", {}).get("exit_ms") or [0.0]
-    return (f", {region['plans']} plans in {region.get('planning_ms', 0.0):.0f} ms, "
-            f"{region.get('record_plans', 0)} at request 0 in "
-            f"{region.get('record_ms', 0.0):.0f} ms, exits "
-            f"{', '.join(f'{x:.0f}' for x in exits)} ms")
 
 
 def combine(records):

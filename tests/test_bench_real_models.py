@@ -11,6 +11,7 @@ import gpupool
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench"))
 
+import _run_line  # noqa: E402
 import real_models  # noqa: E402
 from _common import MiB  # noqa: E402
 
@@ -157,10 +158,10 @@ def _error(argv, capsys):
 
 def test_a_planned_runs_line_ends_with_its_planning_and_each_steps_exit():
     record = _model_run(1000 * MiB, 900 * MiB, 880 * MiB)
-    assert real_models._planning(record) == ""              # no region: nothing
+    assert _run_line.planning(record) == ""              # no region: nothing
     record["per_step"]["exit_ms"] = [0.4, 1.2, 33.6, 20.2]
     record["region"] = {"plans": 3, "planning_ms": 61.0, "record_plans": 1, "record_ms": 15.2}
-    assert real_models._planning(record) == (
+    assert _run_line.planning(record) == (
         ", 3 plans in 61 ms, 1 at request 0 in 15 ms, exits 0, 1, 34, 20 ms")
 
 
@@ -171,3 +172,19 @@ def test_simulated_help_says_the_script_skips_and_why(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--simulated print a skip line and exit 0: it trains PyTorch models on the GPU" \
         in text and "SimulatedDevice" not in text
+
+
+def test_a_runs_line_ends_with_the_median_phases_of_its_steady_steps(monkeypatch):
+    calls, now = [], iter([100.010, 100.025])
+    monkeypatch.setattr(_run_line.time, "perf_counter", lambda: next(now))
+    clock = _run_line.PhaseClock(calls.append)
+    clock("forward")
+    clock("backward")
+    assert calls == ["forward", "backward"]                 # the sampler still samples
+    assert clock.split(100.0, 100.055) == pytest.approx([10.0, 15.0, 30.0])
+    assert clock.split(1.0, 1.5) == [500.0, 0.0, 0.0]       # no phase reached: all forward
+    record = _model_run(1000 * MiB, 900 * MiB, 880 * MiB)
+    assert _run_line.phases(record, 3) == ""
+    record["per_step"]["phase_ms"] = [[900.0, 900.0, 900.0]] * 3 + [
+        [10.0, 20.0, 30.0], [12.0, 24.0, 36.0], [11.0, 90.0, 33.0]]
+    assert _run_line.phases(record, 3) == ", phases 11.0 / 24.0 / 33.0 ms"
