@@ -70,7 +70,8 @@ def test_at_names_the_free_blocks_and_their_neighbours(capsys):
 
 @pytest.mark.parametrize("argv, said", [
     (["resnet50", "--at", "-1"], "not an allocation"),
-    (["nosuch"], "no trace 'nosuch'")])
+    (["nosuch"], "no trace 'nosuch'"),
+    (["gpt2", "--strategies", "size", "size"], "names each strategy once")])
 def test_bad_arguments_exit_2_saying_why(argv, said, capsys):
     with pytest.raises(SystemExit) as stop:
         first_steps.main(argv)

@@ -36,3 +36,15 @@ def test_an_unknown_trace_is_refused(capsys):
     with pytest.raises(SystemExit):
         greedy_calls.main(["nope"])
     assert "unknown traces ['nope']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--repeat", "0", "gpt2"], "--repeat must be 1 or more"),
+    (["--buckets", "-1", "gpt2"], "--buckets must be 0 or more"),
+    (["--buckets", "x", "gpt2"], "--buckets takes integers"),
+    (["--core", "no_such_module", "gpt2"], "cannot be imported"),
+    (["--core", "os", "gpt2"], "has no place()")])
+def test_bad_options_exit_2_saying_why(argv, said, capsys):
+    with pytest.raises(SystemExit) as stop:
+        greedy_calls.main(argv)
+    assert stop.value.code == 2 and said in capsys.readouterr().err

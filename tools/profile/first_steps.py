@@ -156,13 +156,16 @@ def side_text(side, starts):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", help="a trace's name in bench/data/traces-real")
     ap.add_argument("--at", type=int, metavar="EVENT",
                     help="the free blocks and their neighbours just before this event")
     ap.add_argument("--strategies", nargs="+", choices=sorted(STRATEGIES),
                     help="the planner's orders (default: the Region's)")
     args = ap.parse_args(argv)
+    if args.strategies and len(set(args.strategies)) < len(args.strategies):
+        ap.error(f"--strategies names each strategy once, got {' '.join(args.strategies)}")
     path = os.path.join(ROOT, "bench", "data", "traces-real", args.trace + ".npz")
     if not os.path.exists(path):
         ap.error(f"no trace {args.trace!r} in bench/data/traces-real")

@@ -81,8 +81,20 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=3, help="runs of each column (least kept)")
     p.add_argument("--core", help="another build of the core, a module name")
     args = p.parse_args(argv)
-    sizes = [int(b) for b in args.buckets.split(",")]
-    other = importlib.import_module(args.core) if args.core else None
+    try:
+        sizes = [int(b) for b in args.buckets.split(",")]
+    except ValueError:
+        p.error(f"--buckets takes integers by commas, got {args.buckets!r}")
+    if min(sizes) < 0:
+        p.error(f"--buckets must be 0 or more, got {args.buckets!r}")
+    if args.repeat < 1:
+        p.error(f"--repeat must be 1 or more, got {args.repeat}")
+    try:
+        other = importlib.import_module(args.core) if args.core else None
+    except ImportError as exc:
+        p.error(f"--core {args.core!r} cannot be imported: {exc}")
+    if other is not None and not hasattr(other, "place"):
+        p.error(f"--core {args.core!r} has no place(): not a build of gpupool.region.greedy")
     found = {alloc_trace.load(f).name: f for f in alloc_trace.find(fragmentation.REAL_DIR)}
     unknown = sorted(set(args.traces) - set(found))
     if unknown:
