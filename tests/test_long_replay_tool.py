@@ -112,3 +112,16 @@ def test_a_record_step_after_another_structures_step_is_planned_on_llama():
             alloc_trace.first_steps(trace, steps), 0, plan=True)
         peaks[steps] = peak
     assert peaks[24] <= 1.01 * peaks[10] and stats.record_plans >= 3
+
+
+def test_a_repeated_gpt2_ckpt_run_keeps_its_plans_around_the_blocks_that_stay():
+    # The repetition keeps the last step's tails live for good, in the way of the steady plan
+    # made after the record step; the plan placed around them passes the memory the record
+    # plan mapped. Installed, its places mapped, the repetition's steps are served at their
+    # places; the plan kept instead, its places under those blocks refused, sent about a
+    # third of each step's requests online (Note [Record steps of another structure]).
+    trace = trace_named("gpt2-ckpt")
+    (_, _, _, _, first), (_, _, peak, floor, again) = long_replay.long_replay(trace, 1, plan=True)
+    hits, misses = again.plan_hits - first.plan_hits, again.plan_misses - first.plan_misses
+    assert first.record_plans >= 1 and misses < 0.05 * hits
+    assert again.plans - first.plans <= 10 and peak <= 1.02 * floor

@@ -24,7 +24,8 @@ request larger than its place misses alone; places past the mapped end map pages
 after it keeps that plan; the next gets a transition plan of the grown envelope (or its steady
 plan at once, when the blocks left live meet none of its places while live). Once a record step
 has been planned, transition plans map pages for their places too (the record plan leaves the
-online way no room past its own top).
+online way no room past its own top), and so does a signature's steady plan kept at the range's
+base, or that one placed again around blocks that stay in its way.
 
 A plan holds no memory: its places are addresses in the pool's segments (the core chooses the
 range where the region's own step already lies, core/planned.pxd), taken when they are free,
@@ -189,6 +190,7 @@ class Planner:
         self.base = 0               # the address of its range (0: none)
         self._transition = False    # the plan installed is the current one's transition
         self._grown = False         # the step to plan asks more than the current plan covers
+        self._past = False          # the steady plan installed may map pages (:meth:`place`)
         self._fell_back = False     # the last plan made is first fit (its fallback's limit)
         self._relayout = False      # the current plan served its last entry badly
         # The last entry's blocks live at its exit: int64 arrays of their request numbers in
@@ -305,19 +307,25 @@ class Planner:
         ``span`` bytes of memory from ``base`` and the one kept does, the kept one stays);
         None when neither fits (mapping more for it would cost memory the online way does not
         take; the signature is planned again RETRY_EXITS exits later, when the blocks in the
-        way may have gone, the wait doubled at each plan that still does not fit)."""
+        way may have gone, the wait doubled at each plan that still does not fit). Once a
+        record step has been planned, a plan kept at ``base`` for a step no larger, or that
+        one placed again around the obstacles, is installed past ``span`` (its places map
+        pages, :meth:`growing`): the record plan mapped up to its own top only, and the plan
+        kept, its places under blocks that stay refused, sends a share of each entry online,
+        which maps past it anyway (Note [Record steps of another structure])."""
         sig, step = self._wanted
         obstacles = self.obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
         old = self._plans.get(sig)
         steady = self._steady(sig, step, base, obstacles)
-        if steady[0].nbytes > span and old is not None and \
-                old[2] == base and old[0].nbytes <= span and \
-                not (step.nbytes > old[0].step.nbytes).any():
+        kept = old is not None and old[2] == base and not (step.nbytes > old[0].step.nbytes).any()
+        self._past = kept and steady[0].nbytes > span and steady[0].fallback is None and \
+            self.record_steps and self.counts["records"] > 0
+        if steady[0].nbytes > span and not self._past and kept and old[0].nbytes <= span:
             # The plan kept fits where the one around the blocks in its way does not: it
             # stays, its places under those blocks refused.
             self._plans[sig] = old
             steady = old[:2]
-        if steady[0].nbytes > span:
+        if steady[0].nbytes > span and not self._past:
             self._plans.pop(sig, None)
             wait = self._waits[sig] = min(2 * self._waits.get(sig, RETRY_EXITS // 2),
                                           GIVE_UP_EXITS)
@@ -422,12 +430,14 @@ class Planner:
 
     def growing(self):
         """Whether the plan :meth:`place` returned last may map pages for its places past
-        the memory mapped: a transition (its steady plan fits, but the blocks the entry
-        before left live, and its tails at their steady places, may push it past) placed
-        greedily (first fit past the budget puts every place above the blocks that stay:
-        mapping for it would cost what the online way does not)."""
-        return self.record_steps and self._transition and self.counts["records"] > 0 and \
-            not self._fell_back
+        the memory mapped, once a record step has been planned: a transition (its steady plan
+        fits, but the blocks the entry before left live, and its tails at their steady places,
+        may push it past) placed greedily (first fit past the budget puts every place above
+        the blocks that stay: mapping for it would cost what the online way does not), or a
+        steady plan that :meth:`place` installed past the memory mapped."""
+        if not self._transition:
+            return self._past
+        return self.record_steps and self.counts["records"] > 0 and not self._fell_back
 
     def record(self, nbytes, base, obstacles):
         """The plan of a record step, made at its request 0 (which asked ``nbytes`` bytes and

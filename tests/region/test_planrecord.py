@@ -260,3 +260,27 @@ def test_no_record_when_another_plans_steps_asked_more_at_request_0():
     assert planner.record_over() == 0
     planner.current = b"long"
     assert planner.record_over() == 9000
+
+
+@pytest.mark.parametrize("records", [0, 1])
+def test_after_a_record_the_plan_around_blocks_that_stay_maps_pages_past_the_span(records):
+    # The plan kept (12 KiB, fitting the span) meets a block that stays; the plan around it
+    # (16 KiB) passes the span. Without a record plan the kept one stays, its place under the
+    # block refused; after one (which mapped up to its own top) the new one is installed
+    # and maps pages (Note [Record steps of another structure]).
+    step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
+    planner = Planner()
+    planner.counts["records"] = records
+    planner._wanted = (b"sig", step)
+    kept, _ = planner.place(base=1 << 20, span=1 << 20, obstacles=[])
+    assert kept.nbytes == 12288
+    plan, _ = planner.place(base=1 << 20, span=12288, obstacles=[(0, 4096)])
+    if records:
+        assert plan.nbytes == 16384 and (plan.offsets >= 4096).all() and planner.growing()
+        assert planner.plans == [plan]
+    else:
+        assert plan is kept and not planner.growing()
+    # Still none for a signature with no plan kept: the online way may take less.
+    planner._wanted = (b"other", step)
+    assert planner.place(base=1 << 20, span=4096, obstacles=[]) is None
+    assert planner.counts["no_room"] == 1
