@@ -51,6 +51,7 @@ from gpupool.region import anchors as _anchors
 from gpupool.region import placement
 from gpupool.region import steps as _steps
 from gpupool.region.digests import plan_digest as _digest, signature
+from gpupool.region.meeting import meeting as _meeting, meets as _meets
 
 __all__ = ["Planner", "anchors", "signature"]
 
@@ -69,20 +70,6 @@ GREEDY_MAX = 8192           # planned requests a step may have to be planned: th
 STRATEGIES = ("size", "area")
 REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
                             # requests grew (the repair's work: theirs times the step's requests)
-
-
-def _meets(plan, obstacles):
-    """Whether any of ``obstacles`` ((offset, bytes) rows) meets a place of ``plan``."""
-    keep = plan.step.planned
-    lo = plan.offsets[keep]
-    if not len(lo) or not len(obstacles):
-        return False
-    hi = lo + plan.step.nbytes[keep]
-    order = np.argsort(lo)
-    lo, reach = lo[order], np.maximum.accumulate(hi[order])
-    # An obstacle [a, b) meets a place when some place starting below b reaches past a.
-    k = np.searchsorted(lo, obstacles[:, 0] + obstacles[:, 1], side="left")
-    return bool(((k > 0) & (reach[np.maximum(k - 1, 0)] > obstacles[:, 0])).any())
 
 
 def anchors(plan):
@@ -355,17 +342,7 @@ class Planner:
         offset, nbytes, end = offset[~placed], nbytes[~placed], end[~placed]
         if not _meets(plan, np.column_stack([offset, nbytes])):
             return True
-        forever = end == np.iinfo(np.int64).max
-        if _meets(plan, obstacles) or _meets(plan, np.column_stack([offset, nbytes])[forever]):
-            return False
-        offset, top, end = offset[~forever], offset[~forever] + nbytes[~forever], end[~forever]
-        step = plan.step
-        # Only the places allocated before the last of those blocks is freed can meet one.
-        early = step.planned & (step.alloc < end.max())
-        lo, hi, alloc = plan.offsets[early], plan.offsets[early] + step.nbytes[early], \
-            step.alloc[early]
-        return not ((lo[:, None] < top) & (hi[:, None] > offset) &
-                    (alloc[:, None] < end)).any()
+        return not _meets(plan, obstacles) and not _meeting(plan, offset, nbytes, end).any()
 
     def _left_live(self, step, base):
         """The blocks the last entry left live, for a plan of step made at ``base``: int64
