@@ -372,7 +372,7 @@ class Planner:
         higher; Note [Transitions repaired])."""
         fixed = self._fixed(step, base, obstacles)
         pinned = np.where(step.tails & step.planned, steady.offsets, -1)
-        made = repair = self._transition_repaired(step, steady, fixed, pinned)
+        made = repair = self._transition_repaired(step, steady, fixed, pinned, span)
         if repair is None or repair.nbytes > span:
             made = self._placed(step, fixed, pinned)
             if repair is not None and repair.nbytes <= made.nbytes:
@@ -384,15 +384,19 @@ class Planner:
         self.counts["transition_repairs"] += made is repair
         return made, anchors(made)
 
-    def _transition_repaired(self, step, steady, fixed, pinned):
+    def _transition_repaired(self, step, steady, fixed, pinned, span):
         """The transition of step repaired from its ``steady`` plan: every request whose steady
         place meets none of the ``fixed`` rows (``_fixed``'s) while both live pinned there, the
         tails at their steady places (``pinned``), the others placed around them and the rows
         (counted as a plan). None when ``repair`` is off, more than 1 in REPAIR_SHARE planned
-        requests are to be placed (its work is about theirs times the step's requests), or the
-        repair falls back to first fit (counted in ``counts["repairs_refused"]``)."""
+        requests are to be placed (its work is about theirs times the step's requests), their
+        bytes do not fit between the steady plan's top and the ``span`` bytes mapped (a repair
+        then mostly maps pages, and maps no more than the whole plan only where both are
+        placed), or the repair falls back to first fit (counted in
+        ``counts["repairs_refused"]``)."""
         move = step.planned & (pinned < 0) & _meeting(steady, *fixed[:, [0, 1, 3]].T)
-        if not self.repair or REPAIR_SHARE * int(move.sum()) > int(step.planned.sum()):
+        if not self.repair or REPAIR_SHARE * int(move.sum()) > int(step.planned.sum()) or \
+                steady.nbytes + int(step.nbytes[move].sum()) > span:
             return None
         made = self._placed(step, fixed, np.where(step.planned & ~move, steady.offsets, pinned))
         self.counts["repairs_refused"] += made.fallback is not None

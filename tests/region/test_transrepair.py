@@ -59,12 +59,22 @@ def test_a_block_on_one_steady_place_moves_that_request_alone():
     assert clashes(plan) == []
 
 
+def test_no_repair_where_the_places_to_move_do_not_fit_above_the_steady_plan():
+    # The memory mapped ends at the steady plan's top: the moved place would map a page.
+    planner, steady, plan = transition([(N + 1, 5 * MIB, MIB)], span=N * MIB)
+    assert planner.counts["plans"] == 2 and planner.counts["transition_repairs"] == 0
+    assert planner.counts["repairs_refused"] == 0 and plan.offsets[5] != steady.offsets[5]
+
+
 def test_a_repair_past_the_memory_mapped_is_used_when_no_higher_than_the_whole_plan():
-    carried = [(N + 1, 5 * MIB, MIB)]
-    planner, _, plan = transition(carried, span=N * MIB)
-    # Its top maps a page more: the plan placed whole is made too, and maps as much.
+    # A block left live just above the steady plan's top (no place meets it) pushes the moved
+    # place past the memory mapped: the plan placed whole is made too, and maps as much.
+    carried = [(N + 1, 5 * MIB, MIB), (N + 2, N * MIB, MIB)]
+    planner, steady, plan = transition(carried, span=(N + 1) * MIB)
     assert planner.counts["plans"] == 3 and planner.counts["transition_repairs"] == 1
-    assert plan.offsets[5] == N * MIB and planner.counts["repairs_refused"] == 0
+    assert plan.offsets[5] == (N + 1) * MIB and planner.counts["repairs_refused"] == 0
+    others = np.arange(N) != 5
+    assert (plan.offsets[others] == steady.offsets[others]).all()
 
 
 def test_a_transition_where_many_places_meet_the_blocks_is_placed_whole():
@@ -78,16 +88,22 @@ def test_a_transition_where_many_places_meet_the_blocks_is_placed_whole():
 
 def test_a_block_that_stays_on_a_steady_place_moves_it_too():
     # A kept plan under a block that stays (the one around it does not fit the span): its
-    # transition moves the places under that block, and those under the blocks left live.
+    # transition is placed around that block too. Here the places to move do not fit above
+    # the steady plan in the memory mapped: the transition is placed whole; with room, the
+    # repair moves the places under that block and under the blocks left live.
     planner = Planner()
     planner._wanted = (b"sig", STEP)
     steady, _ = planner.place(base=BASE, span=N * MIB, obstacles=[])
     planner._carried = (np.array([N + 1]), np.array([BASE + 9 * MIB]), np.array([MIB]))
     planner._wanted, planner.current = (b"sig", STEP), b"other"
-    plan, _ = planner.place(base=BASE, span=N * MIB, obstacles=[(20 * MIB, MIB)])
-    assert planner.plans[-1] is steady and planner.counts["transition_repairs"] == 1
-    moved = np.flatnonzero(plan.offsets != steady.offsets).tolist()
-    assert moved == [9, 20] and plan.offsets[moved].min() >= N * MIB
+    obstacles = np.array([(20 * MIB, MIB)])
+    plan, _ = planner.place(base=BASE, span=N * MIB, obstacles=obstacles)
+    assert planner.plans[-1] is steady and planner._transition
+    assert planner.counts["transition_repairs"] == 0 and plan.offsets[20] != 20 * MIB
+    fixed = planner._fixed(STEP, BASE, obstacles)
+    repair = planner._transition_repaired(STEP, steady, fixed, np.full(N, -1), 64 * MIB)
+    moved = np.flatnonzero(repair.offsets != steady.offsets).tolist()
+    assert moved == [9, 20] and repair.offsets[moved].min() >= N * MIB
 
 
 def test_repair_off_places_every_transition_whole():
@@ -140,7 +156,7 @@ def test_a_transition_never_meets_the_blocks_it_is_placed_around(step, data):
 
 
 def test_llama_ckpts_replay_repairs_transitions_with_the_same_hits_and_less_work(monkeypatch):
-    """The recorded llama-ckpt trace's first 16 steps replayed under a planned region on the
+    """The recorded llama-ckpt trace (30 steps) replayed under a planned region on the
     simulated device (tools/profile/long_replay.py): its transitions after an install are
     repaired, served with the same hits and misses at the same peak as placed whole, for
     less greedy work."""
@@ -153,7 +169,6 @@ def test_llama_ckpts_replay_repairs_transitions_with_the_same_hits_and_less_work
 
     (trace,) = [t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))
                 if t.name == "llama-ckpt"]
-    trace = alloc_trace.first_steps(trace, STEPS)
     repairs = []
     monkeypatch.setattr(Planner, "_transition_repaired", _counted(repairs))
     (_, _, peak, _, stats), = long_replay.long_replay(trace, 0, plan=True)
@@ -163,9 +178,6 @@ def test_llama_ckpts_replay_repairs_transitions_with_the_same_hits_and_less_work
     assert used >= 2 and stats.plans_repaired == whole.plans_repaired + used
     assert (stats.plan_hits, stats.plan_misses) == (whole.plan_hits, whole.plan_misses)
     assert peak == whole_peak and stats.planning_work < whole.planning_work
-
-
-STEPS = 16
 
 
 def _counted(made):
