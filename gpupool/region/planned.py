@@ -115,7 +115,8 @@ class Planner:
         of the slowest); not empty, no name twice.
     repair : bool
         Try a kept plan repaired for a step that grew (:meth:`_repaired`: only the requests
-        that grew placed again) before placing the step whole.
+        that grew placed again), and a transition repaired from its steady plan
+        (:meth:`_transition_repaired`), before placing the step whole.
 
     Raises
     ------
