@@ -395,8 +395,10 @@ class Planner:
         then mostly maps pages, and maps no more than the whole plan only where both are
         placed), or the repair falls back to first fit (counted in
         ``counts["repairs_refused"]``)."""
+        if not self.repair:
+            return None
         move = step.planned & (pinned < 0) & _meeting(steady, *fixed[:, [0, 1, 3]].T)
-        if not self.repair or REPAIR_SHARE * int(move.sum()) > int(step.planned.sum()) or \
+        if REPAIR_SHARE * int(move.sum()) > int(step.planned.sum()) or \
                 steady.nbytes + int(step.nbytes[move].sum()) > span:
             return None
         made = self._placed(step, fixed, np.where(step.planned & ~move, steady.offsets, pinned))
