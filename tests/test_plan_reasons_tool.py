@@ -17,7 +17,7 @@ import plan_reasons  # noqa: E402
 from gpupool.region import planned  # noqa: E402
 
 WRAPPED = ("exited", "place", "_steady", "_transition_plan", "record", "_made", "_placed",
-           "_repaired")
+           "_repaired", "_transition_repaired")
 
 
 def test_each_plan_made_has_one_label_per_pass_and_the_spies_are_removed_after(capsys):

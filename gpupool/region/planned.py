@@ -52,6 +52,7 @@ from gpupool.region import anchors as _anchors
 from gpupool.region import placement
 from gpupool.region import steps as _steps
 from gpupool.region.digests import plan_digest as _digest, signature
+from gpupool.region.meeting import meeting as _meeting, meets as _meets
 
 __all__ = ["Planner", "anchors", "signature"]
 
@@ -70,20 +71,6 @@ GREEDY_MAX = 8192           # planned requests a step may have to be planned: th
 STRATEGIES = ("size", "area")
 REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
                             # requests grew (the repair's work: theirs times the step's requests)
-
-
-def _meets(plan, obstacles):
-    """Whether any of ``obstacles`` ((offset, bytes) rows) meets a place of ``plan``."""
-    keep = plan.step.planned
-    lo = plan.offsets[keep]
-    if not len(lo) or not len(obstacles):
-        return False
-    hi = lo + plan.step.nbytes[keep]
-    order = np.argsort(lo)
-    lo, reach = lo[order], np.maximum.accumulate(hi[order])
-    # An obstacle [a, b) meets a place when some place starting below b reaches past a.
-    k = np.searchsorted(lo, obstacles[:, 0] + obstacles[:, 1], side="left")
-    return bool(((k > 0) & (reach[np.maximum(k - 1, 0)] > obstacles[:, 0])).any())
 
 
 def anchors(plan):
@@ -129,7 +116,8 @@ class Planner:
         of the slowest); not empty, no name twice.
     repair : bool
         Try a kept plan repaired for a step that grew (:meth:`_repaired`: only the requests
-        that grew placed again) before placing the step whole.
+        that grew placed again), and a transition repaired from its steady plan
+        (:meth:`_transition_repaired`), before placing the step whole.
 
     Raises
     ------
@@ -201,11 +189,13 @@ class Planner:
         # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
         # by the limit that stopped them (placement.Plan.fallback); "reused": plans not made
         # again, their inputs the same as a plan's made before (:meth:`_placed`); "repairs",
-        # "repairs_refused": kept plans repaired, and repairs not used (:meth:`_repaired`).
+        # "repairs_refused": kept plans and transitions repaired, and repairs not used
+        # (:meth:`_repaired`, :meth:`_transition_repaired`); "transition_repairs": the latter.
         self.counts = {"plans": 0, "planning_ms": 0.0, "work": 0, "hits": 0, "misses": 0,
                        "installs": 0, "given_up": 0, "no_room": 0, "records": 0, "reused": 0,
                        "record_ms": 0.0, "records_dropped": 0, "past_work": 0, "repairs": 0,
-                       "past_time": 0, "past_requests": 0, "repairs_refused": 0}
+                       "past_time": 0, "past_requests": 0, "repairs_refused": 0,
+                       "transition_repairs": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
@@ -345,7 +335,7 @@ class Planner:
         # The last entry's blocks (tails served elsewhere than their steady places) are in
         # the steady plan's way: a transition plan places the next entry around them.
         self._transition = True
-        return self._transition_plan(step, steady[0], base, obstacles)
+        return self._transition_plan(step, steady[0], base, span, obstacles)
 
     def _in_place(self, plan, base, obstacles):
         """Whether the steady ``plan`` (made at ``base``) serves the next entry as it is: every
@@ -363,17 +353,7 @@ class Planner:
         offset, nbytes, end = offset[~placed], nbytes[~placed], end[~placed]
         if not _meets(plan, np.column_stack([offset, nbytes])):
             return True
-        forever = end == np.iinfo(np.int64).max
-        if _meets(plan, obstacles) or _meets(plan, np.column_stack([offset, nbytes])[forever]):
-            return False
-        offset, top, end = offset[~forever], offset[~forever] + nbytes[~forever], end[~forever]
-        step = plan.step
-        # Only the places allocated before the last of those blocks is freed can meet one.
-        early = step.planned & (step.alloc < end.max())
-        lo, hi, alloc = plan.offsets[early], plan.offsets[early] + step.nbytes[early], \
-            step.alloc[early]
-        return not ((lo[:, None] < top) & (hi[:, None] > offset) &
-                    (alloc[:, None] < end)).any()
+        return not _meets(plan, obstacles) and not _meeting(plan, offset, nbytes, end).any()
 
     def _left_live(self, step, base):
         """The blocks the last entry left live, for a plan of step made at ``base``: int64
@@ -389,14 +369,49 @@ class Planner:
         end[tail] = step.free[k[tail]] - step.length
         return ptr - base, nbytes, end, tail
 
-    def _transition_plan(self, step, steady, base, obstacles):
+    def _transition_plan(self, step, steady, base, span, obstacles):
         """The plan of the first entry served: the steady plan's tails where it puts them,
         the other requests placed around them, the obstacles, and the blocks the entry before
         left live (its tails until the entry frees them, anything else throughout), so that
-        the next entry finds the tails at their steady places."""
+        the next entry finds the tails at their steady places. Repaired from the steady plan
+        where it can be (:meth:`_transition_repaired`); the repair is used when it maps no
+        more than the plan placed whole would: when its top is within the ``span`` bytes
+        mapped (so is the whole one's, or it maps more), else when it is no higher than the
+        whole one's, then placed too (counted in ``counts["repairs_refused"]`` when it is
+        higher; Note [Transitions repaired])."""
+        fixed = self._fixed(step, base, obstacles)
         pinned = np.where(step.tails & step.planned, steady.offsets, -1)
-        made = self._placed(step, self._fixed(step, base, obstacles), pinned)
+        made = repair = self._transition_repaired(step, steady, fixed, pinned, span)
+        if repair is None or repair.nbytes > span:
+            made = self._placed(step, fixed, pinned)
+            if repair is not None and repair.nbytes <= made.nbytes:
+                made = repair
+            elif repair is not None:
+                self.counts["repairs_refused"] += 1
+        self._fell_back = made.fallback is not None
+        self.counts["repairs"] += made is repair
+        self.counts["transition_repairs"] += made is repair
         return made, anchors(made)
+
+    def _transition_repaired(self, step, steady, fixed, pinned, span):
+        """The transition of step repaired from its ``steady`` plan: every request whose steady
+        place meets none of the ``fixed`` rows (``_fixed``'s) while both live pinned there, the
+        tails at their steady places (``pinned``), the others placed around them and the rows
+        (counted as a plan). None when ``repair`` is off, more than 1 in REPAIR_SHARE planned
+        requests are to be placed (its work is about theirs times the step's requests), their
+        bytes do not fit between the steady plan's top and the ``span`` bytes mapped (a repair
+        then mostly maps pages, and maps no more than the whole plan only where both are
+        placed), or the repair falls back to first fit (counted in
+        ``counts["repairs_refused"]``)."""
+        if not self.repair:
+            return None
+        move = step.planned & (pinned < 0) & _meeting(steady, *fixed[:, [0, 1, 3]].T)
+        if REPAIR_SHARE * int(move.sum()) > int(step.planned.sum()) or \
+                steady.nbytes + int(step.nbytes[move].sum()) > span:
+            return None
+        made = self._placed(step, fixed, np.where(step.planned & ~move, steady.offsets, pinned))
+        self.counts["repairs_refused"] += made.fallback is not None
+        return made if made.fallback is None else None
 
     def _fixed(self, step, base, obstacles):
         """``placement.plan``'s fixed rows for a plan of step made at ``base``: the obstacles

@@ -18,7 +18,9 @@ A plan is one of three kinds, each with a cause:
 - *record*, at a record step's request 0.
 - *repair*, the kept plan of a step that grew, its requests that did not grow pinned
   (``Planner._repaired``), labelled with the steady plan's cause; ``refused`` when it needed
-  more bytes than the kept plan and the step was placed whole.
+  more bytes than the kept plan and the step was placed whole. Or a transition repaired from
+  its steady plan (``Planner._transition_repaired``), labelled with the transition's cause;
+  ``refused`` when it fell back or reached above the plan placed whole (placed too).
 
 A layout that makes no plan (the kept plan, the carried blocks at its places) is counted as
 ``kept, in place``; one whose plan does not fit as ``no room``; a plan not made again because
@@ -54,6 +56,7 @@ class Reasons:
         self._trigger = None        # the last exit's reason to ask for a layout
         self._label = None          # what the plan made now is, for _made
         self._reused = False        # place() reused a plan made before (Planner._placed)
+        self._repair = collections.Counter()    # the labels of the last transition's repair
 
     def take(self):
         """The counts since the last call, and start again."""
@@ -63,7 +66,7 @@ class Reasons:
     def install(self):
         P = planned.Planner
         for name in ("exited", "place", "_steady", "_transition_plan", "record", "_made",
-                     "_placed", "_repaired"):
+                     "_placed", "_repaired", "_transition_repaired"):
             original = getattr(P, name, None)
             if original is None:
                 continue
@@ -118,9 +121,24 @@ class Reasons:
                    self._trigger in ("after transition", "relayout", "other") else
                    "install" if self._trigger in ("new signature", "switch") else
                    self._trigger)
-            self._label = "transition: " + why
-            return original(planner, *args)
+            self._label, refused = "transition: " + why, planner.counts["repairs_refused"]
+            self._repair = collections.Counter()
+            made = original(planner, *args)
+            if planner.counts["repairs_refused"] > refused:
+                for label, n in self._repair.items():   # the repair's, made or reused
+                    self.counts[label] -= n
+                    self.counts[label + ", refused"] += n
+            return made
         return transition_plan
+
+    def _transition_repaired(self, original):
+        def transition_repaired(planner, *args):
+            whole, before = self._label, self.counts.copy()
+            self._label = "repair (" + whole + ")"
+            made = original(planner, *args)
+            self._repair, self._label = self.counts - before, whole
+            return made
+        return transition_repaired
 
     def _record(self, original):
         def record(planner, *args):
