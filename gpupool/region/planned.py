@@ -108,7 +108,7 @@ class Planner:
         plan's structure whose request 0 asks more bytes than any step that plan was made
         from. False: such an entry runs online up to its first request larger than its
         place, as any step larger than the plan.
-    strategies : tuple of str
+    strategies : tuple (or list) of str
         The greedy strategies each plan runs, the plan of the lowest top kept, each within
         ``budget_work``: keys of ``placement.STRATEGIES`` (``"size"``, ``"area"``: by size, by
         size x lifetime; ``"lifetime"``; ``"size-best"``, ``"lifetime-best"``: best fit);
@@ -124,7 +124,7 @@ class Planner:
     TypeError
         An option of another type: an integer (not a bool) for the first two and
         ``budget_work``, a real number for ``budget_ms`` and ``min_hit_rate``, a bool for
-        ``record`` and ``repair``, a tuple of strings for ``strategies``.
+        ``record`` and ``repair``, a tuple or list of strings for ``strategies``.
         The message names the option, its value and what it accepts.
     ValueError
         An option out of its range (NaN included), named with its value and the range, or
@@ -138,8 +138,7 @@ class Planner:
                 ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
                 ("max_plan_requests", max_plan_requests, numbers.Integral, "an integer >= 1",
                  lambda v: v >= 1),
-                ("budget_work", budget_work, numbers.Integral, "an integer >= 1",
-                 lambda v: v >= 1),
+                ("budget_work", budget_work, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
                 ("budget_ms", budget_ms, numbers.Real, "a number of milliseconds > 0",
                  lambda v: v > 0),
                 ("min_hit_rate", min_hit_rate, numbers.Real, "a number from 0 to 1",
@@ -151,8 +150,9 @@ class Planner:
         for name, value in (("record", record), ("repair", repair)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
+        strategies = tuple(strategies) if isinstance(strategies, list) else strategies
         if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
-            raise TypeError(f"strategies must be a tuple of str, got {strategies!r}")
+            raise TypeError(f"strategies must be a tuple (or list) of str, got {strategies!r}")
         if not strategies or not set(strategies) <= set(placement.STRATEGIES) or \
                 len(set(strategies)) < len(strategies):
             raise ValueError(f"strategies must be a non-empty tuple of distinct names among "

@@ -283,14 +283,21 @@ def test_a_plan_option_out_of_range_is_refused_naming_it(vpool, option, value, e
 
 
 @pytest.mark.parametrize("value, error", [
-    (["size"], TypeError), (("size", 3), TypeError), ("size", TypeError),
+    ({"size"}, TypeError), (("size", 3), TypeError), ("size", TypeError),
     ((), ValueError), (("size", "bogus"), ValueError), (("size", "size"), ValueError),
 ])
 def test_bad_strategies_are_refused_naming_them(vpool, value, error):
-    with pytest.raises(error, match=r"^strategies must be a (tuple of str|non-empty "
+    with pytest.raises(error, match=r"^strategies must be a (tuple \(or list\) of str|non-empty "
                                     r"tuple of distinct names among \[.*\]), got " +
                        re.escape(repr(value)) + "$"):
         gpupool.Region(pool=vpool, plan={"strategies": value})
+
+
+def test_strategies_may_be_a_list_and_are_kept_as_a_tuple(vpool):
+    region = gpupool.Region(pool=vpool, plan={"strategies": ["area", "size"]})
+    assert region.planner.strategies == ("area", "size")
+    with pytest.raises(ValueError, match=r"got \('size', 'size'\)$"):
+        gpupool.Region(pool=vpool, plan={"strategies": ["size", "size"]})
 
 
 def test_plan_options_at_the_ends_of_their_ranges_are_taken(vpool):
