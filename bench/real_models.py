@@ -63,6 +63,7 @@ from contextlib import nullcontext
 
 import _common
 import _models
+import _native_sampler
 import _run_line
 import record_trace
 from _common import MiB, format_table
@@ -203,7 +204,8 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
     import torch
 
     torch.backends.cudnn.benchmark = cudnn_benchmark
-    sampler = Sampler()
+    native = os.environ.get(_native_sampler.ENV) == "native"
+    sampler = _native_sampler.NativeSampler(SAMPLE_S) if native else Sampler()
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     baseline = sampler.used()
@@ -485,6 +487,9 @@ def main(argv=None):
     p.add_argument("--trace-path", help=argparse_hidden())
     p.add_argument("--dry-run", action="store_true",
                    help="list the (model, allocator) runs and the skipped ones, run none")
+    p.add_argument("--sampler", choices=_native_sampler.CHOICES, default="python",
+                   help="what reads cuMemGetInfo every 0.5 ms beside the steps: a Python "
+                        "thread (default) or a native one that never takes the GIL")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each (model, allocator), the columns interleaved (ABCABC): "
                         "ms/step is the median of the runs' medians (default %(default)s)")
@@ -510,7 +515,9 @@ def main(argv=None):
     start = time.perf_counter()
     out = {"script": SCRIPT, "steps": steps, "models": models, "columns": columns,
            "unit": {"bytes": "bytes above the post-init baseline", "ms": "ms per step"},
-           "cudnn_benchmark": args.cudnn_benchmark, "env": _common.environment(), "runs": {}}
+           "cudnn_benchmark": args.cudnn_benchmark, "env": _common.environment(), "runs": {},
+           "sampler": args.sampler}
+    os.environ[_native_sampler.ENV] = args.sampler      # read by each run's process
     for model in models:
         runs = out["runs"][model] = {}
         if args.trace_dir:
