@@ -14,13 +14,17 @@ import alloc_trace  # noqa: E402
 import fragmentation  # noqa: E402
 import plan_reasons  # noqa: E402
 
-from gpupool.region import planned  # noqa: E402
+from gpupool.region import planned, tails  # noqa: E402
 
 WRAPPED = ("exited", "place", "_steady", "_transition_plan", "record", "_made", "_placed",
            "_repaired", "_transition_repaired")
 
 
-def test_each_plan_made_has_one_label_per_pass_and_the_spies_are_removed_after(capsys):
+def test_each_plan_made_has_one_label_per_pass_and_the_spies_are_removed_after(capsys,
+                                                                              monkeypatch):
+    # The rule that takes the blocks left live as freed at the entry's start is off, so that
+    # the replay makes transitions to label (with it, gpt2-ckpt's makes none in passes 0 and 1).
+    monkeypatch.setattr(tails, "freed_first", lambda events, ptr: False)
     (trace,) = [t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))
                 if t.name == "gpt2-ckpt"]
     originals = [getattr(planned.Planner, name) for name in WRAPPED]

@@ -51,6 +51,7 @@ import numpy as np
 from gpupool.region import anchors as _anchors
 from gpupool.region import placement
 from gpupool.region import steps as _steps
+from gpupool.region import tails as _tails
 from gpupool.region.digests import plan_digest as _digest, signature
 from gpupool.region.meeting import meeting as _meeting, meets as _meets
 
@@ -184,6 +185,7 @@ class Planner:
         # The last entry's blocks live at its exit: int64 arrays of their request numbers in
         # it, pointers and bytes (steps.complete's order).
         self._carried = (np.zeros(0, np.int64),) * 3
+        self._at_start = False      # the last entry freed those of the one before first
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
         # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
@@ -215,6 +217,7 @@ class Planner:
         self.counts["hits"] += hits
         self.counts["misses"] += misses
         action = None
+        self._at_start = _tails.freed_first(self._events, self._carried[1])
         step, self._grown = self._complete_step(), False
         if step is not None:
             sig = signature(step)
@@ -356,18 +359,10 @@ class Planner:
         return not _meets(plan, obstacles) and not _meeting(plan, offset, nbytes, end).any()
 
     def _left_live(self, step, base):
-        """The blocks the last entry left live, for a plan of step made at ``base``: int64
-        arrays of their offsets from base, bytes, and the event of the step's entry until
-        which they stay (the free of a tail of step's request at its index, less the step's
-        length; the int64 most for anything else), and whether each is such a tail (a tail
-        of step's request at its index, no larger than that request)."""
-        k, ptr, nbytes = self._carried
-        inside = k < len(step)
-        tail = np.zeros(len(k), bool)
-        tail[inside] = step.tails[k[inside]] & (step.nbytes[k[inside]] >= nbytes[inside])
-        end = np.full(len(k), np.iinfo(np.int64).max)
-        end[tail] = step.free[k[tail]] - step.length
-        return ptr - base, nbytes, end, tail
+        """``tails.left_live`` of the blocks the last entry left live, for a plan of step made
+        at ``base``: their offsets from base, bytes, the event of the step's entry until which
+        each stays, and whether each is step's tail of its request number."""
+        return _tails.left_live(step, self._carried, base, self._at_start)
 
     def _transition_plan(self, step, steady, base, span, obstacles):
         """The plan of the first entry served: the steady plan's tails where it puts them,
@@ -414,18 +409,10 @@ class Planner:
         return made if made.fallback is None else None
 
     def _fixed(self, step, base, obstacles):
-        """``placement.plan``'s fixed rows for a plan of step made at ``base``: the obstacles
-        throughout, and the blocks the last entry left live (its tails until the step's
-        entry frees them, anything else throughout)."""
-        forever = np.iinfo(np.int64).max
-        offset, nbytes, end, _ = (a[self._carried[1] >= base]
-                                  for a in self._left_live(step, base))
-        obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
-        return np.concatenate([
-            np.column_stack([obstacles, np.zeros(len(obstacles), np.int64),
-                             np.full(len(obstacles), forever)]),
-            np.column_stack([offset, nbytes, np.zeros(len(offset), np.int64), end])]
-        ).astype(np.int64).reshape(-1, 4)
+        """``placement.plan``'s fixed rows for a plan of step made at ``base``
+        (``tails.fixed_rows``): the obstacles throughout, the blocks the last entry left live
+        until the step's entry frees them."""
+        return _tails.fixed_rows(step, self._carried, base, obstacles, self._at_start)
 
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan

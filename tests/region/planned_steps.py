@@ -2,6 +2,8 @@
 frees and tails, run under a region, every allocation checked for overlap with the buffers
 live (``Checked``)."""
 
+import os
+
 import pytest
 from conftest import check_invariants, checked
 from hypothesis import strategies as st
@@ -118,3 +120,18 @@ class Run:
     def close(self):
         self.mem.live.clear()
         assert check_invariants(self.pool).in_use_bytes == 0
+
+
+def recorded(monkeypatch, name):
+    """The recorded trace ``name`` (bench/data/traces-real) and tools/profile/long_replay.py's
+    module, their directories put on ``sys.path`` for the test."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+    for sub in ("bench", os.path.join("tools", "profile")):
+        monkeypatch.syspath_prepend(os.path.join(root, sub))
+    import alloc_trace
+    import fragmentation
+    import long_replay
+
+    (trace,) = [t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))
+                if t.name == name]
+    return trace, long_replay

@@ -3,13 +3,12 @@ meet the blocks it must be placed around (``Planner._transition_repaired``): tho
 placed again, every other request keeps its steady place, and the repair is used when it maps
 no more than the plan placed whole would (Note [Transitions repaired] in docs/design.md)."""
 
-import os
-
 import numpy as np
 from hypothesis import given, settings, strategies as st
+from planned_steps import recorded
 from test_placement import clashes, steps
 
-from gpupool.region import placement, planned
+from gpupool.region import placement, planned, tails
 from gpupool.region.meeting import meeting
 from gpupool.region.planned import Planner
 
@@ -159,16 +158,11 @@ def test_llama_ckpts_replay_repairs_transitions_with_the_same_hits_and_less_work
     """The recorded llama-ckpt trace (30 steps) replayed under a planned region on the
     simulated device (tools/profile/long_replay.py): its transitions after an install are
     repaired, served with the same hits and misses at the same peak as placed whole, for
-    less greedy work."""
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
-    for sub in ("bench", os.path.join("tools", "profile")):
-        monkeypatch.syspath_prepend(os.path.join(root, sub))
-    import alloc_trace
-    import fragmentation
-    import long_replay
-
-    (trace,) = [t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))
-                if t.name == "llama-ckpt"]
+    less greedy work. The rule that takes the blocks left live as freed at the entry's start
+    (``tails.freed_first``) is off: with it, the replay makes no transition
+    (tests/region/test_tailsfirst.py)."""
+    monkeypatch.setattr(tails, "freed_first", lambda events, ptr: False)
+    trace, long_replay = recorded(monkeypatch, "llama-ckpt")
     repairs = []
     monkeypatch.setattr(Planner, "_transition_repaired", _counted(repairs))
     (_, _, peak, _, stats), = long_replay.long_replay(trace, 0, plan=True)

@@ -1,0 +1,150 @@
+"""The blocks the last entry left live are taken as freed before the next entry's first
+allocation when the last entry freed those of the entry before it first, whatever the request
+numbers of either (``gpupool.region.tails``): a transition of another structure's entry then
+needs no plan of its own (Note [Tails freed at the start] in docs/design.md)."""
+
+import numpy as np
+import pytest
+from conftest import check_invariants
+from planned_steps import MIB, Checked, recorded, vpool, vsim  # noqa: F401 (fixtures)
+
+import gpupool
+from gpupool.region import placement, tails
+from gpupool.region.planned import Planner
+
+BASE = 1 << 30
+# Request 3 is the tail (freed at the next entry's event 2); the step starts with two frees.
+STEP = placement.Step([MIB, MIB, MIB, MIB], [2, 3, 5, 6], [4, 7, 8, 10], [0, 0, 0, 0], 8)
+
+
+def rows(*events):
+    return np.array(events, np.int64).reshape(-1, 3)
+
+
+def test_freed_first_asks_for_every_block_freed_before_the_first_allocation():
+    # An entry before (blocks 10, 11 left live), then one freeing both, then allocating.
+    before = [(0, 0, 0), (10, MIB, 0), (11, MIB, 0)]
+    assert tails.freed_first(rows(*before, (0, 0, 0), (10, 0, 0), (11, 0, 0), (12, MIB, 0)),
+                             [10, 11])
+    # Block 11 freed after the first allocation: not first.
+    assert not tails.freed_first(
+        rows(*before, (0, 0, 0), (10, 0, 0), (12, MIB, 0), (11, 0, 0)), [10, 11])
+    # Nothing carried is no evidence; no marker, no entry.
+    assert not tails.freed_first(rows(*before, (0, 0, 0), (12, MIB, 0)), [])
+    assert not tails.freed_first(rows((10, MIB, 0), (10, 0, 0)), [10])
+    # An entry that frees them and allocates nothing yet.
+    assert tails.freed_first(rows(*before, (0, 0, 0), (11, 0, 0), (10, 0, 0)), [10, 11])
+
+
+def test_left_live_at_the_start_ends_every_block_at_the_first_allocation():
+    # Request 0 of the entry before is no tail of STEP's, request 3 is.
+    carried = (np.array([0, 3]), np.array([BASE, BASE + MIB]), np.array([MIB, MIB]))
+    _, _, end, tail = tails.left_live(STEP, carried, BASE, at_start=False)
+    assert list(tail) == [False, True] and list(end) == [tails.FOREVER, 2]
+    _, _, end, _ = tails.left_live(STEP, carried, BASE, at_start=True)
+    assert list(end) == [2, 2]
+    # More blocks than the step's frees before its first allocation: the rule does not hold.
+    three = tuple(np.concatenate([a, a[:1]]) for a in carried)
+    _, _, end, _ = tails.left_live(STEP, three, BASE, at_start=True)
+    assert list(end) == [tails.FOREVER, 2, tails.FOREVER]
+
+
+@pytest.mark.parametrize("at_start", [False, True])
+def test_a_block_of_another_structure_freed_first_needs_no_transition(at_start):
+    planner = Planner()
+    planner._wanted = (b"sig", STEP)
+    steady, _ = planner.place(base=BASE, span=8 * MIB, obstacles=[])
+    # The entry before was of another structure: its request 0's block lies on request 0's
+    # steady place (no tail of STEP's), installed after another signature.
+    planner._carried = (np.array([0]), np.array([BASE + steady.offsets[0]]), np.array([MIB]))
+    planner._at_start = at_start
+    planner._wanted, planner.current = (b"sig", STEP), b"other"
+    plan, _ = planner.place(base=BASE, span=8 * MIB, obstacles=[])
+    assert planner._transition is not at_start
+    assert (plan is steady) is at_start
+    assert planner.counts["plans"] == 2 - at_start
+
+
+def run_entry(mem, sizes, frees, tail, entry, late=False):
+    """One entry: the tails of the entry before freed first (when ``late``, the block kept
+    since entry 0 freed first instead, the tails after the first allocation), then ``sizes``
+    allocated in order, request ``frees[k]`` freed after allocation k, every request but
+    ``tail`` freed at the end."""
+    old = [k for k in mem.live if k[0] == "tail"]
+    for key in [("keep",)] if late else old:
+        mem.free(key)
+    for k, n in enumerate(sizes):
+        mem.allocate(("tail" if k == tail else "step", entry, k), n)
+        for key in old if late and k == 0 else ():
+            mem.free(key)
+        if frees[k] is not None and ("step", entry, frees[k]) in mem.live:
+            mem.free(("step", entry, frees[k]))
+    for key in [k for k in mem.live if k[0] == "step"]:
+        mem.free(key)
+
+
+# Two structures whose tails are different requests: A's request 4 (2 MiB), B's request 1
+# (3 MiB), each entry's tail freed by the next entry before it allocates.
+A = ([2 * MIB, 2 * MIB, MIB, 4 * MIB, 2 * MIB], [None, 0, None, 2, None], 4)
+B = ([2 * MIB, 3 * MIB, MIB, MIB, 2 * MIB, MIB], [None, None, 0, 2, 3, None], 1)
+ORDER = [A, B] * 8
+
+
+def replay(pool, late=()):
+    region = gpupool.Region(pool=pool, collect=None, plan=True)
+    mem, out = Checked(pool), []
+    for e, (sizes, frees, tail) in enumerate(ORDER):
+        before = region.stats()
+        with region:
+            if e == 0 and late:
+                mem.allocate(("keep",), 2 * MIB)
+            run_entry(mem, sizes, frees, tail, e, late=e in late)
+        check_invariants(pool)
+        after = region.stats()
+        out.append((after.plans - before.plans, after.plan_hits - before.plan_hits,
+                    after.plan_misses - before.plan_misses))
+    return region, out
+
+
+def test_structures_that_free_their_tails_first_switch_without_transitions(vpool):
+    region, out = replay(vpool)
+    counts = region.planner.counts
+    # Each exit installs the other structure's steady plan (the entry before's blocks are of
+    # the other structure): at once, no transition planned or reused, every entry served
+    # whole from the first install on.
+    assert counts["installs"] == len(ORDER) - 4
+    assert counts["plans"] == sum(p for p, _, _ in out) == 2 and counts["reused"] == 0
+    assert [h for _, h, _ in out[5:]] == [len(s) for s, _, _ in ORDER[5:]]
+    assert counts["misses"] == 0
+
+
+def test_a_block_not_freed_first_after_all_is_a_miss_not_an_overlap(vpool):
+    # Entry 12 (A, after B) frees another block first and B's tail after its first
+    # allocation: the plan installed at once assumed the tail freed first. Request 0's place
+    # on the tail's bytes is refused (a miss, served the online way), and the tail's free at
+    # another event sends the rest online; no two live blocks share bytes (Checked). The
+    # entries after it are served whole again.
+    region, out = replay(vpool, late={12})
+    assert out[12] == (0, 0, 2)
+    assert out[14:] == [(0, len(s), 0) for s, _, _ in ORDER[14:]]
+
+
+def test_llama_ckpts_replay_makes_no_transition_and_serves_no_worse(monkeypatch):
+    """The recorded llama-ckpt trace (30 steps) replayed under a planned region on the
+    simulated device (tools/profile/long_replay.py): every step frees the last one's gradients
+    first, so each install of another structure's plan is its steady plan at once; with the
+    rule off, transitions are planned. Fewer plans and less work, no fewer hits, no more misses,
+    no higher peak."""
+    trace, long_replay = recorded(monkeypatch, "llama-ckpt")
+    made = []
+    original = Planner._transition_plan
+    monkeypatch.setattr(Planner, "_transition_plan",
+                        lambda *args: made.append(1) or original(*args))
+    (_, _, peak, _, stats), = long_replay.long_replay(trace, 0, plan=True)
+    transitions, made[:] = len(made), []
+    monkeypatch.setattr(tails, "freed_first", lambda events, ptr: False)
+    (_, _, off_peak, _, off), = long_replay.long_replay(trace, 0, plan=True)
+    assert transitions == 0 and len(made) >= 5
+    assert stats.plans < off.plans and stats.planning_work < off.planning_work
+    assert stats.plan_hits >= off.plan_hits and stats.plan_misses <= off.plan_misses
+    assert peak <= off_peak
