@@ -151,13 +151,14 @@ class Planner:
         for name, value in (("record", record), ("repair", repair)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
-        strategies = tuple(strategies) if isinstance(strategies, list) else strategies
+        given, strategies = strategies, tuple(strategies) if isinstance(strategies, list) \
+            else strategies
         if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
-            raise TypeError(f"strategies must be a tuple (or list) of str, got {strategies!r}")
+            raise TypeError(f"strategies must be a tuple (or list) of str, got {given!r}")
         if not strategies or not set(strategies) <= set(placement.STRATEGIES) or \
                 len(set(strategies)) < len(strategies):
             raise ValueError(f"strategies must be a non-empty tuple of distinct names among "
-                             f"{sorted(placement.STRATEGIES)}, got {strategies!r}")
+                             f"{sorted(placement.STRATEGIES)}, got {given!r}")
         self.strategies = strategies
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
         self.budget_work, self.budget_ms = int(budget_work), float(budget_ms)

@@ -296,8 +296,10 @@ def test_bad_strategies_are_refused_naming_them(vpool, value, error):
 def test_strategies_may_be_a_list_and_are_kept_as_a_tuple(vpool):
     region = gpupool.Region(pool=vpool, plan={"strategies": ["area", "size"]})
     assert region.planner.strategies == ("area", "size")
-    with pytest.raises(ValueError, match=r"got \('size', 'size'\)$"):
+    with pytest.raises(ValueError, match=r"got \['size', 'size'\]$"):
         gpupool.Region(pool=vpool, plan={"strategies": ["size", "size"]})
+    with pytest.raises(TypeError, match=r"got \[1\]$"):         # what was given, not its tuple
+        gpupool.Region(pool=vpool, plan={"strategies": [1]})
 
 
 def test_plan_options_at_the_ends_of_their_ranges_are_taken(vpool):

@@ -61,11 +61,16 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 summary() { echo "== $*" | tee -a "$OUT/summary.log"; }
 step() { [[ ",$STEPS," == *",$1,"* ]]; }
 
+if ! nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+        > "$OUT/summary.log" 2>&1; then
+    summary "no GPU here (nvidia-smi: $(head -1 "$OUT/summary.log")): this script runs on the GPU machine"
+    exit 2
+fi
+cat "$OUT/summary.log"
 if ls .whl/*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.log"
 python3 -c "import sys, cuda.bindings, Cython; print(sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__, 'Cython', Cython.__version__)" | tee -a "$OUT/summary.log"
 
 if [ -n "${SKIP_BUILD:-}" ] && python3 -c "import gpupool.core.pool" 2> /dev/null; then
