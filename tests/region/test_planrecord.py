@@ -297,6 +297,10 @@ def test_no_record_when_a_dropped_plans_steps_asked_more_at_request_0():
         planner._seen[sig] = (2, step.nbytes, step.nbytes // 2, first)
     planner.current = b"short"
     assert planner.record_over() == 0
+    planner._seen[b"long"] = (1,) + planner._seen[b"long"][1:]
+    assert planner.record_over() == 4000        # a step seen once is no structure that repeats
+    planner._seen[b"long"] = (2,) + planner._seen[b"long"][1:]
+    assert planner.record_over() == 0
     planner._seen.pop(b"long")                  # forgotten (past SEEN_MAX): no longer counts
     assert planner.record_over() == 4000
 
