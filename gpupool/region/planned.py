@@ -13,9 +13,9 @@ asks no more than the place's bytes (a smaller step's blocks lie inside the enve
 so they stay apart as those do). Steps of fixed sizes are the case where the envelope is the
 step itself.
 
-A record step (an entry whose request 0 asks more bytes than any step of a signature with a plan
-kept, while the installed plan's steps asked the most of those, whatever the steps before it)
-is planned at that request: the core sends the request online and swaps
+A record step (an entry whose request 0 asks more bytes than any step of a signature seen
+twice, its plan kept or not, while the installed plan's steps asked the most of those, whatever
+the steps before it) is planned at that request: the core sends the request online and swaps
 the region's record slow path in for the allocation's (core/planned.pxd, ``pl_record``), which
 calls :meth:`Planner.record`; the plan is the installed plan's structure, the sizes that varied
 among its signature's steps scaled by the request's bytes over the most a step's request 0
@@ -417,17 +417,20 @@ class Planner:
 
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan
-        is a record step (0: none is): the most that the steps of any signature with a plan
-        kept asked, when the installed plan's own steps asked that most, whatever the
-        signatures of the steps before it (where structures alternate, the last two are
-        seldom of one signature). A request 0 past it is then more likely of the installed
-        plan's structure than of any other. Where another kept plan's steps asked more, a
-        request 0 past both is more likely of that one's (GPT-2's and BERT's runs switch
-        structure with the length), and a record plan of either maps pages that the online
-        way does not (Note [Record steps of another structure]): none is planned."""
+        is a record step (0: none is): the most that the steps of any signature seen twice
+        or more asked (those ``_seen`` remembers: the SEEN_MAX seen last, within its bytes of
+        envelopes; a step seen once, such as the first or one at a switch of structure, is no
+        structure that repeats), when the installed plan's own steps asked that most,
+        whatever the signatures of the steps before it (where structures alternate, the last
+        two are seldom of one signature). A request 0 past it is then more likely of the
+        installed plan's structure than of any other. Where another signature's steps asked
+        more, its plan kept or not (dropped past ``max_plans``, given up, no room), a request
+        0 past both is more likely of that one's (GPT-2's and BERT's runs switch structure
+        with the length), and a record plan of either maps pages that the online way does
+        not (Note [Record steps of another structure]): none is planned."""
         if not self.record_steps or self.current not in self._plans:
             return 0
-        most = max((self._seen[sig][3] for sig in self._plans if sig in self._seen), default=0)
+        most = max((seen[3] for seen in self._seen.values() if seen[0] >= 2), default=0)
         own = self._seen[self.current][3] if self.current in self._seen else 0
         return most if own >= most else 0
 

@@ -284,3 +284,46 @@ def test_after_a_record_the_plan_around_blocks_that_stay_maps_pages_past_the_spa
     planner._wanted = (b"other", step)
     assert planner.place(base=1 << 20, span=4096, obstacles=[]) is None
     assert planner.counts["no_room"] == 1
+
+
+def test_no_record_when_a_dropped_plans_steps_asked_more_at_request_0():
+    # b"long"'s plan was dropped (least recently used past max_plans, given up, no room), but
+    # its steps are still seen: a request 0 past what they asked is more likely of its
+    # structure than a record of the installed one's.
+    planner = Planner()
+    step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
+    planner._plans[b"short"] = (placement.plan(step), np.array([-1, -1]), 1 << 20)
+    for sig, first in ((b"long", 9000), (b"short", 4000)):
+        planner._seen[sig] = (2, step.nbytes, step.nbytes // 2, first)
+    planner.current = b"short"
+    assert planner.record_over() == 0
+    planner._seen[b"long"] = (1,) + planner._seen[b"long"][1:]
+    assert planner.record_over() == 4000        # a step seen once is no structure that repeats
+    planner._seen[b"long"] = (2,) + planner._seen[b"long"][1:]
+    assert planner.record_over() == 0
+    planner._seen.pop(b"long")                  # forgotten (past SEEN_MAX): no longer counts
+    assert planner.record_over() == 4000
+
+
+def test_a_larger_request_0_of_a_structure_whose_plan_was_dropped_is_no_record(vsim):
+    # The second structure's steps ask up to 4 MiB at request 0, the first's 3 MiB. With
+    # max_plans 1 the first's plan drops the second's; a step of the second asking 3.6 MiB
+    # at request 0 while the first's plan is installed is no record of the first: it leaves
+    # the plan's step as with both plans kept, and takes no more memory than online.
+    def run(**plan):
+        pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32, virtual_memory=True))
+        go = Run(pool, plan=plan)
+        for scale in (2.0, 1.6, 1.9, 1.7):
+            go.entry(b_scaled(scale), B_FREES, {4})
+        go.warm()
+        kept = len(go.region.planner.plans)
+        before = go.region.stats()
+        served = go.entry(b_scaled(1.8), B_FREES, {4})
+        after = go.region.stats()
+        go.close()
+        return kept, served, after.record_plans - before.record_plans, \
+            after.plans - before.plans, pool.stats().peak_reserved_bytes
+    dropped, both, online = run(max_plans=1), run(max_plans=4), run(max_plans=1, record=False)
+    assert (dropped[0], both[0]) == (1, 2)
+    assert dropped[1:4] == both[1:4] == online[1:4] == ((0, 1), 0, 0)
+    assert dropped[4] <= online[4]
