@@ -313,7 +313,7 @@ class Planner:
         steady = self._steady(sig, step, base, obstacles)
         kept = old is not None and old[2] == base and not (step.nbytes > old[0].step.nbytes).any()
         self._past = kept and steady[0].nbytes > span and steady[0].fallback is None and \
-            self.record_steps and self.counts["records"] > 0
+            self._recorded_once()
         if steady[0].nbytes > span and not self._past and kept and old[0].nbytes <= span:
             # The plan kept fits where the one around the blocks in its way does not: it
             # stays, its places under those blocks refused.
@@ -443,7 +443,12 @@ class Planner:
         steady plan that :meth:`place` installed past the memory mapped."""
         if not self._transition:
             return self._past
-        return self.record_steps and self.counts["records"] > 0 and not self._fell_back
+        return self._recorded_once() and not self._fell_back
+
+    def _recorded_once(self):
+        """Whether a record step has been planned: its plan mapped up to its own top only, so
+        the plans installed after it may map pages past the memory mapped."""
+        return self.record_steps and self.counts["records"] > 0
 
     def record(self, nbytes, base, obstacles):
         """The plan of a record step, made at its request 0 (which asked ``nbytes`` bytes and
