@@ -41,11 +41,14 @@ def planning(record):
 
 def phases(record, steady_from):
     """The run's median forward / backward / rest (optimizer, the wait for the GPU) ms over
-    the steps from ``steady_from`` on, as the run's line ends with them; "" where the run has
-    no phases recorded."""
+    the steps from ``steady_from`` on, and its median CPU time a step (the process's threads,
+    ``time.process_time``: host work without the waits), as the run's line ends with them;
+    "" where the run has no phases recorded."""
     split = record.get("per_step", {}).get("phase_ms")
     if not split:
         return ""
     steady = split[steady_from:] or split
-    return ", phases " + " / ".join(f"{statistics.median(p[k] for p in steady):.1f}"
-                                    for k in range(3)) + " ms"
+    cpu = record["per_step"].get("cpu_ms")
+    return (", phases " + " / ".join(f"{statistics.median(p[k] for p in steady):.1f}"
+                                     for k in range(3)) + " ms"
+            + (f", CPU {statistics.median(cpu[steady_from:] or cpu):.1f} ms" if cpu else ""))

@@ -220,11 +220,12 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
     sampler.start()
     work = _models.make(model, steps)
     used_after, peak_in_step, ms, losses, exit_ms, phase_ms = [], [], [], [], [], []
+    cpu_ms = []     # the process's CPU time (all its threads): host work, not waits
     clock = _run_line.PhaseClock(sampler.sample)
     for i in range(steps):
         if trace_path:
             record_trace.mark_step(torch)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         with region if region is not None else nullcontext():
             loss = _models.step(work, i, on_phase=clock)
             losses.append(float(loss))          # synchronizes the loss's stream
@@ -234,6 +235,7 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
         exit_ms.append((time.perf_counter() - body_end) * 1e3)     # the region's exit
         torch.cuda.synchronize()
         ms.append((time.perf_counter() - start) * 1e3)
+        cpu_ms.append((time.process_time() - cpu_start) * 1e3)
         used_after.append(sampler.used() - baseline)
         peak_in_step.append(sampler.take_peak() - baseline)
     sampler.stop()
@@ -241,7 +243,8 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
     record = {
         "model": model, "column": column, "steps": steps, "baseline_bytes": baseline,
         "per_step": {"used_after": used_after, "peak": peak_in_step, "ms": ms,
-                     "loss": losses, "exit_ms": exit_ms, "phase_ms": phase_ms},
+                     "loss": losses, "exit_ms": exit_ms, "phase_ms": phase_ms,
+                     "cpu_ms": cpu_ms},
         "peak_bytes": max(peak_in_step), "allocator_peak_reserved": peak_reserved,
         "allocator_peak_in_use": peak_in_use,
         "cudnn_benchmark": cudnn_benchmark,
@@ -250,6 +253,7 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
         import gpupool.torch
 
         record["torch_allocator"] = gpupool.torch.allocator()   # gpupool's, or the fallback
+        record["pool"] = gpupool.get_pool(0).stats().as_dict()  # hits, misses, upstream calls
     if region is not None:
         record["region"] = region.stats().as_dict()
     if trace_path:

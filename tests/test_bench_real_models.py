@@ -188,3 +188,5 @@ def test_a_runs_line_ends_with_the_median_phases_of_its_steady_steps(monkeypatch
     record["per_step"]["phase_ms"] = [[900.0, 900.0, 900.0]] * 3 + [
         [10.0, 20.0, 30.0], [12.0, 24.0, 36.0], [11.0, 90.0, 33.0]]
     assert _run_line.phases(record, 3) == ", phases 11.0 / 24.0 / 33.0 ms"
+    record["per_step"]["cpu_ms"] = [500.0] * 3 + [70.0, 80.0, 60.0]
+    assert _run_line.phases(record, 3) == ", phases 11.0 / 24.0 / 33.0 ms, CPU 70.0 ms"
