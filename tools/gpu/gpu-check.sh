@@ -4,7 +4,8 @@
 # only when the build fails, the plots as one tar), summary last.
 #   tests     the whole test suite (TESTS names files instead)
 #   parts     the whole suite as nine lanes run side by side (separate processes, one log
-#             each, failures named with -rfE, returned as parts.tar): a crash or a hang in
+#             each, failures named with -rfE, returned as parts.tar, written every 15 s so
+#             that a call the device tool cuts returns the logs so far): a crash or a hang in
 #             one lane leaves the others' summaries, and a lane cut at PARTS_TIMEOUT names
 #             the test it was in; the device-memory checks run after (PARTS_LANES=a-f,ipc
 #             runs only the lanes named)
@@ -117,6 +118,12 @@ stream_uses_waits or checkpointed or history_records"
     done
     # Nine lanes: on the H100 (e61abe4) the a-m files, test_torch.py and test_examples.py
     # each ran past 330 s as one lane, so each is split in two
+    # The lanes' logs so far go to $OUT every 15 s: the device tool kills a call at its limit
+    # and returns only $OUT, so a call cut there still names the tests each lane passed.
+    (while sleep 15; do (cd /tmp/gpupool-parts && tar cf "$OUT/parts.tar.part" *.log \
+        2> /dev/null && mv "$OUT/parts.tar.part" "$OUT/parts.tar"); done) &
+    saver=$!
+    disown $saver       # not one of the lanes that `wait` waits for
     lane a-f "${af[@]}" -k "not ($alone)" &
     lane g-m "${gm[@]}" -k "not ($alone)" &
     lane n-z "${nz[@]}" -k "not ($alone)" &
@@ -134,7 +141,8 @@ stream_uses_waits or checkpointed or history_records"
         cut=""; [ "$(tail -1 "$f")" = "rc=124" ] && cut="cut in $(grep -oE '^tests/[^ ]+' "$f" | tail -1)"
         summary "$(basename "$f" .log): $(grep -E ' in [0-9.]+s' "$f" | tail -1) $(tail -1 "$f") $cut"
     done
-    (cd /tmp/gpupool-parts && tar cf "$OUT/parts.tar" *.log)
+    kill $saver 2> /dev/null
+    (cd /tmp/gpupool-parts && tar cf "$OUT/parts.tar" *.log) && rm -f "$OUT/parts.tar.part"
     grep -hE "^(FAILED|ERROR)|Fatal Python|Timeout" /tmp/gpupool-parts/*.log | head -40
     grep -h -A25 "native frames" /tmp/gpupool-parts/*.log | head -30
 fi
