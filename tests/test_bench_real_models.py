@@ -190,3 +190,29 @@ def test_a_runs_line_ends_with_the_median_phases_of_its_steady_steps(monkeypatch
     assert _run_line.phases(record, 3) == ", phases 11.0 / 24.0 / 33.0 ms"
     record["per_step"]["cpu_ms"] = [500.0] * 3 + [70.0, 80.0, 60.0]
     assert _run_line.phases(record, 3) == ", phases 11.0 / 24.0 / 33.0 ms, CPU 70.0 ms"
+
+
+def test_repeated_runs_judge_step_time_by_each_steps_least_ms():
+    # Step 3 of run 1 and step 4 of run 2 were slowed (a shared machine): each step's least
+    # time among the runs leaves both out; the median of the runs' medians does not.
+    def run(ms):
+        record = _model_run(1000 * MiB, 900 * MiB, 880 * MiB)
+        record["per_step"]["ms"] = [900.0, 900.0, 900.0] + ms
+        record["summary"] = real_models.summarize(record)
+        return record
+
+    exp = real_models.combine([run([100.0, 100.0, 100.0]), run([120.0, 120.0, 120.0])])
+    plan = real_models.combine([run([101.0, 150.0, 103.0]), run([130.0, 102.0, 170.0])])
+    assert exp["summary"]["ms_least"] == pytest.approx(100.0)
+    assert plan["summary"]["ms_least"] == pytest.approx(102.0)     # mean of 101, 102, 103
+    assert plan["summary"]["ms"] == pytest.approx((103.0 + 130.0) / 2)
+    out = {"models": ["llama-ckpt"], "runs": {"llama-ckpt": {"torch.exp": exp,
+                                                              "gp.vmm.plan": plan}}}
+    assert ("  llama-ckpt   gp.vmm.plan      each step's least ms / torch.exp's = 1.020 over "
+            "2 runs (target <= 1.02): met") in real_models.targets_text(out)
+    plan = real_models.combine([run([101.0, 150.0, 104.0]), run([130.0, 102.0, 170.0])])
+    out["runs"]["llama-ckpt"]["gp.vmm.plan"] = plan
+    assert any(line.endswith("= 1.023 over 2 runs (target <= 1.02): MISSED")
+               for line in real_models.targets_text(out))
+    single = real_models.combine([run([100.0, 100.0, 100.0])])
+    assert "ms_least" not in single["summary"]                   # one run: no such ruler
