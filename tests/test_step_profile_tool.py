@@ -25,3 +25,12 @@ def test_without_a_gpu_it_exits_2_saying_so(capsys):
         step_profile.main(["gpt2", "gp.vmm.plan"])
     assert exc.value.code == 2
     assert "needs a GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--steps", "0"], ["--top", "-1"]])
+def test_steps_and_top_below_one_exit_2_before_any_gpu_check(option, capsys, monkeypatch):
+    monkeypatch.setattr(step_profile, "no_gpu", lambda: pytest.fail("asked for a GPU"))
+    with pytest.raises(SystemExit) as exc:
+        step_profile.main(["gpt2", "gp.vmm.plan", *option])
+    assert exc.value.code == 2
+    assert "--steps and --top must be >= 1" in capsys.readouterr().err

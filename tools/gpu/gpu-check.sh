@@ -62,6 +62,10 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 summary() { echo "== $*" | tee -a "$OUT/summary.log"; }
 step() { [[ ",$STEPS," == *",$1,"* ]]; }
 
+if ! command -v nvidia-smi > /dev/null; then
+    summary "no GPU here (no nvidia-smi on this machine): this script runs on the GPU machine"
+    exit 2
+fi
 if ! nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
         > "$OUT/summary.log" 2>&1; then
     summary "no GPU here (nvidia-smi: $(head -1 "$OUT/summary.log")): this script runs on the GPU machine"

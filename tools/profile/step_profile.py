@@ -38,13 +38,17 @@ def no_gpu():
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model")
-    p.add_argument("column")
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--top", type=int, default=25)
+    p.add_argument("model", help="one of real_models.py's models (e.g. llama-ckpt)")
+    p.add_argument("column", help="one of real_models.py's column keys (e.g. gp.vmm.plan)")
+    p.add_argument("--steps", type=int, default=12,
+                   help="training steps of the profiled run (default: %(default)s)")
+    p.add_argument("--top", type=int, default=25,
+                   help="functions printed per table (default: %(default)s)")
     args = p.parse_args(argv)
     import real_models
 
+    if args.steps < 1 or args.top < 1:
+        p.error(f"--steps and --top must be >= 1, not {args.steps} and {args.top}")
     if args.column not in real_models.COLUMNS:
         p.error(f"unknown column {args.column!r}: one of {', '.join(real_models.COLUMNS)}")
     why = no_gpu()
