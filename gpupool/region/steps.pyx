@@ -25,7 +25,7 @@ then ``placement.record_step``): a Hypothesis test compares them on random event
 the GIL. Measurements: Note [Planner bookkeeping] in docs/design.md.
 """
 from libc.stdint cimport int64_t, uint64_t
-from libcpp.algorithm cimport sort
+from libcpp.algorithm cimport binary_search, sort
 from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 
@@ -126,6 +126,51 @@ cdef int64_t _step(const int64_t[:, ::1] ev, Py_ssize_t lo, Py_ssize_t hi, const
                 out[k, 2] = pos
         pos += 1
     return n
+
+
+def freed_first(const int64_t[:, ::1] events, const int64_t[::1] ptr):
+    """Whether the last entry of ``events`` (the rows after the last marker, found from the
+    end) freed every pointer of ``ptr`` before its first allocation: ``tails.freed_first``'s
+    scan, which reads only the last entry's frees before its first allocation.
+
+    Parameters
+    ----------
+    events : numpy.ndarray of int64, shape (n, 3), C-contiguous
+        Allocations (bytes > 0), frees (bytes 0) and entry markers (ptr 0), in order.
+    ptr : numpy.ndarray of int64, shape (m,), contiguous
+        The pointers asked about.
+
+    Returns
+    -------
+    bool
+        False when ``ptr`` is empty or ``events`` has no marker.
+
+    Raises
+    ------
+    ValueError
+        ``events`` is not of 3 columns.
+    """
+    if events.shape[1] != 3:
+        raise ValueError(f"events must have 3 columns (ptr, bytes, stream), got "
+                         f"{events.shape[1]}")
+    cdef Py_ssize_t t = events.shape[0] - 1, i
+    cdef vector[int64_t] freed
+    cdef bint every = ptr.shape[0] > 0
+    with nogil:
+        while t >= 0 and events[t, 0] != 0:
+            t -= 1
+        every = every and t >= 0
+        t += 1
+        while every and t < events.shape[0] and events[t, 1] <= 0:
+            if events[t, 1] == 0:
+                freed.push_back(events[t, 0])
+            t += 1
+        sort(freed.begin(), freed.end())
+        for i in range(ptr.shape[0] if every else 0):
+            if not binary_search(freed.begin(), freed.end(), ptr[i]):
+                every = False
+                break
+    return every
 
 
 def complete(const int64_t[:, ::1] events):
