@@ -34,37 +34,51 @@ import numpy as np
 cdef uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL     # Fibonacci hashing's multiplier (2**64 / phi)
 
 
+cdef void _rehash(vector[int64_t]* table, const vector[int64_t]* ptrs, int shift) noexcept nogil:
+    """``table`` made 2**(64 - shift) empty slots (-1), then each number i of ``ptrs`` put at
+    its pointer's slot: the first empty one from its Fibonacci hash on."""
+    cdef uint64_t mask = (<uint64_t>1 << (64 - shift)) - 1, h
+    cdef size_t i
+    table.assign(mask + 1, -1)
+    for i in range(ptrs.size()):
+        h = (<uint64_t>ptrs[0][i] * GOLDEN) >> shift
+        while table[0][h] >= 0:
+            h = (h + 1) & mask
+        table[0][h] = i
+
+
 cdef Py_ssize_t _intern(const int64_t[:, ::1] ev, Py_ssize_t first, vector[int64_t]* ids,
                         vector[int64_t]* ptrs) noexcept nogil:
     """Each pointer of ev[first:] numbered densely, in the order first seen: ids[t - first] is
     row t's number (-1: a marker, ptr 0), ptrs[i] number i's pointer. Returns the numbers'
-    count. An open-addressed table of twice the rows' slots at least (never fuller than half),
-    probed linearly from the pointer's Fibonacci hash."""
-    cdef Py_ssize_t t, rows = ev.shape[0] - first, d = 0
-    cdef int shift = 60
-    cdef uint64_t mask, h
-    cdef int64_t ptr
-    while (<Py_ssize_t>1 << (64 - shift)) < 2 * rows:
-        shift -= 1
-    mask = (<uint64_t>1 << (64 - shift)) - 1
-    cdef vector[int64_t] keys, number
-    keys.assign(mask + 1, 0)                # 0: an empty slot (no block is at address 0)
-    number.resize(mask + 1)
-    ids.resize(rows)
+    count. An open-addressed table of the numbers, probed linearly from the pointer's
+    Fibonacci hash, doubled whenever more than half full (a step has far fewer pointers than
+    events: each is allocated and freed again)."""
+    cdef Py_ssize_t t
+    cdef int shift = 54                     # 1024 slots to begin with
+    cdef uint64_t mask = (<uint64_t>1 << (64 - shift)) - 1, h
+    cdef int64_t ptr, number
+    cdef vector[int64_t] table
+    _rehash(&table, ptrs, shift)
+    ids.resize(ev.shape[0] - first)
     for t in range(first, ev.shape[0]):
         ptr = ev[t, 0]
         if ptr == 0:
             ids[0][t - first] = -1
             continue
         h = (<uint64_t>ptr * GOLDEN) >> shift
-        while keys[h] != 0 and keys[h] != ptr:
+        while table[h] >= 0 and ptrs[0][table[h]] != ptr:
             h = (h + 1) & mask
-        if keys[h] == 0:
-            keys[h], number[h] = ptr, d
+        number = table[h]
+        if number < 0:
+            number = table[h] = ptrs.size()
             ptrs.push_back(ptr)
-            d += 1
-        ids[0][t - first] = number[h]
-    return d
+            if 2 * ptrs.size() > mask + 1:
+                shift -= 1
+                mask = 2 * mask + 1
+                _rehash(&table, ptrs, shift)
+        ids[0][t - first] = number
+    return ptrs.size()
 
 
 cdef void _carried(const int64_t[:, ::1] ev, Py_ssize_t first, const int64_t* ids,
