@@ -34,50 +34,61 @@ import numpy as np
 cdef uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL     # Fibonacci hashing's multiplier (2**64 / phi)
 
 
-cdef void _rehash(vector[int64_t]* table, const vector[int64_t]* ptrs, int shift) noexcept nogil:
-    """``table`` made 2**(64 - shift) empty slots (-1), then each number i of ``ptrs`` put at
-    its pointer's slot: the first empty one from its Fibonacci hash on."""
+cdef struct slot_t:
+    int64_t ptr         # the pointer (0: an empty slot; no block is at address 0)
+    int64_t number      # its number
+
+
+cdef void _rehash(vector[slot_t]* table, const vector[int64_t]* ptrs, int shift) noexcept nogil:
+    """``table`` made 2**(64 - shift) empty slots, then each number i of ``ptrs`` put at its
+    pointer's slot: the first empty one from its Fibonacci hash on."""
     cdef uint64_t mask = (<uint64_t>1 << (64 - shift)) - 1, h
     cdef size_t i
-    table.assign(mask + 1, -1)
+    cdef slot_t empty
+    empty.ptr, empty.number = 0, -1
+    table.assign(mask + 1, empty)
     for i in range(ptrs.size()):
         h = (<uint64_t>ptrs[0][i] * GOLDEN) >> shift
-        while table[0][h] >= 0:
+        while table[0][h].ptr != 0:
             h = (h + 1) & mask
-        table[0][h] = i
+        table[0][h].ptr, table[0][h].number = ptrs[0][i], i
 
 
 cdef Py_ssize_t _intern(const int64_t[:, ::1] ev, Py_ssize_t first, vector[int64_t]* ids,
                         vector[int64_t]* ptrs) noexcept nogil:
     """Each pointer of ev[first:] numbered densely, in the order first seen: ids[t - first] is
     row t's number (-1: a marker, ptr 0), ptrs[i] number i's pointer. Returns the numbers'
-    count. An open-addressed table of the numbers, probed linearly from the pointer's
-    Fibonacci hash, doubled whenever more than half full (a step has far fewer pointers than
-    events: each is allocated and freed again)."""
-    cdef Py_ssize_t t
+    count. An open-addressed table of the pointers and their numbers, probed linearly from the
+    pointer's Fibonacci hash, doubled whenever more than half full (a step has far fewer
+    pointers than events: each is allocated and freed again)."""
+    cdef Py_ssize_t t, rows = ev.shape[0] - first
     cdef int shift = 54                     # 1024 slots to begin with
     cdef uint64_t mask = (<uint64_t>1 << (64 - shift)) - 1, h
     cdef int64_t ptr, number
-    cdef vector[int64_t] table
+    cdef vector[slot_t] table
     _rehash(&table, ptrs, shift)
-    ids.resize(ev.shape[0] - first)
+    ids.resize(rows)
+    cdef int64_t* out = ids.data()
+    cdef slot_t* slots = table.data()
     for t in range(first, ev.shape[0]):
         ptr = ev[t, 0]
         if ptr == 0:
-            ids[0][t - first] = -1
+            out[t - first] = -1
             continue
         h = (<uint64_t>ptr * GOLDEN) >> shift
-        while table[h] >= 0 and ptrs[0][table[h]] != ptr:
+        while slots[h].ptr != ptr and slots[h].ptr != 0:
             h = (h + 1) & mask
-        number = table[h]
+        number = slots[h].number
         if number < 0:
-            number = table[h] = ptrs.size()
+            number = ptrs.size()
+            slots[h].ptr, slots[h].number = ptr, number
             ptrs.push_back(ptr)
             if 2 * ptrs.size() > mask + 1:
                 shift -= 1
                 mask = 2 * mask + 1
                 _rehash(&table, ptrs, shift)
-        ids[0][t - first] = number
+                slots = table.data()
+        out[t - first] = number
     return ptrs.size()
 
 
@@ -244,3 +255,4 @@ def complete(const int64_t[:, ::1] events):
         count = _step(events, lo, hi, ids.data(), d, out)
     rows = rows[:count]
     return lo, (rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], hi - lo - 1), tuple(carried)
+
