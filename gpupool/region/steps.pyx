@@ -153,6 +153,14 @@ cdef int64_t _step(const int64_t[:, ::1] ev, Py_ssize_t lo, Py_ssize_t hi, const
     return n
 
 
+cdef int _check_columns(const int64_t[:, ::1] events) except -1:
+    """Raise ValueError unless ``events`` has 3 columns (ptr, bytes, stream)."""
+    if events.shape[1] != 3:
+        raise ValueError(f"events must have 3 columns (ptr, bytes, stream), got "
+                         f"{events.shape[1]}")
+    return 0
+
+
 def freed_first(const int64_t[:, ::1] events, const int64_t[::1] ptr):
     """Whether the last entry of ``events`` (the rows after the last marker, found from the
     end) freed every pointer of ``ptr`` before its first allocation: ``tails.freed_first``'s
@@ -175,9 +183,7 @@ def freed_first(const int64_t[:, ::1] events, const int64_t[::1] ptr):
     ValueError
         ``events`` is not of 3 columns.
     """
-    if events.shape[1] != 3:
-        raise ValueError(f"events must have 3 columns (ptr, bytes, stream), got "
-                         f"{events.shape[1]}")
+    _check_columns(events)
     cdef Py_ssize_t t = events.shape[0] - 1, i
     cdef vector[int64_t] freed
     cdef bint every = ptr.shape[0] > 0
@@ -222,10 +228,8 @@ def complete(const int64_t[:, ::1] events):
     ValueError
         ``events`` is not of 3 columns.
     """
-    if events.shape[1] != 3:
-        raise ValueError(f"events must have 3 columns (ptr, bytes, stream), got "
-                         f"{events.shape[1]}")
-    cdef Py_ssize_t n = events.shape[0], t = events.shape[0] - 1, lo = -1, hi = -1, i, d = 0
+    _check_columns(events)
+    cdef Py_ssize_t t = events.shape[0] - 1, lo = -1, hi = -1, i, d = 0
     cdef vector[pair[int64_t, int64_t]] order
     cdef vector[int64_t] ids, ptrs, k, nbytes
     cdef int64_t count = 0
