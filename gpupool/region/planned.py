@@ -52,7 +52,8 @@ from gpupool.region import anchors as _anchors
 from gpupool.region import placement
 from gpupool.region import steps as _steps
 from gpupool.region import tails as _tails
-from gpupool.region.digests import plan_digest as _digest, signature
+from gpupool.region.digests import Signatures as _Signatures, plan_digest as _digest
+from gpupool.region.digests import signature
 from gpupool.region.meeting import meeting as _meeting, meets as _meets
 
 __all__ = ["Planner", "anchors", "signature"]
@@ -171,6 +172,7 @@ class Planner:
         # free, ptr 0 where an entry starts.
         self._events = np.zeros((0, 3), np.int64)
         self._seen = OrderedDict()
+        self._signature = _Signatures()     # signature(), the last structures' kept
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
         self._later = OrderedDict()     # signature -> the exit before which it is not planned
         self._waits = OrderedDict()     # signature -> exits its last plan not fitting waited
@@ -221,7 +223,7 @@ class Planner:
         self._at_start = _tails.freed_first(self._events, self._carried[1])
         step, self._grown = self._complete_step(), False
         if step is not None:
-            sig = signature(step)
+            sig = self._signature(step)
             seen, envelope = self._remember(sig, step, self._firsts[0])
             kept = self._plans.get(sig)
             self._grown = sig == self.current and kept is not None and \

@@ -1,6 +1,6 @@
 """The blocks a planned region's last entry left live, as the plan of its next entry sees them:
 until which event of that entry each stays (gpupool.region.planned asks before it installs a
-plan, and when it places one around them). NumPy; no device.
+plan, and when it places one around them).
 
 Two rules tell when the next entry frees such a block:
 
@@ -17,9 +17,13 @@ Two rules tell when the next entry frees such a block:
 A block neither rule covers stays throughout the entry. A rule's prediction that does not hold
 costs no correctness: the core takes a place only where its bytes are free, so a place on a
 block still live is a miss served the online way.
+
+NumPy, the scan of :func:`freed_first` compiled (gpupool.region.steps); no device.
 """
 
 import numpy as np
+
+from gpupool.region import steps as _steps
 
 __all__ = ["fixed_rows", "freed_first", "left_live"]
 
@@ -42,16 +46,15 @@ def freed_first(events, ptr):
     -------
     bool
         False when ``ptr`` is empty or ``events`` has no marker.
+
+    Notes
+    -----
+    Compiled (``steps.freed_first``): it finds the last marker from the end and reads only
+    the frees before the last entry's first allocation, so its cost is theirs, not the
+    events kept's (Note [Step time of planned regions]).
     """
-    events = np.asarray(events, np.int64).reshape(-1, 3)
-    ptr = np.asarray(ptr, np.int64).reshape(-1)
-    marks = np.flatnonzero(events[:, 0] == 0)
-    if not len(ptr) or not len(marks):
-        return False
-    last = events[marks[-1] + 1:]
-    allocs = np.flatnonzero(last[:, 1] > 0)
-    before = last[:allocs[0] if len(allocs) else len(last)]
-    return bool(np.isin(ptr, before[before[:, 1] == 0, 0]).all())
+    return _steps.freed_first(np.ascontiguousarray(np.asarray(events, np.int64).reshape(-1, 3)),
+                              np.ascontiguousarray(np.asarray(ptr, np.int64).reshape(-1)))
 
 
 def left_live(step, carried, base, at_start):

@@ -1,8 +1,25 @@
 """The Python loops that ``Planner._complete_step`` ran before its bookkeeping was compiled
-(gpupool.region.steps): the reference tests/region/test_steps.py compares the compiled one
-with."""
+(gpupool.region.steps), and the NumPy scan ``tails.freed_first`` ran before: the references
+tests/region/test_steps.py compares the compiled ones with."""
+
+import numpy as np
 
 from gpupool.region import placement
+
+
+def freed_first(events, ptr):
+    """Whether the last entry of ``events`` (rows of ptr, nbytes, stream) freed every pointer
+    of ``ptr`` before its first allocation, as ``tails.freed_first`` scanned all the events
+    kept for it: every marker found, the pointers' membership by ``np.isin``."""
+    events = np.asarray(events, np.int64).reshape(-1, 3)
+    ptr = np.asarray(ptr, np.int64).reshape(-1)
+    marks = np.flatnonzero(events[:, 0] == 0)
+    if not len(ptr) or not len(marks):
+        return False
+    last = events[marks[-1] + 1:]
+    allocs = np.flatnonzero(last[:, 1] > 0)
+    before = last[:allocs[0] if len(allocs) else len(last)]
+    return bool(np.isin(ptr, before[before[:, 1] == 0, 0]).all())
 
 
 def complete_step(events):

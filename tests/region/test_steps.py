@@ -2,15 +2,17 @@
 ``Planner._complete_step``) gives the steps, the carried blocks (in their order) and the events
 kept that the Python loops it replaces gave (steps_reference.complete_step), on random event
 lists: pointers allocated again, freed twice, freed without an allocation, entries without
-events, tails and escaped requests."""
+events, tails and escaped requests; and ``tails.freed_first``, compiled, answers as the NumPy
+scan it replaces (steps_reference.freed_first)."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from steps_reference import complete_step as reference
+from steps_reference import freed_first as freed_first_reference
 
-from gpupool.region import steps
+from gpupool.region import steps, tails
 from gpupool.region.placement import Step
 from gpupool.region.planned import Planner
 
@@ -22,15 +24,18 @@ def event_lists(draw):
     """Rows (ptr, nbytes, stream): mostly frees of a live pointer and allocations of a free
     one, some of any pointer of a few; markers where entries start."""
     n_ptrs = draw(st.integers(1, 8))
+    # Pointers a page apart, or a power of two apart that makes many share the table's hash
+    # slots (the compiled bookkeeping's pointer table probes past them).
+    spacing = draw(st.sampled_from([4096, 1 << 40, 1 << 59]))
     live, events = set(), []
     for _ in range(draw(st.integers(0, 60))):
         kind = draw(st.sampled_from(["alloc", "alloc", "free", "free", "any", "mark"]))
         if kind == "mark":
             events.append(MARK)
             continue
-        ptr = draw(st.integers(1, n_ptrs)) * 4096
+        ptr = draw(st.integers(1, n_ptrs)) * spacing
         if kind == "alloc" or (kind == "any" and draw(st.booleans())):
-            free = [p for p in range(4096, (n_ptrs + 1) * 4096, 4096) if p not in live]
+            free = [p for p in range(spacing, (n_ptrs + 1) * spacing, spacing) if p not in live]
             if kind == "alloc" and free:
                 ptr = draw(st.sampled_from(free))
             live.add(ptr)
@@ -94,6 +99,21 @@ def test_the_planner_keeps_the_reference_steps_across_exits(batches):
             assert made.nbytes.tolist() == step.nbytes.tolist()
 
 
+@settings(max_examples=400, deadline=None)
+@given(event_lists(), st.data())
+def test_freed_first_is_the_numpy_scan(events, data):
+    """Asked about the pointers of the events (some of them, or others), or with a free of
+    every block of the entry before put first in the last entry."""
+    pointers = sorted({e[0] for e in events if e[0]} | {1 << 12, 1 << 45})
+    ptr = data.draw(st.lists(st.sampled_from(pointers), max_size=6))
+    if data.draw(st.booleans()) and any(e == MARK for e in events):
+        last = max(i for i, e in enumerate(events) if e == MARK)
+        events = events[:last + 1] + [(p, 0, 0) for p in ptr] + events[last + 1:]
+    assert tails.freed_first(events, ptr) == freed_first_reference(events, ptr)
+
+
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="3 columns"):
         steps.complete(np.zeros((2, 4), np.int64))
+    with pytest.raises(ValueError, match="3 columns"):
+        steps.freed_first(np.zeros((2, 4), np.int64), np.zeros(1, np.int64))
