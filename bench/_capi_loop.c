@@ -209,7 +209,7 @@ static int check_events(const long long* op, const long long* id, const long lon
     return 0;
 }
 
-/* replay(op, id, nbytes, ptrs, pollute=None, device=0, stream=0)
+/* replay(op, id, nbytes, ptrs, pollute=None, times=None, device=0, stream=0)
  *     -> (allocate_ns, free_ns, allocates, frees, clock_ns)
  * The events (op 0: api->allocate(device, nbytes, stream), op 1: api->free of the id's block)
  * in order, without the GIL; ptrs[id] holds the id's pointer while it is live (0: not live),
@@ -217,17 +217,19 @@ static int check_events(const long long* op, const long long* id, const long lon
  * skipped, as tools/profile/long_replay.py does. Before each event every 64th byte of
  * `pollute` (a writable buffer) is read and written, untimed. Each C API call is timed on
  * its own (CLOCK_MONOTONIC around it); clock_ns sums, per call, the span of two readings
- * back to back: what the timing itself adds to each call's time. */
+ * back to back: what the timing itself adds to each call's time. `times` (a writable int64
+ * array as long as op, or None) gets each event's call's ns, -1 for an event skipped. */
 static PyObject* replay(PyObject* self, PyObject* args) {
     PyObject *op_obj, *id_obj, *nbytes_obj, *ptrs_obj, *pollute_obj = Py_None;
-    Py_buffer op, id, nbytes, ptrs, pollute = {0};
+    PyObject* times_obj = Py_None;
+    Py_buffer op, id, nbytes, ptrs, pollute = {0}, times = {0};
     int device = 0, code = GPUPOOL_OK, views = 0;
     unsigned long long stream = 0;
     long long alloc_ns = 0, free_ns = 0, clock_ns = 0, allocs = 0, frees = 0;
     Py_ssize_t n, bad = -1, walked = 0;
     PyObject* result = NULL;
-    if (!PyArg_ParseTuple(args, "OOOO|OiK", &op_obj, &id_obj, &nbytes_obj, &ptrs_obj,
-                          &pollute_obj, &device, &stream))
+    if (!PyArg_ParseTuple(args, "OOOO|OOiK", &op_obj, &id_obj, &nbytes_obj, &ptrs_obj,
+                          &pollute_obj, &times_obj, &device, &stream))
         return NULL;
     if (int64_view(op_obj, &op, 0, "op") < 0)
         goto done;
@@ -245,23 +247,30 @@ static PyObject* replay(PyObject* self, PyObject* args) {
         if (PyObject_GetBuffer(pollute_obj, &pollute, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
             goto done;
         walked = pollute.len;
-        views = 5;
     }
+    views = 5;
+    if (times_obj != Py_None && int64_view(times_obj, &times, 1, "times") < 0)
+        goto done;
+    views = 6;
     n = op.shape[0];
-    if (id.shape[0] != n || nbytes.shape[0] != n) {
-        PyErr_SetString(PyExc_ValueError, "op, id and nbytes must have the same length");
+    if (id.shape[0] != n || nbytes.shape[0] != n ||
+        (times_obj != Py_None && times.shape[0] != n)) {
+        PyErr_SetString(PyExc_ValueError, "op, id, nbytes and times must have the same length");
         goto done;
     }
     const long long* ops = op.buf;
     const long long* ids = id.buf;
     const long long* sizes = nbytes.buf;
     long long* slot = ptrs.buf;
+    long long* took = times_obj != Py_None ? times.buf : NULL;
     if (check_events(ops, ids, sizes, n, ptrs.shape[0]) < 0)
         goto done;
     Py_BEGIN_ALLOW_THREADS
     struct timespec t0, t1, t2;
     for (Py_ssize_t k = 0; k < n; k++) {
         long long* p = &slot[ids[k]];
+        if (took != NULL)
+            took[k] = -1;
         if ((ops[k] == 0) == (*p != 0))
             continue;                       /* allocated and live, or freed and not live */
         if (walked)
@@ -279,6 +288,8 @@ static PyObject* replay(PyObject* self, PyObject* args) {
             bad = k;
             break;
         }
+        if (took != NULL)
+            took[k] = ns_of(&t1) - ns_of(&t0);
         if (ops[k] == 0) {
             alloc_ns += ns_of(&t1) - ns_of(&t0);
             allocs++;
@@ -297,7 +308,9 @@ static PyObject* replay(PyObject* self, PyObject* args) {
     else
         result = Py_BuildValue("LLLLL", alloc_ns, free_ns, allocs, frees, clock_ns);
 done:
-    if (views >= 5)
+    if (views >= 6 && times_obj != Py_None)
+        PyBuffer_Release(&times);
+    if (views >= 5 && pollute_obj != Py_None)
         PyBuffer_Release(&pollute);
     if (views >= 4)
         PyBuffer_Release(&ptrs);
@@ -317,8 +330,8 @@ static PyMethodDef methods[] = {
     {"key_loop", key_loop, METH_VARARGS, "key_loop(n, stream) -> ns per stream lookup"},
     {"spin_loop", spin_loop, METH_VARARGS, "spin_loop(n) -> (start_ns, end_ns)"},
     {"replay", replay, METH_VARARGS,
-     "replay(op, id, nbytes, ptrs, pollute=None, device=0, stream=0) -> (allocate_ns, "
-     "free_ns, allocates, frees, clock_ns)"},
+     "replay(op, id, nbytes, ptrs, pollute=None, times=None, device=0, stream=0) -> "
+     "(allocate_ns, free_ns, allocates, frees, clock_ns)"},
     {NULL, NULL, 0, NULL},
 };
 

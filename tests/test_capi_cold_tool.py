@@ -74,8 +74,10 @@ def test_a_c_replay_is_long_replays_workload_and_gives_every_block_back(c, way):
     # The timed steps' events, each a call: the trace's are all of live ids.
     timed = slice(trace.meta["step_starts"][4], None)
     ops = trace.op[timed]
-    assert (got.allocates, got.frees) == (np.count_nonzero(ops == 0), np.count_nonzero(ops == 1))
+    assert (got.allocates + got.firsts, got.frees) == \
+        (np.count_nonzero(ops == 0), np.count_nonzero(ops == 1))
     assert got.allocate_ns > 0 and got.free_ns > 0 and got.clock_ns > 0
+    assert got.firsts == 3 and got.first_ns > 0     # steps 5-7's request 0s, apart
     stats = got.pool.stats()
     assert stats.in_use_bytes == 0 and stats.num_allocs == stats.num_frees == trace.num_allocs
     if way == "planned":
@@ -114,6 +116,14 @@ def test_the_c_function_skips_what_long_replay_skips(c, sim0):
     assert (stats.num_allocs, stats.num_frees, stats.in_use_bytes) == (1, 1, 0)
 
 
+def test_the_c_function_times_each_call_it_makes(c, sim0):
+    op, ids, nbytes = events((0, 0, 512), (0, 0, 512), (0, 1, 1024), (1, 0, 512), (1, 1, 1024))
+    times = np.full(5, 7, dtype=np.int64)
+    alloc_ns, free_ns, *_ = c.replay(op, ids, nbytes, np.zeros(2, dtype=np.int64), None, times)
+    assert times[1] == -1 and (np.delete(times, 1) > 0).all()     # the skipped event: -1
+    assert (times[0] + times[2], times[3] + times[4]) == (alloc_ns, free_ns)
+
+
 def test_the_c_function_keeps_pointers_across_calls(c, sim0):
     ptrs = np.zeros(1, dtype=np.int64)
     c.replay(*events((0, 0, 4096)), ptrs)
@@ -146,6 +156,10 @@ def test_the_c_function_checks_its_arrays(c, sim0):
         c.replay(op, ids, nbytes, np.frombuffer(bytes(8), dtype=np.int64))
     with pytest.raises(BufferError, match="not writable"):
         c.replay(op, ids, nbytes, ptrs, b"read-only")
+    with pytest.raises(ValueError, match="same length"):
+        c.replay(op, ids, nbytes, ptrs, None, np.zeros(2, dtype=np.int64))
+    with pytest.raises(TypeError, match="times must be"):
+        c.replay(op, ids, nbytes, ptrs, None, np.zeros(1, dtype=np.float64))
     assert sim0.stats().num_allocs == 0
 
 

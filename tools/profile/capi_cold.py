@@ -14,12 +14,13 @@ a host buffer of ``--pollute`` bytes is read and written, untimed, so that the a
 tables, blocks and magazines fall out of L1 and L2 as a process's host work between two
 requests pushes them out (0: the caches stay hot, as a loop of requests keeps them).
 
-Printed: ns per allocate and per free (median over ``--repeats`` repetitions, the ways and
-pollution sizes interleaved within each), per way and pollution size, and each way's peak
-reserved bytes beside the same steps' peak in ``long_replay.py --capi`` (pool, planned) and
-``bench/fragmentation.py``'s replay with a region (region): the same workload. A CPU
-measurement: the simulated device's bookkeeping, not a GPU's driver. Run from the repository
-root::
+Printed: ns per allocate (each step's request 0 apart, in us a step: a planned region's
+record plans are made in it) and per free, the median over ``--repeats`` repetitions (the
+ways and pollution sizes interleaved within each, each way first in turn), per way and
+pollution size, and each way's peak reserved bytes beside the same steps' peak in
+``long_replay.py --capi`` (pool, planned) and ``bench/fragmentation.py``'s replay with a
+region (region): the same workload. A CPU measurement: the simulated device's bookkeeping,
+not a GPU's driver. Run from the repository root::
 
     PYTHONPATH=$PWD python tools/profile/capi_cold.py TRACE [--steps N] [--pollute BYTES ...]
         [--repeats R] [--from-step S]
@@ -53,16 +54,19 @@ UNITS = {"": 1, "kib": 1 << 10, "mib": MiB}
 
 
 class Replay(NamedTuple):
-    """One replay (:func:`replay`): the timed steps' C API calls (allocates and frees, and
-    the ns each kind took in all, the clock's own ns not subtracted), the clock's own ns
-    (two readings back to back, once per call), the pool's peak reserved bytes, the region's
-    stats() (None for the pool alone) and the pool."""
+    """One replay (:func:`replay`): the timed steps' C API calls (allocates but each step's
+    request 0, frees, and the ns each kind took in all, the clock's own ns not subtracted),
+    the clock's own ns (two readings back to back, once per call), the steps' request 0s
+    and their ns (a planned region's record plans are made in theirs), the pool's peak
+    reserved bytes, the region's stats() (None for the pool alone) and the pool."""
 
     allocates: int
     frees: int
     allocate_ns: int
     free_ns: int
     clock_ns: int
+    firsts: int
+    first_ns: int
     peak_reserved: int
     stats: object
     pool: object
@@ -113,22 +117,25 @@ def replay(c, trace, way, pollute=0, from_step=4):
     nbytes = np.ascontiguousarray(trace.nbytes, dtype=np.int64)
     ptrs = np.zeros(int(ids.max(initial=-1)) + 1, dtype=np.int64)
     dirt = bytearray(pollute) if pollute else None
-    sums = np.zeros(5, dtype=np.int64)    # allocate_ns, free_ns, allocates, frees, clock_ns
+    times = np.empty(len(trace), dtype=np.int64)
+    sums = np.zeros(7, dtype=np.int64)      # as the fields of Replay from allocates to first_ns
     bounds = step_bounds(trace)
     for step, (lo, hi) in enumerate(zip(bounds, bounds[1:])):   # step 0: before step 1
         if region is not None and step:
             region.__enter__()
         timed = step >= from_step
-        got = c.replay(op[lo:hi], ids[lo:hi], nbytes[lo:hi], ptrs, dirt if timed else None)
+        alloc_ns, free_ns, allocs, frees, clock_ns = c.replay(
+            op[lo:hi], ids[lo:hi], nbytes[lo:hi], ptrs, dirt if timed else None, times[lo:hi])
         if region is not None and step:
             region.__exit__(None, None, None)
         if timed:
-            sums += got
+            called = times[lo:hi][(op[lo:hi] == 0) & (times[lo:hi] >= 0)]
+            first, firsts = int(called[:1].sum()), min(len(called), 1)
+            sums += (allocs - firsts, frees, alloc_ns - first, free_ns, clock_ns, firsts, first)
     live = np.flatnonzero(ptrs)
     c.replay(np.ones(len(live), dtype=np.int64), live, np.ones(len(live), dtype=np.int64),
              ptrs)
-    return Replay(int(sums[2]), int(sums[3]), int(sums[0]), int(sums[1]), int(sums[4]),
-                  pool.stats().peak_reserved_bytes,
+    return Replay(*map(int, sums), pool.stats().peak_reserved_bytes,
                   region.stats() if region is not None else None, pool)
 
 
@@ -183,16 +190,17 @@ def main(argv=None):
     args, trace = options(argv)
     c = helper()
     runs = {(way, dirt): [] for dirt in args.pollute for way in WAYS}
-    for _ in range(args.repeats):
+    for k in range(args.repeats):
         for dirt in args.pollute:
-            for way in WAYS:
+            for way in WAYS[k % 3:] + WAYS[:k % 3]:        # each way first in turn
                 runs[way, dirt].append(replay(c, trace, way, dirt, args.from_step))
     first = runs[WAYS[0], args.pollute[0]][0]
     print(f"{trace.name}, steps {args.from_step}-{args.steps} of {args.steps}: "
-          f"{first.allocates:,} allocates and {first.frees:,} frees through the C API a "
-          f"replay; ns a call less the clock's own (median of {args.repeats} replays)")
+          f"{first.allocates:,} allocates (request 0s apart) and {first.frees:,} frees "
+          f"through the C API a replay; ns a call less the clock's own (median of "
+          f"{args.repeats} replays); request 0: us a step")
     print(f"{'pollute':>9} {'way':<8} {'allocate':>9} {'free':>9} {'both':>9} "
-          f"{'x pool':>7} {'clock':>6}")
+          f"{'x pool':>7} {'clock':>6} {'request 0':>10}")
     for dirt in args.pollute:
         base = None
         for way in WAYS:
@@ -202,15 +210,19 @@ def main(argv=None):
             free = statistics.median(r.free_ns / r.frees for r in rows) - clock
             both = statistics.median((r.allocate_ns + r.free_ns) / (r.allocates + r.frees)
                                      for r in rows) - clock
+            first_us = statistics.median(r.first_ns / r.firsts for r in rows) / 1000
             base = both if base is None else base
             print(f"{dirt // 1024:>6,}KiB {way:<8} {alloc:9,.0f} {free:9,.0f} {both:9,.0f} "
-                  f"{both / base:7.3f} {clock:6,.0f}")
+                  f"{both / base:7.3f} {clock:6,.0f} {first_us:10,.1f}")
     expected = reference_peaks(trace)
     for way in WAYS:
-        peaks = sorted({r.peak_reserved for dirt in args.pollute for r in runs[way, dirt]})
-        same = "same" if peaks == [expected[way]] else "DIFFERENT"
-        print(f"{way:<8} peak reserved {', '.join(f'{p / MiB:,.0f}' for p in peaks)} MiB; "
-              f"the reference replay's {expected[way] / MiB:,.0f} MiB: {same}")
+        peaks = [f"{r.peak_reserved / MiB:,.0f}" for dirt in args.pollute
+                 for r in runs[way, dirt]]
+        differ = sum(r.peak_reserved != expected[way] for dirt in args.pollute
+                     for r in runs[way, dirt])
+        print(f"{way:<8} peak reserved MiB by pollution and replay {' '.join(peaks)}; the "
+              f"reference replay's {expected[way] / MiB:,.0f}: "
+              + (f"{differ} replays DIFFERENT" if differ else "all the same"))
     stats = runs["planned", args.pollute[0]][-1].stats
     print(f"planned: {stats.plan_hits:,} hits, {stats.plan_misses:,} misses, {stats.plans} "
           f"plans, {stats.record_plans} record plans a replay")
