@@ -219,51 +219,44 @@ static int check_events(const long long* op, const long long* id, const long lon
  * its own (CLOCK_MONOTONIC around it); clock_ns sums, per call, the span of two readings
  * back to back: what the timing itself adds to each call's time. `times` (a writable int64
  * array as long as op, or None) gets each event's call's ns, -1 for an event skipped. */
+enum { OP, ID, NBYTES, PTRS, POLLUTE, TIMES, ARGS };
+
 static PyObject* replay(PyObject* self, PyObject* args) {
-    PyObject *op_obj, *id_obj, *nbytes_obj, *ptrs_obj, *pollute_obj = Py_None;
-    PyObject* times_obj = Py_None;
-    Py_buffer op, id, nbytes, ptrs, pollute = {0}, times = {0};
-    int device = 0, code = GPUPOOL_OK, views = 0;
+    static const char* names[ARGS] = {"op", "id", "nbytes", "ptrs", "pollute", "times"};
+    PyObject* obj[ARGS] = {NULL, NULL, NULL, NULL, Py_None, Py_None};
+    Py_buffer view[ARGS];
+    int held[ARGS] = {0};
+    int device = 0, code = GPUPOOL_OK;
     unsigned long long stream = 0;
     long long alloc_ns = 0, free_ns = 0, clock_ns = 0, allocs = 0, frees = 0;
     Py_ssize_t n, bad = -1, walked = 0;
     PyObject* result = NULL;
-    if (!PyArg_ParseTuple(args, "OOOO|OOiK", &op_obj, &id_obj, &nbytes_obj, &ptrs_obj,
-                          &pollute_obj, &times_obj, &device, &stream))
+    if (!PyArg_ParseTuple(args, "OOOO|OOiK", &obj[OP], &obj[ID], &obj[NBYTES], &obj[PTRS],
+                          &obj[POLLUTE], &obj[TIMES], &device, &stream))
         return NULL;
-    if (int64_view(op_obj, &op, 0, "op") < 0)
-        goto done;
-    views = 1;
-    if (int64_view(id_obj, &id, 0, "id") < 0)
-        goto done;
-    views = 2;
-    if (int64_view(nbytes_obj, &nbytes, 0, "nbytes") < 0)
-        goto done;
-    views = 3;
-    if (int64_view(ptrs_obj, &ptrs, 1, "ptrs") < 0)
-        goto done;
-    views = 4;
-    if (pollute_obj != Py_None) {
-        if (PyObject_GetBuffer(pollute_obj, &pollute, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+    for (int a = 0; a < ARGS; a++) {        /* pollute: any writable buffer; the rest int64 */
+        if (obj[a] == Py_None && a >= POLLUTE)
+            continue;
+        if (a == POLLUTE ? PyObject_GetBuffer(obj[a], &view[a],
+                                              PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+                         : int64_view(obj[a], &view[a], a >= PTRS, names[a]))
             goto done;
-        walked = pollute.len;
+        held[a] = 1;
     }
-    views = 5;
-    if (times_obj != Py_None && int64_view(times_obj, &times, 1, "times") < 0)
-        goto done;
-    views = 6;
-    n = op.shape[0];
-    if (id.shape[0] != n || nbytes.shape[0] != n ||
-        (times_obj != Py_None && times.shape[0] != n)) {
+    Py_buffer *op = &view[OP], *id = &view[ID], *nbytes = &view[NBYTES], *ptrs = &view[PTRS];
+    walked = held[POLLUTE] ? view[POLLUTE].len : 0;
+    n = op->shape[0];
+    if (id->shape[0] != n || nbytes->shape[0] != n ||
+        (held[TIMES] && view[TIMES].shape[0] != n)) {
         PyErr_SetString(PyExc_ValueError, "op, id, nbytes and times must have the same length");
         goto done;
     }
-    const long long* ops = op.buf;
-    const long long* ids = id.buf;
-    const long long* sizes = nbytes.buf;
-    long long* slot = ptrs.buf;
-    long long* took = times_obj != Py_None ? times.buf : NULL;
-    if (check_events(ops, ids, sizes, n, ptrs.shape[0]) < 0)
+    const long long* ops = op->buf;
+    const long long* ids = id->buf;
+    const long long* sizes = nbytes->buf;
+    long long* slot = ptrs->buf;
+    long long* took = held[TIMES] ? view[TIMES].buf : NULL;
+    if (check_events(ops, ids, sizes, n, ptrs->shape[0]) < 0)
         goto done;
     Py_BEGIN_ALLOW_THREADS
     struct timespec t0, t1, t2;
@@ -274,7 +267,7 @@ static PyObject* replay(PyObject* self, PyObject* args) {
         if ((ops[k] == 0) == (*p != 0))
             continue;                       /* allocated and live, or freed and not live */
         if (walked)
-            walk(pollute.buf, walked);
+            walk(view[POLLUTE].buf, walked);
         void* ptr = (void*)(uintptr_t)*p;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         if (ops[k] == 0)
@@ -308,18 +301,9 @@ static PyObject* replay(PyObject* self, PyObject* args) {
     else
         result = Py_BuildValue("LLLLL", alloc_ns, free_ns, allocs, frees, clock_ns);
 done:
-    if (views >= 6 && times_obj != Py_None)
-        PyBuffer_Release(&times);
-    if (views >= 5 && pollute_obj != Py_None)
-        PyBuffer_Release(&pollute);
-    if (views >= 4)
-        PyBuffer_Release(&ptrs);
-    if (views >= 3)
-        PyBuffer_Release(&nbytes);
-    if (views >= 2)
-        PyBuffer_Release(&id);
-    if (views >= 1)
-        PyBuffer_Release(&op);
+    for (int a = ARGS - 1; a >= 0; a--)
+        if (held[a])
+            PyBuffer_Release(&view[a]);
     return result;
 }
 
