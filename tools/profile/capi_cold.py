@@ -32,6 +32,7 @@ import os
 import re
 import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -58,7 +59,9 @@ class Replay(NamedTuple):
     request 0, frees, and the ns each kind took in all, the clock's own ns not subtracted),
     the clock's own ns (two readings back to back, once per call), the steps' request 0s
     and their ns (a planned region's record plans are made in theirs), the pool's peak
-    reserved bytes, the region's stats() (None for the pool alone) and the pool."""
+    reserved bytes, the region's stats() (None for the pool alone), the pool's stats() after
+    the last free and its magazines then (1: the replaying thread's; 0 would mean the pool
+    alone took the shared path)."""
 
     allocates: int
     frees: int
@@ -69,7 +72,8 @@ class Replay(NamedTuple):
     first_ns: int
     peak_reserved: int
     stats: object
-    pool: object
+    pool_stats: object
+    magazines: int
 
 
 def helper():
@@ -90,8 +94,10 @@ def step_bounds(trace):
 
 
 def replay(c, trace, way, pollute=0, from_step=4):
-    """Replay ``trace`` through the C API of ``c`` (:func:`helper`) in a fresh pool made
-    device 0's default, in ``way`` (one of :data:`WAYS`), a region entered at each step
+    """Replay ``trace`` through the C API of ``c`` (:func:`helper`) on a fresh thread (a
+    thread keeps magazines for 8 pools at most: a later pool would take the shared path) in
+    a fresh pool made device 0's default, in ``way`` (one of :data:`WAYS`), a region entered
+    at each step
     start and exited at the next (and after the last step); before each event of steps
     ``from_step`` on, ``pollute`` bytes of a host buffer are walked. The blocks still live
     at the end (the trace's) are freed through the C API, untimed. Returns a
@@ -108,6 +114,12 @@ def replay(c, trace, way, pollute=0, from_step=4):
     if trace.num_streams != 1:
         raise ValueError(f"{trace.name}: the C replay uses one stream, the trace has "
                          f"{trace.num_streams}")
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(_replay, c, trace, way, pollute, from_step).result()
+
+
+def _replay(c, trace, way, pollute, from_step):
+    """:func:`replay` on the calling thread."""
     pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 40, virtual_memory=True),
                         device=0)
     gpupool.set_pool(pool, 0)
@@ -135,8 +147,10 @@ def replay(c, trace, way, pollute=0, from_step=4):
     live = np.flatnonzero(ptrs)
     c.replay(np.ones(len(live), dtype=np.int64), live, np.ones(len(live), dtype=np.int64),
              ptrs)
-    return Replay(*map(int, sums), pool.stats().peak_reserved_bytes,
-                  region.stats() if region is not None else None, pool)
+    stats = pool.stats()
+    return Replay(*map(int, sums), stats.peak_reserved_bytes,
+                  region.stats() if region is not None else None, stats,
+                  len(pool._magazines_info()))
 
 
 def reference_peaks(trace):
@@ -223,6 +237,9 @@ def main(argv=None):
         print(f"{way:<8} peak reserved MiB by pollution and replay {' '.join(peaks)}; the "
               f"reference replay's {expected[way] / MiB:,.0f}: "
               + (f"{differ} replays DIFFERENT" if differ else "all the same"))
+    for way in WAYS:
+        magazines = sorted({r.magazines for dirt in args.pollute for r in runs[way, dirt]})
+        print(f"{way:<8} magazines of the pool after a replay: {magazines} (1: the thread's)")
     stats = runs["planned", args.pollute[0]][-1].stats
     print(f"planned: {stats.plan_hits:,} hits, {stats.plan_misses:,} misses, {stats.plans} "
           f"plans, {stats.record_plans} record plans a replay")
