@@ -80,6 +80,7 @@ def test_a_c_replay_is_long_replays_workload_and_gives_every_block_back(c, way):
     stats = got.pool_stats                          # the C API's calls reached its pool
     assert stats.in_use_bytes == 0 and stats.num_allocs == stats.num_frees == trace.num_allocs
     assert got.magazines == 1                       # the replaying thread's
+    assert 0 < got.allocate_median and 0 < got.free_median and got.upstream_calls >= 0
     if way == "planned":
         (*_, planned), = long_replay.long_replay(trace, 0, plan=True, capi=True)
         names = ("plans", "plan_hits", "plan_misses", "record_plans")

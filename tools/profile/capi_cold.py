@@ -61,7 +61,9 @@ class Replay(NamedTuple):
     and their ns (a planned region's record plans are made in theirs), the pool's peak
     reserved bytes, the region's stats() (None for the pool alone), the pool's stats() after
     the last free and its magazines then (1: the replaying thread's; 0 would mean the pool
-    alone took the shared path)."""
+    alone took the shared path), the simulated device's calls during the timed steps' C
+    calls (maps: Python's, with the GIL, timed as the call's) and the median ns of an
+    allocate (request 0s apart) and of a free."""
 
     allocates: int
     frees: int
@@ -74,6 +76,9 @@ class Replay(NamedTuple):
     stats: object
     pool_stats: object
     magazines: int
+    upstream_calls: int
+    allocate_median: float
+    free_median: float
 
 
 def helper():
@@ -120,8 +125,8 @@ def replay(c, trace, way, pollute=0, from_step=4):
 
 def _replay(c, trace, way, pollute, from_step):
     """:func:`replay` on the calling thread."""
-    pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 40, virtual_memory=True),
-                        device=0)
+    sim = SimulatedDevice(capacity=1 << 40, virtual_memory=True)
+    pool = gpupool.Pool(upstream=sim, device=0)
     gpupool.set_pool(pool, 0)
     region = None if way == "pool" else gpupool.Region(
         pool=pool, collect=None, scope="process", plan=way == "planned")
@@ -131,17 +136,23 @@ def _replay(c, trace, way, pollute, from_step):
     dirt = bytearray(pollute) if pollute else None
     times = np.empty(len(trace), dtype=np.int64)
     sums = np.zeros(7, dtype=np.int64)      # as the fields of Replay from allocates to first_ns
+    kept, upstream = [[], []], 0            # the timed calls' ns: allocates, frees
     bounds = step_bounds(trace)
     for step, (lo, hi) in enumerate(zip(bounds, bounds[1:])):   # step 0: before step 1
         if region is not None and step:
             region.__enter__()
         timed = step >= from_step
+        calls = len(sim.calls)
         alloc_ns, free_ns, allocs, frees, clock_ns = c.replay(
             op[lo:hi], ids[lo:hi], nbytes[lo:hi], ptrs, dirt if timed else None, times[lo:hi])
+        calls = len(sim.calls) - calls      # during the C calls, not the region's exit
         if region is not None and step:
             region.__exit__(None, None, None)
         if timed:
+            upstream += calls
             called = times[lo:hi][(op[lo:hi] == 0) & (times[lo:hi] >= 0)]
+            kept[0].append(called[1:])
+            kept[1].append(times[lo:hi][(op[lo:hi] == 1) & (times[lo:hi] >= 0)])
             first, firsts = int(called[:1].sum()), min(len(called), 1)
             sums += (allocs - firsts, frees, alloc_ns - first, free_ns, clock_ns, firsts, first)
     live = np.flatnonzero(ptrs)
@@ -150,7 +161,8 @@ def _replay(c, trace, way, pollute, from_step):
     stats = pool.stats()
     return Replay(*map(int, sums), stats.peak_reserved_bytes,
                   region.stats() if region is not None else None, stats,
-                  len(pool._magazines_info()))
+                  len(pool._magazines_info()), upstream,
+                  *(float(np.median(np.concatenate(k))) if k else 0.0 for k in kept))
 
 
 def reference_peaks(trace):
@@ -212,9 +224,11 @@ def main(argv=None):
     print(f"{trace.name}, steps {args.from_step}-{args.steps} of {args.steps}: "
           f"{first.allocates:,} allocates (request 0s apart) and {first.frees:,} frees "
           f"through the C API a replay; ns a call less the clock's own (median of "
-          f"{args.repeats} replays); request 0: us a step")
+          f"{args.repeats} replays); request 0: us a step; the median call's ns (clock's "
+          f"own in); the simulated device's calls in the timed C calls")
     print(f"{'pollute':>9} {'way':<8} {'allocate':>9} {'free':>9} {'both':>9} "
-          f"{'x pool':>7} {'clock':>6} {'request 0':>10}")
+          f"{'x pool':>7} {'clock':>6} {'request 0':>10} {'med alloc':>9} {'med free':>9} "
+          f"{'upstream':>8}")
     for dirt in args.pollute:
         base = None
         for way in WAYS:
@@ -227,7 +241,10 @@ def main(argv=None):
             first_us = statistics.median(r.first_ns / r.firsts for r in rows) / 1000
             base = both if base is None else base
             print(f"{dirt // 1024:>6,}KiB {way:<8} {alloc:9,.0f} {free:9,.0f} {both:9,.0f} "
-                  f"{both / base:7.3f} {clock:6,.0f} {first_us:10,.1f}")
+                  f"{both / base:7.3f} {clock:6,.0f} {first_us:10,.1f} "
+                  f"{statistics.median(r.allocate_median for r in rows):9,.0f} "
+                  f"{statistics.median(r.free_median for r in rows):9,.0f} "
+                  f"{statistics.median(r.upstream_calls for r in rows):8,.0f}")
     expected = reference_peaks(trace)
     for way in WAYS:
         peaks = [f"{r.peak_reserved / MiB:,.0f}" for dirt in args.pollute
