@@ -82,7 +82,8 @@ def test_a_c_replay_is_long_replays_workload_and_gives_every_block_back(c, way):
     assert got.magazines == 1                       # the replaying thread's
     assert 0 < got.allocate_median and 0 < got.free_median and got.upstream_calls >= 0
     if way == "planned":
-        (*_, planned), = long_replay.long_replay(trace, 0, plan=True, capi=True)
+        (*_, planned), = capi_cold.on_fresh_thread(
+            lambda: list(long_replay.long_replay(trace, 0, plan=True, capi=True)))
         names = ("plans", "plan_hits", "plan_misses", "record_plans")
         assert [getattr(got.stats, n) for n in names] == [getattr(planned, n) for n in names]
         assert got.stats.plan_hits > 0

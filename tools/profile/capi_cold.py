@@ -119,8 +119,14 @@ def replay(c, trace, way, pollute=0, from_step=4):
     if trace.num_streams != 1:
         raise ValueError(f"{trace.name}: the C replay uses one stream, the trace has "
                          f"{trace.num_streams}")
+    return on_fresh_thread(_replay, c, trace, way, pollute, from_step)
+
+
+def on_fresh_thread(fn, *args):
+    """``fn(*args)`` on a thread made for it: its pools get the thread's magazines, whatever
+    pools the calling thread's table holds (8 at most), and leave no slot taken there."""
     with ThreadPoolExecutor(1) as thread:
-        return thread.submit(_replay, c, trace, way, pollute, from_step).result()
+        return thread.submit(fn, *args).result()
 
 
 def _replay(c, trace, way, pollute, from_step):
@@ -168,7 +174,13 @@ def _replay(c, trace, way, pollute, from_step):
 def reference_peaks(trace):
     """Each way's peak reserved bytes on the same steps from the replays it is checked
     against: ``long_replay.long_replay`` through the C API (pool, planned) and
-    ``fragmentation.peak_reserved`` with a region entered at each step (region)."""
+    ``fragmentation.peak_reserved`` with a region entered at each step (region), on a fresh
+    thread (:func:`on_fresh_thread`)."""
+    return on_fresh_thread(_reference_peaks, trace)
+
+
+def _reference_peaks(trace):
+    """:func:`reference_peaks` on the calling thread."""
     peaks = {}
     for way, plan in (("pool", False), ("planned", True)):
         (_, _, peaks[way], _, _), = long_replay.long_replay(trace, 0, plan=plan, capi=True)
