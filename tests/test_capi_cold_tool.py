@@ -41,6 +41,7 @@ def trace_named(name, steps):
     (["vit", "--pollute", "1GiB"], "--pollute: not a byte count"),
     (["vit", "--pollute", "-5"], "--pollute: not a byte count"),
     (["vit", "--repeats", "0"], "--repeats must be 1 or more"),
+    (["vit", "--pollute", "0", "1MiB", "0"], "--pollute names each size once"),
     (["vit", "--steps", "5", "--from-step", "6"], "--from-step must be from 1 to --steps (5)"),
     (["vit", "--from-step", "0"], "got 0"),
     (["vit", "--steps", "31"], "got 31"),
@@ -169,3 +170,9 @@ def test_a_refused_call_raises_naming_the_event(c, sim0):
     ptrs = np.array([0x1234], dtype=np.int64)               # not a block of the pool
     with pytest.raises(RuntimeError, match=r"event 0 \(free of id 0\): gpupool error"):
         c.replay(*events((1, 0, 512)), ptrs)
+
+
+def test_fewer_steps_than_the_default_first_timed_one_time_the_last():
+    args, trace = capi_cold.options(["gpt2-ckpt", "--steps", "3"])
+    assert args.from_step == 3 and len(trace.meta["step_starts"]) == 3
+    assert capi_cold.options(["gpt2-ckpt"])[0].from_step == 4

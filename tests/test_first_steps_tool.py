@@ -70,6 +70,7 @@ def test_at_names_the_free_blocks_and_their_neighbours(capsys):
 
 @pytest.mark.parametrize("argv, said", [
     (["resnet50", "--at", "-1"], "not an allocation"),
+    (["gpt2", "--at", "0"], "not an allocation after the first"),     # nothing before it
     (["nosuch"], "no trace 'nosuch'"),
     (["gpt2", "--strategies", "size", "size"], "names each strategy once")])
 def test_bad_arguments_exit_2_saying_why(argv, said, capsys):

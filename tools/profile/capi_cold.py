@@ -207,14 +207,19 @@ def options(argv=None):
                    help="host bytes walked before each timed event (default 0 1MiB 8MiB)")
     p.add_argument("--repeats", type=int, default=3, metavar="R",
                    help="replays per way and pollution size, interleaved (default 3)")
-    p.add_argument("--from-step", type=int, default=4, metavar="S",
-                   help="the first step timed (1: the trace's first; default 4)")
+    p.add_argument("--from-step", type=int, metavar="S",
+                   help="the first step timed (1: the trace's first; default 4, or the last "
+                        "step when --steps is below 4)")
     p.set_defaults(passes=0)
     args, trace = long_replay.parse(p, argv)
     try:
         args.pollute = [byte_count(text) for text in args.pollute]
     except ValueError as e:
         p.error(f"--pollute: {e}")
+    if len(set(args.pollute)) < len(args.pollute):
+        p.error(f"--pollute names each size once, got {args.pollute}")
+    if args.from_step is None:
+        args.from_step = min(4, args.steps)
     if args.repeats < 1:
         p.error(f"--repeats must be 1 or more, got {args.repeats}")
     if not 1 <= args.from_step <= args.steps:

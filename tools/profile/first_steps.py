@@ -170,8 +170,10 @@ def main(argv=None):
     if not os.path.exists(path):
         ap.error(f"no trace {args.trace!r} in bench/data/traces-real")
     trace = alloc_trace.load(path)
-    if args.at is not None and not (0 <= args.at < len(trace) and trace.op[args.at] == 0):
-        ap.error(f"--at {args.at}: not an allocation of the trace's {len(trace)} events")
+    if args.at is not None and not (0 < args.at < len(trace) and trace.op[args.at] == 0):
+        # Before event 0 the pool holds nothing: the first event that can be asked about is 1.
+        ap.error(f"--at {args.at}: not an allocation after the first of the trace's "
+                 f"{len(trace)} events")
     plan = {"strategies": tuple(args.strategies)} if args.strategies else True
     report(trace, args.at, plan)
     return 0
