@@ -63,3 +63,25 @@ def test_an_unknown_trace_or_negative_passes_exit_2_naming_what_is_accepted(caps
         else:
             raise AssertionError(f"{argv} ran")
         assert said in capsys.readouterr().err
+
+
+def test_host_work_and_plans_taken_at_the_exit_make_the_same_upstream_calls():
+    # Where the plan is taken (at the exit, or at the next call after host work that holds
+    # the GIL or not) moves time only: every step makes the same calls.
+    trace = trace_named("gpt2-ckpt")
+    base = exit_cost.steps_of(trace)
+    for options in ({"sync": True}, {"host_ms": 0.5, "host": "busy"},
+                    {"host_ms": 0.5, "host": "sleep"}):
+        rows = exit_cost.steps_of(trace, **options)
+        assert [calls for _, calls in rows] == [calls for _, calls in base], options
+        assert all(set(ms) == set(exit_cost.COLUMNS) for ms, _ in rows)
+
+
+def test_negative_host_work_exits_2(capsys):
+    try:
+        exit_cost.main(["vit", "--host-ms", "-1"])
+    except SystemExit as stop:
+        assert stop.code == 2
+    else:
+        raise AssertionError("ran")
+    assert "--host-ms must be 0 or more" in capsys.readouterr().err

@@ -27,11 +27,8 @@ import contextlib
 import gc
 import inspect
 import itertools
-import os
-import sys
 import threading
 import time
-import warnings
 import weakref
 
 import numpy as np
@@ -39,9 +36,11 @@ import numpy as np
 from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
 from gpupool.buffer.interface import read_cai
 from gpupool.limits import parse_limit
-from gpupool.stats import RegionStats, format_bytes
+from gpupool.stats import RegionStats
 from gpupool.buffer.view import BufferView
+from gpupool.region.escapes import Escapes
 from gpupool.region.planned import Planner
+from gpupool.region.background import DROPPED, PlanJob, columns as plan_columns
 
 # "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
 # collector is incremental with a young and an old generation, the young generation plus one
@@ -51,24 +50,6 @@ _POLICIES = ("detach", "invalidate")
 _SCOPES = ("thread", "process")
 _PLAN_OPTIONS = tuple(inspect.signature(Planner).parameters)     # Region(plan={...})'s keys
 POISON = 0xFF                   # every float of a poisoned block reads as NaN
-LEAK_ENTRIES = 3                # consecutive growths of bytes alive at exit before a warning
-# Frames of these packages are skipped when tracing where an escaping buffer was allocated:
-# the folders they are installed in (not any folder of that name: a user's checkout of
-# gpupool, or a project folder called torch, is the user's code).
-_LIBRARIES = ("gpupool", "cupy", "cupy_backends", "numba", "torch")
-
-
-def _library_dirs():
-    """The install folders of the libraries of _LIBRARIES imported so far."""
-    dirs = []
-    for name in _LIBRARIES:
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
-        if path:
-            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
-    return tuple(dirs)
-
-
 # Per thread, the regions entered there with `with region:`, innermost last: an exit must be
 # the innermost one's.
 _entered = threading.local()
@@ -165,7 +146,10 @@ cdef class Region:
         own steps asked the most) is planned at that request (made from Python or
         through the C API, on the allocating thread): the plan's structure, the sizes that
         varied scaled by that ratio, its places mapped as they are reached (an expandable
-        upstream); its later requests are served from that plan. The plan holds no memory of its
+        upstream); its later requests are served from that plan. An exit's plan is made on a
+        worker thread once the exit has read where it goes, and installed at the region's
+        next call (its next entry, ``stats()``, ``release()``, ``planner``), which waits for
+        it and raises what making it raised. The plan holds no memory of its
         own. A plan that serves less than half of an entry's planned requests, or whose entries
         grow the pool, twice, is given up for a while. A dict passes options to
         ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``,
@@ -208,14 +192,15 @@ cdef class Region:
     cdef object _active_thread
     cdef bint _skipping
     cdef set _kept
-    cdef dict _sites
     cdef object _on_alloc
     cdef object _on_record
-    cdef list _escapes
+    cdef object _escapes                  # its buffers' sites, the leak warning (region/escapes.py)
     cdef size_t entries, live_at_exit_bytes, collections
     cdef double collect_seconds
-    cdef readonly object planner          # a planned region's Planner (region/planned.py); None
-    cdef object _planning                 # held while the planner plans (an exit, a record step)
+    cdef object _planner                  # a planned region's Planner (region/planned.py); None
+    cdef object _planning                 # held while the planner plans (an exit, a record
+                                          # step) and while a plan in flight is taken
+    cdef object _job                      # the exit's plan in flight (region/background.py)
     cdef size_t _misses_at_entry
     cdef object __weakref__
 
@@ -255,18 +240,17 @@ cdef class Region:
         self._name = name
         self._collect = _COLLECT[collect]
         self._kept = set()
-        self._sites = {}
-        self._escapes = []
+        self._escapes = Escapes(trace)
         self.rc = new RegionCache()
         self.rc.max_cached_bytes = max_cached_bytes or 0
         if planner is not None:
-            self.planner = planner
+            self._planner = planner
             self._planning = threading.Lock()
             self.rc.plan = new PlanTable()
             self._on_record = _weak_hook(self, Region._record_step)
             self.rc.on_record = <PyObject*>self._on_record
         if trace:
-            self._on_alloc = _weak_hook(self, Region._record_site)
+            self._on_alloc = self._escapes.record_site
             self.rc.on_alloc = <PyObject*>self._on_alloc
         self.pool.region_register(self.rc)
         _by_cache[<uintptr_t>self.rc] = (next(_region_ids), weakref.ref(self))
@@ -290,6 +274,8 @@ cdef class Region:
             raise GpupoolError(
                 "this Region is already entered (nested, or on another thread); use one "
                 "Region object per scope and per thread")
+        if self._job is not None:
+            self._take_plan()
         self._skipping = self.skip_first and self.entries == 0
         region_push(uncached_marker() if self._skipping else self.rc)
         if self.scope == "process" and not self._skipping:
@@ -299,7 +285,7 @@ cdef class Region:
                     "another Region with scope='process' is entered on this pool")
         if not self._skipping:
             self.pool.region_enter(self.rc, True)
-            if self.planner is not None:
+            if self._planner is not None:
                 self._misses_at_entry = self.pool.region_counters(self.rc).misses
                 self.pool.region_plan(self.rc, PL_ENTRY, NULL)
         self._active_thread = threading.get_ident()
@@ -338,7 +324,7 @@ cdef class Region:
             if not self._skipping:
                 self.pool.region_leave(self.rc)
             self._active_thread = None
-        if self.planner is not None:
+        if self._planner is not None:
             with self._planning:
                 self._replan()
         return False
@@ -349,49 +335,58 @@ cdef class Region:
         self.pool.region_plan(self.rc, PL_READ, &io)
         events = _event_rows(&io, 3)
         grew = self.pool.region_counters(self.rc).misses > self._misses_at_entry
-        action = self.planner.exited(events, io.hits, io.misses, grew, io.stopped,
+        action = self._planner.exited(events, io.hits, io.misses, grew, io.stopped,
                                      io.first_nbytes)
         if action is None:
-            io.record_over = self.planner.record_over()
+            io.record_over = self._planner.record_over()
             self.pool.region_plan(self.rc, PL_OVER, &io)
         elif action == "clear":
             self.pool.region_plan(self.rc, PL_CLEAR, NULL)
         elif action == "layout":
             base = self.pool.region_plan(self.rc, PL_LAYOUT, &io)
             if base == 0:
-                self.planner.no_room()
+                self._planner.no_room()
                 self.pool.region_plan(self.rc, PL_CLEAR, NULL)
                 return 0
-            placed = self.planner.place(base, io.nbytes, _event_rows(&io, 2))
-            if placed is None:
-                self.pool.region_plan(self.rc, PL_CLEAR, NULL)
-                return 0
-            self._install(placed, base, False, self.planner.growing(), self.planner.record_over())
+            # The plan is made off the exit's thread and installed at the region's next call
+            # (_take_plan): the same plan for the same entries (Note [Plans off the exit]).
+            self._job = PlanJob(self._planner, base, io.nbytes, _event_rows(&io, 2))
         return 0
 
-    cdef bint _install(self, placed, uintptr_t base, bint lenient, bint grows,
-                       size_t record_over) except -1:
-        """Install the planner's (Plan, anchors) at base: lenient, a request larger than its
-        place misses alone (a record step's plan: not installed if an event of the entry came
-        since its PL_RECORD); grows, places past the mapped end map pages; request 0 asking
-        more than record_over bytes makes an entry a record step (0: none does). Whether it
-        was installed."""
+    cdef int _take_plan(self) except -1:
+        """Wait for the exit's plan in flight and install it (none: PL_CLEAR, the next
+        entry online); raise what making it raised, the table left as it was."""
+        with self._planning:
+            job, self._job = self._job, None
+            if job is None:
+                return 0
+            made = job.result()
+            if made is None:
+                self.pool.region_plan(self.rc, PL_CLEAR, NULL)
+            elif made is not DROPPED:
+                table, length, nbytes, grows, record_over = made
+                self._install(table, length, nbytes, job.base, False, grows, record_over)
+        return 0
+
+    cdef bint _install(self, table, int64_t length, size_t nbytes, uintptr_t base,
+                       bint lenient, bint grows, size_t record_over) except -1:
+        """Install a plan at base, given as its (6, n) ``background.columns`` table, its
+        step's events and its range's bytes: lenient, a request larger than its place misses
+        alone (a record step's plan: not installed if an event of the entry came since its
+        PL_RECORD); grows, places past the mapped end map pages; request 0 asking more than
+        record_over bytes makes an entry a record step (0: none does). Whether it was
+        installed."""
         cdef PlanTable io
-        found, anchors = placed
-        step = found.step
-        # One (6, n) table of the plan's columns (ValueError if their lengths differ), copied
-        # into the table's vectors in C.
-        cdef const int64_t[:, ::1] columns = np.ascontiguousarray(np.stack(
-            [found.offsets, step.nbytes, step.stream, anchors, step.alloc, step.free]), np.int64)
+        cdef const int64_t[:, ::1] columns = table     # copied into the table's vectors in C
         pt_fill(&io, &columns[0, 0], columns.shape[1])
-        io.length = step.length
-        io.nbytes = found.nbytes
+        io.length = length
+        io.nbytes = nbytes
         io.base = base
         io.lenient, io.grows = lenient, grows
         io.record_over = record_over
         if self.pool.region_plan(self.rc, PL_INSTALL, &io) == 0:
             return False
-        self.planner.base = base
+        self._planner.base = base
         return True
 
     def _record_step(self, ptr):
@@ -404,17 +399,18 @@ cdef class Region:
         and the plan is not installed when an event of the entry came while it was made."""
         cdef PlanTable io
         if self.trace:
-            self._record_site(ptr)
+            self._escapes.record_site(ptr)
         if not self._planning.acquire(False):
             return          # the exit (PL_READ) or the other thread (PL_RECORD) swaps back
         try:
             base = self.pool.region_plan(self.rc, PL_RECORD, &io)     # swaps the paths back
             if base == 0 or io.record_nbytes == 0:
                 return
-            placed = self.planner.record(io.record_nbytes, base, _event_rows(&io, 2))
-            if placed is not None and not self._install(placed, base, True, True,
-                                                        io.record_nbytes):
-                self.planner.record_dropped()
+            placed = self._planner.record(io.record_nbytes, base, _event_rows(&io, 2))
+            if placed is not None and not self._install(
+                    plan_columns(placed), placed[0].step.length, placed[0].nbytes, base, True,
+                    True, io.record_nbytes):
+                self._planner.record_dropped()
         finally:
             self._planning.release()
 
@@ -442,42 +438,8 @@ cdef class Region:
             self.rc, self._kept, self.on_exit == "detach", POISON if self.debug else -1,
             escaping)
         self._kept.clear()
-        self._check_leaks(escaping)
+        self._escapes.exited(escaping, self.live_at_exit_bytes, self._name or repr(self))
         return 0
-
-    cdef int _check_leaks(self, list escaping) except -1:
-        self._sites = {p: self._sites[p] for p in escaping if p in self._sites}
-        sites = list(self._sites.values())
-        self._escapes.append(self.live_at_exit_bytes)
-        del self._escapes[:-LEAK_ENTRIES - 1]
-        if len(self._escapes) <= LEAK_ENTRIES or any(
-                later <= earlier for earlier, later in zip(self._escapes, self._escapes[1:])):
-            return 0
-        self._escapes.clear()
-        if sites:
-            where = f" Allocated at: {', '.join(sorted(set(sites)))}."
-        elif self.trace:
-            where = (" No allocation site outside gpupool and the array libraries was found "
-                     "for them.")
-        else:
-            where = " Use Region(trace=True) to see where they were allocated."
-        warnings.warn(
-            f"gpupool region {self._name or repr(self)}: bytes of buffers alive at exit grew "
-            f"for {LEAK_ENTRIES} consecutive entries (now {format_bytes(self.live_at_exit_bytes)}"
-            f"): buffers are escaping the step.{where}", ResourceWarning,
-            stacklevel=1)           # Cython adds no frames: this points at the `with` line
-        return 0
-
-    def _record_site(self, ptr):
-        try:
-            frame = sys._getframe(0)      # the innermost Python frame (Cython adds none)
-        except ValueError:
-            return                        # none: an allocation of C code on a thread of its own
-        libraries = _library_dirs()
-        while frame is not None and frame.f_code.co_filename.startswith(libraries):
-            frame = frame.f_back
-        if frame is not None:
-            self._sites[ptr] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
     @contextlib.contextmanager
     def enter_in_thread(self):
@@ -537,31 +499,45 @@ cdef class Region:
         them back to the upstream. A planned region's plan is dropped too (the places it
         claims are the pool's again); the next entries plan again."""
         self.pool.region_drain(self.rc)
-        if self.planner is not None:
-            with self._planning:        # not while an exit or a record step plans
-                self.pool.region_plan(self.rc, PL_CLEAR, NULL)
-                self.planner.clear()
+        if self._planner is not None:
+            try:
+                self._take_plan()       # raises what making it raised, after the clear
+            finally:
+                with self._planning:        # not while an exit or a record step plans
+                    self.pool.region_plan(self.rc, PL_CLEAR, NULL)
+                    self._planner.clear()
 
     def stats(self):
-        """The region's counters as a :class:`gpupool.RegionStats`."""
+        """The region's counters as a :class:`gpupool.RegionStats` (a planned region's once
+        the exit's plan in flight is made and installed)."""
+        if self._job is not None:
+            self._take_plan()
         cdef RegionCache rc = self.pool.region_counters(self.rc)
         return RegionStats(
             entries=self.entries, cache_hits=rc.hits, cache_misses=rc.misses,
             cached_bytes=rc.cached_bytes, live_at_exit_bytes=self.live_at_exit_bytes,
             peak_in_use_bytes=rc.peak_in_use_bytes, collections=self.collections,
             collect_seconds=self.collect_seconds,
-            **(self._plan_stats() if self.planner is not None else {}))
+            **(self._plan_stats() if self._planner is not None else {}))
 
     def _plan_stats(self):
-        counts = self.planner.counts
+        counts = self._planner.counts
         return {"planned": True, "plans": counts["plans"], "planning_ms": counts["planning_ms"],
                 "plan_hits": counts["hits"], "plan_misses": counts["misses"],
                 "plans_given_up": counts["given_up"], "plans_not_fitting": counts["no_room"],
-                "plan_bytes": max((p.nbytes for p in self.planner.plans), default=0),
+                "plan_bytes": max((p.nbytes for p in self._planner.plans), default=0),
                 "record_plans": counts["records"], "record_ms": counts["record_ms"],
                 "planning_work": counts["work"], "plans_past_work": counts["past_work"],
                 "plans_past_time": counts["past_time"], "plans_reused": counts["reused"],
                 "plans_past_requests": counts["past_requests"], "plans_repaired": counts["repairs"]}
+
+    @property
+    def planner(self):
+        """A planned region's :class:`gpupool.region.planned.Planner` (None without a plan),
+        once the exit's plan in flight is made and installed."""
+        if self._job is not None:
+            self._take_plan()
+        return self._planner
 
     def reset_peak_stats(self):
         """Set the region's peak bytes in use to the bytes its live buffers hold now."""

@@ -7,10 +7,21 @@ the exit and at a record step's request 0), the planner's other Python (``Planne
 reading the events, the layout, installing the plan); then the upstream calls the step made
 on the simulated device, by name (``map`` with its MiB). ``--no-plan`` enters a region without
 a plan instead (the same step boundaries, the pool's online way), to compare the calls and
-the body's time. Wall times are this machine's, one run: compare runs made together. Run from
-the repository root::
+the body's time. Wall times are this machine's, one run: compare runs made together.
+
+An exit's plan is made on the region's worker thread and installed at its next call
+(gpupool/region/background.py): "exit" is the calling thread's time in ``__exit__``, and
+"wait" the next call's wait for the plan in flight, after ``--host-ms`` milliseconds of host
+work between the exit and that call (``--host sleep``: ``time.sleep``, which releases the GIL,
+as a wait for the GPU does; ``busy``: a Python loop, which holds it, as framework code does).
+The plan's columns (greedy, planner) are those of its exit's row. ``--sync`` takes the plan
+inside the timed exit instead (its next call right after it): the exit as it was when plans
+were made on the exit's thread. "region" is the exit less ``Planner.exited`` (and less
+``place`` with ``--sync``): reading the events, the layout, handing the plan over. Run from the
+repository root::
 
     PYTHONPATH=$PWD python tools/profile/exit_cost.py TRACE [--passes P] [--capi] [--no-plan]
+        [--host-ms MS] [--host {sleep,busy}] [--sync]
 """
 
 import collections
@@ -29,7 +40,7 @@ from gpupool.region import placement, planned  # noqa: E402
 from gpupool.testing import SimulatedDevice  # noqa: E402
 
 MiB = 1 << 20
-COLUMNS = ("body", "exit", "greedy", "planner", "region", "record")
+COLUMNS = ("body", "exit", "wait", "greedy", "planner", "region", "record")
 
 
 class Timers:
@@ -62,9 +73,23 @@ class Timers:
         return timed
 
 
-def steps_of(trace, passes=0, capi=False, plan=True):
+def host_work(ms, kind):
+    """``ms`` milliseconds of host work: ``"sleep"`` (the GIL released) or ``"busy"`` (a
+    Python loop, the GIL held but for the interpreter's switches)."""
+    if ms <= 0:
+        return
+    if kind == "sleep":
+        time.sleep(ms / 1e3)
+        return
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def steps_of(trace, passes=0, capi=False, plan=True, host_ms=0.0, host="sleep", sync=False):
     """Per step of the replay, ``(ms, calls)``: ms a dict of COLUMNS' milliseconds, calls a
-    Counter of the upstream calls by name (and ``map MiB``)."""
+    Counter of the upstream calls by name (and ``map MiB``). ``host_ms`` of ``host`` work
+    (:func:`host_work`) follow each exit; ``sync`` takes the exit's plan inside the exit."""
     timers, sims, rows = Timers(), [], []
     region_class, sim_init = gpupool.Region, SimulatedDevice.__init__
 
@@ -86,12 +111,19 @@ def steps_of(trace, passes=0, capi=False, plan=True):
         def __exit__(self, *exc):
             start = time.perf_counter()
             self.region.__exit__(*exc)
+            if sync:
+                self.region.planner          # takes the plan in flight
             end = time.perf_counter()
+            host_work(host_ms, host)
+            waited = time.perf_counter()
+            self.region.planner              # the next call's wait
             d = collections.defaultdict(float, {k: v - self.mark[1].get(k, 0.0)
                                                 for k, v in timers.spent.items()})
-            ms = {"body": start - self.mark[0], "exit": end - start, "greedy": d["greedy"],
+            ms = {"body": start - self.mark[0], "exit": end - start,
+                  "wait": time.perf_counter() - waited, "greedy": d["greedy"],
                   "planner": d["exited"] + d["place"] + d["record"] - d["greedy"],
-                  "region": end - start - d["exited"] - d["place"], "record": d["record"]}
+                  "region": end - start - d["exited"] - (d["place"] if sync else 0.0),
+                  "record": d["record"]}
             calls = sims[-1].calls[self.seen:]
             self.seen = len(sims[-1].calls)
             counts = collections.Counter(name for name, _ in calls)
@@ -119,8 +151,17 @@ def main(argv=None):
     p = long_replay.trace_options(long_replay.parser(__doc__), passes=0)
     p.add_argument("--capi", action="store_true", help="the requests through the C API")
     p.add_argument("--no-plan", action="store_true", help="a region without a plan per step")
+    p.add_argument("--host-ms", type=float, default=0.0,
+                   help="milliseconds of host work between an exit and the next entry")
+    p.add_argument("--host", choices=("sleep", "busy"), default="sleep",
+                   help="that work: time.sleep (GIL released) or a Python loop (GIL held)")
+    p.add_argument("--sync", action="store_true",
+                   help="take each exit's plan inside the exit (as made on its thread)")
     args, trace = long_replay.parse(p, argv)
-    rows = steps_of(trace, args.passes, args.capi, not args.no_plan)
+    if not args.host_ms >= 0:
+        p.error(f"--host-ms must be 0 or more, got {args.host_ms}")
+    rows = steps_of(trace, args.passes, args.capi, not args.no_plan, args.host_ms, args.host,
+                    args.sync)
     print("step " + " ".join(f"{c:>8}" for c in COLUMNS) + "  upstream calls")
     total = collections.Counter()
     for k, (ms, calls) in enumerate(rows):
