@@ -290,7 +290,9 @@ def test_tensors_over_slept_memory_keep_their_addresses_and_values(torch, alloca
     out = child("sleep-use", allocator)
     weights = 4 * MiB + MiB                     # w and gone, live at the sleep
     assert out["asleep"] >= weights + MiB and out["offloaded"] >= weights, out
-    assert out["released"] > 0 and out["freed_on_device"] >= 0.99 * out["released"], out
+    # cuMemGetInfo also moves with the driver's own bookkeeping (128 KiB less of 8 MiB
+    # released was seen on an H100), so the slack is a 2 MiB page rather than a share.
+    assert out["released"] > 0 and out["freed_on_device"] >= out["released"] - 2 * MiB, out
     refused = out["refused"]
     # The pluggable route raises gpupool's type; gpupool's C++ allocator throws c10::Error,
     # PyTorch's RuntimeError, with the same message.
