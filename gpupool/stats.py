@@ -110,6 +110,9 @@ class RegionStats:
     plans_past_requests: int = 0    # or of more planned requests than the greedy takes
     plans_reused: int = 0       # plans not made again: one made before from the same inputs
     plans_repaired: int = 0     # kept plans repaired for a step that grew (counted in plans)
+    plans_transitions_repaired: int = 0     # of those, transitions (counted in plans_repaired)
+    plans_repairs_refused: int = 0  # repairs made and not used: placed whole instead
+    record_plans_dropped: int = 0   # record plans not installed (counted in record_plans)
 
     def as_dict(self):
         """The counters as a plain ``dict``."""

@@ -529,7 +529,10 @@ cdef class Region:
                 "record_plans": counts["records"], "record_ms": counts["record_ms"],
                 "planning_work": counts["work"], "plans_past_work": counts["past_work"],
                 "plans_past_time": counts["past_time"], "plans_reused": counts["reused"],
-                "plans_past_requests": counts["past_requests"], "plans_repaired": counts["repairs"]}
+                "plans_past_requests": counts["past_requests"], "plans_repaired": counts["repairs"],
+                "plans_transitions_repaired": counts["transition_repairs"],
+                "plans_repairs_refused": counts["repairs_refused"],
+                "record_plans_dropped": counts["records_dropped"]}
 
     @property
     def planner(self):

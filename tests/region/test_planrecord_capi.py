@@ -188,6 +188,7 @@ def test_another_threads_request_while_the_record_plan_is_made_leaves_the_entry_
     assert _two_threads(run, pause) == (0, 0)
     # Planned, not installed: the entry went on online; the region plans on.
     assert planner.counts["records"] == 1 and planner.counts["records_dropped"] == 1
+    assert run.region.stats().record_plans_dropped == 1     # and the region's stats say so
     del planner.record
     for _ in range(4):
         run.entry(scaled(1.0))

@@ -107,3 +107,19 @@ def test_a_planned_region_repairs_its_plan_when_a_request_grows_and_serves_it_wh
     stats = r.region.stats()
     assert stats.plans_repaired == 1 and (hits, misses) == (N, 0)
     r.close()
+
+
+def test_a_planned_region_s_stats_count_a_refused_repair(vpool):
+    frees = [None] + list(range(1, N))
+    base = [int(n) for n in SIZES]
+    r = Run(vpool)
+    for _ in range(4):
+        r.entry(base, frees=frees, tails=set())
+    bigger = list(base)
+    bigger[2] = 4 * MIB                     # above the kept top: the repair is refused
+    for _ in range(3):
+        r.entry(bigger, frees=frees, tails=set())
+    stats, counts = r.region.stats(), r.region.planner.counts
+    assert stats.plans_repairs_refused == counts["repairs_refused"] >= 1
+    assert stats.plans_repaired == stats.plans_transitions_repaired == 0
+    r.close()
