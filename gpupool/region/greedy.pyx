@@ -26,11 +26,17 @@ The work is the number of placed requests the scan of every placed request compa
 one being placed (each fixed range compared counts as one too), with the index or without:
 that scan compares the placed requests up to the last one in the way it meets, or all of them,
 so the index counts it by the position of that request among all those placed (one binary
-search a placement). The core stops past ``work_limit`` of it, or past
+search a placement).
+
+The placed requests are kept in chunks of up to 2 * GP_CHUNK entries by (offset, index), each
+entry holding the request's end, lifetime and stream: an insertion moves the entries of one
+chunk, the scan reads the entries in order without looking the requests up, and it takes the
+entries in the way in one loop up to the next fixed range in the way (Note [Step time of
+planned regions]). The core stops past ``work_limit`` of it, or past
 ``budget_ns`` of wall-clock time (steady clock, checked every 64 placements), and says which.
 The core runs without the GIL. Measurements: Note [Compiled greedy placement] in docs/design.md.
 """
-from libc.stdint cimport int64_t
+from libc.stdint cimport INT64_MAX, int64_t
 from libcpp.vector cimport vector
 
 import numpy as np
@@ -50,27 +56,154 @@ cdef extern from *:
     #include <algorithm>
     #include <cstdint>
     #include <vector>
-    /* A placed request; trivially copyable, so that an insertion moves the run by memmove. */
-    struct gp_placed { int64_t offset; int64_t index; };
+    /* A placed request with what the scan reads of it (its bytes' end, lifetime and stream), so
+       that the scan reads the run in order without looking the request up; trivially
+       copyable, so that an insertion moves the entries after it by memmove. */
+    struct gp_placed { int64_t offset; int64_t index; int64_t hi; int64_t start; int64_t end;
+                       int64_t stream; };
     static inline bool gp_placed_less(const gp_placed& a, const gp_placed& b) {
         return a.offset < b.offset || (a.offset == b.offset && a.index < b.index);
     }
-    static inline void gp_placed_insert(std::vector<gp_placed>& run, int64_t offset,
-                                        int64_t index) {
-        gp_placed x = {offset, index};
-        run.insert(std::lower_bound(run.begin(), run.end(), x, gp_placed_less), x);
+    /* Placed requests by (offset, index), in chunks of GP_CHUNK to 2 * GP_CHUNK - 1 entries
+       (the last chunks fewer until they fill): an insertion moves the entries of one chunk,
+       not of the whole run, and the scan still reads them in order. */
+    static const size_t GP_CHUNK = 64;
+    struct gp_run { std::vector<std::vector<gp_placed> > chunks; size_t count = 0; };
+    /* The chunk that holds x or would: the first whose last entry is not below x, else the
+       last. The run is not empty. */
+    static inline size_t gp_run_chunk(const gp_run& run, const gp_placed& x) {
+        size_t lo = 0, hi = run.chunks.size() - 1;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (gp_placed_less(run.chunks[mid].back(), x)) lo = mid + 1; else hi = mid;
+        }
+        return lo;
+    }
+    static inline void gp_run_insert(gp_run& run, const gp_placed& x) {
+        if (run.chunks.empty()) {
+            run.chunks.emplace_back();
+            run.chunks.back().reserve(2 * GP_CHUNK);
+        }
+        size_t c = gp_run_chunk(run, x);
+        std::vector<gp_placed>& chunk = run.chunks[c];
+        chunk.insert(std::lower_bound(chunk.begin(), chunk.end(), x, gp_placed_less), x);
+        run.count += 1;
+        if (chunk.size() >= 2 * GP_CHUNK) {         /* split in two halves */
+            std::vector<gp_placed> upper;
+            upper.reserve(2 * GP_CHUNK);
+            upper.assign(chunk.begin() + GP_CHUNK, chunk.end());
+            chunk.resize(GP_CHUNK);
+            run.chunks.insert(run.chunks.begin() + c + 1, std::move(upper));
+        }
     }
     /* The position of a placed request in a run that holds it. */
-    static inline Py_ssize_t gp_placed_rank(const std::vector<gp_placed>& run,
-                                            const gp_placed& x) {
-        return std::lower_bound(run.begin(), run.end(), x, gp_placed_less) - run.begin();
+    static inline Py_ssize_t gp_run_rank(const gp_run& run, const gp_placed& x) {
+        size_t c = gp_run_chunk(run, x), rank = 0;
+        for (size_t k = 0; k < c; ++k) rank += run.chunks[k].size();
+        const std::vector<gp_placed>& chunk = run.chunks[c];
+        return rank + (std::lower_bound(chunk.begin(), chunk.end(), x, gp_placed_less) -
+                       chunk.begin());
+    }
+    /* The scan for one request: of a run in order (chunk c, its entry k next; ``passed``
+       the entries read), the last entry read that is in the way (``last``; ``pending``: not
+       taken yet), and the gaps between the ranges taken so far, in address order
+       (``reach``: the highest end, once ``any_seen``; the gap kept: ``found`` at ``at``, of
+       ``best_gap`` bytes). */
+    struct gp_scan {
+        const gp_run* run; size_t c; size_t k; Py_ssize_t passed;
+        const gp_placed* last; bool pending;
+        bool any_seen; bool found; int64_t reach; int64_t at; int64_t best_gap;
+    };
+    /* Whether [sa, ea) and [sb, eb) share an event, in one entry or across the boundary
+       (placement.overlaps with a period). */
+    static inline bool gp_busy(int64_t sa, int64_t ea, int64_t sb, int64_t eb, int64_t period) {
+        return (sa < eb && sb < ea) || (sa < eb - period && sb - period < ea) ||
+               (sa - period < eb && sb < ea - period);
+    }
+    /* Takes the range [lo, hi) as in the way: the gap below it is kept when ``size`` bytes
+       fit in it (first fit: the first such; best fit: the narrowest, the lowest of equals),
+       then its end raises the reach. True when first fit has found its gap (the scan stops). */
+    static inline bool gp_take(gp_scan& s, int64_t lo, int64_t hi, int64_t size, bool best) {
+        int64_t before = s.any_seen ? s.reach : 0, gap = lo - before;
+        if (gap >= size && (!s.found || gap < s.best_gap)) {
+            s.found = true; s.at = before; s.best_gap = gap;
+            if (!best) return true;
+        }
+        s.reach = (!s.any_seen || hi > s.reach) ? hi : s.reach;
+        s.any_seen = true;
+        return false;
+    }
+    enum { GP_STOPPED = 0, GP_PENDING = 1, GP_END = 2 };
+    /* Takes the run's entries in the way of a request of lifetime [sa, ea) on ``stream``
+       (of another stream, unless streams share; or live at one of its events) in order, up
+       to those at offsets past ``limit`` (the next fixed range's, which an entry at its
+       offset goes before). Returns GP_STOPPED (first fit found its gap at ``s.last``),
+       GP_PENDING (``s.last`` lies past ``limit``, read and not taken) or GP_END (the run
+       read to its end). */
+    static inline int gp_take_run(gp_scan& s, int64_t limit, int64_t size, bool best,
+                                  int64_t sa, int64_t ea, int64_t stream, int64_t period,
+                                  bool share) {
+        if (s.pending) {
+            if (s.last->offset > limit) return GP_PENDING;
+            s.pending = false;
+            if (gp_take(s, s.last->offset, s.last->hi, size, best)) return GP_STOPPED;
+        }
+        /* The entries not in the way are skipped in a loop on locals (the state is kept in
+           memory across the calls: written back when an entry is read in the way). */
+        const std::vector<std::vector<gp_placed> >& chunks = s.run->chunks;
+        const size_t nchunks = chunks.size();
+        for (; s.c < nchunks; ++s.c, s.k = 0) {
+            const gp_placed* data = chunks[s.c].data();
+            const size_t n = chunks[s.c].size();
+            size_t k = s.k;
+            for (; k < n; ++k) {
+                const gp_placed& e = data[k];
+                if ((share || e.stream == stream) && !gp_busy(sa, ea, e.start, e.end, period))
+                    continue;
+                s.passed += k + 1 - s.k;
+                s.k = k + 1;
+                s.last = &e;
+                if (e.offset > limit) {
+                    s.pending = true;
+                    return GP_PENDING;
+                }
+                if (gp_take(s, e.offset, e.hi, size, best)) return GP_STOPPED;
+            }
+            s.passed += n - s.k;
+        }
+        return GP_END;
     }
     """
     cdef struct gp_placed:
         int64_t offset
         int64_t index
-    void gp_placed_insert(vector[gp_placed]& run, int64_t offset, int64_t index) nogil
-    Py_ssize_t gp_placed_rank(const vector[gp_placed]& run, const gp_placed& x) nogil
+        int64_t hi
+        int64_t start
+        int64_t end
+        int64_t stream
+    cdef cppclass gp_run:
+        size_t count
+    cdef struct gp_scan:
+        const gp_run* run
+        size_t c
+        size_t k
+        Py_ssize_t passed
+        const gp_placed* last
+        bint pending
+        bint any_seen
+        bint found
+        int64_t reach
+        int64_t at
+        int64_t best_gap
+    enum:
+        GP_STOPPED
+        GP_PENDING
+        GP_END
+    void gp_run_insert(gp_run& run, const gp_placed& x) nogil
+    Py_ssize_t gp_run_rank(const gp_run& run, const gp_placed& x) nogil
+    bint gp_take(gp_scan& s, int64_t lo, int64_t hi, int64_t size, bint best) nogil
+    int gp_take_run(gp_scan& s, int64_t limit, int64_t size, bint best, int64_t sa,
+                    int64_t ea, int64_t stream, int64_t period, bint share) nogil
 
 cdef enum:
     _DONE = 0           # every request placed
@@ -86,22 +219,18 @@ INDEX_BUCKETS = 32
 INDEX_FROM = 1536
 
 
-cdef inline bint _busy(int64_t sa, int64_t ea, int64_t sb, int64_t eb, int64_t period) \
-        noexcept nogil:
-    """Whether [sa, ea) and [sb, eb) share an event, in one entry or across the boundary
-    (placement.overlaps with a period)."""
-    return ((sa < eb and sb < ea) or (sa < eb - period and sb - period < ea) or
-            (sa - period < eb and sb < ea - period))
-
-
-ctypedef vector[gp_placed] run_t              # placed requests by (offset, index)
+cdef inline int64_t _round_period(int64_t t, int64_t period) noexcept nogil:
+    """``t % period`` for ``t`` in ``(-period, period)``, without a division."""
+    return t + period if t < 0 else t
 
 
 cdef inline bint _meets(int64_t s, int64_t e, int64_t c, int64_t length, int64_t period) \
         noexcept nogil:
     """Whether lifetime [s, e) and the window of ``length`` events from event ``c`` meet,
-    both taken round the period (an end past it goes on from event 0 of the next entry)."""
-    return e - s >= period or (s - c) % period < length or (c - s) % period < e - s
+    both taken round the period (an end past it goes on from event 0 of the next entry);
+    ``s`` and ``c`` in ``[0, period)`` (``place`` indexes no other lifetime)."""
+    return e - s >= period or _round_period(s - c, period) < length or \
+        _round_period(c - s, period) < e - s
 
 
 cdef int _place(const int64_t[::1] sizes, const int64_t[::1] starts, const int64_t[::1] ends,
@@ -112,19 +241,20 @@ cdef int _place(const int64_t[::1] sizes, const int64_t[::1] starts, const int64
                 const int64_t[::1] pinned, int64_t[::1] offsets, Py_ssize_t nb,
                 int64_t work_limit, int64_t budget_ns, int64_t* work) noexcept nogil:
     cdef Py_ssize_t n = sizes.shape[0], m = fixed_lo.shape[0]
-    cdef Py_ssize_t count = 0, o, f, b, q, p
-    cdef int64_t i, j, size, sa, ea, lo, hi, before, reach, at, gap, best_gap, w
-    cdef bint any_seen, found, p_busy, f_busy, p_end
+    cdef Py_ssize_t count = 0, o, f, b, q
+    cdef int64_t i, j, size, sa, ea, w
+    cdef int taken
+    cdef bint f_busy, p_end
     cdef long long deadline = gp_greedy_now_ns() + budget_ns if budget_ns >= 0 else 0
     # Levels of windows, finest first: level q's start every stride[q] events and span two
     # strides (round the period); each holds the placed requests that meet it.
     cdef vector[int64_t] stride
     cdef vector[Py_ssize_t] windows, base
-    cdef vector[run_t] runs
-    cdef run_t placed                       # every placed request
-    cdef run_t* run
-    cdef const gp_placed* data
-    cdef Py_ssize_t nrun
+    cdef vector[gp_run] runs
+    cdef gp_run placed                      # every placed request
+    cdef gp_run* run
+    cdef gp_scan scan
+    cdef gp_placed entry
     while nb >= 4:
         w = (period + nb - 1) // nb
         stride.push_back(w)
@@ -132,7 +262,6 @@ cdef int _place(const int64_t[::1] sizes, const int64_t[::1] starts, const int64
         base.push_back(0 if base.empty() else base.back() + windows[windows.size() - 2])
         nb //= 4
     runs.resize(base.back() + windows.back() if not base.empty() else 0)
-    placed.reserve(n)
     cdef int64_t done = 0              # the work, kept here and handed back at the end
     for j in range(n):
         offsets[j] = pinned[j] if pinned[j] >= 0 else 0
@@ -155,57 +284,50 @@ cdef int _place(const int64_t[::1] sizes, const int64_t[::1] starts, const int64
                 if ea - sa <= min(2 * stride[q], period) - (sa - b * stride[q]):
                     run = &runs[base[q] + b]
                     break
-            data, nrun = run.data(), run.size()
-            any_seen = found = False
-            before = reach = at = best_gap = 0
-            p = f = 0
-            p_busy = f_busy = False         # data[p - 1], fixed f: known to be in the way
+            scan.run, scan.c, scan.k, scan.passed = run, 0, 0, 0
+            scan.last = NULL
+            scan.pending = scan.any_seen = scan.found = False
+            scan.reach = scan.at = scan.best_gap = 0
+            f = 0                           # the fixed ranges passed
+            f_busy = False                  # fixed f: known to be in the way
             p_end = False                   # the run scanned to its end
             while True:
-                # The next range taken while i lives, by (offset, placed before fixed).
-                while not p_busy and p < nrun:
-                    j = data[p].index
-                    p += 1
-                    p_busy = (not share_streams and streams[i] != streams[j]) or \
-                        _busy(sa, ea, starts[j], ends[j], period)
-                p_end = p_end or not p_busy
+                # The ranges taken while i lives, by (offset, placed before fixed): the fixed
+                # range next in the way, then the run's entries up to its offset, then it.
                 while not f_busy and f < m:
                     done += 1
                     f_busy = fixed_first[f] < ea and sa < fixed_end[f]
                     if not f_busy:
                         f += 1
-                if p_busy and (not f_busy or data[p - 1].offset <= fixed_lo[f]):
-                    lo, hi = data[p - 1].offset, data[p - 1].offset + sizes[data[p - 1].index]
-                    p_busy = False
-                elif f_busy:
-                    lo, hi = fixed_lo[f], fixed_hi[f]
-                    f += 1
-                    f_busy = False
-                else:
-                    break
-                before = reach if any_seen else 0
-                gap = lo - before
-                if gap >= size and (not found or gap < best_gap):
-                    found, at, best_gap = True, before, gap
-                    if not best:
+                if not p_end:
+                    taken = gp_take_run(scan, fixed_lo[f] if f_busy else INT64_MAX, size,
+                                        best, sa, ea, streams[i], period, share_streams)
+                    if taken == GP_STOPPED:
                         break
-                reach = hi if not any_seen or hi > reach else reach
-                any_seen = True
-            offsets[i] = at if found else reach
+                    p_end = taken == GP_END
+                if not f_busy:
+                    break
+                f_busy = False
+                f += 1
+                if gp_take(scan, fixed_lo[f - 1], fixed_hi[f - 1], size, best):
+                    break
+            offsets[i] = scan.at if scan.found else scan.reach
             # The work counts the placed requests the scan of every placed request compares:
             # all of them when the run is scanned to its end (no request busy with i is left
             # in it), else those up to the last one in the way, the last the run compares.
             if p_end:
-                done += <int64_t>placed.size()
+                done += <int64_t>placed.count
             elif run == &placed:
-                done += p
+                done += scan.passed
             else:
-                done += gp_placed_rank(placed, data[p - 1]) + 1
-        gp_placed_insert(placed, offsets[i], i)
+                done += gp_run_rank(placed, scan.last[0]) + 1
+        entry.offset, entry.index, entry.hi = offsets[i], i, offsets[i] + size
+        entry.start, entry.end, entry.stream = sa, ea, streams[i]
+        gp_run_insert(placed, entry)
         for q in range(<Py_ssize_t>stride.size()):
             for b in range(windows[q]):
                 if _meets(sa, ea, b * stride[q], min(2 * stride[q], period), period):
-                    gp_placed_insert(runs[base[q] + b], offsets[i], i)
+                    gp_run_insert(runs[base[q] + b], entry)
         if o >= 0 and work_limit > 0 and done > work_limit:
             work[0] = done
             return _PAST_WORK

@@ -60,3 +60,55 @@ def anchors(plan):
         if len(cand):
             out[k] = cand[np.argmax(ends[cand])]
     return out
+
+
+def scan_work(sizes, starts, ends, streams, period, share_streams, order, fit, fixed, pinned):
+    """The compiled greedy's offsets and work by its definition: each placement scans the
+    placed requests by (offset, index) and the fixed ranges by offset (stably), merged (a
+    placed one before a fixed one at its offset); the work counts every fixed range read and
+    the placed requests up to the last one read in the way, or all of them when the scan reads
+    to their end (no index by time, every placed request scanned)."""
+    busy_with = busy_mask(starts, ends, streams, period, share_streams)
+    by_lo = np.argsort(fixed[0], kind="stable")
+    f_lo, f_hi, f_first, f_end = (np.asarray(x)[by_lo] for x in fixed)
+    offsets = np.where(pinned >= 0, pinned, 0)
+    placed = [(int(offsets[i]), i) for i in range(len(sizes)) if pinned[i] >= 0]
+    placed.sort()
+    work = 0
+    for i in order:
+        if pinned[i] >= 0:
+            continue
+        size = int(sizes[i])
+        ways = [k for k, (_, j) in enumerate(placed) if busy_with[i, j]]
+        now = [f for f in range(len(f_lo)) if f_first[f] < ends[i] and starts[i] < f_end[f]]
+        taken = sorted([(placed[k][0], 0, k) for k in ways] + [(int(f_lo[f]), 1, f) for f in now])
+        reach, any_seen, at, best_gap, stop = 0, False, None, 0, None
+        for t, (lo, kind, k) in enumerate(taken):
+            hi = lo + int(sizes[placed[k][1]]) if kind == 0 else int(f_hi[k])
+            before = reach if any_seen else 0
+            if lo - before >= size and (at is None or lo - before < best_gap):
+                at, best_gap = before, lo - before
+                if fit == "first":
+                    stop = t
+                    break
+            reach = hi if not any_seen or hi > reach else reach
+            any_seen = True
+        offsets[i] = at if at is not None else reach
+        # Fixed ranges read: those passed up to the one in the way next (or all of them).
+        nxt = [f for f in now if stop is not None and taken[stop] < (int(f_lo[f]), 1, f)]
+        fixed_read = len(f_lo) if not nxt else min(nxt) + 1
+        if stop is not None and taken[stop][1] == 1:
+            fixed_read = taken[stop][2] + 1
+        # Placed requests read: up to the next one in the way past the stop (read ahead), or
+        # the one it stopped at, or all of them when no request in the way is left.
+        later = [k for k in ways if stop is None or (placed[k][0], 0, k) > taken[stop][:3]]
+        if stop is not None and taken[stop][1] == 0:
+            placed_read = taken[stop][2] + 1
+        elif stop is not None and later:
+            placed_read = min(later) + 1
+        else:
+            placed_read = len(placed)
+        work += fixed_read + placed_read
+        placed.append((int(offsets[i]), int(i)))
+        placed.sort()
+    return offsets, work

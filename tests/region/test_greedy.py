@@ -5,7 +5,7 @@ its work limit or its time budget."""
 
 import numpy as np
 import pytest
-from greedy_reference import busy_mask, greedy
+from greedy_reference import busy_mask, greedy, scan_work
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_placement import steps
@@ -182,3 +182,19 @@ def test_a_step_large_enough_for_the_index_places_and_stops_as_the_scan(fraction
     index = compiled.place(*args, limit)
     assert scan[2] == (compiled.DONE if fraction == 1.0 else compiled.PAST_WORK)
     assert index[1:] == scan[1:] and index[0].tolist() == scan[0].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(), st.sampled_from([0, 4, 16]))
+def test_the_work_is_that_of_the_scan_of_every_placed_request(case, buckets):
+    """The work the core counts (what its work limit stops) is, request for request, that of
+    the reference's scan of every placed request, with the index by time or without."""
+    step, strategy, share, fixed, pinned = case
+    order_key, fit = STRATEGIES[strategy]
+    order = _order(step.nbytes, step.alloc, step.free, order_key)
+    args = (step.nbytes, step.alloc, step.free, step.stream, step.length, share, order, fit,
+            fixed, pinned)
+    want, want_work = scan_work(*args)
+    got, work, status = compiled.place(*args, buckets=buckets)
+    assert status == compiled.DONE
+    assert got.tolist() == want.tolist() and work == want_work
