@@ -3,7 +3,7 @@
 # free lists joined, and cutting a block taken for a request. Under the pool's lock.
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
-from gpupool.records.block cimport Block, Segment, LIVE, FREE
+from gpupool.records.block cimport Block, Segment, LIVE, FREE, RETIRED
 from gpupool.core.freelist cimport FreeLists, fl_put, fl_unbin
 from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
 from gpupool.core.segments cimport BLOCK_ALIGN, round_up
@@ -37,10 +37,12 @@ cdef inline Block* sg_record(Segments* sg, uintptr_t ptr, size_t size, Segment* 
 
 
 cdef inline void sg_retire(PoolState* st, Block* b) noexcept nogil:
-    """A block record no longer in use (its memory joined another block, or went back)."""
+    """A block record no longer in use (its memory joined another block, or went back): RETIRED,
+    so that a plan's hint to it (core/planned.pxd's pl_block_at) is known stale."""
     cdef Segments* sg = &st.segments
     cdef StreamOrder* so = &st.order
     so_drop_events(so, b)
+    b.state = RETIRED
     sg.spare.push_back(b)
 
 

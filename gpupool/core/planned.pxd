@@ -8,6 +8,7 @@
 # Under the pool's lock; only core/acquire.pxd (the take) and core/pool.pyx (the window) use it.
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t, int64_t
+from libcpp.vector cimport vector
 from gpupool.records.block cimport Block, Segment, FREE, LIVE, PARKED
 from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.cutjoin cimport sg_split, sg_cut_front
@@ -15,7 +16,7 @@ from gpupool.core.freelist cimport fl_unbin
 from gpupool.core.growexpand cimport sg_extends, sg_map_end
 from gpupool.core.parking cimport pk_flush
 from gpupool.core.plantable cimport (
-    PlanTable, PlanEvent, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, PL_RECORD,
+    PlanTable, PlanEvent, PlanHint, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, PL_RECORD,
     PL_OVER, pt_clear,
 )
 from gpupool.core.regioncache cimport RegionCache, rc_disown
@@ -27,15 +28,20 @@ from gpupool.upstream.base cimport Upstream
 
 cdef inline Block* pl_block_at(PoolState* st, PlanTable* p, size_t k,
                                uintptr_t addr) noexcept nogil:
-    """The block holding address addr: found from request k's anchor (a live planned block
-    just below its place, usually its neighbour) or from the start of the segment holding
-    addr; NULL if no segment holds it."""
+    """The block holding address addr (request k's place), walked to from the higher of
+    request k's anchor (a live planned block just below its place) and its hint (the last of
+    the blocks that stay just below it, p.hints: the anchor may lie below many of them), else
+    from the start of the segment holding addr; NULL if no segment holds it."""
     cdef Block* b = NULL
     cdef Segment* seg
     cdef int64_t a = p.anchors[k]
+    cdef PlanHint* h = &p.hints[k]
     if a >= 0 and p.live[a] != NULL and p.live[a].ptr <= addr:
         b = p.live[a]
-    else:
+    if h.block != NULL and h.block.state == LIVE and h.block.ptr == h.ptr and \
+            (b == NULL or b.ptr < h.ptr):
+        b = h.block                 # (a retired record is RETIRED, never LIVE)
+    if b == NULL:
         seg = st.segments.head
         while seg != NULL and not (seg.base <= addr < seg.base + seg.nbytes):
             seg = seg.next
@@ -45,6 +51,45 @@ cdef inline Block* pl_block_at(PoolState* st, PlanTable* p, size_t k,
     while b != NULL and b.ptr + b.size <= addr:
         b = b.seg_next
     return b
+
+
+cdef inline void pl_hints(PoolState* st, PlanTable* p) noexcept nogil:
+    """Each request's hint (p.hints) for the plan just installed: the last block of the run of
+    live blocks that are not planned ones just below its place in the plan's segment now."""
+    cdef Segment* seg = st.segments.head
+    cdef vector[PlanHint] ends
+    cdef PlanHint h
+    cdef Block* b
+    cdef size_t k, lo, hi, mid
+    cdef uintptr_t addr
+    h.block = NULL
+    h.ptr = 0
+    p.hints.assign(p.offsets.size(), h)
+    while seg != NULL and seg.base != p.base:
+        seg = seg.next
+    if seg == NULL:
+        return
+    b = seg.first
+    while b != NULL:
+        if b.state == LIVE and not b.region.place and \
+                (b.seg_next == NULL or b.seg_next.state != LIVE or b.seg_next.region.place):
+            h.block = b
+            h.ptr = b.ptr
+            ends.push_back(h)
+        b = b.seg_next
+    for k in range(p.offsets.size()):
+        if p.offsets[k] < 0:
+            continue
+        addr = p.base + <uintptr_t>p.offsets[k]
+        lo, hi = 0, ends.size()         # the first run end above addr
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if ends[mid].ptr <= addr:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo:
+            p.hints[k] = ends[lo - 1]
 
 
 cdef inline Block* pl_served(PlanTable* p, size_t k, Block* b) noexcept nogil:
@@ -306,6 +351,7 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
         p.frees.swap(io.frees)
         p.length = io.length
         p.live.assign(p.offsets.size(), NULL)
+        pl_hints(st, p)
         p.nbytes = io.nbytes
         p.lenient, p.grows, p.record_over = io.lenient, io.grows, io.record_over
         p.active = True

@@ -31,6 +31,14 @@ cdef struct PlanEvent:
     size_t nbytes           # an allocation's bytes (rounded); 0: a free
     uintptr_t stream        # an allocation's stream handle
 
+cdef struct PlanHint:
+    # Where a walk to request k's place may start (core/planned.pxd's pl_block_at): the last
+    # of a run of live blocks that are not planned ones (the blocks a plan places around),
+    # the run just below the place when the plan was installed. It holds while a live block
+    # still starts at ptr (the record is then in the segment's tiling, just below the place).
+    Block* block                    # NULL: no such run below the place
+    uintptr_t ptr
+
 cdef cppclass PlanTable:
     vector[PlanEvent] events        # recorded since the region last read them
     bint active                     # a plan is installed
@@ -45,6 +53,7 @@ cdef cppclass PlanTable:
     int64_t length                  # the planned step's events
     size_t event                    # this entry's events so far
     vector[Block*] live             # the live block at each place served (NULL: none)
+    vector[PlanHint] hints          # request k's walk start among the blocks that stay
     size_t next                     # this entry's requests so far
     bint stopped                    # the entry left the plan's step (a request larger than its
                                     # place, another stream or event; one miss): the rest of
@@ -121,3 +130,4 @@ cdef inline void pt_clear(PlanTable* p) noexcept nogil:
     p.allocs.clear()
     p.frees.clear()
     p.live.clear()
+    p.hints.clear()

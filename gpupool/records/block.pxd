@@ -9,6 +9,7 @@ from gpupool.records.ipcslot cimport gp_ipc_slot
 from gpupool.records.streams cimport StreamKey
 
 cdef enum BlockState:
+    RETIRED = 0         # in no segment's tiling: a spare record (core/cutjoin.pxd's sg_retire)
     LIVE = 1            # handed out (to a DeviceBuffer, the C API or an adapter)
     FREE = 2            # in the pool's free lists
     UNMAPPED = 3        # an expandable segment's pages given back: no memory behind it
