@@ -7,6 +7,8 @@ import collections
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "profile"))
@@ -28,10 +30,10 @@ def trace_named(name):
 def test_a_row_per_step_and_the_spies_removed_after():
     trace = trace_named("gpt2-ckpt")
     originals = (gpupool.Region, planned.Planner.exited, planned.Planner.place,
-                 planned.Planner.record, placement._greedy)
+                 planned.Planner.record, placement._side_by_side)
     rows = exit_cost.steps_of(trace, passes=1)
     assert (gpupool.Region, planned.Planner.exited, planned.Planner.place,
-            planned.Planner.record, placement._greedy) == originals
+            planned.Planner.record, placement._side_by_side) == originals
     starts = trace.meta["step_starts"]
     assert len(rows) == len(starts) + len(starts) - 1
     assert all(set(ms) == set(exit_cost.COLUMNS) for ms, _ in rows)
@@ -77,11 +79,25 @@ def test_host_work_and_plans_taken_at_the_exit_make_the_same_upstream_calls():
         assert all(set(ms) == set(exit_cost.COLUMNS) for ms, _ in rows)
 
 
-def test_negative_host_work_exits_2(capsys):
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--host-ms", "-1"], "--host-ms must be a finite number of milliseconds, 0 or more"),
+    (["--host-ms", "inf"], "--host-ms must be a finite number of milliseconds, 0 or more"),
+    (["--host-ms", "nan"], "--host-ms must be a finite number of milliseconds, 0 or more"),
+    (["--sync", "--no-plan"], "--no-plan makes none"),
+])
+def test_bad_host_work_or_options_that_contradict_exit_2(capsys, argv, said):
     try:
-        exit_cost.main(["vit", "--host-ms", "-1"])
+        exit_cost.main(["vit", *argv])
     except SystemExit as stop:
         assert stop.code == 2
     else:
         raise AssertionError("ran")
-    assert "--host-ms must be 0 or more" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
+
+
+def test_the_planner_column_is_never_negative():
+    # "greedy" is the wall time of the strategies run side by side, inside place and record:
+    # the planner's own part (their time less it) cannot go below zero.
+    rows = exit_cost.steps_of(trace_named("gpt2-ckpt"), sync=True)
+    assert any(ms["greedy"] > 0 for ms, _ in rows)
+    assert all(ms["planner"] >= 0 for ms, _ in rows), [ms["planner"] for ms, _ in rows]

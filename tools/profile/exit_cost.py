@@ -1,8 +1,9 @@
 """What a planned region costs per step on the CPU, split: ``tools/profile/long_replay.py``'s
 replay of a recorded trace (a region entered at each step start on the expandable simulated
 device), and per step the milliseconds of its body (the requests and frees, a record step's
-plan included), of its exit, and inside those the greedy placement (``placement._greedy``, at
-the exit and at a record step's request 0), the planner's other Python (``Planner.exited``,
+plan included), of its exit, and inside those the greedy placement (``placement._side_by_side``: the wall
+time of a plan's strategies run side by side, at the exit and at a record step's request 0),
+the planner's other Python (``Planner.exited``,
 ``place`` and ``record`` less the greedy) and the region's own part of the exit (the rest:
 reading the events, the layout, installing the plan); then the upstream calls the step made
 on the simulated device, by name (``map`` with its MiB). ``--no-plan`` enters a region without
@@ -15,8 +16,8 @@ An exit's plan is made on the region's worker thread and installed at its next c
 work between the exit and that call (``--host sleep``: ``time.sleep``, which releases the GIL,
 as a wait for the GPU does; ``busy``: a Python loop, which holds it, as framework code does).
 The plan's columns (greedy, planner) are those of its exit's row. ``--sync`` takes the plan
-inside the timed exit instead (its next call right after it): the exit as it was when plans
-were made on the exit's thread. "region" is the exit less ``Planner.exited`` (and less
+inside the timed exit instead (the host work, if any, after it): the exit as it was when plans
+were made on the exit's thread; it needs a plan (not with ``--no-plan``). "region" is the exit less ``Planner.exited`` (and less
 ``place`` with ``--sync``): reading the events, the layout, handing the plan over. Run from the
 repository root::
 
@@ -25,6 +26,7 @@ repository root::
 """
 
 import collections
+import math
 import os
 import sys
 import time
@@ -54,7 +56,7 @@ class Timers:
         for owner, name, key in ((planned.Planner, "exited", "exited"),
                                  (planned.Planner, "place", "place"),
                                  (planned.Planner, "record", "record"),
-                                 (placement, "_greedy", "greedy")):
+                                 (placement, "_side_by_side", "greedy")):
             self._undo.append((owner, name, getattr(owner, name)))
             setattr(owner, name, self._timed(getattr(owner, name), key))
 
@@ -152,14 +154,19 @@ def main(argv=None):
     p.add_argument("--capi", action="store_true", help="the requests through the C API")
     p.add_argument("--no-plan", action="store_true", help="a region without a plan per step")
     p.add_argument("--host-ms", type=float, default=0.0,
-                   help="milliseconds of host work between an exit and the next entry")
+                   help="milliseconds of host work between an exit and the next entry "
+                        "(default: %(default)s)")
     p.add_argument("--host", choices=("sleep", "busy"), default="sleep",
-                   help="that work: time.sleep (GIL released) or a Python loop (GIL held)")
+                   help="that work: time.sleep (GIL released) or a Python loop (GIL held) "
+                        "(default: %(default)s)")
     p.add_argument("--sync", action="store_true",
                    help="take each exit's plan inside the exit (as made on its thread)")
     args, trace = long_replay.parse(p, argv)
-    if not args.host_ms >= 0:
-        p.error(f"--host-ms must be 0 or more, got {args.host_ms}")
+    if not 0 <= args.host_ms < math.inf:
+        p.error(f"--host-ms must be a finite number of milliseconds, 0 or more, got "
+                f"{args.host_ms}")
+    if args.sync and args.no_plan:
+        p.error("--sync takes an exit's plan, and --no-plan makes none: choose one")
     rows = steps_of(trace, args.passes, args.capi, not args.no_plan, args.host_ms, args.host,
                     args.sync)
     print("step " + " ".join(f"{c:>8}" for c in COLUMNS) + "  upstream calls")
