@@ -40,7 +40,8 @@ Allocators (``--columns``; by default all but ``gp``,
 
 RMM columns are skipped with their reason where RMM is not installed, ``gp.vmm.plan`` where
 ``gpupool.Region`` takes no ``plan`` argument. ``--dry-run`` lists the runs and the skips
-without starting any. ``--trace-dir DIR``
+without starting any. ``--json PATH`` is written after every run too (with ``"partial":
+true`` until the last), so a run cut short keeps what it measured. ``--trace-dir DIR``
 adds, per model, a run on PyTorch's allocator under its memory history that saves the
 allocation trace as ``DIR/MODEL.npz`` (``alloc_trace``), step starts in its ``meta``, for
 ``trace_replay.py`` and CPU replays. Run::
@@ -550,6 +551,9 @@ def main(argv=None):
                     + _run_line.phases(record, STEADY_FROM) if s else
                     record.get("error", "?")),
                     file=sys.stderr, flush=True)
+                if args.json:       # the runs so far, should the call be cut before the end
+                    runs.update({c: combine(r) for c, r in done.items() if r})
+                    _common.write_json(args.json, dict(out, partial=True))
         runs.update({column: combine(done[column]) if column in done else
                      {"skipped": skipped[column]} for column in columns})
     if args.plot:
