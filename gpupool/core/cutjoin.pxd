@@ -168,22 +168,31 @@ cdef inline Block* sg_cut_front(PoolState* st, Block* b, uintptr_t ptr, StreamKe
     """Free block b, out of the free lists and untagged, holds ptr > b.ptr, a multiple of 512
     bytes above it: its front [b.ptr, ptr) goes back into the free lists, cached by owner, and
     the rest, from ptr on, is returned out of the lists and untagged (LIVE, so that the two do
-    not join), its events kept; NULL when b could not be cut (no host memory for a record: b
-    goes back whole)."""
-    cdef Block* front = b
-    sg_split(st, front, ptr - front.ptr, s, owner)     # front LIVE, the rest free in the lists
-    b = front.seg_next
-    front.state = FREE
-    if b == NULL or b.ptr != ptr:
-        rc_own(owner, front)
-        sg_put(st, front)
+    not join), with b's events (the front keeps none); NULL when b could not be cut (no host
+    memory for a record: b goes back whole). The rest never enters the free lists: a bin's
+    insert and erase touch a block record per step of their binary searches."""
+    cdef Block* rest
+    cdef size_t front = ptr - b.ptr
+    rest = NULL
+    if front % BLOCK_ALIGN == 0 and b.size - front >= BLOCK_ALIGN:
+        rest = sg_record(&st.segments, ptr, b.size - front, b.segment)
+    if rest == NULL:
+        rc_own(owner, b)
+        sg_put(st, b)
         return NULL
-    fl_unbin(&st.free, b)
-    rc_disown(b)
-    b.state = LIVE
-    rc_own(owner, front)
-    sg_put(st, front)
-    return b
+    if not is_no_stream(b.stream):
+        rest.stream = s
+    rest.event, b.event = b.event, 0
+    rest.extra_events = b.extra_events
+    b.extra_events = NULL
+    rest.used = b.used
+    rest.state = LIVE
+    b.size = front
+    b.state = FREE
+    sg_insert_after(b, rest)
+    rc_own(owner, b)
+    sg_put(st, b)
+    return rest
 
 
 cdef inline Block* sg_split_top(PoolState* st, Block* b,

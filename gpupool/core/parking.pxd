@@ -5,6 +5,7 @@
 # walks the free lists (trims, stream merges, region exits, the ladder), puts them back first
 # (joined), so best fit always sees the whole free memory. Addresses are those the free lists
 # would give: a block of the exact size, the lowest address first. Under the pool's lock.
+from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block, FREE, PARKED
 from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.cutjoin cimport sg_put
@@ -67,3 +68,17 @@ cdef inline void pk_flush(PoolState* st) noexcept nogil:
         pk_put(st, st.parked[i])
     st.nparked = 0
 
+
+cdef inline void pk_flush_range(PoolState* st, uintptr_t lo, uintptr_t hi) noexcept nogil:
+    """Put the parked blocks holding bytes of [lo, hi) into the free lists (a planned place
+    spans them: core/planned.pxd's pl_take); the others stay parked, in their order."""
+    cdef int i, kept = 0
+    cdef Block* b
+    for i in range(st.nparked):
+        b = st.parked[i]
+        if b.ptr < hi and lo < b.ptr + b.size:
+            pk_put(st, b)
+        else:
+            st.parked[kept] = b
+            kept += 1
+    st.nparked = kept

@@ -14,7 +14,7 @@ from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.cutjoin cimport sg_split, sg_cut_front
 from gpupool.core.freelist cimport fl_unbin
 from gpupool.core.growexpand cimport sg_extends, sg_map_end
-from gpupool.core.parking cimport pk_flush
+from gpupool.core.parking cimport pk_flush_range
 from gpupool.core.plantable cimport (
     PlanTable, PlanEvent, PlanHint, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, PL_RECORD,
     PL_OVER, pt_clear,
@@ -207,25 +207,28 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
     b = pl_block_at(st, p, k, addr)
     if b != NULL and b.state == PARKED:
         # Freed last, held aside unjoined: taken as it is when it is the place itself, else
-        # every parked block is put back joined (the place may span several).
+        # the parked blocks holding its bytes are put back joined (it may span several).
         if b.ptr == addr and b.size == size and same_stream(b.stream, s) and \
                 b.extra_events == NULL and (b.region.cache == NULL or
                                             b.region.cache == <void*>rc):
             pl_unpark(st, b)
             rc_disown(b)
             return pl_served(p, k, b)
-        pk_flush(st)
+        pk_flush_range(st, addr, addr + size)
         b = pl_block_at(st, p, k, addr)
     elif b != NULL and b.state == FREE and addr + size > b.ptr + b.size and st.nparked:
-        # The place runs on into bytes parked unjoined (a block freed last): put back joined.
-        pk_flush(st)
+        # The place runs on into bytes parked unjoined (blocks freed last): put back joined.
+        pk_flush_range(st, addr, addr + size)
         b = pl_block_at(st, p, k, addr)
     if p.grows and (b == NULL or (b.seg_next == NULL and b.state == FREE and
                                   addr + size > b.ptr + b.size)) and \
             pl_grow(st, up, rc, addr + size, s):
         b = pl_block_at(st, p, k, addr)
+    # A front cut off a block with record_stream events would go back free without them
+    # (the place takes them): such a place goes online.
     if b == NULL or b.state != FREE or addr + size > b.ptr + b.size or \
             not (b.region.cache == NULL or b.region.cache == <void*>rc) or \
+            (b.extra_events != NULL and b.ptr < addr) or \
             not so_ready(&st.order, up, b, s, True):
         p.misses += 1
         return NULL
