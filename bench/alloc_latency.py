@@ -33,6 +33,7 @@ NUMBA = {"ops": 100, "target_ns": 5_000_000, "min_ops": 20}
 
 GPUPOOL_TARGET_NS = 250        # DESIGN/issue: gpupool Python API cached allocate + free
 CUPY_EMPTY_TARGET_RATIO = 1.1  # cupy.empty on gpupool vs on CuPy's pool
+PLAN_TARGET_RATIO = 1.0         # issue 33: a planned allocate + free vs the pool's
 
 
 @dataclass
@@ -71,6 +72,29 @@ def make_gpupool_region(ctx):
     """The same loop inside ``with region:`` (entered once per batch)."""
     pool = ctx.new_pool()
     region = ctx.gpupool.Region(pool)
+    alloc = pool.allocate
+
+    def for_size(n):
+        def batch(ops):
+            with region:
+                for _ in range(ops):
+                    buf = alloc(n)
+                    del buf
+        return batch
+
+    def cleanup():
+        region.release()
+        pool.trim()
+
+    return Made(for_size, cleanup, pool)
+
+
+def make_gpupool_plan(ctx):
+    """The same loop inside ``with Region(plan=True):``: a batch is one entry, a step of its
+    pairs, served at its planned place once its structure has repeated (each batch of a size
+    has the same ops); the time includes the entries and exits (the exits' bookkeeping)."""
+    pool = ctx.new_pool()
+    region = ctx.gpupool.Region(pool, plan=True)
     alloc = pool.allocate
 
     def for_size(n):
@@ -346,6 +370,7 @@ def loop_batch(ops):
 COLUMNS = [
     Column("gp", "gpupool Pool.allocate + del", make_gpupool, CACHED),
     Column("gp.region", "gpupool, inside `with Region:`", make_gpupool_region, CACHED),
+    Column("gp.plan", "gpupool, inside `with Region(plan=True):`", make_gpupool_plan, CACHED),
     Column("cp.alloc", "cupy.cuda.alloc, CuPy MemoryPool", make_cupy_alloc, CACHED),
     Column("cp.alloc.gp", "cupy.cuda.alloc, gpupool allocator", make_cupy_alloc_gp, CACHED),
     Column("cp.empty", "cupy.empty uint8, CuPy MemoryPool", make_cupy_empty, CACHED),
@@ -436,6 +461,12 @@ def targets(out, sizes):
             checks.append({"target": "gpupool cached allocate+free <= 250 ns", "size": n,
                            "value": gp, "limit": GPUPOOL_TARGET_NS,
                            "ok": gp <= GPUPOOL_TARGET_NS})
+    for n in sizes:
+        mine, base = _cell(out, "gp.plan", n), _cell(out, "gp", n)
+        if mine is not None and base:
+            checks.append({"target": "planned allocate+free <= 1.0x the pool's", "size": n,
+                           "value": mine / base, "limit": PLAN_TARGET_RATIO,
+                           "ok": mine / base <= PLAN_TARGET_RATIO})
     for n in sizes:
         mine, base = _cell(out, "cp.empty.gp", n), _cell(out, "cp.empty", n)
         if mine is not None and base:
