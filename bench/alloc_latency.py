@@ -68,10 +68,10 @@ def make_gpupool(ctx):
     return Made(for_size, pool.trim, pool)
 
 
-def make_gpupool_region(ctx):
+def make_gpupool_region(ctx, plan=False):
     """The same loop inside ``with region:`` (entered once per batch)."""
     pool = ctx.new_pool()
-    region = ctx.gpupool.Region(pool)
+    region = ctx.gpupool.Region(pool, plan=plan)
     alloc = pool.allocate
 
     def for_size(n):
@@ -93,23 +93,7 @@ def make_gpupool_plan(ctx):
     """The same loop inside ``with Region(plan=True):``: a batch is one entry, a step of its
     pairs, served at its planned place once its structure has repeated (each batch of a size
     has the same ops); the time includes the entries and exits (the exits' bookkeeping)."""
-    pool = ctx.new_pool()
-    region = ctx.gpupool.Region(pool, plan=True)
-    alloc = pool.allocate
-
-    def for_size(n):
-        def batch(ops):
-            with region:
-                for _ in range(ops):
-                    buf = alloc(n)
-                    del buf
-        return batch
-
-    def cleanup():
-        region.release()
-        pool.trim()
-
-    return Made(for_size, cleanup, pool)
+    return make_gpupool_region(ctx, plan=True)
 
 
 # CuPy ------------------------------------------------------------------------------------
@@ -461,18 +445,15 @@ def targets(out, sizes):
             checks.append({"target": "gpupool cached allocate+free <= 250 ns", "size": n,
                            "value": gp, "limit": GPUPOOL_TARGET_NS,
                            "ok": gp <= GPUPOOL_TARGET_NS})
-    for n in sizes:
-        mine, base = _cell(out, "gp.plan", n), _cell(out, "gp", n)
-        if mine is not None and base:
-            checks.append({"target": "planned allocate+free <= 1.0x the pool's", "size": n,
-                           "value": mine / base, "limit": PLAN_TARGET_RATIO,
-                           "ok": mine / base <= PLAN_TARGET_RATIO})
-    for n in sizes:
-        mine, base = _cell(out, "cp.empty.gp", n), _cell(out, "cp.empty", n)
-        if mine is not None and base:
-            checks.append({"target": "cupy.empty on gpupool <= 1.1x on CuPy's pool", "size": n,
-                           "value": mine / base, "limit": CUPY_EMPTY_TARGET_RATIO,
-                           "ok": mine / base <= CUPY_EMPTY_TARGET_RATIO})
+    compared = [("gp.plan", "gp", "planned allocate+free <= 1.0x the pool's", PLAN_TARGET_RATIO),
+              ("cp.empty.gp", "cp.empty", "cupy.empty on gpupool <= 1.1x on CuPy's pool",
+               CUPY_EMPTY_TARGET_RATIO)]
+    for key, of, target, limit in compared:
+        for n in sizes:
+            mine, base = _cell(out, key, n), _cell(out, of, n)
+            if mine is not None and base:
+                checks.append({"target": target, "size": n, "value": mine / base,
+                               "limit": limit, "ok": mine / base <= limit})
     return checks
 
 

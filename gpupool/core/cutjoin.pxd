@@ -132,6 +132,20 @@ cdef inline Block* sg_put(PoolState* st, Block* b) noexcept nogil:
     return b
 
 
+cdef inline void sg_cut_after(Block* b, Block* rest, size_t size, StreamKey s) noexcept nogil:
+    """rest, a new record of b's bytes from size on, follows b in its segment, with b's events
+    (b keeps none) and its last use; on s unless b was never used. b keeps its first size
+    bytes."""
+    if not is_no_stream(b.stream):
+        rest.stream = s
+    rest.event, b.event = b.event, 0
+    rest.extra_events = b.extra_events
+    b.extra_events = NULL
+    rest.used = b.used
+    b.size = size
+    sg_insert_after(b, rest)
+
+
 cdef inline void sg_split(PoolState* st, Block* b, size_t size,
                           StreamKey s, RegionCache* owner) noexcept nogil:
     """Cut a block just taken for stream s (out of the free lists; its earlier work is ordered
@@ -149,16 +163,9 @@ cdef inline void sg_split(PoolState* st, Block* b, size_t size,
     if rest == NULL:
         so_drop_events(so, b)           # no host memory: the block serves whole
         return
-    if not is_no_stream(b.stream):
-        rest.stream = s
-    rest.event, b.event = b.event, 0
-    rest.extra_events = b.extra_events
-    b.extra_events = NULL
-    rest.used = b.used
     rest.state = FREE
     b.state = LIVE                      # not joinable with rest
-    b.size = size
-    sg_insert_after(b, rest)
+    sg_cut_after(b, rest, size, s)
     rc_own(owner, rest)
     sg_put(st, rest)
 
@@ -180,16 +187,9 @@ cdef inline Block* sg_cut_front(PoolState* st, Block* b, uintptr_t ptr, StreamKe
         rc_own(owner, b)
         sg_put(st, b)
         return NULL
-    if not is_no_stream(b.stream):
-        rest.stream = s
-    rest.event, b.event = b.event, 0
-    rest.extra_events = b.extra_events
-    b.extra_events = NULL
-    rest.used = b.used
     rest.state = LIVE
-    b.size = front
     b.state = FREE
-    sg_insert_after(b, rest)
+    sg_cut_after(b, rest, front, s)
     rc_own(owner, b)
     sg_put(st, b)
     return rest
