@@ -235,11 +235,17 @@ def gpu_pool(device=0):
         return None, f"no GPU ({exc})"
 
 
-def cuda_torch_or_skip(script, json_path=None):
-    """``torch`` when it is importable and sees a CUDA device; else the one-line skip (exit 0)."""
+def cuda_torch():
+    """``(torch, None)`` when it is importable and sees a CUDA device; else ``(None, why)``."""
     torch, reason = optional_import("torch")
     if torch is not None and not torch.cuda.is_available():
         torch, reason = None, "torch.cuda.is_available() is False"
+    return torch, reason
+
+
+def cuda_torch_or_skip(script, json_path=None):
+    """``torch`` when it is importable and sees a CUDA device; else the one-line skip (exit 0)."""
+    torch, reason = cuda_torch()
     if torch is None:
         skip(script, reason, json_path)
     return torch

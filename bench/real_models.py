@@ -504,6 +504,8 @@ def main(argv=None):
                    help="runs of each (model, allocator), the columns interleaved (ABCABC): "
                         "ms/step is the median of the runs' medians (default %(default)s)")
     args = p.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be >= 1, not {args.steps}")
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
     if args.child:
         model, column = args.child
@@ -518,6 +520,10 @@ def main(argv=None):
     skipped = skip_reasons(columns)
     if args.dry_run:
         print(dry_run_text(models, columns, skipped, steps, args.trace_dir, args.repeat))
+        torch, why = _common.cuda_torch()
+        if torch is None:
+            print(f"{SCRIPT} --dry-run: this machine would skip every run: {why}",
+                  file=sys.stderr)
         return 0
     if args.simulated:
         _common.skip(SCRIPT, "--simulated: " + NO_SIMULATED, args.json)

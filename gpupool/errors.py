@@ -66,6 +66,15 @@ def not_picklable(what, instead):
                      f"process, which no other process or copy can own; {instead}")
 
 
+def host_memory_pool(serves):
+    """The ValueError raised when an adapter is given a pool on the simulated device, whose
+    host memory would reach the framework's kernels as device memory; ``serves`` names what
+    the adapter would serve (``"CuPy's device allocations"``)."""
+    return ValueError(f"a pool on a simulated device holds host memory: it cannot serve "
+                      f"{serves}; give it a pool on a GPU (gpupool.Pool(device=0)): a simulated "
+                      f"pool's buffers are for NumPy and tests without a GPU")
+
+
 class GpupoolError(Exception):
     """Base class of every gpupool error."""
 

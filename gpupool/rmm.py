@@ -43,6 +43,7 @@ import functools
 import gpupool
 from gpupool.adapters.rmm_entry import RmmCallbacks
 from gpupool.core.pool import Pool
+from gpupool.errors import host_memory_pool
 from gpupool.public import public_dir
 
 __all__ = ["resource", "use"]
@@ -167,5 +168,4 @@ def _check_pool(pool, device):
         if device != pool.device:
             raise ValueError(f"the pool is on device {pool.device}, not device {device}")
     if isinstance(pool.upstream, gpupool.testing.SimulatedDevice):
-        raise ValueError("a pool on a simulated device holds host memory: it cannot serve "
-                         "RMM's device allocations")
+        raise host_memory_pool("RMM's device allocations")

@@ -95,7 +95,7 @@ import warnings
 
 import gpupool
 from gpupool.adapters import torch_entry
-from gpupool.errors import GpupoolError, NoDeviceError, import_extra
+from gpupool.errors import GpupoolError, NoDeviceError, host_memory_pool, import_extra
 from gpupool.public import public_dir
 
 # OutOfMemoryError subclasses torch's: module __getattr__ makes it on first access.
@@ -174,8 +174,7 @@ def _check_pool(pool):
     if not isinstance(pool, gpupool.Pool):
         raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
     if isinstance(pool.upstream, gpupool.testing.SimulatedDevice):
-        raise ValueError("a pool on a simulated device holds host memory: it cannot serve "
-                         "PyTorch's CUDA tensors")
+        raise host_memory_pool("PyTorch's CUDA tensors")
 
 
 def _allocator(malloc):

@@ -216,3 +216,19 @@ def test_repeated_runs_judge_step_time_by_each_steps_least_ms():
                for line in real_models.targets_text(out))
     single = real_models.combine([run([100.0, 100.0, 100.0])])
     assert "ms_least" not in single["summary"]                   # one run: no such ruler
+
+
+@pytest.mark.parametrize("steps", ["0", "-3"])
+def test_steps_below_one_are_refused(steps, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        real_models.main(["--dry-run", "--steps", steps])
+    assert exit_.value.code == 2
+    assert f"--steps must be >= 1, not {steps}" in capsys.readouterr().err
+
+
+def test_a_dry_run_says_when_this_machine_would_skip_every_run(monkeypatch, capsys):
+    monkeypatch.setattr(real_models._common, "cuda_torch", lambda: (None, "no torch here"))
+    assert real_models.main(["--dry-run", "--models", "gpt2"]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("processes")
+    assert err.strip() == "real_models --dry-run: this machine would skip every run: no torch here"

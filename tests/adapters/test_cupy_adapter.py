@@ -240,7 +240,8 @@ def test_a_pool_on_the_simulated_device_is_refused_before_cupy_is_asked(monkeypa
     fails inside CuPy, blaming the driver), as gpupool.rmm.resource refuses it."""
     monkeypatch.setitem(sys.modules, "cupy", cupy_module)
     with pytest.raises(ValueError, match=r"^a pool on a simulated device holds host memory: "
-                                         r"it cannot serve CuPy's device allocations$"):
+                                         r"it cannot serve CuPy's device allocations; give it "
+                                         r"a pool on a GPU \(gpupool.Pool\(device=0\)\)"):
         gpupool.cupy.allocator(pool)
     assert pool.stats().num_allocs == 0
 
