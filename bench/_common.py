@@ -10,6 +10,7 @@ order. The garbage collector is disabled while batches run, as ``timeit`` does.
 import argparse
 import gc
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -310,6 +311,11 @@ def environment(device=0):
         version = _version(dist)
         if version is not None:
             info[dist] = version
+    spec = importlib.util.find_spec("gpupool")
+    if spec is not None and spec.origin:
+        # Which build this process imports: an A/B run (tools/gpu/gpu-check.sh's ab step)
+        # puts the base's first on PYTHONPATH.
+        info["gpupool_from"] = os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
     info.update(_device_info(device))
     return info
 

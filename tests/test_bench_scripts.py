@@ -109,3 +109,22 @@ def test_rmm_resource_times_rmm_resources_and_judges_the_target(sim):
     assert [(t["size"], t["ok"]) for t in out["targets"]] == [(MiB, False)]
     printed = rmm_resource.report(out)
     assert "[MISS] gpupool resource <= RMM pool resource: 1 MiB: 2.00x" in printed
+
+
+def test_results_name_the_gpupool_build_they_imported():
+    # An A/B run (tools/gpu/gpu-check.sh's ab step) tells its two builds apart by this.
+    import _common
+
+    where = _common.environment(device=None)["gpupool_from"]
+    assert os.path.samefile(where, os.path.dirname(os.path.dirname(gpupool.__file__)))
+
+
+@pytest.mark.parametrize("args", [[], ["no-such-rev-anywhere"]])
+def test_ab_base_refuses_a_missing_or_unknown_revision(args):
+    import subprocess
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tools",
+                          "gpu", "ab-base.sh")
+    proc = subprocess.run(["bash", script, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert ("usage" if not args else "names no commit") in proc.stderr

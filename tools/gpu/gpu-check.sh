@@ -30,6 +30,15 @@
 #   profile   tools/profile/profile_threads.py: the C API loop on 1 and 8 threads (and 8 beside 7
 #             idle ones), one run under perf where the machine has it (perf.txt; PERF_ARGS
 #             its options, default 8 threads on per-thread streams beside 7 idle ones)
+#   ab        the same real_models.py runs on this tree and on a base (A/B), in AB_ROUNDS
+#             rounds (3), the ways alternating and each one first in turn: this tree's
+#             AB_COLUMNS (torch.exp,gp.vmm.region,gp.vmm.plan), the base's AB_BASE_COLUMNS
+#             (gp.vmm.plan), AB_ARGS the runs' options ("--models llama-ckpt --steps 40
+#             --sampler native"). The base is .ab-base/, made here by tools/gpu/ab-base.sh REV
+#             and carried (carry [".whl", ".ab-base"]); it is built in place and put first on
+#             PYTHONPATH for its runs. Each run's JSON names the build it imported
+#             (env.gpupool_from); all come back as ab.tar with ab.log (one file each: the
+#             device tool returns at most 8 files)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
 #   sleep     bench/sleep_cycle.py alone (SLEEP_ARGS its options, e.g. "--nbytes 4GiB --reps 11"):
 #             a tagged pool's sleep and wake of 10 GiB, with and without offload, beside a plain
@@ -231,6 +240,32 @@ if step models; then
         ${MODELS_ARGS:-} > "$OUT/models.log" 2>&1
     summary "real_models rc=$? ($(python3 -c 'import rmm; print("rmm", rmm.__version__)' 2>&1 | tail -1))"
     [ -n "${MODELS_TRACES:-}" ] && (cd /tmp/gpupool-traces && tar cf "$OUT/traces.tar" *.npz)
+fi
+if step ab; then
+    if [ ! -f .ab-base/setup.py ]; then
+        summary "ab: no .ab-base here (tools/gpu/ab-base.sh REV makes it; carry it)"
+    elif ! (cd .ab-base && timeout 240 python3 setup.py -q build_ext --inplace -j 16 \
+            > /tmp/gpupool-ab-build.log 2>&1); then
+        cp /tmp/gpupool-ab-build.log "$OUT/ab-build.log"; summary "ab: the base's build FAILED"
+    else
+        rm -rf /tmp/gpupool-ab && mkdir -p /tmp/gpupool-ab
+        args=${AB_ARGS:-"--models llama-ckpt --steps 40 --sampler native"}
+        run_new() { timeout ${AB_TIMEOUT:-200} python3 bench/real_models.py $args --repeat 1 \
+            --columns ${AB_COLUMNS:-torch.exp,gp.vmm.region,gp.vmm.plan} \
+            --json /tmp/gpupool-ab/new-$1.json > /tmp/gpupool-ab/new-$1.log 2>&1; }
+        run_base() { PYTHONPATH="$PWD/.ab-base${PYTHONPATH:+:$PYTHONPATH}" timeout \
+            ${AB_TIMEOUT:-200} python3 bench/real_models.py $args --repeat 1 \
+            --columns ${AB_BASE_COLUMNS:-gp.vmm.plan} \
+            --json /tmp/gpupool-ab/base-$1.json > /tmp/gpupool-ab/base-$1.log 2>&1; }
+        for r in $(seq 1 ${AB_ROUNDS:-3}); do
+            if [ $((r % 2)) = 1 ]; then run_new $r; run_base $r; else run_base $r; run_new $r; fi
+            (cd /tmp/gpupool-ab && tar cf "$OUT/ab.tar" *.json *.log 2> /dev/null)
+        done
+        grep -h "ms/step" /tmp/gpupool-ab/*.log | cut -c1-200 > "$OUT/ab.log"
+        python3 -c "import json, glob; [print(f, json.load(open(f))['env'].get('gpupool_from')) \
+            for f in sorted(glob.glob('/tmp/gpupool-ab/*.json'))]" >> "$OUT/ab.log" 2>&1
+        summary "ab: $(ls /tmp/gpupool-ab/*.json 2> /dev/null | wc -l) runs' records in ab.tar"
+    fi
 fi
 if step example; then
     timeout 300 python3 examples/train_digits.py --device gpu --quiet \
