@@ -326,12 +326,14 @@ SIMULATED_HELP = ("run gpupool on gpupool.testing.SimulatedDevice (no GPU needed
                   "the harness only, the numbers are not GPU numbers)")
 
 
-def parser(description, columns=False, no_simulated=None):
+def parser(description, columns=False, no_simulated=None, json_help=""):
     """Argument parser with the options every script takes; with ``columns``, ``--columns``
     too (read it with :func:`column_keys`). A script that has no simulated run names why in
-    ``no_simulated``: ``--simulated``'s help then says it skips, and why."""
+    ``no_simulated``: ``--simulated``'s help then says it skips, and why. ``json_help`` is
+    added to ``--json``'s help (when the script writes it more than once, say)."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH (its "
+                   "folder made if missing)" + json_help)
     p.add_argument("--quick", action="store_true",
                    help="few repetitions: checks the script runs, numbers are rough")
     p.add_argument("--simulated", action="store_true",

@@ -481,8 +481,9 @@ def plot(out, path):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0], columns=True,
-                       no_simulated=NO_SIMULATED)
+    p = _common.parser(__doc__.splitlines()[0], columns=True, no_simulated=NO_SIMULATED,
+                       json_help="; written after every run too, with \"partial\": true "
+                                 "until the last")
     p.add_argument("--steps", type=int, help=f"training steps (default {STEPS}; --quick: "
                                               f"{QUICK_STEPS})")
     p.add_argument("--models", default=",".join(_models.DEFAULT_MODELS),

@@ -232,3 +232,9 @@ def test_a_dry_run_says_when_this_machine_would_skip_every_run(monkeypatch, caps
     out, err = capsys.readouterr()
     assert out.rstrip().endswith("processes")
     assert err.strip() == "real_models --dry-run: this machine would skip every run: no torch here"
+
+
+def test_json_help_says_it_is_written_after_every_run(capsys):
+    with pytest.raises(SystemExit):
+        real_models.main(["--help"])
+    assert '"partial": true until the last' in " ".join(capsys.readouterr().out.split())
