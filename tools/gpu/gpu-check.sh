@@ -34,9 +34,9 @@
 #             rounds (3), the ways alternating and each one first in turn: this tree's
 #             AB_COLUMNS (torch.exp,gp.vmm.region,gp.vmm.plan), the base's AB_BASE_COLUMNS
 #             (gp.vmm.plan), AB_ARGS the runs' options ("--models llama-ckpt --steps 40
-#             --sampler native"). The base is .ab-base/, made here by tools/gpu/ab-base.sh REV
-#             and carried (carry [".whl", ".ab-base"]); it is built in place and put first on
-#             PYTHONPATH for its runs. Each run's JSON names the build it imported
+#             --sampler native"), AB_TIMEOUT each run's limit (200 s). The base is
+#             .ab-base/, made by tools/gpu/ab-base.sh REV here and carried (carry [".whl",
+#             ".ab-base"]); it is built in place and put first on PYTHONPATH for its runs. Each run's JSON names the build it imported
 #             (env.gpupool_from); all come back as ab.tar with ab.log (one file each: the
 #             device tool returns at most 8 files)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
