@@ -172,7 +172,9 @@ cdef inline void sg_split(PoolState* st, Block* b, size_t size,
 
 cdef inline Block* sg_cut_front(PoolState* st, Block* b, uintptr_t ptr, StreamKey s,
                                 RegionCache* owner) noexcept nogil:
-    """Free block b, out of the free lists and untagged, holds ptr > b.ptr, a multiple of 512
+    """Free block b, out of the free lists and untagged, with no record_stream events (its
+    front would go back free without them: the caller sends such a request elsewhere before
+    it waits on them), holds ptr > b.ptr, a multiple of 512
     bytes above it: its front [b.ptr, ptr) goes back into the free lists, cached by owner, and
     the rest, from ptr on, is returned out of the lists and untagged (LIVE, so that the two do
     not join), with b's events (the front keeps none); NULL when b could not be cut (no host

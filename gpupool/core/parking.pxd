@@ -69,10 +69,11 @@ cdef inline void pk_flush(PoolState* st) noexcept nogil:
     st.nparked = 0
 
 
-cdef inline void pk_flush_range(PoolState* st, uintptr_t lo, uintptr_t hi) noexcept nogil:
+cdef inline int pk_flush_range(PoolState* st, uintptr_t lo, uintptr_t hi) noexcept nogil:
     """Put the parked blocks holding bytes of [lo, hi) into the free lists (a planned place
-    spans them: core/planned.pxd's pl_take); the others stay parked, in their order."""
-    cdef int i, kept = 0
+    spans them: core/planned.pxd's pl_take); the others stay parked, in their order. Returns
+    how many were put back."""
+    cdef int i, kept = 0, n = st.nparked
     cdef Block* b
     for i in range(st.nparked):
         b = st.parked[i]
@@ -82,3 +83,4 @@ cdef inline void pk_flush_range(PoolState* st, uintptr_t lo, uintptr_t hi) noexc
             st.parked[kept] = b
             kept += 1
     st.nparked = kept
+    return n - kept

@@ -205,20 +205,18 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
         return NULL
     addr = p.base + <uintptr_t>p.offsets[k]
     b = pl_block_at(st, p, k, addr)
-    if b != NULL and b.state == PARKED:
-        # Freed last, held aside unjoined: taken as it is when it is the place itself, else
-        # the parked blocks holding its bytes are put back joined (it may span several).
-        if b.ptr == addr and b.size == size and same_stream(b.stream, s) and \
-                b.extra_events == NULL and (b.region.cache == NULL or
-                                            b.region.cache == <void*>rc):
-            pl_unpark(st, b)
-            rc_disown(b)
-            return pl_served(p, k, b)
-        pk_flush_range(st, addr, addr + size)
-        b = pl_block_at(st, p, k, addr)
-    elif b != NULL and b.state == FREE and addr + size > b.ptr + b.size and st.nparked:
-        # The place runs on into bytes parked unjoined (blocks freed last): put back joined.
-        pk_flush_range(st, addr, addr + size)
+    if b != NULL and b.state == PARKED and b.ptr == addr and b.size == size and \
+            same_stream(b.stream, s) and b.extra_events == NULL and \
+            (b.region.cache == NULL or b.region.cache == <void*>rc):
+        # Freed last, held aside unjoined, and the place itself: taken as it is.
+        pl_unpark(st, b)
+        rc_disown(b)
+        return pl_served(p, k, b)
+    if b != NULL and st.nparked and (b.state == PARKED or (
+            b.state == FREE and addr + size > b.ptr + b.size)) and \
+            pk_flush_range(st, addr, addr + size):
+        # The place holds bytes parked unjoined (blocks freed last): those are put back
+        # joined (it may span several), and its block found again.
         b = pl_block_at(st, p, k, addr)
     if p.grows and (b == NULL or (b.seg_next == NULL and b.state == FREE and
                                   addr + size > b.ptr + b.size)) and \

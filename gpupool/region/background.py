@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["DROPPED", "PlanJob", "columns"]
+__all__ = ["DROPPED", "PlanJob", "columns", "installed"]
 
 DROPPED = object()          # PlanJob.result() of a job a fork() child inherits unfinished
 
@@ -44,6 +44,13 @@ def columns(placed):
     step = found.step
     return np.ascontiguousarray(np.stack(
         [found.offsets, step.nbytes, step.stream, anchors, step.alloc, step.free]), np.int64)
+
+
+def installed(placed):
+    """What the region installs of a ``(Plan, anchors)`` result: ``(columns, length,
+    nbytes)``, its :func:`columns`, its step's events and its range's bytes."""
+    found = placed[0]
+    return columns(placed), found.step.length, found.nbytes
 
 
 class PlanJob:
@@ -88,8 +95,7 @@ class PlanJob:
             placed = planner.place(base, span, obstacles)
             if placed is not None:
                 # What the install needs, read from the planner as the exit would have.
-                placed = (columns(placed), placed[0].step.length, placed[0].nbytes,
-                          planner.growing(), planner.record_over())
+                placed = (*installed(placed), planner.growing(), planner.record_over())
             self._made = placed
         except BaseException as exc:        # raised by result(), on the region's thread
             self._error = exc

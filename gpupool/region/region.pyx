@@ -40,7 +40,7 @@ from gpupool.stats import RegionStats
 from gpupool.buffer.view import BufferView
 from gpupool.region.escapes import Escapes
 from gpupool.region.planned import Planner
-from gpupool.region.background import DROPPED, PlanJob, columns as plan_columns
+from gpupool.region.background import DROPPED, PlanJob, installed
 
 # "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
 # collector is incremental with a young and an old generation, the young generation plus one
@@ -407,9 +407,10 @@ cdef class Region:
             if base == 0 or io.record_nbytes == 0:
                 return
             placed = self._planner.record(io.record_nbytes, base, _event_rows(&io, 2))
-            if placed is not None and not self._install(
-                    plan_columns(placed), placed[0].step.length, placed[0].nbytes, base, True,
-                    True, io.record_nbytes):
+            if placed is None:
+                return
+            table, length, nbytes = installed(placed)
+            if not self._install(table, length, nbytes, base, True, True, io.record_nbytes):
                 self._planner.record_dropped()
         finally:
             self._planning.release()
