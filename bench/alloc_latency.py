@@ -69,12 +69,16 @@ def make_gpupool(ctx):
 
 
 def make_gpupool_region(ctx, plan=False):
-    """The same loop inside ``with region:`` (entered once per batch)."""
+    """The same loop inside ``with region:`` (entered once per batch), a region per size: a
+    training loop's region sees its step again, while the rounds interleave the sizes."""
     pool = ctx.new_pool()
-    region = ctx.gpupool.Region(pool, plan=plan)
+    regions = []
     alloc = pool.allocate
 
     def for_size(n):
+        region = ctx.gpupool.Region(pool, plan=plan)
+        regions.append(region)
+
         def batch(ops):
             with region:
                 for _ in range(ops):
@@ -83,16 +87,18 @@ def make_gpupool_region(ctx, plan=False):
         return batch
 
     def cleanup():
-        region.release()
+        for region in regions:
+            region.release()
         pool.trim()
 
     return Made(for_size, cleanup, pool)
 
 
 def make_gpupool_plan(ctx):
-    """The same loop inside ``with Region(plan=True):``: a batch is one entry, a step of its
-    pairs, served at its planned place once its structure has repeated (each batch of a size
-    has the same ops); the time includes the entries and exits (the exits' bookkeeping)."""
+    """The same loop inside ``with Region(plan=True):``, a region per size: a batch is one
+    entry, a step of its pairs, served at its planned place once its structure has repeated
+    (each batch of a size has the same ops); the time includes the entries and exits (the
+    exits' bookkeeping: an exit that repeats the last is cheap, gpupool.region.recorded)."""
     return make_gpupool_region(ctx, plan=True)
 
 

@@ -8,6 +8,7 @@
 # Under the pool's lock; only core/acquire.pxd (the take) and core/pool.pyx (the window) use it.
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t, int64_t
+from libc.string cimport memcmp
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block, Segment, FREE, LIVE, PARKED
 from gpupool.records.streams cimport StreamKey, same_stream
@@ -308,10 +309,13 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     its request 0's bytes in io.record_nbytes (0 and 0: none pending); PL_INSTALL installs io's
     plan at io.base (with io.lenient, io.grows and io.record_over; during an entry, its next
     requests are served from it) and returns its base; a lenient one (a record step's plan)
-    only if no event of the entry came since its PL_RECORD, else 0. PL_READ (at exit) and
-    PL_ENTRY drop a record step's plan pending."""
+    only if no event of the entry came since its PL_RECORD, else 0. PL_READ (at exit) hands
+    io the events recorded since the last PL_READ, its hits and misses; io.same in: the caller
+    holds the last read's events; out: they were the same, and io.events is left empty.
+    PL_READ and PL_ENTRY drop a record step's plan pending."""
     cdef PlanTable* p = rc.plan
     cdef PlanEvent marker
+    cdef bint same
     if op == PL_ENTRY:
         pl_unrecord(rc)
         p.record_event = 0
@@ -322,7 +326,15 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     elif op == PL_READ:
         pl_unrecord(rc)             # the entry is over: a record step's plan pending is not
         p.record_event = 0          # made, nor installed
-        io.events.swap(p.events)
+        # A step that repeats (a planned entry served as the last) records the same events:
+        # compared here, they need not be copied out (Note [Step time of planned regions])
+        same = p.events.size() == p.last.size() and (p.events.size() == 0 or memcmp(
+            p.events.data(), p.last.data(), p.events.size() * sizeof(PlanEvent)) == 0)
+        p.last.swap(p.events)
+        p.events.clear()
+        io.same = io.same and same
+        if not io.same:
+            io.events = p.last
         io.hits, io.misses, io.stopped = p.hits, p.misses, p.stopped
         io.first_nbytes = p.first_nbytes
     elif op == PL_LAYOUT:

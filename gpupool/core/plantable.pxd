@@ -41,6 +41,10 @@ cdef struct PlanHint:
 
 cdef cppclass PlanTable:
     vector[PlanEvent] events        # recorded since the region last read them
+    vector[PlanEvent] last          # the events the region read last (PL_READ)
+    bint same                       # PL_READ: the events read are the same as the read
+                                    # before's, and not copied to io.events (the caller's
+                                    # input: it holds the last read's; output: they were)
     bint active                     # a plan is installed
     size_t nbytes                   # its range's bytes
     uintptr_t base                  # the address of its offset 0

@@ -50,11 +50,11 @@ import numpy as np
 
 from gpupool.region import anchors as _anchors
 from gpupool.region import placement
-from gpupool.region import steps as _steps
 from gpupool.region import tails as _tails
-from gpupool.region.digests import Signatures as _Signatures, plan_digest as _digest
+from gpupool.region.digests import plan_digest as _digest
 from gpupool.region.digests import signature
 from gpupool.region.meeting import meeting as _meeting, meets as _meets
+from gpupool.region.recorded import Recorded as _Recorded
 
 __all__ = ["Planner", "anchors", "signature"]
 
@@ -168,11 +168,8 @@ class Planner:
         self._firsts = []           # the last two entries' request 0's requested bytes
         self._recorded = 0          # exits since a record step's plan was installed (0: none)
         self._fresh = False         # the next plan installed is a transition (after a record)
-        # The events since the step before the last: rows (ptr, nbytes, stream), nbytes 0 a
-        # free, ptr 0 where an entry starts.
-        self._events = np.zeros((0, 3), np.int64)
+        self._recorded_steps = _Recorded()  # the events read, made into complete steps
         self._seen = OrderedDict()
-        self._signature = _Signatures()     # signature(), the last structures' kept
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
         self._later = OrderedDict()     # signature -> the exit before which it is not planned
         self._waits = OrderedDict()     # signature -> exits its last plan not fitting waited
@@ -185,10 +182,6 @@ class Planner:
         self._past = False          # the steady plan installed may map pages (:meth:`place`)
         self._fell_back = False     # the last plan made is first fit (its fallback's limit)
         self._relayout = False      # the current plan served its last entry badly
-        # The last entry's blocks live at its exit: int64 arrays of their request numbers in
-        # it, pointers and bytes (steps.complete's order).
-        self._carried = (np.zeros(0, np.int64),) * 3
-        self._at_start = False      # the last entry freed those of the one before first
         self._entries_on = 0        # entries served by the current plan so far
         self._strikes = 0
         # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
@@ -205,7 +198,7 @@ class Planner:
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
         stream as integers, an (n, 3) int64 array or any sequence of such rows; bytes 0: a
-        free; ptr 0: an entry starts), the entry's planned requests served (``hits``) and
+        free; ptr 0: an entry starts; None: the same rows as the last call's), the entry's planned requests served (``hits``) and
         not (``misses``, the request that left the plan's step included when it
         ``stopped``), whether its requests grew the pool, and its request 0's requested
         bytes (``first``; 0: it made none). An entry that left the plan's step (another
@@ -213,17 +206,14 @@ class Planner:
         plan's step count against it. Returns ``"layout"`` when a plan is to be installed
         (the region then asks the core where it goes and calls :meth:`place`), ``"clear"``
         to serve the next entry online, or None to keep what is installed."""
-        self._events = np.concatenate(
-            [self._events, np.asarray(events, np.int64).reshape(-1, 3)])
+        step, sig = self._recorded_steps.read(events)
         self._firsts = (self._firsts + [int(first)])[-2:]
         self._exits += 1
         self.counts["hits"] += hits
         self.counts["misses"] += misses
         action = None
-        self._at_start = _tails.freed_first(self._events, self._carried[1])
-        step, self._grown = self._complete_step(), False
+        self._grown = False
         if step is not None:
-            sig = self._signature(step)
             seen, envelope = self._remember(sig, step, self._firsts[0])
             kept = self._plans.get(sig)
             self._grown = sig == self.current and kept is not None and \
@@ -352,7 +342,7 @@ class Planner:
         transition would then pin every request at its steady place. A plan kept although
         blocks that stay meet it (the one placed around them did not fit) gets its
         transition, placed around them too."""
-        k = self._carried[0]
+        k = self._recorded_steps.carried[0]
         offset, nbytes, end, tail = self._left_live(plan.step, base)
         placed = tail.copy()
         placed[tail] = plan.offsets[k[tail]] == offset[tail]     # a tail at its own place
@@ -365,7 +355,8 @@ class Planner:
         """``tails.left_live`` of the blocks the last entry left live, for a plan of step made
         at ``base``: their offsets from base, bytes, the event of the step's entry until which
         each stays, and whether each is step's tail of its request number."""
-        return _tails.left_live(step, self._carried, base, self._at_start)
+        recorded = self._recorded_steps
+        return _tails.left_live(step, recorded.carried, base, recorded.at_start)
 
     def _transition_plan(self, step, steady, base, span, obstacles):
         """The plan of the first entry served: the steady plan's tails where it puts them,
@@ -415,7 +406,8 @@ class Planner:
         """``placement.plan``'s fixed rows for a plan of step made at ``base``
         (``tails.fixed_rows``): the obstacles throughout, the blocks the last entry left live
         until the step's entry frees them."""
-        return _tails.fixed_rows(step, self._carried, base, obstacles, self._at_start)
+        recorded = self._recorded_steps
+        return _tails.fixed_rows(step, recorded.carried, base, obstacles, recorded.at_start)
 
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan
@@ -587,12 +579,3 @@ class Planner:
     def plans(self):
         """The plans kept, least recently used first."""
         return [p for p, _, _ in self._plans.values()]
-
-    def _complete_step(self):
-        """The step of the entry before the last one, its tails' frees looked up in the last
-        one, as a placement.Step; None before two entries. Events before it are dropped. The
-        last entry's blocks live at its exit go to ``_carried`` (compiled in
-        gpupool.region.steps)."""
-        lo, made, self._carried = _steps.complete(self._events)
-        self._events = self._events[lo:]
-        return placement.Step(*made) if made is not None else None

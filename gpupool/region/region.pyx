@@ -202,6 +202,7 @@ cdef class Region:
                                           # step) and while a plan in flight is taken
     cdef object _job                      # the exit's plan in flight (region/background.py)
     cdef size_t _misses_at_entry
+    cdef bint _read                       # the planner took the last PL_READ's events
     cdef object __weakref__
 
     def __cinit__(self, pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
@@ -332,11 +333,13 @@ cdef class Region:
     cdef int _replan(self) except -1:
         """Hand the recorded events to the planner; install the plan it returns."""
         cdef PlanTable io
+        io.same, self._read = self._read, False     # the planner holds the last read's events
         self.pool.region_plan(self.rc, PL_READ, &io)
-        events = _event_rows(&io, 3)
+        events = None if io.same else _event_rows(&io, 3)
         grew = self.pool.region_counters(self.rc).misses > self._misses_at_entry
         action = self._planner.exited(events, io.hits, io.misses, grew, io.stopped,
                                      io.first_nbytes)
+        self._read = True
         if action is None:
             io.record_over = self._planner.record_over()
             self.pool.region_plan(self.rc, PL_OVER, &io)

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
 """A planned region's recorded events made into its last complete step, compiled
-(``Planner._complete_step`` calls it at every exit), and the scan of the last entry's first
+(``recorded.Recorded.read`` calls it at an exit), and the scan of the last entry's first
 frees behind ``tails.freed_first``.
 
 The core records a planned region's allocations and frees in order, as rows (ptr, bytes,

@@ -1,5 +1,5 @@
-"""The Python loops that ``Planner._complete_step`` ran before its bookkeeping was compiled
-(gpupool.region.steps), and the NumPy scan ``tails.freed_first`` ran before: the references
+"""The Python loops that made a planned region's steps before its bookkeeping was compiled
+(gpupool.region.steps, called by gpupool.region.recorded), and the NumPy scan ``tails.freed_first`` ran before: the references
 tests/region/test_steps.py compares the compiled ones with."""
 
 import numpy as np
@@ -24,7 +24,7 @@ def freed_first(events, ptr):
 
 def complete_step(events):
     """(events kept, step or None, carried) of the event list ``events`` (rows of ptr,
-    nbytes, stream; ptr 0 where an entry starts), as ``Planner._complete_step`` made them:
+    nbytes, stream; ptr 0 where an entry starts), as the planner made them:
     the step of the entry before the last one, its tails' frees looked up in the last one;
     the events before it dropped; carried, the last entry's live blocks, k -> (ptr, bytes),
     a dict in its order."""

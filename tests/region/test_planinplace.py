@@ -20,7 +20,7 @@ def placed(carried, obstacles=(), span=8 * MIB):
     ((request, offset from BASE, bytes) rows) live; the planner and its (Plan, anchors)."""
     planner = Planner()
     k, offset, nbytes = np.array(carried, np.int64).reshape(-1, 3).T
-    planner._carried = (k, offset + BASE, nbytes)
+    planner._recorded_steps.carried = (k, offset + BASE, nbytes)
     planner._wanted = (b"sig", STEP)
     return planner, planner.place(base=BASE, span=span, obstacles=list(obstacles))
 
@@ -49,7 +49,7 @@ def test_a_kept_plan_under_blocks_that_stay_keeps_its_transition():
     steady = planner.plans[-1]
     # The blocks that stay meet the kept plan, the plan around them does not fit: the kept
     # plan stays, and the transition is placed around them and the tail left live.
-    planner._carried = (np.array([2]), np.array([BASE + steady.offsets[1]]), np.array([MIB]))
+    planner._recorded_steps.carried = (np.array([2]), np.array([BASE + steady.offsets[1]]), np.array([MIB]))
     planner._wanted = (b"sig", STEP)
     plan, _ = planner.place(base=BASE, span=2 * MIB, obstacles=[(0, MIB // 2)])
     assert planner.plans[-1] is steady and planner._transition and plan is not steady
@@ -76,7 +76,7 @@ def test_a_block_at_a_tails_place_but_larger_than_it_needs_a_transition():
     planner._wanted = (b"sig", step)
     steady, _ = planner.place(base=BASE, span=8 * MIB, obstacles=[])
     assert steady.offsets[1] == 0 and steady.offsets[0] == 2 * MIB
-    planner._carried = (np.array([1]), np.array([BASE]), np.array([3 * MIB]))
+    planner._recorded_steps.carried = (np.array([1]), np.array([BASE]), np.array([3 * MIB]))
     planner._wanted, planner._fresh = (b"sig", step), True
     plan, _ = planner.place(base=BASE, span=8 * MIB, obstacles=[])
     assert planner._transition and plan is not steady

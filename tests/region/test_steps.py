@@ -1,5 +1,5 @@
 """A planned region's per-exit bookkeeping (gpupool.region.steps, behind
-``Planner._complete_step``) gives the steps, the carried blocks (in their order) and the events
+``recorded.Recorded.read``) gives the steps, the carried blocks (in their order) and the events
 kept that the Python loops it replaces gave (steps_reference.complete_step), on random event
 lists: pointers allocated again, freed twice, freed without an allocation, entries without
 events, tails and escaped requests; and ``tails.freed_first``, compiled, answers as the NumPy
@@ -14,7 +14,7 @@ from steps_reference import freed_first as freed_first_reference
 
 from gpupool.region import steps, tails
 from gpupool.region.placement import Step
-from gpupool.region.planned import Planner
+from gpupool.region.recorded import Recorded
 
 MARK = (0, 0, 0)
 
@@ -84,15 +84,13 @@ def test_the_compiled_bookkeeping_is_the_reference(events):
 def test_the_planner_keeps_the_reference_steps_across_exits(batches):
     """Exit after exit, the planner's steps and carried blocks are the reference's run on the
     events it would have kept."""
-    planner = Planner()
+    recorded = Recorded()
     kept = []
     for batch in batches:
-        planner._events = np.concatenate(
-            [planner._events, np.asarray(batch, np.int64).reshape(-1, 3)])
         kept, step, carried = reference(kept + list(batch))
-        made = planner._complete_step()
-        assert list(as_dict(planner._carried).items()) == list(carried.items())
-        assert [tuple(r) for r in planner._events.tolist()] == [tuple(e) for e in kept]
+        made, _ = recorded.read(np.asarray(batch, np.int64).reshape(-1, 3))
+        assert list(as_dict(recorded.carried).items()) == list(carried.items())
+        assert [tuple(r) for r in recorded.kept.tolist()] == [tuple(e) for e in kept]
         assert (made is None) == (step is None)
         if step is not None:
             assert made.structure() == step.structure()

@@ -56,8 +56,8 @@ def test_a_block_of_another_structure_freed_first_needs_no_transition(at_start):
     steady, _ = planner.place(base=BASE, span=8 * MIB, obstacles=[])
     # The entry before was of another structure: its request 0's block lies on request 0's
     # steady place (no tail of STEP's), installed after another signature.
-    planner._carried = (np.array([0]), np.array([BASE + steady.offsets[0]]), np.array([MIB]))
-    planner._at_start = at_start
+    planner._recorded_steps.carried = (np.array([0]), np.array([BASE + steady.offsets[0]]), np.array([MIB]))
+    planner._recorded_steps.at_start = at_start
     planner._wanted, planner.current = (b"sig", STEP), b"other"
     plan, _ = planner.place(base=BASE, span=8 * MIB, obstacles=[])
     assert planner._transition is not at_start

@@ -28,7 +28,7 @@ def transition(carried, span=64 * MIB, obstacles=(), **options):
     planner._wanted = (b"sig", STEP)
     steady, _ = planner.place(base=BASE, span=span, obstacles=[])
     k, offset, nbytes = np.array(carried, np.int64).reshape(-1, 3).T
-    planner._carried = (k, offset + BASE, nbytes)
+    planner._recorded_steps.carried = (k, offset + BASE, nbytes)
     planner._wanted, planner.current = (b"sig", STEP), b"other"
     plan, _ = planner.place(base=BASE, span=span, obstacles=list(obstacles))
     assert planner._transition
@@ -93,7 +93,7 @@ def test_a_block_that_stays_on_a_steady_place_moves_it_too():
     planner = Planner()
     planner._wanted = (b"sig", STEP)
     steady, _ = planner.place(base=BASE, span=N * MIB, obstacles=[])
-    planner._carried = (np.array([N + 1]), np.array([BASE + 9 * MIB]), np.array([MIB]))
+    planner._recorded_steps.carried = (np.array([N + 1]), np.array([BASE + 9 * MIB]), np.array([MIB]))
     planner._wanted, planner.current = (b"sig", STEP), b"other"
     obstacles = np.array([(20 * MIB, MIB)])
     plan, _ = planner.place(base=BASE, span=N * MIB, obstacles=obstacles)
@@ -135,7 +135,7 @@ def test_a_transition_never_meets_the_blocks_it_is_placed_around(step, data):
         p._wanted = (b"sig", step)
         p.place(base=BASE, span=span, obstacles=[])
         k, offset, nbytes = np.array(rows, np.int64).reshape(-1, 3).T
-        p._carried = (k, offset + BASE, nbytes)
+        p._recorded_steps.carried = (k, offset + BASE, nbytes)
         p._wanted, p.current = (b"sig", step), b"other"
         placed = p.place(base=BASE, span=span, obstacles=[])
         if placed is None or not p._transition:
