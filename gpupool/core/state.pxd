@@ -72,4 +72,6 @@ cdef cppclass PoolState:
     StreamKey wanted[WANTED_FAST]
     char pad_cold[64]
     size_t soft_limit           # 0: none
+    vector[StreamKey] tag_waits     # streams whose capture kept tagged blocks from a device
+                                    # synchronize (tg_free; none: none waits; tg_reorder)
     size_t sweeps[SWEEPS]       # diagnostics (Pool._sweep_counts)

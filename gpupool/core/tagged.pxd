@@ -5,12 +5,13 @@
 # segment, where only requests of the same tag on the same stream (or never used) take them.
 # Under the pool's lock.
 from libc.stdint cimport uintptr_t
+from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.driver.status cimport GP_ASLEEP
 from gpupool.records.block cimport Block, Segment, LIVE, TAGGED
 from gpupool.records.counters cimport Counters, count_freed, count_returned, add_with_peak
 from gpupool.records.streams cimport (
-    StreamKey, NO_STREAM, BY_HANDLE, same_stream, is_no_stream, stream_key,
+    StreamKey, NO_STREAM, BY_HANDLE, same_stream, is_no_stream, stream_key, unordered,
 )
 from gpupool.history.ring cimport hist_on, hist_free
 from gpupool.core.cutjoin cimport sg_record, sg_insert_after, sg_remove, sg_retire
@@ -19,6 +20,7 @@ from gpupool.core.ladder cimport ld_trim
 from gpupool.core.magpool cimport mp_count_taken, mp_hand_out, mp_settle_peak
 from gpupool.core.segments cimport BLOCK_ALIGN, round_up, round_request, sg_new_segment
 from gpupool.core.state cimport PoolState, Segments
+from gpupool.core.streamorder cimport so_capturing
 from gpupool.upstream.base cimport Upstream
 
 cdef enum:
@@ -94,6 +96,62 @@ cdef inline int tg_grow(PoolState* st, Upstream up, Segment** segp, size_t size,
     return 0
 
 
+cdef inline bint tg_captured(Upstream up, StreamKey s, vector[StreamKey]* others,
+                             vector[StreamKey]* waits) noexcept nogil:
+    """Whether s or one of others is being captured into a CUDA graph; those that are are
+    added to waits."""
+    cdef size_t i
+    cdef bint found = so_capturing(up, s)
+    if found:
+        tg_wait_for(waits, s)
+    for i in range(others.size()):
+        if so_capturing(up, others[0][i]):
+            tg_wait_for(waits, others[0][i])
+            found = True
+    return found
+
+
+cdef inline void tg_wait_for(vector[StreamKey]* waits, StreamKey s) noexcept nogil:
+    """s joins waits, once."""
+    cdef size_t i
+    for i in range(waits.size()):
+        if same_stream(waits[0][i], s):
+            return
+    waits.push_back(s)
+
+
+cdef inline void tg_reorder(PoolState* st, Upstream up, StreamKey s) noexcept nogil:
+    """Before a tagged request on s: tagged blocks freed under a capture after record_stream
+    (tg_free) wait, unordered, for a device synchronize; it is made here once neither s nor
+    a stream whose capture they waited for is being captured (one whose query fails is gone,
+    its capture over), and then every free tagged block is free for any stream (joined with
+    its free neighbours). A failed synchronize leaves them waiting."""
+    cdef Segment* seg = st.segments.head
+    cdef Block* b
+    cdef size_t i
+    cdef bint capturing
+    if st.tag_waits.empty() or so_capturing(up, s):
+        return
+    for i in range(st.tag_waits.size()):
+        if up.stream_capturing(st.tag_waits[i].handle, &capturing) != 0:
+            up.clear_error()
+        elif capturing:
+            return
+    if up.synchronize() != 0:
+        up.clear_error()
+        return
+    st.tag_waits.clear()
+    while seg != NULL:
+        b = seg.first if seg.tag else NULL
+        while b != NULL:
+            if b.state == TAGGED:
+                b.stream = stream_key(NO_STREAM, BY_HANDLE)
+                while tg_joins(b, b.seg_next):
+                    tg_join(st, b, b.seg_next)
+            b = b.seg_next
+        seg = seg.next
+
+
 cdef inline int tg_acquire(PoolState* st, Upstream up, size_t nbytes, StreamKey s, int tag,
                            Block** out) noexcept nogil:
     """Under the pool's lock: a live block of nbytes > 0 for tag on s, best fit among the
@@ -108,6 +166,7 @@ cdef inline int tg_acquire(PoolState* st, Upstream up, size_t nbytes, StreamKey 
     cdef int r
     if seg != NULL and seg.asleep:
         return GP_ASLEEP
+    tg_reorder(st, up, s)
     if seg != NULL:
         b = seg.first
         while b != NULL:
@@ -153,7 +212,9 @@ cdef inline void tg_join(PoolState* st, Block* a, Block* b) noexcept nogil:
 cdef inline void tg_free(PoolState* st, Upstream up, Block* b, StreamKey s) noexcept nogil:
     """Under the pool's lock: take back live tagged block b, last used on s. Streams added
     with record_stream are ordered by a device synchronize (tagged blocks keep no events):
-    the block is then free for any stream of its tag. A sleeping block's bytes leave the
+    the block is then free for any stream of its tag; while s or one of them is being
+    captured into a CUDA graph, the synchronize waits for the tag's next request outside a
+    capture (tg_reorder). A sleeping block's bytes leave the
     asleep count (its pages are not mapped: nothing becomes cached)."""
     cdef size_t size = b.size
     cdef Counters* c = &st.counters
@@ -162,12 +223,16 @@ cdef inline void tg_free(PoolState* st, Upstream up, Block* b, StreamKey s) noex
     b.holder = NULL
     b.stream = s
     if b.extra_streams != NULL:
-        del b.extra_streams
-        b.extra_streams = NULL
-        if up.synchronize() == 0:
+        if tg_captured(up, s, b.extra_streams, &st.tag_waits):
+            # A synchronize would invalidate the capture: the block waits for one made once
+            # the capture is over (tg_reorder); unordered, no request takes it until then.
+            b.stream = unordered()
+        elif up.synchronize() == 0:
             b.stream = stream_key(NO_STREAM, BY_HANDLE)
         else:
             up.clear_error()            # ordered on s alone: the block stays s's
+        del b.extra_streams
+        b.extra_streams = NULL
     b.used = c.num_allocs
     b.state = TAGGED
     if b.segment.asleep:
