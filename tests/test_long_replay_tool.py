@@ -125,3 +125,25 @@ def test_a_repeated_gpt2_ckpt_run_keeps_its_plans_around_the_blocks_that_stay():
     hits, misses = again.plan_hits - first.plan_hits, again.plan_misses - first.plan_misses
     assert first.record_plans >= 1 and misses < 0.05 * hits
     assert again.plans - first.plans <= 10 and peak <= 1.02 * floor
+
+
+def test_a_reader_that_goes_away_gets_no_traceback():
+    # `exit_cost.py TRACE | head -2`: the tool stops quietly when its stdout is closed.
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(ROOT), PYTHONUNBUFFERED="1")
+    tool = os.path.join(ROOT, "tools", "profile", "exit_cost.py")
+    proc = subprocess.Popen([sys.executable, tool, "gpt2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    assert proc.stdout.readline().startswith(b"step")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_help_shows_no_rest_markup(capsys):
+    with pytest.raises(SystemExit):
+        long_replay.parser("A ``literal``, then::\n\n    code\n").parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "A literal, then:\n" in out and "``" not in out

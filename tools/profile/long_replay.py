@@ -192,10 +192,23 @@ def step_printer(name):
 
 
 def parser(doc):
-    """An argument parser whose help is ``doc`` as written, for a tool taking a trace's name
-    (``trace``) and the repetitions after it (``passes``); read with :func:`parse`."""
-    return argparse.ArgumentParser(description=doc,
+    """An argument parser whose help is ``doc`` as written (its reST literals' backquotes
+    and ``::`` left out), for a tool taking a trace's name (``trace``) and the repetitions
+    after it (``passes``); read with :func:`parse`."""
+    return argparse.ArgumentParser(description=doc.replace("``", "").replace("::\n", ":\n"),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def run(main):
+    """``sys.exit(main())``, quiet when the reader of stdout goes away (``| head``)."""
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at nothing first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)
 
 
 def trace_options(p, passes):
@@ -258,4 +271,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

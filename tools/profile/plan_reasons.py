@@ -219,4 +219,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    long_replay.run(main)
