@@ -327,8 +327,9 @@ SIMULATED_HELP = ("run gpupool on gpupool.testing.SimulatedDevice (no GPU needed
 
 
 def parser(description, columns=False, no_simulated=None, json_help=""):
-    """Argument parser with the options every script takes; with ``columns``, ``--columns``
-    too (read it with :func:`column_keys`). A script that has no simulated run names why in
+    """Argument parser with the options every script takes; with ``columns`` (True, or the
+    column keys, which its help then lists), ``--columns`` too (read it with
+    :func:`column_keys`). A script that has no simulated run names why in
     ``no_simulated``: ``--simulated``'s help then says it skips, and why. ``json_help`` is
     added to ``--json``'s help (when the script writes it more than once, say)."""
     p = argparse.ArgumentParser(description=description)
@@ -341,7 +342,9 @@ def parser(description, columns=False, no_simulated=None, json_help=""):
                    f"print a skip line and exit 0: {no_simulated} (run_all.py passes the "
                    f"flag to every script)")
     if columns:
-        p.add_argument("--columns", help="comma-separated column keys to run (default: all)")
+        among = "" if columns is True else f", among {', '.join(columns)}"
+        p.add_argument("--columns", help=f"comma-separated column keys to run{among} "
+                                         f"(default: all)")
     return p
 
 
@@ -353,7 +356,7 @@ def column_keys(p, spec, known):
     p : argparse.ArgumentParser
         The script's parser, for the error.
     spec : str or None
-        The option's value: comma-separated keys; None or empty: every known column.
+        The option's value: comma-separated keys; None: every known column.
     known : list of str
         The script's column keys, in its order.
 
@@ -364,14 +367,18 @@ def column_keys(p, spec, known):
 
     Notes
     -----
-    An unknown key ends the script through ``p.error`` (exit status 2), naming it.
+    An unknown key, a key named twice and a value naming none end the script through
+    ``p.error`` (exit status 2), naming what is wrong.
     """
-    if not spec:
+    if spec is None:
         return list(known)
     wanted = spec.split(",")
     unknown = set(wanted) - set(known)
     if unknown:
         p.error(f"unknown columns {sorted(unknown)}; known: {list(known)}")
+    twice = sorted({k for k in wanted if wanted.count(k) > 1})
+    if twice:
+        p.error(f"columns named twice: {twice}")
     return wanted
 
 

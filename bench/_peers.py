@@ -182,11 +182,14 @@ def make_context(simulated, frameworks=("cupy", "torch", "numba_cuda")):
     return ctx, None
 
 
-def context_or_skip(script, args, frameworks=("cupy", "torch", "numba_cuda")):
+def context_or_skip(script, args, frameworks=("cupy", "torch", "numba_cuda"), simulated=True):
     """:func:`make_context` for a script's parsed ``args`` (``simulated``, ``json``); without
-    a GPU, the script's skip (:func:`_common.skip`: a line, a skip record, exit status 0)."""
+    a GPU, the script's skip (:func:`_common.skip`: a line, a skip record, exit status 0),
+    which names ``--simulated`` where the script has a simulated run (``simulated``)."""
     ctx, reason = make_context(args.simulated, frameworks)
     if ctx is None:
+        if simulated and not args.simulated:
+            reason += f"; python bench/{script}.py --simulated runs its gpupool columns here"
         _common.skip(script, reason, args.json)
     return ctx
 

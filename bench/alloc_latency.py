@@ -508,13 +508,13 @@ def report(out, sizes):
         parts.append(format_table(
             ["size", *ratio],
             [[format_size(n)] + [_ratio(ratio[k][str(n)]) for k in ratio] for n in sizes],
-            "peer median / gpupool (gp) median: above 1 = gpupool faster"))
+            "column median / gp median (gpupool's pool alone): above 1 = gp faster"))
     parts += [p for p in (_common.cache_lines(out), _targets_text(out), _legend(out)) if p]
     return "\n\n".join(parts)
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0], columns=True)
+    p = _common.parser(__doc__.splitlines()[0], columns=[c.key for c in COLUMNS])
     args = p.parse_args(argv)
     columns = _peers.chosen_columns(p, args.columns, COLUMNS)
     ctx = _peers.context_or_skip(SCRIPT, args)

@@ -515,7 +515,8 @@ def main(argv=None):
     models = args.models.split(",")
     if set(models) - set(_models.MODELS):
         p.error(f"models must be among {_models.MODELS}")
-    columns = _common.column_keys(p, args.columns or ",".join(DEFAULT_COLUMNS), COLUMNS)
+    columns = _common.column_keys(
+        p, ",".join(DEFAULT_COLUMNS) if args.columns is None else args.columns, COLUMNS)
     if args.repeat < 1:
         p.error(f"--repeat must be >= 1, not {args.repeat}")
     skipped = skip_reasons(columns)

@@ -140,7 +140,7 @@ def report(out):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0], columns=True,
+    p = _common.parser(__doc__.splitlines()[0], columns=[c.key for c in COLUMNS],
                        no_simulated="RMM allocates device memory")
     args = p.parse_args(argv)
     columns = _peers.chosen_columns(p, args.columns, COLUMNS)
@@ -149,7 +149,7 @@ def main(argv=None):
     rmm, reason = _common.optional_import("rmm")
     if rmm is None:
         _common.skip(SCRIPT, f"{reason} (pip install 'gpupool[rmm]')", args.json)
-    ctx = _peers.context_or_skip(SCRIPT, args, frameworks=())
+    ctx = _peers.context_or_skip(SCRIPT, args, frameworks=(), simulated=False)
     start = time.perf_counter()
     out = {"script": SCRIPT, "unit": "ns per allocate+free pair", "stream": "legacy default (0)",
            "sizes": SIZES, "simulated": False, "quick": args.quick,

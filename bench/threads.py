@@ -434,7 +434,7 @@ def report(out):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.splitlines()[0], columns=True)
+    p = _common.parser(__doc__.splitlines()[0], columns=[c.key for c in COLUMNS])
     args = p.parse_args(argv)
     columns = _peers.chosen_columns(p, args.columns, COLUMNS)
     ctx = _peers.context_or_skip(SCRIPT, args, frameworks=("cupy", "torch"))

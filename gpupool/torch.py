@@ -91,6 +91,7 @@ gives gpupool's message).
 
 import functools
 import os
+import sys
 import warnings
 
 import gpupool
@@ -105,8 +106,10 @@ __all__ = [  # noqa: F822
 
 def __dir__():
     """The public API and the module's dunder attributes, not the names it imports; the lazy
-    OutOfMemoryError is left out: listing it must not import PyTorch (help(), inspect)."""
-    return public_dir(globals(), __all__, leave_out=("OutOfMemoryError",))
+    OutOfMemoryError only once PyTorch is imported: listing it must not import PyTorch
+    (help() and inspect read every name listed)."""
+    imported = sys.modules.get("torch") is not None
+    return public_dir(globals(), __all__, leave_out=() if imported else ("OutOfMemoryError",))
 
 _MALLOC_GLOBAL = "gpupool_torch_malloc_raising"    # throws on failure (adapters/torch_entry.pyx)
 _MALLOC_MEMPOOL = "gpupool_torch_malloc"           # NULL on failure

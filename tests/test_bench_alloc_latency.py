@@ -37,3 +37,19 @@ def test_the_planned_column_runs_on_the_simulated_device(tmp_path):
                    capture_output=True, timeout=300)
     cells = json.loads(path.read_text())["columns"]["gp.plan"]["results"]
     assert cells and all(cell["median"] > 0 for cell in cells.values())
+
+
+def test_columns_named_twice_or_none_are_refused(capsys):
+    for spec, said in (("gp,gp", "named twice"), ("", "unknown columns")):
+        with pytest.raises(SystemExit) as e:
+            alloc_latency.main(["--simulated", "--columns", spec])
+        assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_without_a_gpu_the_skip_names_the_simulated_run(monkeypatch, capsys):
+    monkeypatch.setattr(alloc_latency._peers, "make_context",
+                        lambda simulated, frameworks: (None, "no GPU (none here)"))
+    with pytest.raises(SystemExit) as e:
+        alloc_latency.main(["--columns", "gp"])
+    assert e.value.code == 0
+    assert "alloc_latency.py --simulated runs its gpupool columns" in capsys.readouterr().out

@@ -111,3 +111,17 @@ def test_torchs_out_of_memory_type_without_pytorch_names_the_extra(monkeypatch):
             gpupool.torch.OutOfMemoryError
     finally:
         gpupool.torch._oom_type.cache_clear()
+
+
+def test_torchs_out_of_memory_type_is_listed_once_pytorch_is_imported(monkeypatch):
+    # dir() names it when listing it imports nothing (help() reads every name listed).
+    import types
+
+    import gpupool.torch
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert "OutOfMemoryError" not in dir(gpupool.torch)
+    fake = types.ModuleType("torch")
+    fake.OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {})
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert "OutOfMemoryError" in dir(gpupool.torch)
