@@ -145,8 +145,11 @@ cdef inline void tg_reorder(PoolState* st, Upstream up, StreamKey s) noexcept no
         b = seg.first if seg.tag else NULL
         while b != NULL:
             if b.state == TAGGED:
+                # Its free neighbours join it as free for any stream too (tg_join would give
+                # it theirs: an unordered one's would leave the whole block waiting).
                 b.stream = stream_key(NO_STREAM, BY_HANDLE)
-                while tg_joins(b, b.seg_next):
+                while b.seg_next != NULL and b.seg_next.state == TAGGED:
+                    b.seg_next.stream = b.stream
                     tg_join(st, b, b.seg_next)
             b = b.seg_next
         seg = seg.next

@@ -80,6 +80,31 @@ def test_a_failed_synchronize_leaves_the_block_waiting(vpool, vsim):
     check_invariants(vpool)
 
 
+def test_after_the_wait_the_joined_blocks_serve_any_stream(vpool, vsim):
+    # x freed on a (free on a alone), then y, its right neighbour, freed under a's capture after
+    # record_stream(b): [x: a][y: unordered]. After the wait's synchronize both are free for
+    # any stream, joined: two requests on a and on b take them (found in review: the join
+    # gave the block the unordered neighbour's stream, and the bytes stayed waiting).
+    a, b = vsim.create_stream(), vsim.create_stream()
+    with gpupool.tag("weights"):
+        x = vpool.allocate(MIB, a)
+        y = vpool.allocate(MIB, a)
+        z = vpool.allocate(MIB, a)          # keeps y off the segment's unused end
+    xp = x.ptr
+    y.record_stream(b)
+    x.close()
+    vsim.capturing.add(a)
+    y.close()
+    vsim.capturing.clear()
+    with gpupool.tag("weights"):
+        first = vpool.allocate(MIB, a)      # the wait's synchronize is made here
+        second = vpool.allocate(MIB, b)
+    assert sorted([first.ptr, second.ptr]) == [xp, xp + MIB]
+    check_invariants(vpool)
+    for buf in (first, second, z):
+        buf.close()
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_a_tagged_free_in_a_global_capture_keeps_it_valid(gpu_pool):
     from cuda.bindings import driver
