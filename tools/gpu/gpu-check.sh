@@ -116,7 +116,7 @@ if step parts; then
     # Tests that read the device's used memory (cuMemGetInfo) with a tolerance that the other
     # lanes' allocations break.
     alone="1000_export_open_close or trim_gives_whole_free_pages_back_to_the_device or \
-sleep_frees_the_pages_and_a_graph_replays_after_wake"
+sleep_frees_the_pages_and_a_graph_replays_after_wake or sleep_wake_swaps_a_trainer_and_an_engine"
     harness="come_from_gpupool or stats_are_gpupool or out_of_memory_is_pytorch or \
 empty_cache_trims or base_allocation_and or capture_s_allocations or mempool_counts or \
 stream_uses_waits or checkpointed or history_records"
@@ -145,11 +145,11 @@ stream_uses_waits or checkpointed or history_records"
     (lane torch_allocator tests/adapters/test_torch_allocator.py -k "not ($harness)";
      lane harness tests/adapters/test_torch_allocator.py -k "$harness") &
     lane ipc tests/ipc/test_ipc_*.py -k "not ($alone)" &
-    lane examples-torch tests/test_examples.py -k "torch" &
-    lane examples-rest tests/test_examples.py -k "not torch" &
+    lane examples-torch tests/test_examples.py -k "torch and not ($alone)" &
+    lane examples-rest tests/test_examples.py -k "not torch and not ($alone)" &
     wait
     lane alone tests/ipc/test_ipc_processes.py tests/core/test_vmm.py tests/core/test_sleep.py \
-        -k "$alone"
+        tests/test_examples.py -k "$alone"
     for f in /tmp/gpupool-parts/*.log; do
         cut=""; [ "$(tail -1 "$f")" = "rc=124" ] && cut="cut in $(grep -oE '^tests/[^ ]+' "$f" | tail -1)"
         summary "$(basename "$f" .log): $(grep -E ' in [0-9.]+s' "$f" | tail -1) $(tail -1 "$f") $cut"
