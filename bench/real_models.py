@@ -58,13 +58,12 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from contextlib import nullcontext
 
 import _common
 import _models
-import _native_sampler
+import _samplers
 import _run_line
 import record_trace
 from _common import MiB, format_table
@@ -112,59 +111,6 @@ FLOOR_FROM = (ANCHOR, "torch")   # the runs the floor is taken from, first prese
 
 # The child: one (model, allocator) ---------------------------------------------------------
 
-class Sampler:
-    """Device memory in use (``cuMemGetInfo``: total - free, bytes), sampled by a thread and
-    on demand; keeps the peak since the last :meth:`take_peak`."""
-
-    def __init__(self, device=0):
-        from cuda.bindings import driver
-
-        self._driver = driver
-        _check(driver.cuInit(0), "cuInit")
-        dev = _check(driver.cuDeviceGet(device), "cuDeviceGet")
-        self._ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = None
-
-    def used(self):
-        """Bytes in use on the device now (the calling thread gets the primary context)."""
-        _check(self._driver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-        free, total = _check(self._driver.cuMemGetInfo(), "cuMemGetInfo")
-        used = int(total) - int(free)
-        self.peak = max(self.peak, used)
-        return used
-
-    def sample(self, _phase=None):
-        self.used()
-
-    def take_peak(self):
-        """The peak since the last call; the next period starts at the current value."""
-        peak, self.peak = self.peak, 0
-        self.used()
-        return max(peak, self.peak)
-
-    def start(self):
-        def run():
-            while not self._stop.wait(SAMPLE_S):
-                self.used()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-
-    def stop(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-
-def _check(result, what):
-    err, *values = result
-    if int(err):
-        raise RuntimeError(f"{what} failed: {err}")
-    return values[0] if len(values) == 1 else tuple(values)
-
-
 def _install_allocator(kind):
     """Route PyTorch's CUDA allocations before its first one; returns a ``peaks()`` callable:
     (peak reserved, peak in use) of the allocator's own counters, bytes, each None where it
@@ -205,8 +151,8 @@ def child(model, column, steps, trace_path, cudnn_benchmark):
     import torch
 
     torch.backends.cudnn.benchmark = cudnn_benchmark
-    native = os.environ.get(_native_sampler.ENV) == "native"
-    sampler = _native_sampler.NativeSampler(SAMPLE_S) if native else Sampler()
+    native = os.environ.get(_samplers.ENV) == "native"
+    sampler = (_samplers.NativeSampler if native else _samplers.Sampler)(SAMPLE_S)
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     baseline = sampler.used()
@@ -498,7 +444,7 @@ def main(argv=None):
     p.add_argument("--trace-path", help=argparse_hidden())
     p.add_argument("--dry-run", action="store_true",
                    help="list the (model, allocator) runs and the skipped ones, run none")
-    p.add_argument("--sampler", choices=_native_sampler.CHOICES, default="python",
+    p.add_argument("--sampler", choices=_samplers.CHOICES, default="python",
                    help="what reads cuMemGetInfo every 0.5 ms beside the steps: a Python "
                         "thread (default) or a native one that never takes the GIL")
     p.add_argument("--repeat", type=int, default=1,
@@ -535,7 +481,7 @@ def main(argv=None):
            "unit": {"bytes": "bytes above the post-init baseline", "ms": "ms per step"},
            "cudnn_benchmark": args.cudnn_benchmark, "env": _common.environment(), "runs": {},
            "sampler": args.sampler}
-    os.environ[_native_sampler.ENV] = args.sampler      # read by each run's process
+    os.environ[_samplers.ENV] = args.sampler      # read by each run's process
     for model in models:
         runs = out["runs"][model] = {}
         if args.trace_dir:
