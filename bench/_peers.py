@@ -40,6 +40,8 @@ class Made:
     cleanup: object = None              # run after the measurements
     pool: object = None                 # the gpupool pool it draws from, if any
     before: object = None               # run before each timed batch (untimed)
+    notes: object = None                # returns a dict of the column's own counters, read
+                                        # after its measurements (into its JSON, as "notes")
 
 
 @dataclass
@@ -231,8 +233,11 @@ def make_columns(makers, ctx, skipped):
 
 def close_column(made, entry):
     """After a column's measurements: its pool's counters into ``entry`` (``made.pool``, if
-    any; see :func:`_common.pool_counters`), then its ``made.cleanup()``, if any."""
+    any; see :func:`_common.pool_counters`) and its own (``made.notes()``, if any), then its
+    ``made.cleanup()``, if any."""
     if made.pool is not None:
         entry["pool_counters"] = _common.pool_counters(made.pool)
+    if made.notes is not None:
+        entry["notes"] = made.notes()
     if made.cleanup is not None:
         made.cleanup()

@@ -91,7 +91,12 @@ def make_gpupool_region(ctx, plan=False):
             region.release()
         pool.trim()
 
-    return Made(for_size, cleanup, pool)
+    def notes():
+        """A planned region's exits, and those that repeated the last (no step made)."""
+        counts = [r.planner.counts for r in regions]
+        return {k: sum(c[k] for c in counts) for k in ("exits", "exits_repeated")}
+
+    return Made(for_size, cleanup, pool, notes=notes if plan else None)
 
 
 def make_gpupool_plan(ctx):
@@ -488,6 +493,9 @@ def _legend(out):
     lines = [f"Python loop overhead: {format_ns(out['loop_overhead_ns'])} ns per iteration "
              "(included in every cell)", "", "columns:"]
     lines += [f"  {k:12} {c['label']}" for k, c in out["columns"].items()]
+    lines += [f"  {k:12} exits that repeated the last (their step not made again): "
+              f"{c['notes']['exits_repeated']:,} of {c['notes']['exits']:,}"
+              for k, c in out["columns"].items() if c.get("notes")]
     lines += _common.problem_lines(out, 12, lambda n: f"at {format_size(int(n))}")
     return "\n".join(lines)
 

@@ -56,7 +56,7 @@ def run(scales=SCALES):
 
 def test_exits_that_repeat_make_no_step(monkeypatch):
     reads = Reads(monkeypatch)
-    addrs, stats, _ = run([1.0] * 16)
+    addrs, stats, counts = run([1.0] * 16)
     # The plan serves the entries after the first few at the same places (the online way
     # may too): the core compares the events and hands over none once they repeat.
     assert stats["plan_hits"] > 0 and stats["plan_misses"] == 0
@@ -67,6 +67,7 @@ def test_exits_that_repeat_make_no_step(monkeypatch):
     short = [k >= 1 and not any(reads.given[k - 1:k + 1]) for k in range(len(reads.given))]
     assert sum(short) >= 6
     assert reads.completed == len(reads.given) - sum(short)
+    assert counts["exits"] == len(reads.given) and counts["exits_repeated"] == sum(short)
 
 
 def test_the_same_plans_addresses_and_counts_as_making_every_step(monkeypatch):
@@ -79,6 +80,9 @@ def test_the_same_plans_addresses_and_counts_as_making_every_step(monkeypatch):
     assert reads.completed - completed == len(SCALES)
     assert fast[0] == slow[0]
     assert fast[1] == slow[1]
+    assert fast[2]["exits_repeated"] > 0 and slow[2]["exits_repeated"] == 0
+    for counts in fast[2], slow[2]:
+        del counts["exits_repeated"]
     assert fast[2] == slow[2]
 
 
