@@ -70,13 +70,6 @@ class Sampler:
             self._thread.join()
 
 
-def _check(result, what):
-    err, *values = result
-    if int(err):
-        raise RuntimeError(f"{what} failed: {err}")
-    return values[0] if len(values) == 1 else tuple(values)
-
-
 class NativeSampler:
     """Device memory in use on ``device``, read now (:meth:`used`) and by a native thread
     (:meth:`start`); keeps the peak since the last :meth:`take_peak`. Raises RuntimeError when

@@ -1,6 +1,6 @@
-"""bench/_samplers.py's NativeSampler (``_sampler.c``): real_models.py's memory sampler read by
-a native thread. It builds here; without a driver it refuses clearly; on a GPU it reads what the
-Python sampler reads."""
+"""bench/_samplers.py: real_models.py's memory samplers. The native one (``_sampler.c``) builds
+here, without a driver refuses clearly, and on a GPU reads what the Python one reads; the Python
+one samples on its thread and keeps the peak (on a scripted driver here)."""
 
 import os
 import sys
@@ -57,3 +57,36 @@ def test_the_sampler_option_reaches_each_runs_process(monkeypatch):
     assert real_models.main(["--models", "gpt2", "--columns", "gp.vmm", "--sampler",
                              "native"]) == 0
     assert seen == ["native"]
+
+
+def test_the_python_sampler_samples_on_its_thread_and_keeps_the_peak(monkeypatch):
+    # A driver of scripted readings: the thread's reads set the peak, take_peak starts over.
+    import threading
+    import types
+
+    import cuda.bindings
+
+    readings, read = iter([1000, 5000, 2000] + [3000] * 10_000), threading.Event()
+
+    def mem_info():
+        used = next(readings)
+        read.set()
+        return 0, 10_000 - used, 10_000
+
+    fake = types.SimpleNamespace(
+        cuInit=lambda flags: (0,), cuDeviceGet=lambda n: (0, n),
+        cuDevicePrimaryCtxRetain=lambda dev: (0, "ctx"), cuCtxSetCurrent=lambda ctx: (0,),
+        cuMemGetInfo=mem_info)
+    monkeypatch.setattr(cuda.bindings, "driver", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
+    sampler = _samplers.Sampler(0.0005)
+    assert sampler.used() == 1000
+    read.clear()
+    sampler.start()
+    assert read.wait(10)
+    sampler.stop()
+    assert sampler.take_peak() == 5000
+    assert sampler.take_peak() == 3000      # the next period starts at the current value
+    monkeypatch.setattr(fake, "cuCtxSetCurrent", lambda ctx: (3,))
+    with pytest.raises(RuntimeError, match="cuCtxSetCurrent failed: 3"):
+        sampler.used()
