@@ -34,7 +34,9 @@ How gpupool's pools map onto it:
   has the region's id; a block the region caches is ``"inactive"`` and has one frame,
   ``{"filename": "gpupool", "line": 0, "name": "cached by region <id> <name>"}``, which the
   visualizer's segment and flame-graph views show for it. The top-level ``"regions"`` list
-  gives each region's id, name, device and bytes.
+  gives each region's id, name, device and bytes. A private pool's blocks (a CUDA graph's,
+  region/privatepool.pxd) have ``"region"`` None, its cached ones the frame ``"cached by a
+  private pool"``, and the list an entry of id None and that name.
 * Traces: one list per device, oldest first; ``alloc`` (``size``: the bytes requested),
   ``free_requested`` and ``free_completed`` (together: a freed block is reused in stream
   order at once), ``segment_alloc`` / ``segment_free`` (plain segments),
@@ -161,8 +163,9 @@ def memory_snapshot(pool=None):
         cutoff[pool_id] = seq
         pool_key = _pool_key(pool_id, p)
         names = {}
-        for cache_address, cached, live in pool_regions:
-            region_id, name = regions_known.get(cache_address, (0, None))
+        for cache_address, cached, live, private in pool_regions:
+            region_id, name = (None, "a private pool") if private else \
+                regions_known.get(cache_address, (0, None))
             names[cache_address] = region_id, name
             regions.append({"id": region_id, "name": name, "device": p.device,
                             "segment_pool_id": pool_key, "cached_bytes": cached,
@@ -237,7 +240,8 @@ def _segment(device, pool_key, names, segment):
 
 
 def _region_frame(region_id, name):
-    label = f"cached by region {region_id}" + (f" {name}" if name else "")
+    label = f"cached by {name}" if region_id is None else \
+        f"cached by region {region_id}" + (f" {name}" if name else "")
     return {"filename": "gpupool", "line": 0, "name": label}
 
 

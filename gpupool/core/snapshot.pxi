@@ -39,7 +39,8 @@ def _snapshot_of(Pool pool, dict cache):
     tiling ``(address, size, requested, state, region, frames)`` with ``region`` the address
     of the RegionCache that a block belongs to (a live block allocated in the region and
     returning to it, or a block cached by it) or 0; ``regions``: ``(cache address, cached
-    bytes, live bytes)`` of the pool's regions; ``counters``: the counters record. Frames
+    bytes, live bytes, private)`` of the pool's regions and of the private pools (unregistered:
+    region/privatepool.pxd) its blocks belong to; ``counters``: the counters record. Frames
     come as PyTorch's frame dicts (``cache``: shared, see hist_frames). Raises GpupoolError
     in a fork() child (the pool's lock may have been held at the fork)."""
     cdef vector[BlockRow] rows
@@ -91,9 +92,16 @@ def _snapshot_of(Pool pool, dict cache):
             segments[open_row].count += 1
             b = b.seg_next
         seg = seg.next
+    registered = set()
     for i in range(pool._st.regions.size()):
         rc = pool._st.regions[i]
-        regions.append((<uintptr_t>rc, rc.cached_bytes, rc.live_bytes))
+        registered.add(<uintptr_t>rc)
+        regions.append((<uintptr_t>rc, rc.cached_bytes, rc.live_bytes, False))
+    for i in range(rows.size()):
+        if rows[i].region and rows[i].region not in registered:
+            rc = <RegionCache*>rows[i].region       # a private pool's (held), live while its
+            registered.add(rows[i].region)          # blocks are: read under the lock
+            regions.append((rows[i].region, rc.cached_bytes, rc.live_bytes, True))
     counters = mp_counters_view(&pool._st)  # a magazine's blocks are free, as their rows say
     pool.unlock()
     out = []

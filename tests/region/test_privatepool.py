@@ -164,3 +164,24 @@ def test_bad_arguments_are_codes(pool):
     assert private_allocate(other, 2 * MiB)[0] == OOM
     call("private_destroy", other)
     call("private_destroy", handle)
+
+
+def test_a_snapshot_shows_a_private_pool_s_blocks(pool):
+    # Private pools are not registered regions: the snapshot names their blocks (it raised
+    # KeyError on a cached one).
+    from gpupool.snapshot import memory_snapshot
+
+    handle = private_new()
+    _, cached = private_allocate(handle, 4096)
+    _, live = private_allocate(handle, 8192)
+    call("free_ptr", 0, cached)                         # cached by the private pool
+    snap = memory_snapshot(pool)
+    blocks = {b["address"]: b for s in snap["segments"] for b in s["blocks"]}
+    assert blocks[cached]["state"] == "inactive" and blocks[cached]["region"] is None
+    assert blocks[cached]["frames"][0]["name"] == "cached by a private pool"
+    assert blocks[live]["state"] == "active_allocated"
+    assert [r for r in snap["regions"] if r["id"] is None] == [
+        {"id": None, "name": "a private pool", "device": 0, "segment_pool_id": (0, 0),
+         "cached_bytes": 4096, "live_bytes": 8192}]
+    call("free_ptr", 0, live)
+    assert call("private_destroy", handle) == 0
