@@ -456,9 +456,10 @@ def targets(out, sizes):
             checks.append({"target": "gpupool cached allocate+free <= 250 ns", "size": n,
                            "value": gp, "limit": GPUPOOL_TARGET_NS,
                            "ok": gp <= GPUPOOL_TARGET_NS})
-    compared = [("gp.plan", "gp", "planned allocate+free <= 1.0x the pool's", PLAN_TARGET_RATIO),
-              ("cp.empty.gp", "cp.empty", "cupy.empty on gpupool <= 1.1x on CuPy's pool",
-               CUPY_EMPTY_TARGET_RATIO)]
+    compared = [
+        ("gp.plan", "gp", "planned allocate+free <= 1.0x the pool's", PLAN_TARGET_RATIO),
+        ("cp.empty.gp", "cp.empty", "cupy.empty on gpupool <= 1.1x on CuPy's pool",
+         CUPY_EMPTY_TARGET_RATIO)]
     for key, of, target, limit in compared:
         for n in sizes:
             mine, base = _cell(out, key, n), _cell(out, of, n)

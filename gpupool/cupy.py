@@ -16,7 +16,7 @@ when an allocator is made, not when this module is.
 import gpupool
 from gpupool.adapters.cupy_allocator import CupyAllocator
 from gpupool.core.pool import Pool
-from gpupool.errors import host_memory_pool, import_extra
+from gpupool.errors import import_extra, refuse_host_memory
 from gpupool.public import public_dir
 
 __all__ = ["allocator"]
@@ -65,7 +65,7 @@ def allocator(pool=None):
     """
     if pool is not None and not isinstance(pool, Pool):
         raise TypeError(f"pool must be a gpupool.Pool or None, got {type(pool).__name__}")
-    if pool is not None and pool.upstream.host_accessible:
-        raise host_memory_pool("CuPy's device allocations")
+    if pool is not None:
+        refuse_host_memory(pool, "CuPy's device allocations")
     cupy = import_extra("cupy", "cupy", "CuPy for CUDA 13", "cupy-cuda13x")
     return CupyAllocator.for_cupy(cupy, pool, gpupool.get_pool).malloc

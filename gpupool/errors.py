@@ -66,13 +66,15 @@ def not_picklable(what, instead):
                      f"process, which no other process or copy can own; {instead}")
 
 
-def host_memory_pool(serves):
-    """The ValueError raised when an adapter is given a pool on the simulated device, whose
-    host memory would reach the framework's kernels as device memory; ``serves`` names what
-    the adapter would serve (``"CuPy's device allocations"``)."""
-    return ValueError(f"a pool on a simulated device holds host memory: it cannot serve "
-                      f"{serves}; give it a pool on a GPU (gpupool.Pool(device=0)): a simulated "
-                      f"pool's buffers are for NumPy and tests without a GPU")
+def refuse_host_memory(pool, serves):
+    """Raise ValueError when ``pool``'s upstream holds host memory (the simulated device),
+    which would reach the framework's kernels as device memory: an adapter's check of the
+    pool it is given; ``serves`` names what the adapter would serve (``"CuPy's device
+    allocations"``)."""
+    if pool.upstream.host_accessible:
+        raise ValueError(f"a pool on a simulated device holds host memory: it cannot serve "
+                         f"{serves}; give it a pool on a GPU (gpupool.Pool(device=0)): a "
+                         f"simulated pool's buffers are for NumPy and tests without a GPU")
 
 
 class GpupoolError(Exception):

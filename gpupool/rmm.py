@@ -43,7 +43,7 @@ import functools
 import gpupool
 from gpupool.adapters.rmm_entry import RmmCallbacks
 from gpupool.core.pool import Pool
-from gpupool.errors import host_memory_pool
+from gpupool.errors import refuse_host_memory
 from gpupool.public import public_dir
 
 __all__ = ["resource", "use"]
@@ -167,5 +167,4 @@ def _check_pool(pool, device):
             raise TypeError(f"device must be an int or None, got {type(device).__name__}")
         if device != pool.device:
             raise ValueError(f"the pool is on device {pool.device}, not device {device}")
-    if isinstance(pool.upstream, gpupool.testing.SimulatedDevice):
-        raise host_memory_pool("RMM's device allocations")
+    refuse_host_memory(pool, "RMM's device allocations")

@@ -96,7 +96,7 @@ import warnings
 
 import gpupool
 from gpupool.adapters import torch_entry
-from gpupool.errors import GpupoolError, NoDeviceError, host_memory_pool, import_extra
+from gpupool.errors import GpupoolError, NoDeviceError, import_extra, refuse_host_memory
 from gpupool.public import public_dir
 
 # OutOfMemoryError subclasses torch's: module __getattr__ makes it on first access.
@@ -176,8 +176,7 @@ def _cuda_torch():
 def _check_pool(pool):
     if not isinstance(pool, gpupool.Pool):
         raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
-    if isinstance(pool.upstream, gpupool.testing.SimulatedDevice):
-        raise host_memory_pool("PyTorch's CUDA tensors")
+    refuse_host_memory(pool, "PyTorch's CUDA tensors")
 
 
 def _allocator(malloc):

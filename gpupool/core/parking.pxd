@@ -16,27 +16,53 @@ cdef enum:
     PARK_MAX = 64 << 20         # blocks up to this size are parked (Note [Parked and held blocks])
 
 
+cdef inline bint pk_serves(Block* b, size_t size, StreamKey s, RegionCache* rc) noexcept nogil:
+    """Whether parked block b may serve a request of exactly size bytes on s in rc (NULL:
+    none): b is that size, last used on s, the pool's or rc's, with no record_stream
+    events."""
+    return b.size == size and same_stream(b.stream, s) and b.extra_events == NULL and \
+        (b.region.cache == NULL or b.region.cache == <void*>rc)
+
+
+cdef inline void pk_take(PoolState* st, int i) noexcept nogil:
+    """Parked block i leaves the parked slots (the others keep their order) and its cache:
+    the caller takes it."""
+    cdef Block* b = st.parked[i]
+    cdef int j
+    for j in range(i, st.nparked - 1):
+        st.parked[j] = st.parked[j + 1]
+    st.nparked -= 1
+    rc_disown(b)
+
+
 cdef inline Block* pk_unpark(PoolState* st, size_t size, StreamKey s,
                              RegionCache* rc) noexcept nogil:
     """The parked block of exactly size bytes, last used on s, that the request may take
-    (the pool's or rc's, no record_stream events), at the lowest address as best fit
-    would choose; NULL if none."""
-    cdef int i, j, found = -1
+    (pk_serves), at the lowest address as best fit would choose; NULL if none."""
+    cdef int i, found = -1
     cdef Block* b
     for i in range(st.nparked):
         b = st.parked[i]
-        if b.size == size and same_stream(b.stream, s) and b.extra_events == NULL and \
-                (b.region.cache == NULL or b.region.cache == <void*>rc) and \
-                (found < 0 or b.ptr < st.parked[found].ptr):
+        if pk_serves(b, size, s, rc) and (found < 0 or b.ptr < st.parked[found].ptr):
             found = i
     if found < 0:
         return NULL
     b = st.parked[found]
-    for j in range(found, st.nparked - 1):
-        st.parked[j] = st.parked[j + 1]
-    st.nparked -= 1
-    rc_disown(b)
+    pk_take(st, found)
     return b
+
+
+cdef inline bint pk_unpark_block(PoolState* st, Block* b, size_t size, StreamKey s,
+                                 RegionCache* rc) noexcept nogil:
+    """Take parked block b itself, if it may serve (pk_serves); whether it was taken."""
+    cdef int i
+    if not pk_serves(b, size, s, rc):
+        return False
+    for i in range(st.nparked):
+        if st.parked[i] == b:
+            pk_take(st, i)
+            return True
+    return False
 
 
 cdef inline void pk_park(PoolState* st, Block* b) noexcept nogil:

@@ -15,7 +15,7 @@ from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.cutjoin cimport sg_split, sg_cut_front
 from gpupool.core.freelist cimport fl_unbin
 from gpupool.core.growexpand cimport sg_extends, sg_map_end
-from gpupool.core.parking cimport pk_flush_range
+from gpupool.core.parking cimport pk_flush_range, pk_unpark_block
 from gpupool.core.plantable cimport (
     PlanTable, PlanEvent, PlanHint, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, PL_RECORD,
     PL_OVER, pt_clear,
@@ -99,17 +99,6 @@ cdef inline Block* pl_served(PlanTable* p, size_t k, Block* b) noexcept nogil:
     p.live[k] = b
     b.region.place = k + 1
     return b
-
-
-cdef inline void pl_unpark(PoolState* st, Block* b) noexcept nogil:
-    """Take parked block b out of the parked slots."""
-    cdef int i, j
-    for i in range(st.nparked):
-        if st.parked[i] == b:
-            for j in range(i, st.nparked - 1):
-                st.parked[j] = st.parked[j + 1]
-            st.nparked -= 1
-            return
 
 
 cdef inline void pl_record(RegionCache* rc, size_t nbytes) noexcept nogil:
@@ -206,12 +195,9 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
         return NULL
     addr = p.base + <uintptr_t>p.offsets[k]
     b = pl_block_at(st, p, k, addr)
-    if b != NULL and b.state == PARKED and b.ptr == addr and b.size == size and \
-            same_stream(b.stream, s) and b.extra_events == NULL and \
-            (b.region.cache == NULL or b.region.cache == <void*>rc):
+    if b != NULL and b.state == PARKED and b.ptr == addr and \
+            pk_unpark_block(st, b, size, s, rc):
         # Freed last, held aside unjoined, and the place itself: taken as it is.
-        pl_unpark(st, b)
-        rc_disown(b)
         return pl_served(p, k, b)
     if b != NULL and st.nparked and (b.state == PARKED or (
             b.state == FREE and addr + size > b.ptr + b.size)) and \

@@ -200,9 +200,9 @@ class Planner:
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
         stream as integers, an (n, 3) int64 array or any sequence of such rows; bytes 0: a
-        free; ptr 0: an entry starts; None: the same rows as the last call's), the entry's planned requests served (``hits``) and
-        not (``misses``, the request that left the plan's step included when it
-        ``stopped``), whether its requests grew the pool, and its request 0's requested
+        free; ptr 0: an entry starts; None: the same rows as the last call's), the entry's
+        planned requests served (``hits``) and not (``misses``, the request that left the
+        plan's step included when it ``stopped``), whether its requests grew the pool, and its request 0's requested
         bytes (``first``; 0: it made none). An entry that left the plan's step (another
         structure, or larger) is not the plan's failure: only the requests refused on the
         plan's step count against it. Returns ``"layout"`` when a plan is to be installed

@@ -36,9 +36,9 @@
 #             (gp.vmm.plan), AB_ARGS the runs' options ("--models llama-ckpt --steps 40
 #             --sampler native"), AB_TIMEOUT each run's limit (200 s). The base is
 #             .ab-base/, made by tools/gpu/ab-base.sh REV here and carried (carry [".whl",
-#             ".ab-base"]); it is built in place and put first on PYTHONPATH for its runs. Each run's JSON names the build it imported
-#             (env.gpupool_from); all come back as ab.tar with ab.log (one file each: the
-#             device tool returns at most 8 files)
+#             ".ab-base"]); it is built in place and put first on PYTHONPATH for its runs.
+#             Each run's JSON names the build it imported (env.gpupool_from); all come back
+#             as ab.tar with ab.log (one file each: the device tool returns at most 8 files)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
 #   sleep     bench/sleep_cycle.py alone (SLEEP_ARGS its options, e.g. "--nbytes 4GiB --reps 11"):
 #             a tagged pool's sleep and wake of 10 GiB, with and without offload, beside a plain
