@@ -92,9 +92,11 @@ def make_gpupool_region(ctx, plan=False):
         pool.trim()
 
     def notes():
-        """A planned region's exits, and those that repeated the last (no step made)."""
-        counts = [r.planner.counts for r in regions]
-        return {k: sum(c[k] for c in counts) for k in ("exits", "exits_repeated")}
+        """The planned regions' entries, and the exits that repeated the last (no step
+        made)."""
+        stats = [r.stats() for r in regions]
+        return {"entries": sum(s.entries for s in stats),
+                "exits_repeated": sum(s.exits_repeated for s in stats)}
 
     return Made(for_size, cleanup, pool, notes=notes if plan else None)
 
@@ -493,10 +495,11 @@ def _targets_text(out):
 def _legend(out):
     lines = [f"Python loop overhead: {format_ns(out['loop_overhead_ns'])} ns per iteration "
              "(included in every cell)", "", "columns:"]
-    lines += [f"  {k:12} {c['label']}" for k, c in out["columns"].items()]
-    lines += [f"  {k:12} exits that repeated the last (their step not made again): "
-              f"{c['notes']['exits_repeated']:,} of {c['notes']['exits']:,}"
-              for k, c in out["columns"].items() if c.get("notes")]
+    for k, c in out["columns"].items():
+        lines.append(f"  {k:12} {c['label']}")
+        if c.get("notes"):
+            lines.append(f"  {'':12} (exits that repeated the last, their step not made "
+                         f"again: {c['notes']['exits_repeated']:,} of {c['notes']['entries']:,})")
     lines += _common.problem_lines(out, 12, lambda n: f"at {format_size(int(n))}")
     return "\n".join(lines)
 

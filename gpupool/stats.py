@@ -113,6 +113,7 @@ class RegionStats:
     plans_transitions_repaired: int = 0     # of those, transitions (counted in plans_repaired)
     plans_repairs_refused: int = 0  # repairs made and not used: placed whole instead
     record_plans_dropped: int = 0   # record plans not installed (counted in record_plans)
+    exits_repeated: int = 0     # exits whose events were the last exit's: no step made again
 
     def as_dict(self):
         """The counters as a plain ``dict``."""

@@ -189,13 +189,13 @@ class Planner:
         # again, their inputs the same as a plan's made before (:meth:`_placed`); "repairs",
         # "repairs_refused": kept plans and transitions repaired, and repairs not used
         # (:meth:`_repaired`, :meth:`_transition_repaired`); "transition_repairs": the latter;
-        # "exits", "exits_repeated": exits in all, and those whose step was the last exit's,
-        # not made again (region/recorded.py).
+        # "exits_repeated": exits whose step was the last exit's, not made again
+        # (region/recorded.py).
         self.counts = {"plans": 0, "planning_ms": 0.0, "work": 0, "hits": 0, "misses": 0,
                        "installs": 0, "given_up": 0, "no_room": 0, "records": 0, "reused": 0,
                        "record_ms": 0.0, "records_dropped": 0, "past_work": 0, "repairs": 0,
                        "past_time": 0, "past_requests": 0, "repairs_refused": 0,
-                       "transition_repairs": 0, "exits": 0, "exits_repeated": 0}
+                       "transition_repairs": 0, "exits_repeated": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
@@ -212,7 +212,6 @@ class Planner:
         self._firsts = (self._firsts + [int(first)])[-2:]
         self._exits += 1
         self.counts["hits"] += hits
-        self.counts["exits"] = self._recorded_steps.reads
         self.counts["exits_repeated"] = self._recorded_steps.repeats
         self.counts["misses"] += misses
         action = None

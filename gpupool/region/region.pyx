@@ -536,7 +536,8 @@ cdef class Region:
                 "plans_past_requests": counts["past_requests"], "plans_repaired": counts["repairs"],
                 "plans_transitions_repaired": counts["transition_repairs"],
                 "plans_repairs_refused": counts["repairs_refused"],
-                "record_plans_dropped": counts["records_dropped"]}
+                "record_plans_dropped": counts["records_dropped"],
+                "exits_repeated": counts["exits_repeated"]}
 
     @property
     def planner(self):
