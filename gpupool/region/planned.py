@@ -156,10 +156,13 @@ class Planner:
             else strategies
         if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
             raise TypeError(f"strategies must be a tuple (or list) of str, got {given!r}")
-        if not strategies or not set(strategies) <= set(placement.STRATEGIES) or \
-                len(set(strategies)) < len(strategies):
+        unknown = [k for k in strategies if k not in placement.STRATEGIES]
+        twice = sorted({k for k in strategies if strategies.count(k) > 1})
+        if not strategies or unknown or twice:
+            why = (f": {unknown[0]!r} is not one" if unknown else
+                   f": {twice[0]!r} is named twice" if twice else "")
             raise ValueError(f"strategies must be a non-empty tuple of distinct names among "
-                             f"{sorted(placement.STRATEGIES)}, got {given!r}")
+                             f"{sorted(placement.STRATEGIES)}, got {given!r}{why}")
         self.strategies = strategies
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
         self.budget_work, self.budget_ms = int(budget_work), float(budget_ms)
