@@ -128,12 +128,15 @@ def test_a_repeated_gpt2_ckpt_run_keeps_its_plans_around_the_blocks_that_stay():
 
 
 def test_a_reader_that_goes_away_gets_no_traceback():
-    # `exit_cost.py TRACE | head -2`: the tool stops quietly when its stdout is closed.
+    # `exit_cost.py TRACE | head -2`: the tool stops quietly when its stdout is closed. Its
+    # output here (40 passes, about 84 KB) is more than a pipe holds, so it is still writing
+    # when the reader goes, however slowly the reader runs.
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=os.path.abspath(ROOT), PYTHONUNBUFFERED="1")
     tool = os.path.join(ROOT, "tools", "profile", "exit_cost.py")
-    proc = subprocess.Popen([sys.executable, tool, "gpt2"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, tool, "gpt2", "--passes", "40"],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
     assert proc.stdout.readline().startswith(b"step")
     proc.stdout.close()

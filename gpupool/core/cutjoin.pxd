@@ -118,14 +118,25 @@ cdef inline void sg_join(PoolState* st, Block* a, Block* b) noexcept nogil:
 cdef inline Block* sg_put(PoolState* st, Block* b) noexcept nogil:
     """Put free block b (state FREE, tagged with its region or the pool) into the free lists,
     joined first with its free neighbours; returns the block it became."""
+    return sg_put_for(st, b, True, NULL)
+
+
+cdef inline Block* sg_put_for(PoolState* st, Block* b, bint any_owner,
+                              void* owner) noexcept nogil:
+    """sg_put; unless any_owner, b joins only neighbours cached by the pool or by owner (a
+    region's cache; NULL: none): new memory mapped for a request made through owner, which
+    another region's free neighbour would take in (sg_joinable) and the request could then
+    not take (an entered region lends none)."""
     cdef FreeLists* fl = &st.free
     cdef Block* n = b.seg_prev
-    if n != NULL and sg_joinable(b, n):
+    if n != NULL and sg_joinable(b, n) and (any_owner or n.region.cache == NULL or
+                                            n.region.cache == owner):
         fl_unbin(fl, n)
         sg_join(st, n, b)
         b = n
     n = b.seg_next
-    if n != NULL and sg_joinable(b, n):
+    if n != NULL and sg_joinable(b, n) and (any_owner or n.region.cache == NULL or
+                                            n.region.cache == owner):
         fl_unbin(fl, n)
         sg_join(st, b, n)
     fl_put(fl, b)

@@ -8,7 +8,7 @@ from gpupool.records.block cimport Block, Segment, FREE, UNMAPPED
 from gpupool.records.counters cimport Counters, count_reserved, count_returned
 from gpupool.history.ring cimport ACT_SEGMENT_MAP, ACT_SEGMENT_UNMAP
 from gpupool.driver.status cimport GP_PY_ERROR
-from gpupool.core.cutjoin cimport sg_record, sg_insert_after, sg_put
+from gpupool.core.cutjoin cimport sg_record, sg_insert_after, sg_put_for
 from gpupool.core.freelist cimport FreeLists, fl_unbin
 from gpupool.core.giveback cimport sg_unmap_free
 from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
@@ -99,7 +99,7 @@ cdef inline int sg_fill_hole(PoolState* st, Upstream up, size_t size, StreamKey 
     best.state = FREE
     best.stream = s                     # joins only neighbours the request may take
     rc_own(NULL, best)
-    sg_put(st, best)
+    sg_put_for(st, best, False, owner)
     return 0
 
 
@@ -137,7 +137,7 @@ cdef inline int sg_extend(PoolState* st, Upstream up, size_t size, StreamKey s, 
         tail = NULL
         have = 0
         need = round_up(size, up.granularity)
-    r = sg_map_end(st, up, seg, need, s, tail if have else NULL)
+    r = sg_map_end(st, up, seg, need, s, tail if have else NULL, owner)
     if r != 0 and fresh and seg.nbytes == 0:    # an empty range is given back at once
         if up.unreserve(seg.base) != 0 and r != GP_PY_ERROR:
             up.clear_error()            # it stays reserved (address space, no memory)
@@ -146,11 +146,12 @@ cdef inline int sg_extend(PoolState* st, Upstream up, size_t size, StreamKey s, 
 
 
 cdef inline int sg_map_end(PoolState* st, Upstream up, Segment* seg, size_t need, StreamKey s,
-                           Block* tail) noexcept nogil:
-    """Map need bytes (whole pages) at the end of expandable segment seg for stream s, joined
-    with tail (seg's free last block, which the request may take: sg_extends) or, tail NULL,
-    as a free block of the pool's. The new pages are bound to s (they have no work). Returns
-    0 or a status code (nothing mapped then)."""
+                           Block* tail, void* owner) noexcept nogil:
+    """Map need bytes (whole pages) at the end of expandable segment seg for stream s, for a
+    request made through cache owner (NULL: the pool), joined with tail (seg's free last
+    block, which the request may take: sg_extends) or, tail NULL, as a free block of the
+    pool's, which joins no other region's free block. The new pages are bound to s (they
+    have no work). Returns 0 or a status code (nothing mapped then)."""
     cdef Segments* sg = &st.segments
     cdef Counters* c = &st.counters
     cdef RegionCache* rc
@@ -180,7 +181,7 @@ cdef inline int sg_map_end(PoolState* st, Upstream up, Segment* seg, size_t need
         b.stream = s                    # joins only a free end the request may take
         rc_own(NULL, b)
     seg.nbytes += need
-    sg_put(st, b)
+    sg_put_for(st, b, False, owner)
     return 0
 
 

@@ -152,7 +152,7 @@ cdef inline bint pl_grow(PoolState* st, Upstream up, RegionCache* rc, uintptr_t 
     if seg.nbytes + need > seg.va_bytes:
         return False
     tail = seg.last if sg_extends(seg.last, s, <void*>rc) else NULL
-    if sg_map_end(st, up, seg, need, s, tail) != 0:
+    if sg_map_end(st, up, seg, need, s, tail, <void*>rc) != 0:
         up.clear_error()
         return False
     return True

@@ -154,6 +154,27 @@ def test_a_hole_left_by_a_trim_is_mapped_again_rather_than_growing_the_end(
     assert check_invariants(vpool).reserved_bytes <= 6 * PAGE
 
 
+def test_growth_for_another_thread_joins_no_entered_region_s_free_block(vpool, vsim):
+    # The segment's free end is cached by a region entered on this thread; another thread's
+    # request grows the pool: its new pages stay the pool's, where joining the region's block
+    # would make them the region's, which the request then cannot take (an entered region
+    # lends nothing), and the pool would run out of memory (sg_put_for: a hole mapped again
+    # joins its neighbours the same way).
+    import threading
+
+    region = gpupool.Region(pool=vpool, collect=None)
+    with region:
+        a = vpool.allocate(PAGE)
+        del a                           # cached by the region: the segment's free end
+    got = []
+    with region:
+        thread = threading.Thread(target=lambda: got.append(vpool.allocate(PAGE).ptr))
+        thread.start()
+        thread.join()
+    assert len(got) == 1
+    assert check_invariants(vpool).reserved_bytes == 2 * PAGE
+
+
 # (4b) Cold free pages move to growth --------------------------------------------------------
 
 COLD_ALLOCS = 128                       # core/segments.pxd: allocations that leave a block cold
