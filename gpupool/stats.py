@@ -94,6 +94,7 @@ class RegionStats:
     peak_in_use_bytes: int
     collections: int
     collect_seconds: float
+    lane_hits: int = 0          # planned hits served from its lane, without the pool's lock
     planned: bool = False       # Region(plan=True): the counters below are its plans'
     plans: int = 0              # placements computed: steady plans and first-entry transitions
     planning_ms: float = 0.0    # milliseconds spent planning, in all

@@ -1,15 +1,16 @@
 # Freeing a block under the pool's lock: the events of the streams it was used on
 # (record_stream), its region's cache or the pool's, parking; and the pool's unlock, which runs
-# the frees deferred while the lock was held by the freeing thread.
+# the frees deferred while the lock was held by the freeing thread and lets go of the
+# regions' lanes (core/lane.pxd).
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
-from gpupool.records.counters cimport count_freed
 from gpupool.records.streams cimport StreamKey, same_stream, unordered
 from gpupool.history.ring cimport hist_on, hist_free
 from gpupool.core.lock cimport ps_copy_wanted
-from gpupool.core.parking cimport pk_park
-from gpupool.core.regioncache cimport rc_own, rc_freed_into
+from gpupool.core.lane cimport ln_leave
+from gpupool.core.parking cimport pk_freed
+from gpupool.core.regioncache cimport rc_freed_into
 from gpupool.core.state cimport PoolState
 from gpupool.core.tagged cimport tg_free
 from gpupool.core.streamorder cimport so_event
@@ -51,11 +52,7 @@ cdef inline void ps_free_locked(PoolState* st, Upstream up, Block* b,
         b.extra_streams = NULL
         if not ordered:
             b.stream = unordered()      # no request takes it until a synchronize
-    rc_own(rc_freed_into(b), b)         # its region's cache, or the pool's
-    b.used = st.counters.num_allocs     # last live now (sg_reclaim's cold blocks)
-    pk_park(st, b)                      # may put a parked block: size was kept above
-    count_freed(&st.counters, size)
-    st.bound -= size
+    pk_freed(st, rc_freed_into(b), b)   # its region's cache, or the pool's
 
 
 cdef inline void ps_unlock(PoolState* st, Upstream up) noexcept nogil:
@@ -67,5 +64,6 @@ cdef inline void ps_unlock(PoolState* st, Upstream up) noexcept nogil:
         ps_free_locked(st, up, b, b.stream)
     if st.nwanted or not st.order.wanted.empty():
         ps_copy_wanted(st)
+    ln_leave(st)
     st.lock_thread = 0
     st.mutex.unlock()

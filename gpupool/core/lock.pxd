@@ -1,7 +1,9 @@
 # The pool's lock (src/gp_lock.h: one compare-and-swap when free, then a futex), taken without
-# blocking other Python threads, and the wanted streams it publishes to the fast path at each
-# unlock (core/free.pxd has the unlock: it runs the deferred frees first).
+# blocking other Python threads, with the regions' lanes (core/lane.pxd), and the wanted
+# streams it publishes to the fast path at each unlock (core/free.pxd has the unlock: it runs
+# the deferred frees first).
 from gpupool.records.streams cimport StreamKey, current_thread
+from gpupool.core.lane cimport ln_enter
 from gpupool.core.state cimport PoolState, WANTED_FAST
 
 cdef extern from "Python.h" nogil:
@@ -29,9 +31,17 @@ cdef inline void ps_wait(PoolState* st) noexcept nogil:
 
 
 cdef inline void ps_lock(PoolState* st) noexcept nogil:
+    """Take the pool's lock, and the regions' lanes' (core/lane.pxd)."""
     if not st.mutex.try_lock():
         ps_wait(st)
+    ps_locked(st)
+
+
+cdef inline void ps_locked(PoolState* st) noexcept nogil:
+    """The pool's lock was just taken by the calling thread: it is the lock_thread, and
+    holds the regions' lanes too."""
     st.lock_thread = current_thread()
+    ln_enter(st)
 
 
 cdef inline void ps_copy_wanted(PoolState* st) noexcept nogil:

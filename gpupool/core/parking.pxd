@@ -7,9 +7,10 @@
 # would give: a block of the exact size, the lowest address first. Under the pool's lock.
 from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block, FREE, PARKED
+from gpupool.records.counters cimport count_freed
 from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.cutjoin cimport sg_put
-from gpupool.core.regioncache cimport RegionCache, rc_disown
+from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
 from gpupool.core.state cimport PoolState, PARK_SLOTS
 
 cdef enum:
@@ -79,6 +80,17 @@ cdef inline void pk_park(PoolState* st, Block* b) noexcept nogil:
     b.state = PARKED
     st.parked[st.nparked] = b
     st.nparked += 1
+
+
+cdef inline void pk_freed(PoolState* st, RegionCache* rc, Block* b) noexcept nogil:
+    """Freed block b, its region's bookkeeping done, is cached (by rc; NULL: by the pool),
+    parked (or put in the free lists, joined) and counted free."""
+    cdef size_t size = b.size           # pk_park may join b
+    rc_own(rc, b)
+    b.used = st.counters.num_allocs     # last live now (sg_reclaim's cold blocks)
+    pk_park(st, b)
+    count_freed(&st.counters, size)
+    st.bound -= size
 
 
 cdef inline void pk_put(PoolState* st, Block* b) noexcept nogil:

@@ -18,7 +18,7 @@ from gpupool.core.growexpand cimport sg_extends, sg_map_end
 from gpupool.core.parking cimport pk_flush_range, pk_unpark_block
 from gpupool.core.plantable cimport (
     PlanTable, PlanEvent, PlanHint, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, PL_RECORD,
-    PL_OVER, pt_clear,
+    PL_OVER, pt_clear, pt_served,
 )
 from gpupool.core.regioncache cimport RegionCache, rc_disown
 from gpupool.core.segments cimport round_up
@@ -91,14 +91,6 @@ cdef inline void pl_hints(PoolState* st, PlanTable* p) noexcept nogil:
                 hi = mid
         if lo:
             p.hints[k] = ends[lo - 1]
-
-
-cdef inline Block* pl_served(PlanTable* p, size_t k, Block* b) noexcept nogil:
-    """Request k took b at its place: counted, and b is the anchor of the requests above."""
-    p.hits += 1
-    p.live[k] = b
-    b.region.place = k + 1
-    return b
 
 
 cdef inline void pl_record(RegionCache* rc, size_t nbytes) noexcept nogil:
@@ -198,7 +190,7 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
     if b != NULL and b.state == PARKED and b.ptr == addr and \
             pk_unpark_block(st, b, size, s, rc):
         # Freed last, held aside unjoined, and the place itself: taken as it is.
-        return pl_served(p, k, b)
+        return pt_served(p, k, b)
     if b != NULL and st.nparked and (b.state == PARKED or (
             b.state == FREE and addr + size > b.ptr + b.size)) and \
             pk_flush_range(st, addr, addr + size):
@@ -228,7 +220,7 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
             return NULL
     sg_split(st, b, size, s, owner)
     b.stream = s
-    return pl_served(p, k, b)
+    return pt_served(p, k, b)
 
 
 cdef inline bint pl_movable(RegionCache* rc, Block* b, size_t since) noexcept nogil:

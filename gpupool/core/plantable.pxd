@@ -107,6 +107,28 @@ cdef inline void pt_note_free(PlanTable* p, Block* b) noexcept nogil:
     p.event += 1
 
 
+cdef inline uintptr_t pt_place(PlanTable* p, size_t k, size_t size,
+                               uintptr_t stream) noexcept nogil:
+    """The address of request k's place when a request of size bytes (rounded) on stream (its
+    handle) at this point of the entry is planned request k, as the plan has it (a plan
+    installed and followed so far, k at its event, on its stream, within its size); 0 when
+    it is not (core/planned.pxd's pl_take then decides how it goes). Reads only."""
+    if not p.active or p.stopped or k >= p.offsets.size() or p.offsets[k] < 0:
+        return 0
+    if p.allocs[k] != <int64_t>p.event or stream != p.streams[k] or \
+            <int64_t>size > p.sizes[k]:
+        return 0
+    return p.base + <uintptr_t>p.offsets[k]
+
+
+cdef inline Block* pt_served(PlanTable* p, size_t k, Block* b) noexcept nogil:
+    """Request k took b at its place: counted, and b is the anchor of the requests above."""
+    p.hits += 1
+    p.live[k] = b
+    b.region.place = k + 1
+    return b
+
+
 cdef inline void pt_fill(PlanTable* io, const int64_t* columns, size_t n) noexcept nogil:
     """A plan's requests into io's vectors (PL_INSTALL's input): columns holds n offsets,
     then n sizes, n stream handles (their bits), n anchors, n allocations and n frees."""

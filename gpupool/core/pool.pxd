@@ -7,7 +7,6 @@ cimport cython
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
-from gpupool.records.counters cimport Counters
 from gpupool.core.magazine cimport Magazine
 from gpupool.core.regioncache cimport RegionCache
 from gpupool.core.plantable cimport PlanTable, PlanCall
@@ -23,7 +22,7 @@ cdef class Pool(PoolBase):      # final: its cdef methods are direct calls the c
     cdef int acquire_locked(self, size_t nbytes, StreamKey stream, Block** out,
                             int way) noexcept nogil
     cdef void free_locked(self, Block* blk, StreamKey stream) noexcept nogil
-    cdef void region_register(self, RegionCache* rc) noexcept nogil
+    cdef void region_register(self, RegionCache* rc, bint lane) noexcept nogil
     cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil
     cdef void region_unregister(self, RegionCache* rc) noexcept nogil
     cdef void region_enter(self, RegionCache* rc, bint entry) noexcept nogil
@@ -50,21 +49,14 @@ cdef class Pool(PoolBase):      # final: its cdef methods are direct calls the c
     cdef Block* find_handed(self, uintptr_t ptr) noexcept nogil
     cdef bint handed_segment(self, uintptr_t ptr, uintptr_t* base, size_t* nbytes) noexcept nogil
     cdef void note_oom(self, size_t nbytes, uintptr_t stream) noexcept nogil
-    cdef Counters read_counters(self) noexcept nogil
     cdef int trim_all(self, size_t* released) noexcept nogil
-    cdef void reset_peaks(self) noexcept nogil
     cdef void cache_info(self, size_t* largest, size_t* headroom) noexcept nogil
-    cdef size_t private_live(self, RegionCache* rc, uintptr_t* ptrs, size_t* sizes,
-                             size_t capacity) noexcept nogil
-    cdef bint private_allocate_at(self, RegionCache* rc, uintptr_t ptr, size_t nbytes,
-                                  StreamKey s) noexcept nogil
-    cdef void private_end(self, RegionCache* rc) noexcept nogil
-    cdef Block* find_live(self, uintptr_t ptr, size_t nbytes) noexcept nogil
-    cdef object holder_at(self, uintptr_t ptr, size_t nbytes, bint* found)
     cdef str oom_failure(self, size_t nbytes)
+    # (and PoolBase's: read_counters, reset_peaks, private_*, find_live, holder_at)
 
     # Magazines (core/magazine.pxd).
     cdef Magazine* thread_magazine(self, bint make) noexcept nogil
+    cdef Block* fast_take(self, size_t nbytes, StreamKey s, int way) noexcept nogil
     cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil
     cdef bint mag_free_handed(self, uintptr_t ptr, StreamKey s, bint* done) noexcept nogil

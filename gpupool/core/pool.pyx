@@ -11,14 +11,12 @@ grows (``core/growplain.pxd``, ``core/growexpand.pxd``); out of memory, the ladd
 ``OutOfMemoryError``. Everything runs under the pool's lock (``core/lock.pxd``), taken without
 blocking other Python threads; a free made by the thread holding it is deferred to its unlock.
 """
-from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t, SIZE_MAX
 from libcpp.vector cimport vector
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 from gpupool.driver.calls cimport fork_flag
 from gpupool.driver.status cimport GP_REENTRANT, GP_FORKED, GP_ASLEEP
 from gpupool.records.block cimport Block, Segment, LIVE, UNMAPPED
-from gpupool.records.counters cimport Counters
 from gpupool.records.ptrtable cimport pt_insert
 from gpupool.records.sizes cimport MAX_NBYTES, check_nbytes
 from gpupool.records.streams cimport (
@@ -30,26 +28,26 @@ from gpupool.history.ring cimport (
 from gpupool.buffer.device_buffer cimport DeviceBuffer, new_buffer
 from gpupool.buffer.handoff cimport use_key
 from gpupool.core.magazine cimport Magazine
-from gpupool.core.magpool cimport mp_counters_view, mp_reset_peaks
 from gpupool.core.parking cimport pk_flush
 from gpupool.core.ladder cimport ld_trim
 from gpupool.core.regioncache cimport (
-    RegionCache, rc_detach, rc_drain, rc_return_unused, rc_find_live, rc_slow_path,
+    RegionCache, Lane, rc_detach, rc_drain, rc_return_unused, rc_find_live, rc_slow_path,
 )
-from gpupool.core.private cimport pp_allocate_at, pp_end
+from gpupool.core.lane cimport ln_take, ln_put
 from gpupool.core.planned cimport pl_call
 from gpupool.core.plantable cimport PW_SLOW_PATH, PW_ONLINE
-from gpupool.core.segments cimport sg_find_live
+from gpupool.core.segments cimport round_request
 from gpupool.core.acquire cimport ps_acquire_locked
 from gpupool.core.fastpath cimport (
-    fp_thread_magazine, fp_take, fp_put, fp_free_handed, fp_thread_exit,
+    fp_thread_magazine, fp_take, fp_put, fp_free_handed, fp_thread_exit, fp_is_wanted,
 )
-from gpupool.core.lock cimport ps_lock, ps_wait
+from gpupool.core.lock cimport ps_lock, ps_locked, ps_wait, wanted_bit
 from gpupool.core.free cimport ps_free_locked, ps_unlock
 from gpupool.core.thread cimport (
     GP_REGION_DEPTH_MAX, gp_thread, gp_this_thread, gp_magazine_exit_hook, uncached_mark,
+    thread_cache, current_cache,
 )
-from gpupool.core.handed cimport hd_find, hd_cache_info, hd_private_live
+from gpupool.core.handed cimport hd_find, hd_cache_info
 from gpupool.core.regionexit cimport rg_exit
 from gpupool.core.oom cimport OomFacts, oom_run_callbacks, oom_error, oom_gather, oom_headroom
 from gpupool.core.poolbase cimport PoolBase
@@ -59,9 +57,6 @@ import os
 
 from gpupool.errors import FORK_MESSAGE, GpupoolError
 from gpupool.upstream.python import PythonUpstream
-
-cdef extern from "Python.h" nogil:
-    Py_ssize_t Py_REFCNT(PyObject* o)
 
 cdef const int* FORKED = fork_flag()
 # This module's copy of the memory history's switch (history/ring.pxd): nonzero while it records
@@ -73,6 +68,17 @@ _logger = logging.getLogger("gpupool")
 # and request takes the shared path. For memory measurements across threads (PyTorch's
 # autograd thread allocates while the main thread's magazine holds what it freed).
 cdef bint MAGAZINES = os.environ.get("GPUPOOL_MAGAZINES", "").strip() != "0"
+# GPUPOOL_LANES=0 (read at import; _set_lanes for tests): thread-scope planned regions made from
+# then on have no lane (core/lane.pxd): their pairs take the shared path.
+cdef bint LANES = os.environ.get("GPUPOOL_LANES", "").strip() != "0"
+
+
+def _set_lanes(bint on):
+    """Whether regions made from now on get a lane (core/lane.pxd); returns the setting before.
+    For tests and A/B measurements."""
+    global LANES
+    before, LANES = LANES, on
+    return before
 
 
 include "regionstack.pxi"
@@ -147,7 +153,7 @@ cdef class Pool(PoolBase):
         cdef Block* b
         if FORKED[0]:
             return GP_FORKED
-        b = self.mag_take(nbytes, s, False)
+        b = self.fast_take(nbytes, s, way)
         if b != NULL:
             out[0] = b
             return 0
@@ -167,6 +173,21 @@ cdef class Pool(PoolBase):
 
     cdef Magazine* thread_magazine(self, bint make) noexcept nogil:
         return fp_thread_magazine(&self._st, self.upstream, <void*>self, make)
+
+    cdef Block* fast_take(self, size_t nbytes, StreamKey s, int way) noexcept nogil:
+        """A block for nbytes on s without the pool's lock: from the lane of the calling
+        thread's region when it is in one (a thread-scope planned region's: core/lane.pxd),
+        else from its magazine (mag_take); NULL: take the shared path (as always while the
+        memory history records, for a tagged request, or when other streams wait for s's
+        blocks)."""
+        cdef gp_thread* t = gp_this_thread()
+        cdef RegionCache* rc = thread_cache(t, <void*>self, self._st.process_region)
+        if rc == NULL or rc.lane == NULL:      # (a region's: NULL, its magazine's counts kept)
+            return fp_take(&self._st, <void*>self, nbytes, s, False, RECORDING)
+        if way != PW_SLOW_PATH or RECORDING or t.tag or \
+                ((self._st.wanted_mask >> wanted_bit(s)) & 1 and fp_is_wanted(&self._st, s)):
+            return NULL
+        return ln_take(rc, round_request(nbytes), s)
 
     cdef Block* mag_take(self, size_t nbytes, StreamKey s, bint capi) noexcept nogil:
         """A block for nbytes on s from the calling thread's magazine, without the pool's
@@ -224,12 +245,18 @@ cdef class Pool(PoolBase):
 
     cdef void free_block(self, Block* b, StreamKey s) noexcept nogil:
         """Take back a live block last used on s; with or without the GIL."""
+        cdef RegionCache* rc = <RegionCache*>b.region.cache
         if FORKED[0]:
             return
-        if self.mag_put(b, s):
+        if rc != NULL:
+            # A block of the calling thread's region, into its lane (core/lane.pxd).
+            if not RECORDING and rc == current_cache(<void*>self, self._st.process_region) \
+                    and rc.lane != NULL and ln_put(rc, b, s):
+                return
+        elif self.mag_put(b, s):
             return
         if self._st.mutex.try_lock():
-            self._st.lock_thread = current_thread()
+            ps_locked(&self._st)
         elif self._st.lock_thread == current_thread():
             # The lock_thread is this thread (a collection run inside the pool's upstream call).
             b.stream = s
@@ -237,7 +264,7 @@ cdef class Pool(PoolBase):
             return
         else:
             ps_wait(&self._st)
-            self._st.lock_thread = current_thread()
+            ps_locked(&self._st)
         self.free_locked(b, s)
         self.unlock()
 
@@ -263,10 +290,16 @@ cdef class Pool(PoolBase):
 
     # Regions ----------------------------------------------------------------------------
 
-    cdef void region_register(self, RegionCache* rc) noexcept nogil:
+    cdef void region_register(self, RegionCache* rc, bint lane) noexcept nogil:
+        """A new region's cache rc joins the pool; lane: a thread-scope planned region's,
+        which gets a lane (core/lane.pxd) unless GPUPOOL_LANES=0."""
         self.lock()
         rc.pool = <void*>self
         self._st.regions.push_back(rc)
+        if lane and LANES:
+            rc.lane = new Lane()
+            self._st.lanes.push_back(rc)
+            rc.lane.mutex.lock()        # held with the others until the unlock (ps_unlock)
         self.unlock()
 
     cdef bint region_set_process(self, RegionCache* rc, bint enter) noexcept nogil:
@@ -294,6 +327,13 @@ cdef class Pool(PoolBase):
         for i in range(self._st.regions.size()):
             if self._st.regions[i] == rc:
                 self._st.regions.erase(self._st.regions.begin() + i)
+                break
+        for i in range(self._st.lanes.size()):
+            if self._st.lanes[i] == rc:
+                self._st.lanes.erase(self._st.lanes.begin() + i)
+                rc.lane.mutex.unlock()      # empty: the lock put its blocks back
+                del rc.lane
+                rc.lane = NULL
                 break
         self.unlock()
 
@@ -432,14 +472,6 @@ cdef class Pool(PoolBase):
                      stream)
         self.unlock()
 
-    cdef Counters read_counters(self) noexcept nogil:
-        """The counters (core/magpool.pxd, mp_counters_view), read under the lock."""
-        cdef Counters c
-        self.lock()
-        c = mp_counters_view(&self._st)
-        self.unlock()
-        return c
-
     cdef int trim_all(self, size_t* released) noexcept nogil:
         """Give the pool's cached memory back, then the upstream's own (a status code: the
         upstream's trim, its error cleared); the bytes the pool gave back go to released."""
@@ -452,11 +484,6 @@ cdef class Pool(PoolBase):
         self.unlock()
         return r
 
-    cdef void reset_peaks(self) noexcept nogil:
-        self.lock()
-        mp_reset_peaks(&self._st)
-        self.unlock()
-
     cdef void cache_info(self, size_t* largest, size_t* headroom) noexcept nogil:
         """The largest free block any request may take (the pool's and idle regions', and
         threads' held blocks: served under pressure), and the bytes left under the hard
@@ -464,55 +491,6 @@ cdef class Pool(PoolBase):
         self.lock()
         hd_cache_info(&self._st, self.thread_magazine(False), largest, headroom)
         self.unlock()
-
-    cdef size_t private_live(self, RegionCache* rc, uintptr_t* ptrs, size_t* sizes,
-                             size_t capacity) noexcept nogil:
-        """The live blocks of private pool rc: the first capacity ones' pointers and sizes
-        go to ptrs and sizes; returns how many there are."""
-        cdef size_t n
-        self.lock()
-        n = hd_private_live(rc, ptrs, sizes, capacity)
-        self.unlock()
-        return n
-
-    cdef bint private_allocate_at(self, RegionCache* rc, uintptr_t ptr, size_t nbytes,
-                                  StreamKey s) noexcept nogil:
-        """Make [ptr, ptr + nbytes) of private pool rc's free memory a live block used on s,
-        handed out by pointer (core/private.pxd); whether it was free there."""
-        cdef bint done
-        self.lock()
-        pk_flush(&self._st)
-        done = pp_allocate_at(&self._st, rc, ptr, nbytes, s)
-        self.unlock()
-        return done
-
-    cdef void private_end(self, RegionCache* rc) noexcept nogil:
-        self.lock()
-        pp_end(rc)
-        self.unlock()
-
-    cdef Block* find_live(self, uintptr_t ptr, size_t nbytes) noexcept nogil:
-        """The live block holding [ptr, ptr + nbytes); NULL if none."""
-        cdef Block* b
-        self.lock()
-        b = sg_find_live(&self._st.segments, ptr, nbytes)
-        self.unlock()
-        return b
-
-    cdef object holder_at(self, uintptr_t ptr, size_t nbytes, bint* found):
-        """The DeviceBuffer holding the live block around [ptr, ptr + nbytes) (None for a
-        block handed out by pointer, or none); found: whether there is such a block. With
-        the GIL: a holder whose count is 0 is dying (its __dealloc__ waits for the lock held
-        here), and no other thread changes counts meanwhile."""
-        cdef Block* b
-        holder = None
-        self.lock()
-        b = sg_find_live(&self._st.segments, ptr, nbytes)
-        found[0] = b != NULL
-        if b != NULL and b.holder != NULL and Py_REFCNT(<PyObject*>b.holder) > 0:
-            holder = <object>b.holder
-        self.unlock()
-        return holder
 
     cdef str oom_failure(self, size_t nbytes):
         """Count a failed request of nbytes for lack of memory (num_ooms) and return its

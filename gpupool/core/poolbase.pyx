@@ -4,6 +4,7 @@ from the ``Pool`` arguments and given back at its end, and the Python API that r
 maintains that state (statistics, the consistency check, ``trim``, ``merge_streams``, the
 limits). ``Pool`` (core/pool.pyx) adds the requests and frees and the operations the layers
 above call."""
+from cpython.ref cimport PyObject
 from libcpp.vector cimport vector
 from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block, Segment, LIVE
@@ -11,7 +12,12 @@ from gpupool.driver.calls cimport fork_flag
 from gpupool.core.freelist cimport fl_each
 from gpupool.core.magpool cimport mp_reap, mp_flush_all, mp_counters_view, mp_reset_peaks
 from gpupool.core.parking cimport pk_flush
-from gpupool.core.segments cimport BLOCK_ALIGN, round_request
+from gpupool.core.handed cimport hd_private_live
+from gpupool.core.private cimport pp_allocate_at, pp_end
+from gpupool.core.regioncache cimport RegionCache
+from gpupool.records.counters cimport Counters
+from gpupool.records.streams cimport StreamKey
+from gpupool.core.segments cimport BLOCK_ALIGN, round_request, sg_find_live
 from gpupool.records.sizes cimport check_nbytes
 from gpupool.core.ladder cimport ld_trim, ld_merge_streams
 from gpupool.core.giveback cimport sg_release_all
@@ -38,6 +44,9 @@ from gpupool.errors import FORK_MESSAGE, GpupoolError, OutOfMemoryError, not_pic
 from gpupool.limits import resolve_limits
 from gpupool.stats import PoolStats, torch_memory_stats
 from gpupool.upstream.python import PythonUpstream
+
+cdef extern from "Python.h" nogil:
+    Py_ssize_t Py_REFCNT(PyObject* o)
 
 cdef const int* FORKED = fork_flag()
 _logger = logging.getLogger("gpupool")
@@ -464,3 +473,67 @@ cdef class PoolBase(BlockOwner):
         c = self._counters()
         return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
                 f"in_use={c['in_use']} reserved={c['reserved']}>")
+
+    # The interface of the layers above that reads the pool's state (core/poolbase.pxd) -----
+
+    cdef Counters read_counters(self) noexcept nogil:
+        """The counters (core/magpool.pxd, mp_counters_view), read under the lock."""
+        cdef Counters c
+        ps_lock(&self._st)
+        c = mp_counters_view(&self._st)
+        ps_unlock(&self._st, self.upstream)
+        return c
+
+    cdef void reset_peaks(self) noexcept nogil:
+        ps_lock(&self._st)
+        mp_reset_peaks(&self._st)
+        ps_unlock(&self._st, self.upstream)
+
+    cdef size_t private_live(self, RegionCache* rc, uintptr_t* ptrs, size_t* sizes,
+                             size_t capacity) noexcept nogil:
+        """The live blocks of private pool rc: the first capacity ones' pointers and sizes
+        go to ptrs and sizes; returns how many there are."""
+        cdef size_t n
+        ps_lock(&self._st)
+        n = hd_private_live(rc, ptrs, sizes, capacity)
+        ps_unlock(&self._st, self.upstream)
+        return n
+
+    cdef bint private_allocate_at(self, RegionCache* rc, uintptr_t ptr, size_t nbytes,
+                                  StreamKey s) noexcept nogil:
+        """Make [ptr, ptr + nbytes) of private pool rc's free memory a live block used on s,
+        handed out by pointer (core/private.pxd); whether it was free there."""
+        cdef bint done
+        ps_lock(&self._st)
+        pk_flush(&self._st)
+        done = pp_allocate_at(&self._st, rc, ptr, nbytes, s)
+        ps_unlock(&self._st, self.upstream)
+        return done
+
+    cdef void private_end(self, RegionCache* rc) noexcept nogil:
+        ps_lock(&self._st)
+        pp_end(rc)
+        ps_unlock(&self._st, self.upstream)
+
+    cdef Block* find_live(self, uintptr_t ptr, size_t nbytes) noexcept nogil:
+        """The live block holding [ptr, ptr + nbytes); NULL if none."""
+        cdef Block* b
+        ps_lock(&self._st)
+        b = sg_find_live(&self._st.segments, ptr, nbytes)
+        ps_unlock(&self._st, self.upstream)
+        return b
+
+    cdef object holder_at(self, uintptr_t ptr, size_t nbytes, bint* found):
+        """The DeviceBuffer holding the live block around [ptr, ptr + nbytes) (None for a
+        block handed out by pointer, or none); found: whether there is such a block. With
+        the GIL: a holder whose count is 0 is dying (its __dealloc__ waits for the lock held
+        here), and no other thread changes counts meanwhile."""
+        cdef Block* b
+        holder = None
+        ps_lock(&self._st)
+        b = sg_find_live(&self._st.segments, ptr, nbytes)
+        found[0] = b != NULL
+        if b != NULL and b.holder != NULL and Py_REFCNT(<PyObject*>b.holder) > 0:
+            holder = <object>b.holder
+        ps_unlock(&self._st, self.upstream)
+        return holder

@@ -15,7 +15,22 @@ from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
+from gpupool.core.magazine cimport gp_spin
 from gpupool.core.plantable cimport PlanTable, pt_note_alloc, pt_note_free, pt_forget
+
+cdef enum:
+    LANE_SLOTS = 8              # blocks a region's lane holds (core/lane.pxd)
+
+cdef cppclass Lane:
+    # A thread-scope planned region's freed blocks, kept off the pool's lock until the pool's
+    # lock holder puts them back (core/lane.pxd has the design).
+    char _pad_front[64]         # no cache line shared with the region's counters
+    gp_spin mutex               # the fast path's; the pool's lock holder holds it throughout
+    Block* blocks[LANE_SLOTS]   # state HELD, oldest first, each with its stream in .stream
+    int nblocks
+    size_t retakes              # blocks freed into it and taken again since the pool saw it
+    size_t retaken_bytes
+    char _pad_back[64]
 
 cdef cppclass RegionCache:
     void* pool                  # the Pool it belongs to (borrowed; the Region keeps it alive)
@@ -30,12 +45,14 @@ cdef cppclass RegionCache:
     size_t peak_in_use_bytes
     size_t hits                 # its allocations served from free memory
     size_t misses               # its allocations that needed new memory
+    size_t lane_hits            # of its hits, those its lane served (core/lane.pxd)
     size_t max_cached_bytes     # 0: no cap
     bint held                   # a private pool's (region/privatepool.pxd): joins no pool block
     PyObject* on_alloc          # called with each new block's pointer (trace=True); borrowed
     PyObject* on_record         # a planned region's slow path for a record step's plan,
                                 # swapped with on_alloc while one is pending; borrowed
     PlanTable* plan             # a planned region's (core/plantable.pxd); NULL: none
+    Lane* lane                  # a thread-scope planned region's (core/lane.pxd); NULL: none
 
 
 cdef inline bint rc_lends(RegionCache* rc) noexcept nogil:

@@ -3,6 +3,7 @@
 # blocks stay parked, nothing is joined), with the memory history's sequence number at that
 # moment, so that the snapshot pairs this state with exactly the entries made before it.
 # Included into core/pool.pyx, which owns the records.
+from gpupool.core.magpool cimport mp_counters_view
 from gpupool.history.ring cimport Frame, hist_live, hist_segment_frames, hist_frames, hist_seq
 
 cdef size_t NO_ROW = <size_t>-1

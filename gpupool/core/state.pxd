@@ -54,6 +54,7 @@ cdef cppclass PoolState:
     Block* parked[PARK_SLOTS]   # the blocks freed last, oldest first (PARKED)
     int nparked
     vector[RegionCache*] regions    # caches of this pool's regions, for the ladder
+    vector[RegionCache*] lanes      # those of them with a lane (core/lane.pxd)
     PtrTable capi_blocks        # blocks handed out by the C API, by pointer
     Counters counters           # a magazine's blocks count as in use (core/magazine.pxd)
     vector[Magazine*] magazines     # every thread's magazine for this pool

@@ -253,7 +253,7 @@ cdef class Region:
         if trace:
             self._on_alloc = self._escapes.record_site
             self.rc.on_alloc = <PyObject*>self._on_alloc
-        self.pool.region_register(self.rc)
+        self.pool.region_register(self.rc, scope == "thread" and planner is not None)
         _by_cache[<uintptr_t>self.rc] = (next(_region_ids), weakref.ref(self))
 
     def __dealloc__(self):
@@ -521,7 +521,7 @@ cdef class Region:
             entries=self.entries, cache_hits=rc.hits, cache_misses=rc.misses,
             cached_bytes=rc.cached_bytes, live_at_exit_bytes=self.live_at_exit_bytes,
             peak_in_use_bytes=rc.peak_in_use_bytes, collections=self.collections,
-            collect_seconds=self.collect_seconds,
+            collect_seconds=self.collect_seconds, lane_hits=rc.lane_hits,
             **(self._plan_stats() if self._planner is not None else {}))
 
     def _plan_stats(self):
