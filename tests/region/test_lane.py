@@ -235,3 +235,30 @@ def test_a_planned_region_s_places_are_served_from_its_lane():
     # Request 0 of each entry takes the shared path; the others, once planned, the lane.
     assert stats["plan_hits"] >= 6 * 8 and stats["lane_hits"] >= 5 * 8
     assert addrs[-1] == addrs[-2]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_lane_blocks_keep_their_place_and_data():
+    # A planned step of pairs on the device: the lane's blocks are the planned places, each
+    # written and read back while a block the step keeps holds its own bytes.
+    pool = gpupool.Pool(device=0, upstream="vmm")
+    region = gpupool.Region(pool=pool, collect=None, plan=True)
+    for entry in range(8):
+        with region:
+            kept = pool.allocate(2 * MIB)
+            kept.memset(7)
+            ptrs = []
+            for i in range(6):
+                buf = pool.allocate(MIB)
+                buf.memset(i + 1)
+                assert (buf.copy_to_host()[::4096] == i + 1).all()
+                ptrs.append(buf.ptr)
+                buf.close()
+            assert (kept.copy_to_host()[::4096] == 7).all()
+            kept.close()
+        assert len(set(ptrs)) == 1
+    stats = region.stats()
+    assert stats.lane_hits > 0 and stats.plan_hits > 0
+    assert pool.stats().in_use_bytes == 0 and pool._verify() == []
+    region.release()
+    pool.trim()
