@@ -249,10 +249,12 @@ cdef class Pool(PoolBase):
         if FORKED[0]:
             return
         if rc != NULL:
-            # A block of the calling thread's region, into its lane (core/lane.pxd).
-            if not RECORDING and rc == current_cache(<void*>self, self._st.process_region) \
-                    and rc.lane != NULL and ln_put(rc, b, s):
-                return
+            # A buffer's block of the calling thread's region, into its lane (core/lane.pxd;
+            # the C API's, holder NULL, would only pass through: its requests take none).
+            if not RECORDING and b.holder != NULL and \
+                    rc == current_cache(<void*>self, self._st.process_region) and \
+                    rc.lane != NULL and ln_put(rc, b, s):
+                return                  # (rc is read only once it is the thread's: alive)
         elif self.mag_put(b, s):
             return
         if self._st.mutex.try_lock():
