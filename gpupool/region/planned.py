@@ -161,8 +161,8 @@ class Planner:
         if not strategies or unknown or twice:
             why = (f": {unknown[0]!r} is not one" if unknown else
                    f": {twice[0]!r} is named twice" if twice else "")
-            raise ValueError(f"strategies must be a non-empty tuple of distinct names among "
-                             f"{sorted(placement.STRATEGIES)}, got {given!r}{why}")
+            raise ValueError(f"strategies must be a non-empty tuple (or list) of distinct names "
+                             f"among {sorted(placement.STRATEGIES)}, got {given!r}{why}")
         self.strategies = strategies
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
         self.budget_work, self.budget_ms = int(budget_work), float(budget_ms)

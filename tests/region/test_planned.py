@@ -289,7 +289,7 @@ def test_a_plan_option_out_of_range_is_refused_naming_it(vpool, option, value, e
 ])
 def test_bad_strategies_are_refused_naming_them(vpool, value, error, why):
     with pytest.raises(error, match=r"^strategies must be a (tuple \(or list\) of str|non-empty "
-                                    r"tuple of distinct names among \[.*\]), got " +
+                                    r"tuple \(or list\) of distinct names among \[.*\]), got " +
                        re.escape(repr(value) + why) + "$"):
         gpupool.Region(pool=vpool, plan={"strategies": value})
 
