@@ -8,10 +8,12 @@ the same build on any machine (they do not depend on load). ``--history`` runs t
 the memory history recording (``gpupool.record_memory_history``): ``python`` with Python
 frames, ``none`` without. ``--region`` runs the warm-up and the pairs inside one entry of a
 (plain) ``gpupool.Region``: the shared path, where the pool alone takes the thread's magazine.
-Run::
+``--plan`` runs them in entries of 1,000 pairs of a ``Region(plan=True)``, after 8 such entries
+to warm up (the plan served from the third): a planned region's pairs, its entries and exits
+included (with its lane: Note [Region lanes]; ``GPUPOOL_LANES=0`` without). Run::
 
     python tools/profile/callgrind_pair.py [--pairs 200000] [--nbytes 1048576] [--history python]
-                                           [--region]
+                                           [--region | --plan]
 """
 
 import argparse
@@ -41,7 +43,15 @@ if region is not None:
 for _ in range(100):                     # warm up: the block is cached after the first
     del_me = pool.allocate(nbytes)
     del del_me
-if path == "capi":
+if {plan!r}:
+    planned = gpupool.Region(pool=pool, collect=None, plan=True)
+    allocate = pool.allocate
+    for entry in range(8 + pairs // 1000):
+        with planned:
+            for _ in range(1000):
+                buf = allocate(nbytes)
+                del buf
+elif path == "capi":
     import _cext
     loop = _cext.build("gpupool_bench_loop", [{loop_c!r}])
     loop.loop([nbytes], 100)
@@ -80,14 +90,20 @@ def main(argv=None):
     p.add_argument("--nbytes", type=int, default=1 << 20)
     p.add_argument("--history", choices=("off", "python", "none"), default="off",
                    help="memory history: off (default), with Python frames, without")
-    p.add_argument("--region", action="store_true",
-                   help="the pairs inside one entry of a plain gpupool.Region")
+    way = p.add_mutually_exclusive_group()
+    way.add_argument("--region", action="store_true",
+                     help="the pairs inside one entry of a plain gpupool.Region")
+    way.add_argument("--plan", action="store_true",
+                     help="the pairs in entries of 1,000 of a gpupool.Region(plan=True), from "
+                          "Python (--pairs: a multiple of 1,000)")
     args = p.parse_args(argv)
-    for path in ("capi", "python"):
+    if args.plan and (args.pairs % 1000 or args.pairs <= 0):
+        p.error(f"--plan needs --pairs a positive multiple of 1000, got {args.pairs}")
+    for path in ("python",) if args.plan else ("capi", "python"):
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(CHILD.format(bench=BENCH, nbytes=args.nbytes, path=path,
                                  loop_c=os.path.join(BENCH, "_capi_loop.c"),
-                                 history=args.history, region=args.region))
+                                 history=args.history, region=args.region, plan=args.plan))
         try:
             # The extension is built in the first run; build it once outside the counts.
             instructions(f.name, 0)
@@ -97,7 +113,8 @@ def main(argv=None):
             os.unlink(f.name)
         print(f"{path:7} {(total - base) / args.pairs:8.1f} instructions per pair "
               f"({args.nbytes} B, legacy stream, {args.pairs:,} pairs, memory history "
-              f"{args.history}{', in a region' if args.region else ''})")
+              f"{args.history}{', in a region' if args.region else ''}"
+              f"{', in entries of a planned region' if args.plan else ''})")
     return 0
 
 
