@@ -2,6 +2,8 @@
 # segments, trims, stream merges, and the pool's end. Under the pool's lock.
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free
+from libcpp.algorithm cimport sort
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block, Segment, FREE, UNMAPPED
 from gpupool.records.counters cimport Counters, count_returned
@@ -94,15 +96,23 @@ cdef inline size_t sg_unmap_free(PoolState* st, Upstream up, Block* b) noexcept 
 cdef inline void sg_rejoin(PoolState* st, vector[Block*]* blocks,
                            vector[Block*]* runs) noexcept nogil:
     """After every event has completed, with blocks (all free, out of the free lists, free for
-    any stream): join each run of joinable neighbours into its first; the runs go to runs."""
+    any stream): join each run of joinable neighbours into its first; the runs go to runs.
+    In address order, each block joins the run just below it or starts one: joining is not
+    transitive (a region's free block takes in the pool's, which another region's may also
+    border: the two regions' stay apart), so a block whose lower neighbour could take it
+    may still find that run closed to it, and must then start its own (it would otherwise be
+    left out of the free lists)."""
+    cdef vector[pair[uintptr_t, size_t]] order    # (address, index in blocks)
     cdef size_t i
     cdef Block* b
     for i in range(blocks.size()):
-        b = blocks[0][i]
-        if b.seg_prev == NULL or not sg_joinable(b, b.seg_prev):
-            runs.push_back(b)           # the others are joined into these (and retired)
-    for i in range(runs.size()):
-        b = runs[0][i]
+        order.push_back(pair[uintptr_t, size_t](blocks[0][i].ptr, i))
+    sort(order.begin(), order.end())    # (addresses are distinct)
+    for i in range(order.size()):
+        b = blocks[0][order[i].second]
+        if b.state != FREE:
+            continue                    # joined into the run below it (and retired)
+        runs.push_back(b)
         while b.seg_next != NULL and sg_joinable(b, b.seg_next):
             sg_join(st, b, b.seg_next)
 
