@@ -117,9 +117,12 @@ cdef inline bint fp_wait(PoolState* st, Magazine* m, size_t* waits) noexcept nog
 
 
 cdef inline bint fp_is_wanted(PoolState* st, StreamKey s) noexcept nogil:
-    """Without the lock, for a stream whose bit is in the wanted mask: whether it is in the
-    list (more than WANTED_FAST wanted: the bit alone says yes)."""
+    """Without the lock: whether other streams wait for s's free blocks (the shared path
+    answers them). A clear bit in the wanted mask says no at one load; a set one is looked
+    for in the list (more than WANTED_FAST wanted: the bit alone says yes)."""
     cdef int i
+    if not (st.wanted_mask >> wanted_bit(s)) & 1:
+        return False
     if st.nwanted > WANTED_FAST:
         return True
     for i in range(st.nwanted):
@@ -155,7 +158,7 @@ cdef inline Block* fp_take(PoolState* st, void* pool, size_t nbytes, StreamKey s
     if m.nblocks == 0:
         m.empty += 1
         return NULL
-    if (st.wanted_mask >> wanted_bit(s)) & 1 and fp_is_wanted(st, s):
+    if fp_is_wanted(st, s):
         m.wanted += 1
         return NULL                         # its blocks are wanted: the shared path
     if thread_cache(t, pool, st.process_region) != NULL:

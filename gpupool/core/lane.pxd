@@ -21,8 +21,8 @@
 # raises bytes in use, so the peak needs no credit here. Order: the pool's lock, then the
 # lanes', then the magazines'; the fast path holds one lane's lock alone and never waits
 # while holding it.
-from libcpp.vector cimport vector
 from libc.stdint cimport uintptr_t
+from gpupool.records.counters cimport count_fast
 from gpupool.records.block cimport Block, LIVE, HELD
 from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.parking cimport pk_freed
@@ -94,7 +94,7 @@ cdef inline void ln_enter(PoolState* st) noexcept nogil:
     """The pool's lock was just taken: take every lane's lock too (until ln_leave), and put
     each lane's blocks back as the shared free would have (their region caches them,
     parked), counting the lanes' frees and retakes."""
-    cdef size_t i, n
+    cdef size_t i
     cdef int j
     cdef RegionCache* rc
     cdef Lane* l
@@ -102,15 +102,9 @@ cdef inline void ln_enter(PoolState* st) noexcept nogil:
         rc = st.lanes[i]
         l = rc.lane
         l.mutex.lock()
-        n = l.retakes
-        if n:
-            # Each a free and an allocation, which left bytes in use as they were.
-            st.counters.num_allocs += n
-            st.counters.num_frees += n
-            st.counters.cache_hits += n
-            st.counters.allocated_bytes += l.retaken_bytes
-            st.counters.freed_bytes += l.retaken_bytes
-            l.retakes = l.retaken_bytes = 0
+        # Each retake a free and an allocation, which left bytes in use as they were.
+        count_fast(&st.counters, l.retakes, l.retaken_bytes, l.retakes, l.retaken_bytes)
+        l.retakes = l.retaken_bytes = 0
         for j in range(l.nblocks):
             pk_freed(st, rc, l.blocks[j])
         l.nblocks = 0

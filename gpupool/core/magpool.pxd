@@ -7,7 +7,7 @@ from libcpp.algorithm cimport sort
 from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block, HELD, LIVE
-from gpupool.records.counters cimport Counters, count_acquired
+from gpupool.records.counters cimport Counters, count_acquired, count_fast
 from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.magazine cimport (
     Magazine, mg_find, mg_largest, mg_remove, mg_find_handed, mg_unhand,
@@ -231,11 +231,7 @@ cdef inline void mp_flush(PoolState* st, Magazine* m) noexcept nogil:
 
 
 cdef inline void mp_fold(PoolState* st, Magazine* m) noexcept nogil:
-    st.counters.num_allocs += m.allocs
-    st.counters.cache_hits += m.allocs
-    st.counters.allocated_bytes += m.allocated_bytes
-    st.counters.num_frees += m.frees
-    st.counters.freed_bytes += m.freed_bytes
+    count_fast(&st.counters, m.allocs, m.allocated_bytes, m.frees, m.freed_bytes)
     m.allocs = m.frees = m.allocated_bytes = m.freed_bytes = 0
 
 

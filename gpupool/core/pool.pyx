@@ -41,7 +41,7 @@ from gpupool.core.acquire cimport ps_acquire_locked
 from gpupool.core.fastpath cimport (
     fp_thread_magazine, fp_take, fp_put, fp_free_handed, fp_thread_exit, fp_is_wanted,
 )
-from gpupool.core.lock cimport ps_lock, ps_locked, ps_wait, wanted_bit
+from gpupool.core.lock cimport ps_lock, ps_locked, ps_wait
 from gpupool.core.free cimport ps_free_locked, ps_unlock
 from gpupool.core.thread cimport (
     GP_REGION_DEPTH_MAX, gp_thread, gp_this_thread, gp_magazine_exit_hook, uncached_mark,
@@ -184,8 +184,7 @@ cdef class Pool(PoolBase):
         cdef RegionCache* rc = thread_cache(t, <void*>self, self._st.process_region)
         if rc == NULL or rc.lane == NULL:      # (a region's: NULL, its magazine's counts kept)
             return fp_take(&self._st, <void*>self, nbytes, s, False, RECORDING)
-        if way != PW_SLOW_PATH or RECORDING or t.tag or \
-                ((self._st.wanted_mask >> wanted_bit(s)) & 1 and fp_is_wanted(&self._st, s)):
+        if way != PW_SLOW_PATH or RECORDING or t.tag or fp_is_wanted(&self._st, s):
             return NULL
         return ln_take(rc, round_request(nbytes), s)
 
