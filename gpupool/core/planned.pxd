@@ -8,7 +8,6 @@
 # Under the pool's lock; only core/acquire.pxd (the take) and core/pool.pyx (the window) use it.
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t, int64_t
-from libc.string cimport memcmp
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block, Segment, FREE, LIVE, PARKED
 from gpupool.records.streams cimport StreamKey, same_stream
@@ -18,7 +17,7 @@ from gpupool.core.growexpand cimport sg_extends, sg_map_end
 from gpupool.core.parking cimport pk_flush_range, pk_unpark_block
 from gpupool.core.plantable cimport (
     PlanTable, PlanEvent, PlanHint, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, PL_RECORD,
-    PL_OVER, pt_clear, pt_served,
+    PL_OVER, pt_clear, pt_served, pt_log, pt_unmatch,
 )
 from gpupool.core.regioncache cimport RegionCache, rc_disown
 from gpupool.core.segments cimport round_up
@@ -292,24 +291,25 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     holds the last read's events; out: they were the same, and io.events is left empty.
     PL_READ and PL_ENTRY drop a record step's plan pending."""
     cdef PlanTable* p = rc.plan
-    cdef PlanEvent marker
     cdef bint same
     if op == PL_ENTRY:
         pl_unrecord(rc)
         p.record_event = 0
-        marker.ptr, marker.nbytes, marker.stream = 0, 0, 0
-        p.events.push_back(marker)
+        pt_log(p, 0, 0, 0)          # the entry's marker
         p.next = p.hits = p.misses = p.event = p.first_nbytes = 0
         p.stopped = False
     elif op == PL_READ:
         pl_unrecord(rc)             # the entry is over: a record step's plan pending is not
         p.record_event = 0          # made, nor installed
-        # A step that repeats (a planned entry served as the last) records the same events:
-        # compared here, they need not be copied out (Note [Step time of planned regions])
-        same = p.events.size() == p.last.size() and (p.events.size() == 0 or memcmp(
-            p.events.data(), p.last.data(), p.events.size() * sizeof(PlanEvent)) == 0)
-        p.last.swap(p.events)
+        # A step that repeats (a planned entry served as the last) records the same events,
+        # matched as they came (pt_log): they need not be copied out (Note [Step time of
+        # planned regions]). Once one differed, or the read before's had fewer, they are not.
+        same = p.matching and p.matched == p.last.size()
+        if not same:
+            pt_unmatch(p)
+            p.last.swap(p.events)
         p.events.clear()
+        p.matching, p.matched = True, 0
         io.same = io.same and same
         if not io.same:
             io.events = p.last

@@ -40,8 +40,12 @@ cdef struct PlanHint:
     uintptr_t ptr
 
 cdef cppclass PlanTable:
-    vector[PlanEvent] events        # recorded since the region last read them
+    vector[PlanEvent] events        # recorded since the region last read them (those after
+                                    # the first `matched`, once one differed from last's)
     vector[PlanEvent] last          # the events the region read last (PL_READ)
+    bint matching                   # the events since the last read are last's first
+                                    # `matched`, not copied into events (pt_log)
+    size_t matched
     bint same                       # PL_READ: the events read are the same as the read
                                     # before's, and not copied to io.events (the caller's
                                     # input: it holds the last read's; output: they were)
@@ -75,11 +79,41 @@ cdef cppclass PlanTable:
     bint grows                      # a place past the segment's mapped end maps pages for it
 
 
+cdef inline void pt_unmatch(PlanTable* p) noexcept nogil:
+    """The events since the last read stop matching the read before's: the ones that did are
+    copied into events (empty until now), and the next ones go there too."""
+    if p.matching:
+        p.events.assign(p.last.begin(), p.last.begin() + p.matched)
+        p.matching = False
+        p.matched = 0
+
+
+cdef inline void pt_log_new(PlanTable* p, uintptr_t ptr, size_t nbytes,
+                            uintptr_t stream) noexcept nogil:
+    """pt_log's event that does not match: into events, after the ones that did."""
+    cdef PlanEvent e
+    pt_unmatch(p)
+    e.ptr, e.nbytes, e.stream = ptr, nbytes, stream
+    p.events.push_back(e)
+
+
+cdef inline void pt_log(PlanTable* p, uintptr_t ptr, size_t nbytes, uintptr_t stream) noexcept nogil:
+    """Record an event (PlanEvent's fields). While each event since the last read equals the
+    one at its index in the read before's (a step that repeats), it is only counted: a read
+    step's log is then written once, not once per entry (Note [Step time of planned
+    regions])."""
+    cdef PlanEvent* l
+    if p.matching and p.matched < p.last.size():
+        l = p.last.data() + p.matched
+        if l.ptr == ptr and l.nbytes == nbytes and l.stream == stream:
+            p.matched += 1
+            return
+    pt_log_new(p, ptr, nbytes, stream)
+
+
 cdef inline void pt_note_alloc(PlanTable* p, Block* b) noexcept nogil:
     """Record an allocation of the region (its block just handed out)."""
-    cdef PlanEvent e
-    e.ptr, e.nbytes, e.stream = b.ptr, b.size, b.stream.handle
-    p.events.push_back(e)
+    pt_log(p, b.ptr, b.size, b.stream.handle)
     p.event += 1
 
 
@@ -96,14 +130,12 @@ cdef inline void pt_note_free(PlanTable* p, Block* b) noexcept nogil:
     """Record a free of one of the region's blocks. A block served at place k freed at
     another event than the plan's free of k is off the plan's step: the rest of the entry
     goes the online way (a tail of the entry before is freed at its event - length)."""
-    cdef PlanEvent e
     cdef size_t k = b.region.place
     if p.active and not p.stopped and k and k <= p.live.size() and p.live[k - 1] == b:
         if p.frees[k - 1] - (0 if p.next >= k else p.length) != <int64_t>p.event:
             p.stopped = True
             p.misses += 1
-    e.ptr, e.nbytes, e.stream = b.ptr, 0, 0
-    p.events.push_back(e)
+    pt_log(p, b.ptr, 0, 0)
     p.event += 1
 
 
