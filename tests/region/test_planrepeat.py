@@ -114,6 +114,30 @@ def test_an_exit_whose_planning_raised_hands_over_its_next_events(vpool, monkeyp
     r.close()
 
 
+
+def test_an_exit_whose_events_begin_the_last_one_s_is_not_the_same(vpool, monkeypatch):
+    # The core matches an entry's events with the last read's as they come (pt_log): an
+    # entry whose events are the last's first ones, and one that goes on past the last's,
+    # are each handed over, not taken for a repeat.
+    reads = Reads(monkeypatch)
+    r = Run(vpool)
+    for _ in range(8):
+        r.entry(SIZES)
+    assert not reads.given[-1]
+    # The same requests at the same places, but 2 and 4 stay live past the exit (tails):
+    # the entry's events end before the last entry's frees of them.
+    addrs = r.addrs
+    r.entry(SIZES, tails={2, 4, 5})
+    assert r.addrs == addrs and reads.given[-1]
+    for _ in range(6):
+        r.entry(SIZES, tails={2, 4, 5})
+    assert not reads.given[-1]
+    # The same as those, and then the frees of 2 and 4.
+    addrs = r.addrs
+    r.entry(SIZES)
+    assert r.addrs == addrs and reads.given[-1]
+    r.close()
+
 # Recorded on its own: windows of one entry each (a marker, the last entry's tail freed, two
 # requests, one of them freed), of three kinds, in any order, with repeats.
 P1, P2, P3 = 1 << 20, 8 << 20, 16 << 20
