@@ -131,7 +131,15 @@ cdef class Region:
     name : str, optional
         Name used in warnings; default: the region's repr.
     plan : bool or dict
-        Plan the step (a planned region): the region records its entries' requests (sizes,
+        Plan the step (a planned region), for a loop whose entries repeat the same requests:
+        from the third or so entry on, each request takes a place planned for the whole
+        step, which keeps the step's peak near its most bytes in use. ``stats()`` says
+        whether it does: ``plan_hits`` (requests served at their place) against
+        ``plan_misses``; ``plans_not_fitting`` counts plans that found no room. The plan
+        lies in one segment: on expandable memory (the GPU default, ``upstream="vmm"``;
+        ``SimulatedDevice(virtual_memory=True)``) it fits; on a plain upstream (``"driver"``,
+        ``SimulatedDevice()``) a step larger than one segment is not planned and runs as a
+        plain region's. In detail: the region records its entries' requests (sizes,
         order, lifetimes, streams); once a step's signature (its structure: that record
         without addresses and sizes) has been seen twice, it places the whole step, each
         request at the most bytes it asked for in the steps of that signature, in one address
@@ -168,7 +176,10 @@ cdef class Region:
     Raises
     ------
     ValueError
-        Unknown ``on_exit`` or ``collect``.
+        Unknown ``on_exit``, ``collect`` or ``scope``; a planner option out of its range.
+    TypeError
+        An unknown keyword argument, ``plan`` not a bool or dict, an unknown key in
+        ``plan``'s dict, ``pool`` not a Pool.
     GpupoolError
         On entry, if this Region object is already entered (re-entered inside itself, or
         entered on another thread), or in a fork() child of a process that used gpupool;
@@ -180,6 +191,18 @@ cdef class Region:
     With ``scope="thread"`` entering makes the region current for the calling thread only;
     allocations made by other threads are served by the pool, unless such a thread enters
     ``region.enter_in_thread()``.
+
+    Examples
+    --------
+    A planned region over a training step (on a machine without a GPU, a pool of
+    ``gpupool.testing.SimulatedDevice(virtual_memory=True)``)::
+
+        region = gpupool.Region(plan=True)
+        for batch in loader:
+            with region:
+                loss = step(model, batch)
+        stats = region.stats()
+        print(stats.plan_hits, stats.plan_misses, stats.plans_not_fitting)
     """
 
     cdef RegionCache* rc
@@ -207,7 +230,13 @@ cdef class Region:
 
     def __cinit__(self, pool=None, on_exit="detach", collect="young", max_cached_bytes=None,
                   skip_first=False, debug=False, trace=False, scope="thread", name=None,
-                  plan=False):
+                  plan=False, **unknown):
+        if unknown:
+            # (Python would name __cinit__ here; a planner option goes in plan's dict.)
+            name = next(iter(unknown))
+            raise TypeError(f"Region() got an unexpected keyword argument {name!r}" + (
+                f"; planner options go in plan: Region(plan={{{name!r}: ...}})"
+                if name in _PLAN_OPTIONS else ""))
         if on_exit not in _POLICIES:
             raise ValueError(f"on_exit must be one of {_POLICIES}, got {on_exit!r}")
         if collect not in _COLLECT:

@@ -256,6 +256,15 @@ def test_bad_plan_options_are_refused(vpool):
                        r"the accepted keys are max_plans, max_plan_requests, budget_work, "
                        r"budget_ms, min_hit_rate, record, strategies, repair$"):
         gpupool.Region(pool=vpool, plan={"bogus": 1, "max_plans": 2})
+    # A planner option given to Region itself is pointed to plan's dict; Python's own
+    # message would name Region's __cinit__.
+    with pytest.raises(TypeError, match=r"^Region\(\) got an unexpected keyword argument "
+                       r"'strategies'; planner options go in plan: "
+                       r"Region\(plan=\{'strategies': \.\.\.\}\)$"):
+        gpupool.Region(pool=vpool, strategies=["size"])
+    with pytest.raises(TypeError, match=r"^Region\(\) got an unexpected keyword argument "
+                       r"'plans'$"):
+        gpupool.Region(pool=vpool, plans=True)
 
 
 @pytest.mark.parametrize("option, value, error, accepted", [
