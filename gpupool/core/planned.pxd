@@ -288,7 +288,8 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     requests are served from it) and returns its base; a lenient one (a record step's plan)
     only if no event of the entry came since its PL_RECORD, else 0. PL_READ (at exit) hands
     io the events recorded since the last PL_READ, its hits and misses; io.same in: the caller
-    holds the last read's events; out: they were the same, and io.events is left empty.
+    holds the last read's events; out: they were the same, and io.events is left as it was
+    (the caller's, empty).
     PL_READ and PL_ENTRY drop a record step's plan pending."""
     cdef PlanTable* p = rc.plan
     cdef bint same

@@ -40,11 +40,12 @@ cdef struct PlanHint:
     uintptr_t ptr
 
 cdef cppclass PlanTable:
-    vector[PlanEvent] events        # recorded since the region last read them (those after
-                                    # the first `matched`, once one differed from last's)
+    vector[PlanEvent] events        # recorded since the region last read them, once one
+                                    # differed from last's (all of them); empty while matching
     vector[PlanEvent] last          # the events the region read last (PL_READ)
     bint matching                   # the events since the last read are last's first
-                                    # `matched`, not copied into events (pt_log)
+                                    # `matched`, not copied into events (pt_log); False in a
+                                    # new table (made with `new PlanTable()`: zeroed)
     size_t matched
     bint same                       # PL_READ: the events read are the same as the read
                                     # before's, and not copied to io.events (the caller's
