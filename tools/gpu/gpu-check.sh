@@ -40,6 +40,10 @@
 #             Each run's JSON names the build it imported (env.gpupool_from); all come back
 #             as ab.tar with ab.log (one file each: the device tool returns at most 8 files)
 #   threads   bench/threads.py alone, THREADS_ARGS its options (run_all.py takes no --columns)
+#   pair      bench/alloc_latency.py's gpupool columns alone (PAIR_COLUMNS, default
+#             gp,gp.region,gp.plan), PAIR_ROUNDS rounds (3) of fresh processes, the column
+#             order reversed every other round (METHOD.md: ways interleaved, repeated) ->
+#             pair.log; a few seconds a round, for a call too short for the bench step
 #   sleep     bench/sleep_cycle.py alone (SLEEP_ARGS its options, e.g. "--nbytes 4GiB --reps 11"):
 #             a tagged pool's sleep and wake of 10 GiB, with and without offload, beside a plain
 #             pinned copy of the same size, targets judged -> sleep.log
@@ -275,6 +279,16 @@ fi
 if step sleep; then
     timeout ${SLEEP_TIMEOUT:-300} python3 bench/sleep_cycle.py ${SLEEP_ARGS:-} > "$OUT/sleep.log" 2>&1
     summary "bench/sleep_cycle.py rc=$?"
+fi
+if step pair; then
+    cols=${PAIR_COLUMNS:-gp,gp.region,gp.plan}
+    rev=$(echo "$cols" | tr ',' '\n' | tac | paste -sd, -)
+    for round in $(seq 1 ${PAIR_ROUNDS:-3}); do
+        order=$cols; [ $((round % 2)) = 0 ] && order=$rev
+        echo "== round $round: --columns $order" >> "$OUT/pair.log"
+        timeout 60 python3 bench/alloc_latency.py --columns "$order" >> "$OUT/pair.log" 2>&1
+    done
+    summary "pair: $(grep -c '^== round' "$OUT/pair.log") rounds; $(grep -A8 'ns per allocate' "$OUT/pair.log" | grep -E '^1 MiB' | tr -s ' ' | paste -sd';' -)"
 fi
 if step bench; then
     # real_models.py has a step of its own (models): about 8 minutes.
