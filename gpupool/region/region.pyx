@@ -139,34 +139,22 @@ cdef class Region:
         lies in one segment: on expandable memory (the GPU default, ``upstream="vmm"``;
         ``SimulatedDevice(virtual_memory=True)``) it fits; on a plain upstream (``"driver"``,
         ``SimulatedDevice()``) a step larger than one segment is not planned and runs as a
-        plain region's. In detail: the region records its entries' requests (sizes,
-        order, lifetimes, streams); once a step's signature (its structure: that record
-        without addresses and sizes) has been seen twice, it places the whole step, each
-        request at the most bytes it asked for in the steps of that signature, in one address
-        range of the pool's memory, where the region's own step lies
-        (``gpupool.region.placement``, greedy by size, within a budget of work), and later
-        entries take each request's planned place (the k-th request of the entry, if it is
-        no larger than its place, on the planned stream, at its planned event, and the
-        place's bytes are free now; stream order as the pool's). Other requests go the
-        online way, and so does the rest of an entry after its first request or free off
-        the plan's step; a step larger than the plan has it planned again. An entry whose
-        first request asks more bytes than any step's did (a record step, when the plan's
-        own steps asked the most) is planned at that request (made from Python or
-        through the C API, on the allocating thread): the plan's structure, the sizes that
-        varied scaled by that ratio, its places mapped as they are reached (an expandable
-        upstream); its later requests are served from that plan. An exit's plan is made on a
-        worker thread once the exit has read where it goes, and installed at the region's
-        next call (its next entry, ``stats()``, ``release()``, ``planner``), which waits for
-        it and raises what making it raised. The plan holds no memory of its
-        own. A plan that serves less than half of an entry's planned requests, or whose entries
-        grow the pool, twice, is given up for a while. A dict passes options to
+        plain region's. The region records its entries' requests (sizes, order, lifetimes,
+        streams); once a step's structure has been seen twice, it places the whole step in
+        one range (``gpupool.region.placement``, within a budget of work), and each later
+        request k takes its place if it is no larger, on the planned stream, at its planned
+        event, and the place's bytes are free (stream order as the pool's). Other requests,
+        and the rest of an entry off the plan's step, go the online way; a new structure or
+        larger sizes are planned again, and an entry whose first request asks more than any
+        step's did is planned at that request (a record step). Plans are made on a worker
+        thread and installed at the region's next call (entry, ``stats()``, ``release()``,
+        ``planner``), which raises what making one raised; they hold no memory of their own.
+        A plan that serves less than half an entry's planned requests, or whose entries grow
+        the pool, twice, is given up for a while. A dict passes options to
         ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``,
-        ``budget_work``: the work one plan may do, which makes the same steps get the same
-        plans on any machine and load, ``budget_ms``: a wall-clock cap, ``min_hit_rate``,
-        ``record``, ``repair``, ``strategies``: the greedy orders each plan tries, the lowest kept),
-        which is the region's ``planner`` attribute (None without a plan);
-        ``stats()`` has its counters. Notes [Planned regions] and [Planning budget in work]
-        in docs/design.md have the design.
+        ``budget_work``, ``budget_ms``, ``min_hit_rate``, ``record``, ``repair``,
+        ``strategies``), the region's ``planner`` attribute (None without a plan). Notes
+        [Planned regions] and [Planning budget in work] in docs/design.md have the design.
 
     Warns
     -----
@@ -232,8 +220,7 @@ cdef class Region:
                   skip_first=False, debug=False, trace=False, scope="thread", name=None,
                   plan=False, **unknown):
         if unknown:
-            # (Python would name __cinit__ here; a planner option goes in plan's dict.)
-            name = next(iter(unknown))
+            name = next(iter(unknown))          # (Python's own message names __cinit__)
             raise TypeError(f"Region() got an unexpected keyword argument {name!r}" + (
                 f"; planner options go in plan: Region(plan={{{name!r}: ...}})"
                 if name in _PLAN_OPTIONS else ""))
