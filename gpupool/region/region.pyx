@@ -136,10 +136,10 @@ cdef class Region:
         step, which keeps the step's peak near its most bytes in use. ``stats()`` says
         whether it does: ``plan_hits`` (requests served at their place) against
         ``plan_misses``; ``plans_not_fitting`` counts plans that found no room. The plan
-        lies in one segment: on expandable memory (the GPU default, ``upstream="vmm"``;
-        ``SimulatedDevice(virtual_memory=True)``) it fits; on a plain upstream (``"driver"``,
-        ``SimulatedDevice()``) a step larger than one segment is not planned and runs as a
-        plain region's. The region records its entries' requests (sizes, order, lifetimes,
+        lies in the segment holding most of the region's bytes: on expandable memory (the
+        GPU default, ``upstream="vmm"``; ``SimulatedDevice(virtual_memory=True)``) it fits;
+        on a plain upstream (``"driver"``, ``SimulatedDevice()``) a plan larger than that
+        segment does not fit, and the step runs as a plain region's. The region records its entries' requests (sizes, order, lifetimes,
         streams); once a step's structure has been seen twice, it places the whole step in
         one range (``gpupool.region.placement``, within a budget of work), and each later
         request k takes its place if it is no larger, on the planned stream, at its planned
