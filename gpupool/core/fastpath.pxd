@@ -17,7 +17,7 @@ from gpupool.core.segments cimport round_request
 from gpupool.core.state cimport PoolState, WANTED_FAST
 from gpupool.core.thread cimport (
     gp_thread, gp_thread_magazine, gp_this_thread, gp_thread_alive, gp_arm_reaper,
-    GP_THREAD_POOLS, thread_cache,
+    GP_THREAD_POOLS,
 )
 from gpupool.upstream.base cimport Upstream
 
@@ -131,21 +131,20 @@ cdef inline bint fp_is_wanted(PoolState* st, StreamKey s) noexcept nogil:
     return False
 
 
-cdef inline Block* fp_take(PoolState* st, void* pool, size_t nbytes, StreamKey s, bint capi,
-                           bint recording) noexcept nogil:
-    """A block for nbytes on s from the calling thread's magazine, without the pool's lock:
-    a held block of the exact size last used on s, within the thread's credit, when the
-    thread is in no region of this pool and its stream is not wanted. NULL: take the shared
-    path (as always while the memory history is recording or a tag is current). capi: list
-    it as handed (the C API frees by pointer)."""
-    cdef gp_thread* t
+cdef inline Block* fp_take(PoolState* st, void* pool, gp_thread* t, bint in_region,
+                           size_t nbytes, StreamKey s, bint capi, bint recording) noexcept nogil:
+    """A block for nbytes on s from the calling thread's magazine (t: its state), without the
+    pool's lock: a held block of the exact size last used on s, within the thread's credit,
+    when the thread is in no region of this pool (in_region: the caller's thread_cache found
+    one) and its stream is not wanted. NULL: take the shared path (as always while the
+    memory history is recording or a tag is current). capi: list it as handed (the C API
+    frees by pointer)."""
     cdef size_t size
     cdef Magazine* m
     cdef Block* b = NULL
     cdef int i, empty = -1
     if nbytes > MAG_MAX or recording:
         return NULL
-    t = gp_this_thread()
     if t.tag:
         return NULL                         # a tagged request: its tag's segment serves it
     if t.magazines[0].pool == pool:
@@ -161,7 +160,7 @@ cdef inline Block* fp_take(PoolState* st, void* pool, size_t nbytes, StreamKey s
     if fp_is_wanted(st, s):
         m.wanted += 1
         return NULL                         # its blocks are wanted: the shared path
-    if thread_cache(t, pool, st.process_region) != NULL:
+    if in_region:
         return NULL
     size = round_request(nbytes)
     if not m.mutex.try_lock() and not fp_wait(st, m, &m.waits):

@@ -183,7 +183,7 @@ cdef class Pool(PoolBase):
         cdef gp_thread* t = gp_this_thread()
         cdef RegionCache* rc = thread_cache(t, <void*>self, self._st.process_region)
         if rc == NULL or rc.lane == NULL:      # (a region's: NULL, its magazine's counts kept)
-            return fp_take(&self._st, <void*>self, nbytes, s, False, RECORDING)
+            return fp_take(&self._st, <void*>self, t, rc != NULL, nbytes, s, False, RECORDING)
         if way != PW_SLOW_PATH or RECORDING or t.tag or fp_is_wanted(&self._st, s):
             return NULL
         return ln_take(rc, round_request(nbytes), s)
@@ -192,7 +192,10 @@ cdef class Pool(PoolBase):
         """A block for nbytes on s from the calling thread's magazine, without the pool's
         lock (core/fastpath.pxd); NULL: take the shared path. capi: list it as handed (the C
         API frees by pointer)."""
-        return fp_take(&self._st, <void*>self, nbytes, s, capi, RECORDING)
+        cdef gp_thread* t = gp_this_thread()
+        return fp_take(&self._st, <void*>self, t,
+                       thread_cache(t, <void*>self, self._st.process_region) != NULL,
+                       nbytes, s, capi, RECORDING)
 
     cdef bint mag_put(self, Block* b, StreamKey s) noexcept nogil:
         """Hold freed block b (last used on s) in the calling thread's magazine; False: the
