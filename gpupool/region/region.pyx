@@ -50,8 +50,7 @@ _POLICIES = ("detach", "invalidate")
 _SCOPES = ("thread", "process")
 _PLAN_OPTIONS = tuple(inspect.signature(Planner).parameters)     # Region(plan={...})'s keys
 POISON = 0xFF                   # every float of a poisoned block reads as NaN
-# Per thread, the regions entered there with `with region:`, innermost last: an exit must be
-# the innermost one's.
+# Per thread, the regions entered there with `with region:`, innermost last (exits go last first).
 _entered = threading.local()
 # Every Region alive, by the address of its cache: (its id, a weak reference), for the memory
 # snapshot, which finds regions' blocks by their cache (gpupool.snapshot).
@@ -276,13 +275,14 @@ cdef class Region:
         registry = _by_cache
         if self.rc != NULL and registry is not None:
             registry.pop(<uintptr_t>self.rc, None)
-        if self.rc != NULL:
+        # A fork() child touches nothing: the pool's lock may be held by a thread not forked.
+        if self.rc != NULL and not forked():
             if self.pool is not None:
                 self.pool.region_unregister(self.rc)
             if self.rc.plan != NULL:
                 del self.rc.plan
             del self.rc
-            self.rc = NULL
+        self.rc = NULL
 
     def __enter__(self):
         if forked():

@@ -100,6 +100,56 @@ print("parent ok")
     assert "False" not in out and out.endswith("parent ok\n"), out
 
 
+@pytest.mark.parametrize("plan", [False, True])
+def test_a_child_drops_its_regions_while_a_thread_not_forked_holds_the_pool_s_lock(plan):
+    # A thread of the parent is inside the pool's upstream call (the pool's lock held: a
+    # planned region's lane's too) when the main thread forks. The lock stays held in the
+    # child, whose regions die without waiting for it.
+    out = run(f"""
+import threading, time
+
+
+class Hooked(SimulatedDevice):
+    hook = None
+
+    def _map(self, va, nbytes):
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return super()._map(va, nbytes)
+
+
+device = Hooked(capacity=1 << 32, virtual_memory=True)
+pool = gpupool.Pool(upstream=device)
+region = gpupool.Region(pool=pool, collect=None, plan={plan})
+for _ in range(4):
+    with region:
+        pool.allocate(1 << 20).close()
+held, go = threading.Event(), threading.Event()
+device.hook = lambda: (held.set(), go.wait())
+thread = threading.Thread(target=lambda: pool.allocate(256 << 20).close())
+thread.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    del region
+    gc.collect()
+    os._exit(0)
+go.set()
+thread.join()
+for _ in range(200):
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hangs")
+""")
+    assert out == "child 0\n"
+
+
 def test_fork_pool_workers_get_the_error_in_the_parent():
     out = run("""
 def work(nbytes):
