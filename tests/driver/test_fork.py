@@ -108,25 +108,23 @@ def test_a_child_drops_its_regions_while_a_thread_not_forked_holds_the_pool_s_lo
     out = run(f"""
 import threading, time
 
-
-class Hooked(SimulatedDevice):
-    hook = None
-
-    def _map(self, va, nbytes):
-        hook, self.hook = self.hook, None
-        if hook is not None:
-            hook()
-        return super()._map(va, nbytes)
-
-
-device = Hooked(capacity=1 << 32, virtual_memory=True)
+device = SimulatedDevice(capacity=1 << 32, virtual_memory=True)
 pool = gpupool.Pool(upstream=device)
 region = gpupool.Region(pool=pool, collect=None, plan={plan})
 for _ in range(4):
     with region:
         pool.allocate(1 << 20).close()
 held, go = threading.Event(), threading.Event()
-device.hook = lambda: (held.set(), go.wait())
+map_pages = device._map
+
+
+def held_map(va, nbytes):       # the pool's upstream call: its lock is held
+    held.set()
+    go.wait()
+    return map_pages(va, nbytes)
+
+
+device._map = held_map
 thread = threading.Thread(target=lambda: pool.allocate(256 << 20).close())
 thread.start()
 held.wait()
