@@ -176,6 +176,27 @@ def on_thread(fn, *args):
         return worker.submit(fn, *args).result(timeout=60)
 
 
+def hold_lock(pool, device, nbytes=1 << 30):
+    """Make a thread hold pool's lock: it allocates nbytes, which grows the pool, and waits
+    inside device's next map (the pool's upstream call, its lock held) until the returned
+    event is set. Returns (that event, the thread) once the lock is held."""
+    import threading
+    held, go = threading.Event(), threading.Event()
+    map_pages = device._map
+
+    def held_map(va, size):
+        device._map = map_pages
+        held.set()
+        go.wait()
+        return map_pages(va, size)
+
+    device._map = held_map
+    thread = threading.Thread(target=lambda: pool.allocate(nbytes).close())
+    thread.start()
+    held.wait()
+    return go, thread
+
+
 def check_balanced(pool, pairs):
     """After pairs allocations, each freed: the pool's invariants hold, nothing is in use and
     the counts agree. Returns the pool's stats."""

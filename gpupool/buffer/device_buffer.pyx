@@ -97,10 +97,11 @@ cdef class DeviceBuffer:
 
     def __dealloc__(self):
         # Never raises; a buffer inherited through fork() is left alone.
-        if self._blk != NULL and not FORKED[0]:
+        cdef Block* b = self._blk
+        self._blk = NULL                # (as in close)
+        if b != NULL and not FORKED[0]:
             self._ipc_retired()
-            self.pool.free_block(self._blk, self._stream)
-            self._blk = NULL
+            self.pool.free_block(b, self._stream)
 
     cdef void _ipc_retired(self) noexcept nogil:
         """The block goes back: a CUDA IPC handle of this buffer can no longer be opened (its
@@ -432,10 +433,13 @@ cdef class DeviceBuffer:
     def close(self):
         """Give the memory back now (to the pool or its region). Later use raises
         ``InvalidBufferError``; closing again does nothing."""
-        if self._blk != NULL and not FORKED[0]:
-            self._ipc_retired()
-            self.pool.free_block(self._blk, self._stream)
+        cdef Block* b = self._blk
+        # The block is let go before the free, which may wait for the pool's lock without the
+        # GIL: a close on another thread, or a region's exit (rg_exit), then finds it gone.
         self._blk = NULL
+        if b != NULL and not FORKED[0]:
+            self._ipc_retired()
+            self.pool.free_block(b, self._stream)
         self._exporter = self._base = None
         if self._state == OPEN:
             self._state = CLOSED

@@ -15,8 +15,9 @@ from gpupool.upstream.base cimport Upstream
 cdef inline size_t rg_exit(PoolState* st, Upstream up, RegionCache* rc, set kept, bint detach,
                            int poison, list escaping, int* status):
     """The exit of region rc, under the pool's lock: its live blocks that escaped an
-    earlier exit stay escaped; those in kept (block addresses) leave the region; with
-    detach, or without a buffer, they escape (pointers appended to escaping); the others'
+    earlier exit stay escaped; those in kept (block addresses), or being freed (their
+    buffer let go of them and waits for the lock: DeviceBuffer.close), leave the region;
+    with detach, or without a buffer, they escape (pointers appended to escaping); the others'
     buffers are invalidated and their blocks freed, on the buffer's stream, or, with
     poison >= 0, filled with that byte on the legacy stream once the device is idle (so
     the block now belongs to that stream; its bytes are read first: a freed block may
@@ -35,6 +36,8 @@ cdef inline size_t rg_exit(PoolState* st, Upstream up, RegionCache* rc, set kept
             escaping.append(b.ptr)                  # escaped an earlier exit
         elif <uintptr_t>b in kept:
             rc_detach(b)
+        elif b.holder != NULL and (<DeviceBuffer>b.holder)._blk != b:
+            rc_detach(b)        # its buffer let it go and waits for this lock to free it
         elif detach or b.holder == NULL:
             escaping.append(b.ptr)
             rc_escape(b)

@@ -106,7 +106,8 @@ def test_a_child_drops_its_regions_while_a_thread_not_forked_holds_the_pool_s_lo
     # planned region's lane's too) when the main thread forks. The lock stays held in the
     # child, whose regions die without waiting for it.
     out = run(f"""
-import threading, time
+import time
+from conftest import hold_lock
 
 device = SimulatedDevice(capacity=1 << 32, virtual_memory=True)
 pool = gpupool.Pool(upstream=device)
@@ -114,20 +115,7 @@ region = gpupool.Region(pool=pool, collect=None, plan={plan})
 for _ in range(4):
     with region:
         pool.allocate(1 << 20).close()
-held, go = threading.Event(), threading.Event()
-map_pages = device._map
-
-
-def held_map(va, nbytes):       # the pool's upstream call: its lock is held
-    held.set()
-    go.wait()
-    return map_pages(va, nbytes)
-
-
-device._map = held_map
-thread = threading.Thread(target=lambda: pool.allocate(256 << 20).close())
-thread.start()
-held.wait()
+go, thread = hold_lock(pool, device, 256 << 20)
 pid = os.fork()
 if pid == 0:
     del region
