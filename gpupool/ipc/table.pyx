@@ -101,11 +101,14 @@ cdef Table _make_own_table():
         os.unlink(path)
         raise
     table = Table(path, fd, True)
-    atexit.register(_unlink_own, path)
+    atexit.register(_unlink_own, path, os.getpid())
     return table
 
 
-def _unlink_own(path):
+def _unlink_own(path, pid):
+    # A fork() child inherits the handler: the table is its parent's, which still exports.
+    if os.getpid() != pid:
+        return
     try:
         os.unlink(path)
     except OSError:

@@ -13,7 +13,7 @@ import os
 import pickle
 
 import pytest
-from conftest import SLOW_WRITE, check_invariants
+from conftest import SLOW_WRITE, check_invariants, fresh_python
 from ipc_peers import MIB, PAGE, Child, cupy, needs_cupy, needs_memfd
 from ipc_peers import (  # noqa: F401 (fixtures)
     gpu_pool, mpool, msim, server, upstream, vpool, vsim)
@@ -132,6 +132,32 @@ def test_memory_opened_from_another_process_cannot_be_exported_again(mpool, chil
     reason, message = child.refused("reexport", "x")
     assert reason == "received" and "buf.copy()" in message
     child.call("close", "x")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_fork_child_s_exit_leaves_its_parent_s_export_table():
+    # The child inherits the exit handler that removes the exporter's table: it runs in the
+    # child's normal exit, and must leave the parent's table (before, every later open failed).
+    result = fresh_python("""
+import os, sys
+sys.path.insert(0, "ipc")
+import gpupool
+from ipc_peers import Child
+from gpupool.testing import SimulatedDevice
+
+pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 26, shareable=True))
+buf = pool.allocate(4096)
+buf.memset(7)
+h = buf.ipc_handle()
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)                         # a normal exit: atexit handlers run
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), os.path.exists(h.table))
+importer = Child(capacity=1 << 26, shareable=True)
+print(importer.call("open", "x", h, {}), importer.call("sum", "x"))
+importer.exit()
+""", "-W", "ignore::DeprecationWarning")
+    assert result.stdout == f"0 True\n4096 {7 * 4096}\n", result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("how", ["normal", "crash"])
