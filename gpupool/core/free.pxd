@@ -1,7 +1,7 @@
 # Freeing a block under the pool's lock: the events of the streams it was used on
-# (record_stream), its region's cache or the pool's, parking; and the pool's unlock, which runs
-# the frees deferred while the lock was held by the freeing thread and lets go of the
-# regions' lanes (core/lane.pxd).
+# (record_stream), its region's cache or the pool's, parking; a region's end; and the pool's
+# unlock, which runs the frees and region ends deferred while the lock was held by the
+# freeing thread and lets go of the regions' lanes (core/lane.pxd).
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block
@@ -10,7 +10,7 @@ from gpupool.history.ring cimport hist_on, hist_free
 from gpupool.core.lock cimport ps_copy_wanted
 from gpupool.core.lane cimport ln_leave
 from gpupool.core.parking cimport pk_freed
-from gpupool.core.regioncache cimport rc_freed_into
+from gpupool.core.regioncache cimport RegionCache, rc_freed_into, rc_detach, rc_drain
 from gpupool.core.state cimport PoolState
 from gpupool.core.tagged cimport tg_free
 from gpupool.core.streamorder cimport so_event
@@ -55,13 +55,40 @@ cdef inline void ps_free_locked(PoolState* st, Upstream up, Block* b,
     pk_freed(st, rc_freed_into(b), b)   # its region's cache, or the pool's
 
 
+cdef inline void ps_drop_region(PoolState* st, RegionCache* rc) noexcept nogil:
+    """Under the pool's lock: forget region cache rc and delete it, with its plan and lane:
+    its live blocks return to the pool when freed, its cached ones now."""
+    cdef size_t i
+    if st.process_region == rc:
+        st.process_region = NULL
+    while rc.live_head != NULL:
+        rc_detach(rc.live_head)
+    rc_drain(rc)
+    for i in range(st.regions.size()):
+        if st.regions[i] == rc:
+            st.regions.erase(st.regions.begin() + i)
+            break
+    for i in range(st.lanes.size()):
+        if st.lanes[i] == rc:
+            st.lanes.erase(st.lanes.begin() + i)
+            rc.lane.mutex.unlock()          # empty: the lock put its blocks back
+            del rc.lane
+            break
+    del rc.plan
+    del rc
+
+
 cdef inline void ps_unlock(PoolState* st, Upstream up) noexcept nogil:
-    """Run the deferred frees, publish the wanted streams, let go of the pool's lock."""
+    """Run the deferred frees and region ends, publish the wanted streams, let go of the
+    pool's lock."""
     cdef Block* b
     while not st.deferred.empty():
         b = st.deferred.back()
         st.deferred.pop_back()
         ps_free_locked(st, up, b, b.stream)
+    while not st.dropped.empty():
+        ps_drop_region(st, st.dropped.back())
+        st.dropped.pop_back()
     if st.nwanted or not st.order.wanted.empty():
         ps_copy_wanted(st)
     ln_leave(st)

@@ -42,7 +42,7 @@ from gpupool.core.fastpath cimport (
     fp_thread_magazine, fp_take, fp_put, fp_free_handed, fp_thread_exit, fp_is_wanted,
 )
 from gpupool.core.lock cimport ps_lock, ps_locked, ps_wait
-from gpupool.core.free cimport ps_free_locked, ps_unlock
+from gpupool.core.free cimport ps_free_locked, ps_unlock, ps_drop_region
 from gpupool.core.thread cimport (
     GP_REGION_DEPTH_MAX, gp_thread, gp_this_thread, gp_magazine_exit_hook, uncached_mark,
     thread_cache, current_cache,
@@ -55,7 +55,7 @@ from gpupool.core.poolbase cimport PoolBase
 import logging
 import os
 
-from gpupool.errors import FORK_MESSAGE, GpupoolError
+from gpupool.errors import FORK_MESSAGE, REENTRANT_MESSAGE, GpupoolError
 from gpupool.upstream.python import PythonUpstream
 
 cdef const int* FORKED = fork_flag()
@@ -224,7 +224,7 @@ cdef class Pool(PoolBase):
         if status == GP_FORKED:
             raise GpupoolError(FORK_MESSAGE)
         if status == GP_REENTRANT:
-            raise GpupoolError("the pool was used from inside its own upstream call")
+            raise GpupoolError(REENTRANT_MESSAGE)
         if status == GP_ASLEEP:
             raise asleep_here()
         self.upstream.raise_error(status, "allocate")
@@ -320,25 +320,14 @@ cdef class Pool(PoolBase):
         return ok
 
     cdef void region_unregister(self, RegionCache* rc) noexcept nogil:
-        """Forget a region: its live blocks return to the pool when freed, its cache now."""
-        cdef size_t i
+        """Forget a region and delete its cache rc (core/free.pxd, ps_drop_region): its live
+        blocks return to the pool when freed, its cached ones now. On the lock's thread (a
+        collection inside the pool's upstream call) that waits for the unlock."""
+        if self._st.lock_thread == current_thread():
+            self._st.dropped.push_back(rc)
+            return
         self.lock()
-        if self._st.process_region == rc:
-            self._st.process_region = NULL
-        while rc.live_head != NULL:
-            rc_detach(rc.live_head)
-        rc_drain(rc)
-        for i in range(self._st.regions.size()):
-            if self._st.regions[i] == rc:
-                self._st.regions.erase(self._st.regions.begin() + i)
-                break
-        for i in range(self._st.lanes.size()):
-            if self._st.lanes[i] == rc:
-                self._st.lanes.erase(self._st.lanes.begin() + i)
-                rc.lane.mutex.unlock()      # empty: the lock put its blocks back
-                del rc.lane
-                rc.lane = NULL
-                break
+        ps_drop_region(&self._st, rc)
         self.unlock()
 
     cdef void region_enter(self, RegionCache* rc, bint entry) noexcept nogil:

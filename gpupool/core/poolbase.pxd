@@ -16,6 +16,8 @@ cdef class PoolBase(BlockOwner):
     cdef object __weakref__
 
     cdef bint block_asleep(self, Block* blk) noexcept nogil
+    cdef int lock_here(self) except -1
+    cdef int check_usable(self) except -1
 
     # The interface of the layers above that reads the pool's state (as Pool's, core/pool.pxd:
     # each takes the pool's lock itself).

@@ -16,7 +16,7 @@ from gpupool.core.handed cimport hd_private_live
 from gpupool.core.private cimport pp_allocate_at, pp_end
 from gpupool.core.regioncache cimport RegionCache
 from gpupool.records.counters cimport Counters
-from gpupool.records.streams cimport StreamKey
+from gpupool.records.streams cimport StreamKey, current_thread
 from gpupool.core.segments cimport BLOCK_ALIGN, round_request, sg_find_live
 from gpupool.records.sizes cimport check_nbytes
 from gpupool.core.ladder cimport ld_trim, ld_merge_streams
@@ -40,7 +40,9 @@ import logging
 from gpupool.core.upstreams import make_upstream
 from gpupool.driver.ordinals import check_ordinal
 from gpupool.core.tags import tag_ids, tag_name
-from gpupool.errors import FORK_MESSAGE, GpupoolError, OutOfMemoryError, not_picklable
+from gpupool.errors import (
+    FORK_MESSAGE, REENTRANT_MESSAGE, GpupoolError, OutOfMemoryError, not_picklable,
+)
 from gpupool.limits import resolve_limits
 from gpupool.stats import PoolStats, torch_memory_stats
 from gpupool.upstream.python import PythonUpstream
@@ -137,7 +139,7 @@ cdef class PoolBase(BlockOwner):
         """
         cdef vector[Block*] blocks
         cdef size_t i
-        ps_lock(&self._st)
+        self.lock_here()
         mp_flush_all(&self._st)
         pk_flush(&self._st)
         fl_each(&self._st.free, &blocks)
@@ -154,7 +156,7 @@ cdef class PoolBase(BlockOwner):
         problems found (an empty list when all is consistent). For tests: it walks every
         block under the lock."""
         chunks = getattr(self.upstream, "_chunks", None)
-        ps_lock(&self._st)
+        self.lock_here()
         try:
             problems = ps_verify(&self._st)
             if chunks is not None:
@@ -166,7 +168,7 @@ cdef class PoolBase(BlockOwner):
     def _magazines_info(self):
         """Every thread's magazine for this pool, for tests and diagnostics: a list of dicts
         (core/verify.pxd, ps_magazines_info, names the keys)."""
-        ps_lock(&self._st)
+        self.lock_here()
         out = ps_magazines_info(&self._st)
         ps_unlock(&self._st, self.upstream)
         return out
@@ -174,7 +176,7 @@ cdef class PoolBase(BlockOwner):
     def _sweep_counts(self):
         """How often the pool's lock holder swept every magazine, for diagnostics: a dict of
         counts (core/verify.pxd, ps_sweep_counts, names the keys)."""
-        ps_lock(&self._st)
+        self.lock_here()
         out = ps_sweep_counts(&self._st)
         ps_unlock(&self._st, self.upstream)
         return out
@@ -182,7 +184,7 @@ cdef class PoolBase(BlockOwner):
     def _counters(self):
         """The counters record as a dict (bytes and counts), read under the lock (and every
         thread's magazine's)."""
-        ps_lock(&self._st)
+        self.lock_here()
         mp_reap(&self._st)                # exited threads' magazines: not read again and again
         c = mp_counters_view(&self._st)
         ps_unlock(&self._st, self.upstream)
@@ -209,7 +211,7 @@ cdef class PoolBase(BlockOwner):
 
     def reset_peak_stats(self):
         """Set the peaks of bytes in use and reserved to their current values."""
-        ps_lock(&self._st)
+        self.lock_here()
         mp_reset_peaks(&self._st)
         ps_unlock(&self._st, self.upstream)
 
@@ -239,9 +241,7 @@ cdef class PoolBase(BlockOwner):
         """
         cdef size_t moved = 0
         cdef int r
-        if FORKED[0]:
-            raise GpupoolError(FORK_MESSAGE)
-        ps_lock(&self._st)
+        self.lock_here()
         r = ld_merge_streams(&self._st, self.upstream, &moved)
         ps_unlock(&self._st, self.upstream)
         self.upstream.raise_error(r, "synchronize")
@@ -260,9 +260,7 @@ cdef class PoolBase(BlockOwner):
             Bytes released (also logged to the ``"gpupool"`` logger at DEBUG).
         """
         cdef int r
-        if FORKED[0]:
-            raise GpupoolError(FORK_MESSAGE)
-        ps_lock(&self._st)
+        self.lock_here()
         released = ld_trim(&self._st, self.upstream)
         r = self.upstream.trim()
         reserved = self._st.counters.reserved
@@ -338,6 +336,22 @@ cdef class PoolBase(BlockOwner):
         race with the buffer's use, as any free must not)."""
         return blk.segment.asleep
 
+    cdef int lock_here(self) except -1:
+        """Take the pool's lock for a call from Python. Raises GpupoolError in a fork()
+        child (a thread that did not fork may hold the lock there) and inside the pool's
+        own upstream call (this thread holds it): waiting would never end."""
+        self.check_usable()
+        ps_lock(&self._st)
+        return 0
+
+    cdef int check_usable(self) except -1:
+        """Raise GpupoolError where taking the pool's lock would never end (lock_here)."""
+        if FORKED[0]:
+            raise GpupoolError(FORK_MESSAGE)
+        if self._st.lock_thread == current_thread():
+            raise GpupoolError(REENTRANT_MESSAGE)
+        return 0
+
     def _tag_targets(self, tags):
         if FORKED[0]:
             raise GpupoolError(FORK_MESSAGE)
@@ -356,7 +370,7 @@ cdef class PoolBase(BlockOwner):
         cdef int r = 0
         cdef str what = "synchronize"
         held, copies = [], []
-        ps_lock(&self._st)
+        self.lock_here()
         try:
             seg = tg_segment(&self._st.segments, tid)
             if seg == NULL or seg.asleep:
@@ -390,7 +404,7 @@ cdef class PoolBase(BlockOwner):
         cdef int r = 0
         cdef str what = "map"
         held = []
-        ps_lock(&self._st)
+        self.lock_here()
         try:
             seg = tg_segment(&self._st.segments, tid)
             if seg == NULL or not seg.asleep:
@@ -423,7 +437,7 @@ cdef class PoolBase(BlockOwner):
                 self._keep_host(held)       # after the error is taken: it clears its own
 
     def _keep_host(self, list held):
-        ps_lock(&self._st)
+        self.lock_here()
         of_keep(self.upstream, &self._spare, &self._st.counters, held)
         ps_unlock(&self._st, self.upstream)
 
@@ -441,7 +455,7 @@ cdef class PoolBase(BlockOwner):
         int
             Bytes given back (``cuMemFreeHost``; a refusal leaves them with the driver).
         """
-        ps_lock(&self._st)
+        self.lock_here()
         nbytes = self._spare.nbytes
         of_free(self.upstream, &self._spare, &self._st.counters)
         ps_unlock(&self._st, self.upstream)

@@ -43,7 +43,8 @@ def _snapshot_of(Pool pool, dict cache):
     bytes, live bytes, private)`` of the pool's regions and of the private pools (unregistered:
     region/privatepool.pxd) its blocks belong to; ``counters``: the counters record. Frames
     come as PyTorch's frame dicts (``cache``: shared, see hist_frames). Raises GpupoolError
-    in a fork() child (the pool's lock may have been held at the fork)."""
+    in a fork() child (the pool's lock may have been held at the fork) and inside the pool's
+    own upstream call."""
     cdef vector[BlockRow] rows
     cdef vector[SegmentRow] segments
     cdef vector[vector[Frame]] frames
@@ -55,11 +56,9 @@ def _snapshot_of(Pool pool, dict cache):
     cdef Block* b
     cdef RegionCache* rc
     cdef size_t i, j
-    if FORKED[0]:
-        pool.raise_status(GP_FORKED, 0)
     regions = []
     frames.resize(1)                    # frames[0]: none
-    pool.lock()
+    pool.lock_here()                    # (GpupoolError in a fork() child, or reentered)
     seq = hist_seq()
     seg = pool._st.segments.head
     while seg != NULL:

@@ -48,6 +48,7 @@ cdef cppclass PoolState:
     gp_lock mutex               # the pool's lock: an atomic word, one compare-and-swap when free
     uintptr_t lock_thread       # thread holding mutex, 0 when free
     vector[Block*] deferred     # frees made by lock_thread while it held the lock
+    vector[RegionCache*] dropped    # regions dropped by lock_thread while it held it
     FreeLists free
     StreamOrder order
     Segments segments

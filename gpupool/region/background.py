@@ -17,10 +17,11 @@ child's use of the region raises the fork error anyway). Pure Python and NumPy.
 import os
 import queue
 import threading
+import weakref
 
 import numpy as np
 
-__all__ = ["DROPPED", "PlanJob", "columns", "installed"]
+__all__ = ["DROPPED", "PlanJob", "columns", "installed", "weak_hook"]
 
 DROPPED = object()          # PlanJob.result() of a job a fork() child inherits unfinished
 
@@ -161,3 +162,13 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def weak_hook(region, method):
+    """``method(region, ptr)`` for the core's borrowed hooks (a planned region's record
+    hook), the region held weakly: a bound method kept on it is a cycle no_gc_clear leaves
+    uncollected (region and pool never freed)."""
+    def hook(ptr, ref=weakref.ref(region)):
+        found = ref()
+        return None if found is None else method(found, ptr)
+    return hook

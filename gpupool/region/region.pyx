@@ -23,7 +23,6 @@ from gpupool.core.plantable cimport (
 
 cimport cython
 
-import contextlib
 import gc
 import inspect
 import itertools
@@ -40,7 +39,7 @@ from gpupool.stats import RegionStats
 from gpupool.buffer.view import BufferView
 from gpupool.region.escapes import Escapes
 from gpupool.region.planned import Planner
-from gpupool.region.background import DROPPED, PlanJob, installed
+from gpupool.region.background import DROPPED, PlanJob, installed, weak_hook
 
 # "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
 # collector is incremental with a young and an old generation, the young generation plus one
@@ -70,15 +69,6 @@ cdef object _event_rows(PlanTable* io, Py_ssize_t columns):
         if columns > 2:
             rows[i, 2] = <int64_t>io.events[i].stream
     return out
-
-
-def _weak_hook(region, method):
-    """``method(region, ptr)`` for the core's borrowed hooks, the region held weakly: a bound
-    method kept on it is a cycle no_gc_clear leaves uncollected (region and pool never freed)."""
-    def hook(ptr, ref=weakref.ref(region)):
-        found = ref()
-        return None if found is None else method(found, ptr)
-    return hook
 
 
 cdef list _entered_here():
@@ -169,8 +159,8 @@ cdef class Region:
         ``plan``'s dict, ``pool`` not a Pool.
     GpupoolError
         On entry, if this Region object is already entered (re-entered inside itself, or
-        entered on another thread), or in a fork() child of a process that used gpupool;
-        distinct Region objects nest freely. On exit, if it was not entered on this thread,
+        entered on another thread), in a fork() child of a process that used gpupool, or
+        inside the pool's own upstream call; distinct Region objects nest freely. On exit, if it was not entered on this thread,
         or if a region entered inside it is still entered (exit the innermost first).
 
     Notes
@@ -257,13 +247,14 @@ cdef class Region:
         self._collect = _COLLECT[collect]
         self._kept = set()
         self._escapes = Escapes(trace)
+        self.pool.check_usable()        # (a fork() child; inside the pool's upstream call)
         self.rc = new RegionCache()
         self.rc.max_cached_bytes = max_cached_bytes or 0
         if planner is not None:
             self._planner = planner
             self._planning = threading.Lock()
             self.rc.plan = new PlanTable()
-            self._on_record = _weak_hook(self, Region._record_step)
+            self._on_record = weak_hook(self, Region._record_step)
             self.rc.on_record = <PyObject*>self._on_record
         if trace:
             self._on_alloc = self._escapes.record_site
@@ -278,15 +269,14 @@ cdef class Region:
         # A fork() child touches nothing: the pool's lock may be held by a thread not forked.
         if self.rc != NULL and not forked():
             if self.pool is not None:
-                self.pool.region_unregister(self.rc)
-            if self.rc.plan != NULL:
+                self.pool.region_unregister(self.rc)    # deletes it (now or at the unlock)
+            else:
                 del self.rc.plan
-            del self.rc
+                del self.rc
         self.rc = NULL
 
     def __enter__(self):
-        if forked():
-            raise GpupoolError(FORK_MESSAGE)
+        self.pool.check_usable()
         if self._active_thread is not None:
             raise GpupoolError(
                 "this Region is already entered (nested, or on another thread); use one "
@@ -461,21 +451,16 @@ cdef class Region:
         self._escapes.exited(escaping, self.live_at_exit_bytes, self._name or repr(self))
         return 0
 
-    @contextlib.contextmanager
     def enter_in_thread(self):
         """Context manager: make this region current in the calling (worker) thread too.
 
         Allocations made there from the region's pool are cached by the region, as those of
         the thread that entered it. The exit policy and collection stay with that thread's
-        ``with region:``; use this only while the region is entered there.
+        ``with region:``; use this only while the region is entered there. Its exit on
+        another thread than the one that entered it raises GpupoolError (and changes
+        nothing: exit it on its own thread).
         """
-        region_push(self.rc)
-        self.pool.region_enter(self.rc, False)
-        try:
-            yield self
-        finally:
-            self.pool.region_leave(self.rc)
-            region_pop(self.rc)
+        return _InThread(self)
 
     def keep(self, obj):
         """Exempt one buffer from the exit policy: it stays valid and leaves the region.
@@ -506,6 +491,7 @@ cdef class Region:
             ptr = _data_pointer(obj)
         if ptr == 0:
             return obj
+        self.pool.check_usable()
         b = self.pool.region_find_live(self.rc, ptr)
         if b == NULL:
             raise ValueError(f"{obj!r} is not memory of a live buffer of this region")
@@ -518,6 +504,7 @@ cdef class Region:
         They stay where they are, free: other allocations may take them, and a trim gives
         them back to the upstream. A planned region's plan is dropped too (the places it
         claims are the pool's again); the next entries plan again."""
+        self.pool.check_usable()
         self.pool.region_drain(self.rc)
         if self._planner is not None:
             try:
@@ -530,6 +517,7 @@ cdef class Region:
     def stats(self):
         """The region's counters as a :class:`gpupool.RegionStats` (a planned region's once
         the exit's plan in flight is made and installed)."""
+        self.pool.check_usable()
         if self._job is not None:
             self._take_plan()
         cdef RegionCache rc = self.pool.region_counters(self.rc)
@@ -565,6 +553,7 @@ cdef class Region:
 
     def reset_peak_stats(self):
         """Set the region's peak bytes in use to the bytes its live buffers hold now."""
+        self.pool.check_usable()
         self.pool.region_reset_peak(self.rc)
 
     def __reduce__(self):
@@ -598,3 +587,6 @@ def _data_pointer(obj):
     raise TypeError(
         f"keep() needs a DeviceBuffer or an object with __cuda_array_interface__ or "
         f"__dlpack__, got {type(obj).__name__}")
+
+
+include "inthread.pxi"

@@ -22,6 +22,19 @@ import gpupool
 from gpupool.testing import SimulatedDevice
 
 
+def waited(pid):
+    # Print the child's exit code once it exits, or "child hangs" (killed) after 10 s.
+    import time
+    for _ in range(200):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            print("child", os.waitstatus_to_exitcode(status), flush=True)
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    print("child hangs", flush=True)
+
+
 def refused(call):
     try:
         call()
@@ -106,7 +119,6 @@ def test_a_child_drops_its_regions_while_a_thread_not_forked_holds_the_pool_s_lo
     # planned region's lane's too) when the main thread forks. The lock stays held in the
     # child, whose regions die without waiting for it.
     out = run(f"""
-import time
 from conftest import hold_lock
 
 device = SimulatedDevice(capacity=1 << 32, virtual_memory=True)
@@ -123,17 +135,52 @@ if pid == 0:
     os._exit(0)
 go.set()
 thread.join()
-for _ in range(200):
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child", os.waitstatus_to_exitcode(status))
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    print("child hangs")
+waited(pid)
 """)
     assert out == "child 0\n"
+
+
+def test_a_child_s_calls_that_take_the_pool_s_lock_refuse_while_a_thread_not_forked_holds_it():
+    # As above, the lock held at the fork by a thread the child does not have: every call
+    # that would wait for it refuses with the fork error (they used to hang), and a block
+    # entered with enter_in_thread() before the fork is left without it. The child exits
+    # normally (finalizers run).
+    out = run("""
+from conftest import hold_lock
+
+device = SimulatedDevice(capacity=1 << 32, virtual_memory=True)
+pool = gpupool.Pool(upstream=device)
+region = gpupool.Region(pool=pool, collect=None, plan=True)
+for _ in range(4):
+    with region:
+        pool.allocate(1 << 20).close()
+buf = pool.allocate(1 << 20)
+inside = region.enter_in_thread()
+inside.__enter__()
+go, thread = hold_lock(pool, device, 256 << 20)
+pid = os.fork()
+if pid == 0:
+    calls = {
+        "stats": pool.stats, "memory_stats": pool.memory_stats, "_verify": pool._verify,
+        "cached_blocks": pool.cached_blocks, "reset_peak_stats": pool.reset_peak_stats,
+        "release_pinned": pool.release_pinned,
+        "pool_status": lambda: gpupool.pool_status(pool=pool),
+        "memory_snapshot": lambda: gpupool.memory_snapshot(pool=pool),
+        "Region()": lambda: gpupool.Region(pool=pool), "region.stats": region.stats,
+        "region.release": region.release, "region.reset_peak_stats": region.reset_peak_stats,
+        "region.keep": lambda: region.keep(buf),
+        "enter_in_thread": lambda: region.enter_in_thread().__enter__(),
+    }
+    failed = [name for name, call in calls.items() if not refused(call)]
+    inside.__exit__(None, None, None)
+    print("not refused:", failed, flush=True)
+    sys.exit(0)
+go.set()
+thread.join()
+waited(pid)
+inside.__exit__(None, None, None)
+""")
+    assert out == "not refused: []\nchild 0\n"
 
 
 def test_fork_pool_workers_get_the_error_in_the_parent():

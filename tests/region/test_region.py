@@ -464,6 +464,35 @@ def test_enter_in_thread_covers_a_worker_thread(pool, region):
     assert region.stats().cache_hits == 1
 
 
+def test_an_enter_in_thread_block_exits_only_on_its_own_thread(pool, region):
+    # An exit on another thread raises and changes nothing; the entering thread exits it
+    # after (before, the other thread's exit left the region on the worker's stack, and the
+    # worker's next allocation read the dropped region's cache).
+    inside = region.enter_in_thread()
+    entered, tried, done = threading.Event(), threading.Event(), []
+
+    def worker():
+        inside.__enter__()
+        entered.set()
+        tried.wait()
+        pool.allocate(300 * KIB).close()        # still the region's
+        inside.__exit__(None, None, None)
+        done.append(region.stats().cache_misses)
+
+    with region:
+        t = threading.Thread(target=worker)
+        t.start()
+        entered.wait()
+        with pytest.raises(gpupool.GpupoolError, match="exited on another thread"):
+            inside.__exit__(None, None, None)
+        tried.set()
+        t.join()
+    assert done == [1]
+    with pytest.raises(gpupool.GpupoolError, match="without being entered"):
+        inside.__exit__(None, None, None)
+    check_invariants(pool)
+
+
 def test_process_scope_covers_every_thread(pool):
     region = gpupool.Region(pool=pool, scope="process")
     ptrs = []
