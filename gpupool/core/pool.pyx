@@ -263,7 +263,9 @@ cdef class Pool(PoolBase):
             ps_locked(&self._st)
         elif self._st.lock_thread == current_thread():
             # The lock_thread is this thread (a collection run inside the pool's upstream call).
+            # Its buffer dies now: nothing may read it through the block until the unlock.
             b.stream = s
+            b.holder = NULL
             self._st.deferred.push_back(b)
             return
         else:

@@ -484,7 +484,10 @@ cdef class PoolBase(BlockOwner):
             "gpupool.Pool(...) in the other process) and pickle buffers: they carry their bytes")
 
     def __repr__(self):
-        c = self._counters()
+        try:
+            c = self._counters()
+        except GpupoolError:            # a fork() child, the pool's own upstream call
+            return f"<gpupool.Pool device={self.device} (unusable here: its lock is held)>"
         return (f"<gpupool.Pool device={self.device} upstream={self.upstream!r} "
                 f"in_use={c['in_use']} reserved={c['reserved']}>")
 

@@ -1,11 +1,15 @@
 # A region entered on a worker thread (Region.enter_in_thread): current there until that thread
 # exits it. Included into region/region.pyx, which owns the region's cache.
 
+# Per thread, the regions entered there with enter_in_thread(): held, so that none dies (its
+# cache deleted) while the thread's stack of regions names it.
+_in_thread = threading.local()
+
+
 cdef class _InThread:
-    """The context manager of ``Region.enter_in_thread()``: the region current on the thread
-    that enters it, until that thread exits it. An exit on another thread raises and changes
-    nothing (the entering thread's stack of regions is its own; left there, a dropped
-    region's cache would be read by its next allocation)."""
+    """The context manager of ``Region.enter_in_thread()`` (also a decorator): the region
+    current on the thread that enters it, until that thread exits it. An exit on another
+    thread raises and changes nothing (the entering thread's stack of regions is its own)."""
     cdef Region region
     cdef object thread
 
@@ -16,9 +20,13 @@ cdef class _InThread:
         if self.thread is not None:
             raise GpupoolError("this enter_in_thread() block is already entered")
         self.region.pool.check_usable()
+        self.thread = threading.get_ident()     # before the lock's wait lets others run
         region_push(self.region.rc)
         self.region.pool.region_enter(self.region.rc, False)
-        self.thread = threading.get_ident()
+        held = getattr(_in_thread, "regions", None)
+        if held is None:
+            held = _in_thread.regions = []
+        held.append(self.region)
         return self.region
 
     def __exit__(self, exc_type, exc, tb):
@@ -27,7 +35,16 @@ cdef class _InThread:
                 "an enter_in_thread() block exited on another thread than the one that "
                 "entered it (or without being entered); exit it on its entering thread")
         if not forked():            # a fork() child leaves it without the pool's lock
+            self.region.pool.check_usable()
             self.region.pool.region_leave(self.region.rc)
         region_pop(self.region.rc)
+        _in_thread.regions.remove(self.region)
         self.thread = None
         return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def entered(*args, **kwargs):
+            with _InThread(self.region):
+                return fn(*args, **kwargs)
+        return entered

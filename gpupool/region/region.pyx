@@ -23,6 +23,7 @@ from gpupool.core.plantable cimport (
 
 cimport cython
 
+import functools
 import gc
 import inspect
 import itertools
@@ -302,6 +303,8 @@ cdef class Region:
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        if not forked():
+            self.pool.check_usable()    # (inside the pool's upstream call: before any change)
         self._check_exit()
         _entered_here().pop()
         region_pop(uncached_marker() if self._skipping else self.rc)

@@ -75,6 +75,17 @@ def test_a_call_that_takes_the_lock_raises_inside_the_pool_s_upstream_call(setup
     assert pool.stats().in_use_bytes == 0
 
 
+@pytest.mark.parametrize("how", ["with", "enter_in_thread"])
+def test_a_region_s_exit_inside_the_pool_s_upstream_call_raises_and_changes_nothing(setup, how):
+    pool, device, region = setup
+    block = region if how == "with" else region.enter_in_thread()
+    block.__enter__()
+    raised = inside_upstream_call(pool, device, lambda: block.__exit__(None, None, None))
+    assert len(raised) == 1 and "from inside its own upstream call" in str(raised[0])
+    block.__exit__(None, None, None)        # still entered: exits here
+    assert pool._verify() == [] and pool.stats().in_use_bytes == 0
+
+
 @pytest.mark.parametrize("plan", [False, True])
 def test_a_region_collected_inside_the_pool_s_upstream_call_ends_at_the_unlock(plan):
     device = SimulatedDevice(capacity=1 << 32, virtual_memory=True)

@@ -493,6 +493,33 @@ def test_an_enter_in_thread_block_exits_only_on_its_own_thread(pool, region):
     check_invariants(pool)
 
 
+def test_a_region_entered_in_a_thread_lives_while_entered_there(pool):
+    # Its context object dropped without an exit, or exited on the wrong thread, the region
+    # stays current on the entering thread and alive (before, it could be dropped while the
+    # thread's stack of regions named its deleted cache).
+    region = gpupool.Region(pool=pool, collect=None)
+    ref = weakref.ref(region)
+    region.enter_in_thread().__enter__()
+    del region
+    gc.collect()
+    assert ref() is not None
+    pool.allocate(300 * KIB).close()
+    pool.allocate(300 * KIB).close()
+    assert ref().stats().cache_hits == 1        # the region's, on this thread
+    check_invariants(pool)
+
+
+def test_enter_in_thread_decorates_a_function(pool, region):
+    @region.enter_in_thread()
+    def work():
+        return pool.allocate(300 * KIB).ptr
+
+    with region:
+        ptrs = [work(), work()]
+    assert ptrs[0] == ptrs[1] and region.stats().cache_hits == 1
+    check_invariants(pool)
+
+
 def test_process_scope_covers_every_thread(pool):
     region = gpupool.Region(pool=pool, scope="process")
     ptrs = []
