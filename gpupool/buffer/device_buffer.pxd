@@ -29,6 +29,7 @@ cdef class DeviceBuffer:
     cdef uintptr_t _work_stream(self, object stream) except? 0xFFFFFFFFFFFFFFFF
     cdef int _used_on(self, uintptr_t handle) except -1
     cdef void _ipc_retired(self) noexcept nogil
+    cdef void _give_back(self) noexcept
 
 cdef DeviceBuffer new_buffer(BlockOwner pool, Block* blk, size_t nbytes, StreamKey stream)
 

@@ -3,8 +3,7 @@
 
 It exports the CUDA Array Interface (version 3) and DLPack (``buffer/dlpack.pyx``), and copies
 to and from host memory on a stream. Its block goes back to what it was allocated from (its
-``BlockOwner``: a pool, or the region in front of it) when its last reference goes or when it
-is closed.
+``BlockOwner``: a pool, or the region in front of it) when its last reference goes or at close.
 """
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
@@ -96,9 +95,12 @@ cdef class DeviceBuffer:
         raise TypeError("DeviceBuffer is made by Pool.allocate() or gpupool.allocate()")
 
     def __dealloc__(self):
-        # Never raises; a buffer inherited through fork() is left alone.
+        self._give_back()
+
+    cdef void _give_back(self) noexcept:
+        """The block back to its pool or region, once (never raises; not after fork())."""
         cdef Block* b = self._blk
-        self._blk = NULL                # (as in close)
+        self._blk = NULL        # first: the free may wait for the lock without the GIL (rg_exit)
         if b != NULL and not FORKED[0]:
             self._ipc_retired()
             self.pool.free_block(b, self._stream)
@@ -433,13 +435,7 @@ cdef class DeviceBuffer:
     def close(self):
         """Give the memory back now (to the pool or its region). Later use raises
         ``InvalidBufferError``; closing again does nothing."""
-        cdef Block* b = self._blk
-        # The block is let go before the free, which may wait for the pool's lock without the
-        # GIL: a close on another thread, or a region's exit (rg_exit), then finds it gone.
-        self._blk = NULL
-        if b != NULL and not FORKED[0]:
-            self._ipc_retired()
-            self.pool.free_block(b, self._stream)
+        self._give_back()
         self._exporter = self._base = None
         if self._state == OPEN:
             self._state = CLOSED
