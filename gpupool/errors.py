@@ -17,9 +17,6 @@ __all__ = [
 
 #: The message of the GpupoolError that every call raises in a child of fork() whose parent
 #: had used gpupool or CUDA.
-# A call into a pool from inside its own upstream call (a Python upstream's code, a collection
-# there): the calling thread holds the pool's lock.
-REENTRANT_MESSAGE = "the pool was used from inside its own upstream call"
 FORK_MESSAGE = (
     "gpupool cannot be used in a process made by fork() after its parent used gpupool or "
     "CUDA: CUDA state (the driver's context, pools, their memory) does not cross fork(), so "
@@ -28,6 +25,10 @@ FORK_MESSAGE = (
     "(multiprocessing.get_context('spawn').Pool(), multiprocessing.set_start_method("
     "'forkserver'), ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))), or "
     "fork before the parent's first use of gpupool")
+
+#: The message of the GpupoolError raised by a call into a pool from inside its own upstream
+#: call (a Python upstream's code, a collection there), whose thread holds the pool's lock.
+REENTRANT_MESSAGE = "the pool was used from inside its own upstream call"
 
 
 def import_extra(module, extra, needs, package):

@@ -129,11 +129,12 @@ cdef class Region:
         lies in the segment holding most of the region's bytes: on expandable memory (the
         GPU default, ``upstream="vmm"``; ``SimulatedDevice(virtual_memory=True)``) it fits;
         on a plain upstream (``"driver"``, ``SimulatedDevice()``) a plan larger than that
-        segment does not fit, and the step runs as a plain region's. The region records its entries' requests (sizes, order, lifetimes,
-        streams); once a step's structure has been seen twice, it places the whole step in
-        one range (``gpupool.region.placement``, within a budget of work), and each later
-        request k takes its place if it is no larger, on the planned stream, at its planned
-        event, and the place's bytes are free (stream order as the pool's). Other requests,
+        segment does not fit, and the step runs as a plain region's. The region records its
+        entries' requests (sizes, order, lifetimes, streams); once a step's structure has been
+        seen twice, it places the whole step in one range (``gpupool.region.placement``,
+        within a budget of work), and each later request k takes its place if it is no
+        larger, on the planned stream, at its planned event, and the place's bytes are free
+        (stream order as the pool's). Other requests,
         and the rest of an entry off the plan's step, go the online way; a new structure or
         larger sizes are planned again, and an entry whose first request asks more than any
         step's did is planned at that request (a record step). Plans are made on a worker
@@ -161,8 +162,9 @@ cdef class Region:
     GpupoolError
         On entry, if this Region object is already entered (re-entered inside itself, or
         entered on another thread), in a fork() child of a process that used gpupool, or
-        inside the pool's own upstream call; distinct Region objects nest freely. On exit, if it was not entered on this thread,
-        or if a region entered inside it is still entered (exit the innermost first).
+        inside the pool's own upstream call; distinct Region objects nest freely. On exit,
+        if it was not entered on this thread, or if a region entered inside it is still
+        entered (exit the innermost first).
 
     Notes
     -----
