@@ -21,7 +21,8 @@ calls :meth:`Planner.record`; the plan is the installed plan's structure, the si
 among its signature's steps scaled by the request's bytes over the most a step's request 0
 asked, placed around the blocks live then, and the entry's later requests are served from it (a
 request larger than its place misses alone; places past the mapped end map pages). The entry
-after it keeps that plan; the next gets a transition plan of the grown envelope (or its steady
+after it keeps that plan when the record entry left a block at its places (else the steady plan
+serves it at once); the next gets a transition plan of the grown envelope (or its steady
 plan at once, when the blocks left live meet none of its places while live). Once a record step
 has been planned, transition plans map pages for their places too (the record plan leaves the
 online way no room past its own top), and so does a signature's steady plan kept at the range's
@@ -170,6 +171,7 @@ class Planner:
         self.record_steps, self.repair = bool(record), repair
         self._firsts = []           # the last two entries' request 0's requested bytes
         self._recorded = 0          # exits since a record step's plan was installed (0: none)
+        self._record_places = np.zeros(0, np.int64)     # its places' addresses
         self._fresh = False         # the next plan installed is a transition (after a record)
         self._recorded_steps = _Recorded()  # the events read, made into complete steps
         self._seen = OrderedDict()
@@ -226,6 +228,12 @@ class Planner:
                 bool((envelope > kept[0].step.nbytes).any())
         recorded, self._recorded = self._recorded, (self._recorded + 1) % 3 \
             if self._recorded else 0
+        if recorded == 1 and not self._record_held():
+            # The record step's entry left no block at its plan's places (it made request 0
+            # alone, or freed all): nothing ties the next entry to that plan, whose places
+            # lie around request 0's block; the steady plan serves it (Note [Record steps
+            # that leave nothing]).
+            self._recorded, recorded = 0, 2
         # The entry after a record step's (whose tails lie at that plan's places) gets a
         # transition plan, of the envelope grown by the record step when it has completed.
         self._fresh = self._fresh or recorded == 2
@@ -482,7 +490,12 @@ class Planner:
             self.counts["records_dropped"] += 1
             return None
         self._recorded = 1
+        self._record_places = made.offsets[made.offsets >= 0] + int(base)
         return made, anchors(made)
+
+    def _record_held(self):
+        """Whether the record step's entry left a block live at one of its plan's places."""
+        return bool(np.isin(self._recorded_steps.carried[1], self._record_places).any())
 
     def record_dropped(self):
         """The plan :meth:`record` returned last was not installed (an event of the entry, on

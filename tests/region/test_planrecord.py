@@ -327,3 +327,42 @@ def test_a_larger_request_0_of_a_structure_whose_plan_was_dropped_is_no_record(v
     assert (dropped[0], both[0]) == (1, 2)
     assert dropped[1:4] == both[1:4] == online[1:4] == ((0, 1), 0, 0)
     assert dropped[4] <= online[4]
+
+
+def _reserved_kib_around(plan, odd, normal=20):
+    """A step of 1 MiB + 256 KiB (freed) + 3 MiB + 777 B, five entries of it, one entry of
+    ``odd(pool, step)``, then ``normal`` entries of the step: reserved KiB before the odd entry,
+    after it and at the end."""
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
+    region = gpupool.Region(pool=pool, plan=plan)
+
+    def step():
+        a = pool.allocate(MIB)
+        pool.allocate(256 * KIB).close()
+        b, c = pool.allocate(3 * MIB), pool.allocate(777)
+        for x in (a, b, c):
+            x.close()
+    reserved = []
+    for entries in (5, 0, normal):
+        for _ in range(entries):
+            with region:
+                step()
+        if entries == 0:
+            with region:
+                odd(pool, step)
+        reserved.append(pool.stats().reserved_bytes // KIB)
+    pool._verify()
+    region.release()
+    return reserved
+
+
+@pytest.mark.parametrize("nbytes", [5 * MIB, 4 * MIB + 1], ids=["5MiB", "4MiB+1"])
+def test_a_record_step_that_leaves_nothing_costs_no_more_than_the_plain_region(nbytes):
+    # Request 0 asks more than any step did (a record step), and the entry frees it and ends:
+    # no block lies at the record plan's places, so the next entry is served by the steady
+    # plan, not by the record plan's places above request 0's (which mapped 3 MiB more, and
+    # kept it: 4,160 -> 8,256 KiB for 5 MiB, against 5,120 for the plain region).
+    def odd(pool, step):
+        pool.allocate(nbytes).close()
+    planned, plain = _reserved_kib_around(True, odd), _reserved_kib_around(False, odd)
+    assert planned == plain
