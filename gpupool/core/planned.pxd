@@ -155,10 +155,11 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
     its block cut at its planned place and out of the free lists (the caller links it,
     live), or NULL (no plan for it, or its bytes are not free now: the online path serves
     it). A request on another stream than the planned one, at another event of the entry or
-    larger than its place is off the plan's step: it and the rest of the entry go the online
-    way (under a lenient plan a larger request goes alone). Request 0 asking more than record_over starts a record
-    step: it goes online, and so does the rest until the region's slow path installs the
-    step's own plan (pl_record). Stream order as so_take's: another stream's free bytes are
+    larger than its place, or request 0 asking fewer bytes than first_under, is off the
+    plan's step: it and the rest of the entry go the online way (under a lenient plan a
+    larger request goes alone). Request 0 asking more than record_over starts a record step:
+    it goes online, and so does the rest until the region's slow path installs the step's
+    own plan (pl_record). Stream order as so_take's: another stream's free bytes are
     taken once that stream's work on them has completed, or after s waits for it on the
     GPU."""
     cdef PlanTable* p = rc.plan
@@ -175,9 +176,14 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
         p.misses += 1
         p.stopped = True
         return NULL
-    if k == 0 and p.record_over and nbytes > p.record_over and rc.on_record != NULL:
-        pl_record(rc, nbytes)
-        return NULL
+    if k == 0:
+        if nbytes < p.first_under:
+            p.misses += 1
+            p.stopped = True
+            return NULL
+        if p.record_over and nbytes > p.record_over and rc.on_record != NULL:
+            pl_record(rc, nbytes)
+            return NULL
     if p.offsets[k] >= 0 and <int64_t>size > p.sizes[k]:
         p.misses += 1
         p.stopped = not p.lenient
@@ -284,8 +290,8 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     """The region's calls on its table (core/plantable.pxd's PlanCall), exchanging with io.
     PL_LAYOUT returns pl_layout's base; PL_RECORD the pending record step's layout's base and
     its request 0's bytes in io.record_nbytes (0 and 0: none pending); PL_INSTALL installs io's
-    plan at io.base (with io.lenient, io.grows and io.record_over; during an entry, its next
-    requests are served from it) and returns its base; a lenient one (a record step's plan)
+    plan at io.base (with io.lenient, io.grows, io.record_over and io.first_under; during an
+    entry, its next requests are served from it) and returns its base; a lenient one (a record step's plan)
     only if no event of the entry came since its PL_RECORD, else 0. PL_READ (at exit) hands
     io the events recorded since the last PL_READ, its hits and misses; io.same in: the caller
     holds the last read's events; out: they were the same, and io.events is left as it was
@@ -329,6 +335,7 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
         return pl_layout(st, rc, io, rc.entries - 1)
     elif op == PL_OVER:
         p.record_over = io.record_over if p.active else 0
+        p.first_under = io.first_under if p.active else 0
     elif op == PL_INSTALL:
         if io.lenient and not (p.record_event == p.event and pl_at_record(p)):
             p.record_event = 0
@@ -346,6 +353,7 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
         pl_hints(st, p)
         p.nbytes = io.nbytes
         p.lenient, p.grows, p.record_over = io.lenient, io.grows, io.record_over
+        p.first_under = io.first_under
         p.active = True
         if io.lenient:
             p.stopped = False       # a record step's plan: its entry goes on from it

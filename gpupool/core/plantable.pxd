@@ -14,7 +14,7 @@ cdef enum PlanCall:
     PL_LAYOUT = 4       # where a new plan goes: a segment, and the blocks staying in it
     PL_RECORD = 5       # a record step's request 0 waits for its plan: its bytes, and where
                         # that plan goes (PL_LAYOUT's, the entry before's live blocks movable)
-    PL_OVER = 6         # the installed plan's record_over becomes the caller's
+    PL_OVER = 6         # the installed plan's record_over and first_under become the caller's
 
 cdef enum PlanWay:
     # How a request of a planned region treats request 0 of a record step (core/planned.pxd)
@@ -72,6 +72,8 @@ cdef cppclass PlanTable:
     size_t first_nbytes             # this entry's request 0's requested bytes (0: none yet)
     size_t record_over              # request 0 asking more bytes than this (requested, not
                                     # rounded) makes the entry a record step; 0: never
+    size_t first_under              # request 0 asking fewer bytes than this (requested) is
+                                    # off the plan's step: the entry goes online; 0: never
     size_t record_nbytes            # the record step's request 0's bytes, its plan pending; 0
     size_t record_event             # the entry's events when that plan was asked for
                                     # (PL_RECORD): it is installed only if none came since; 0
@@ -181,7 +183,7 @@ cdef inline void pt_clear(PlanTable* p) noexcept nogil:
     p.active = False
     p.record_event = 0
     p.lenient = p.grows = False
-    p.record_over = 0
+    p.record_over = p.first_under = 0
     p.offsets.clear()
     p.sizes.clear()
     p.streams.clear()

@@ -96,7 +96,8 @@ class PlanJob:
             placed = planner.place(base, span, obstacles)
             if placed is not None:
                 # What the install needs, read from the planner as the exit would have.
-                placed = (*installed(placed), planner.growing(), planner.record_over())
+                placed = (*installed(placed), planner.growing(), planner.record_over(),
+                          planner.first_under())
             self._made = placed
         except BaseException as exc:        # raised by result(), on the region's thread
             self._error = exc
@@ -112,9 +113,11 @@ class PlanJob:
         Returns
         -------
         tuple or None or DROPPED
-            ``(columns, length, nbytes, grows, record_over)``: the plan's :func:`columns`, its
-            step's events, its range's bytes, whether its places may map pages
-            (``Planner.growing``) and the record step threshold (``Planner.record_over``);
+            ``(columns, length, nbytes, grows, record_over, first_under)``: the plan's
+            :func:`columns`, its step's events, its range's bytes, whether its places may map
+            pages (``Planner.growing``), the record step threshold (``Planner.record_over``)
+            and the bytes of request 0 under which an entry goes online
+            (``Planner.first_under``);
             None when ``place`` made none (the next entry is served online); DROPPED in a
             fork() child when the job was unfinished at the fork.
 

@@ -33,7 +33,8 @@ range where the region's own step already lies, core/planned.pxd), taken when th
 so a deviating step costs misses that go the online way. The core compares each event of an
 entry with the plan's step (request k's event, stream and size, the free of a served block at
 its event) and sends the rest of the entry online at the first difference (another structure,
-a request larger than its place); such an entry does not count against the plan. One whose
+a request larger than its place, a request 0 far under the least its steps asked:
+:meth:`Planner.first_under`); such an entry does not count against the plan. One whose
 requests on the plan's step get less than ``min_hit_rate`` served at their places, or during
 which (after the first entry, where the tails of the entry before still lie outside the plan)
 the region's requests grew the pool, has the plan placed again around the blocks in its way; a
@@ -44,12 +45,12 @@ Pure Python and NumPy; the region (region/region.pyx) moves the events and the p
 this and the core.
 """
 
-import numbers
 from collections import OrderedDict
 
 import numpy as np
 
 from gpupool.region import anchors as _anchors
+from gpupool.region import options as _options
 from gpupool.region import placement
 from gpupool.region import tails as _tails
 from gpupool.region.digests import plan_digest as _digest
@@ -72,6 +73,8 @@ GREEDY_MAX = 8192           # planned requests a step may have to be planned: th
 # era scattered often fills their holes better in the order of size x lifetime than by size
 # (Note [Plans in two orders]).
 STRATEGIES = ("size", "area")
+UNDER = 4                   # request 0 under the least its plan's steps asked over this is
+                            # off the plan's step (:meth:`Planner.first_under`)
 REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
                             # requests grew (the repair's work: theirs times the step's requests)
 
@@ -137,33 +140,8 @@ class Planner:
     def __init__(self, max_plans=4, max_plan_requests=1 << 16,
                  budget_work=placement.BUDGET_WORK, budget_ms=placement.BUDGET_MS,
                  min_hit_rate=0.5, record=True, strategies=STRATEGIES, repair=True):
-        for name, value, kind, accepted, within in (
-                ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
-                ("max_plan_requests", max_plan_requests, numbers.Integral, "an integer >= 1",
-                 lambda v: v >= 1),
-                ("budget_work", budget_work, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
-                ("budget_ms", budget_ms, numbers.Real, "a number of milliseconds > 0",
-                 lambda v: v > 0),
-                ("min_hit_rate", min_hit_rate, numbers.Real, "a number from 0 to 1",
-                 lambda v: 0 <= v <= 1)):
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise TypeError(f"{name} must be {accepted}, got {value!r}")
-            if not within(value):
-                raise ValueError(f"{name} must be {accepted}, got {value!r}")
-        for name, value in (("record", record), ("repair", repair)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool, got {value!r}")
-        given, strategies = strategies, tuple(strategies) if isinstance(strategies, list) \
-            else strategies
-        if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
-            raise TypeError(f"strategies must be a tuple (or list) of str, got {given!r}")
-        unknown = [k for k in strategies if k not in placement.STRATEGIES]
-        twice = sorted({k for k in strategies if strategies.count(k) > 1})
-        if not strategies or unknown or twice:
-            why = (f": {unknown[0]!r} is not one" if unknown else
-                   f": {twice[0]!r} is named twice" if twice else "")
-            raise ValueError(f"strategies must be a non-empty tuple (or list) of distinct names "
-                             f"among {sorted(placement.STRATEGIES)}, got {given!r}{why}")
+        strategies = _options.checked(max_plans, max_plan_requests, budget_work, budget_ms,
+                                      min_hit_rate, record, strategies, repair)
         self.strategies = strategies
         self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
         self.budget_work, self.budget_ms = int(budget_work), float(budget_ms)
@@ -280,22 +258,24 @@ class Planner:
     def _remember(self, sig, step, first):
         """Count a complete step of signature sig, whose request 0 asked ``first`` bytes, and
         fold its sizes into the signature's envelope (their elementwise most, bytes), their
-        elementwise least and the most ``first`` (a record step's plan scales the requests
-        whose sizes varied by its own request 0's bytes over that). Returns (times seen,
+        elementwise least, and the most and least ``first`` (a record step's plan scales the
+        requests whose sizes varied by its own request 0's bytes over the most; far under the
+        least, request 0 is off the plan's step: :meth:`first_under`). Returns (times seen,
         envelope). Bounded: SEEN_MAX signatures and ``4 * max_plan_requests`` requests of
         envelopes in all, the least recently seen dropped past either."""
-        seen, envelope, low, r_max = self._seen.pop(sig, (0, None, None, 0))
+        seen, envelope, low, r_max, r_min = self._seen.pop(sig, (0, None, None, 0, 0))
         if len(step) > self.max_plan_requests:
             envelope = low = step.nbytes[:0]    # never planned: no sizes kept
         elif envelope is None or len(envelope) != len(step):
             envelope = low = step.nbytes
-            r_max = 0
+            r_max = r_min = 0
         else:
             envelope = np.maximum(envelope, step.nbytes)
             low = np.minimum(low, step.nbytes)
-        self._seen[sig] = (seen + 1, envelope, low, max(r_max, int(first)))
+        r_min = min(r_min or int(first), int(first) or r_min)
+        self._seen[sig] = (seen + 1, envelope, low, max(r_max, int(first)), r_min)
         while len(self._seen) > 1 and (len(self._seen) > SEEN_MAX or sum(
-                2 * len(e) for _, e, _, _ in self._seen.values()) > 4 * self.max_plan_requests):
+                2 * len(s[1]) for s in self._seen.values()) > 4 * self.max_plan_requests):
             self._seen.popitem(last=False)
         return seen + 1, envelope
 
@@ -442,6 +422,16 @@ class Planner:
         own = self._seen[self.current][3] if self.current in self._seen else 0
         return most if own >= most else 0
 
+    def first_under(self):
+        """The requested bytes of request 0 under which an entry served by the installed plan
+        is off its step (0: none is): a quarter of the least its signature's steps asked
+        (UNDER). The core sends such an entry online from request 0, as one that asks more
+        than a place (Note [A first request far under the plan's]): its requests taken at
+        places made for far larger ones would stay there, live, when the entry leaves the
+        plan's structure, and split the range the online way then needs."""
+        seen = self._seen.get(self.current) if self.current in self._plans else None
+        return seen[4] // UNDER if seen is not None else 0
+
     def growing(self):
         """Whether the plan :meth:`place` returned last may map pages for its places past
         the memory mapped, once a record step has been planned: a transition (its steady plan
@@ -474,7 +464,7 @@ class Planner:
         if not self.record_steps or seen is None or kept is None or not seen[3] or \
                 len(seen[1]) != len(kept[0].step):
             return None
-        _, envelope, low, r_max = seen
+        _, envelope, low, r_max, _ = seen
         step = kept[0].step
         scaled = np.ceil(envelope * (nbytes / r_max) / placement.ALIGN).astype(np.int64) * \
             placement.ALIGN

@@ -389,7 +389,7 @@ def test_the_envelopes_kept_are_bounded():
         step = placement.Step([4096] * n, list(range(n)), list(range(n, 2 * n)), [0] * n,
                               2 * n)
         planner._remember(bytes([n]), step, 4096)
-    assert sum(2 * len(e) for _, e, _, _ in planner._seen.values()) <= 4 * 8
+    assert sum(2 * len(s[1]) for s in planner._seen.values()) <= 4 * 8
 
 
 def test_a_served_block_freed_at_another_event_sends_the_rest_online(vpool):

@@ -153,7 +153,7 @@ def test_record_over_is_the_plans_most_whatever_the_steps_before():
     planner = Planner()
     step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
     planner._plans[b"sig"] = (placement.plan(step), np.array([-1, -1]), 1 << 20)
-    planner._seen[b"sig"] = (2, step.nbytes, step.nbytes // 2, 4000)
+    planner._seen[b"sig"] = (2, step.nbytes, step.nbytes // 2, 4000, 4000)
     assert planner.record_over() == 0           # no plan installed
     planner.current = b"sig"
     assert planner.record_over() == 4000
@@ -197,7 +197,7 @@ def test_a_record_plan_scales_the_sizes_that_varied():
     step = placement.Step([4096, 8192, 1024], [0, 1, 2], [3, 4, 5], [0, 0, 0], 6)
     planner._plans[b"sig"] = (placement.plan(step), np.array([-1, -1, -1]), 1 << 20)
     low = np.array([2048, 8192, 512])          # request 1's size never varied
-    planner._seen[b"sig"] = (2, step.nbytes, low, 4000)
+    planner._seen[b"sig"] = (2, step.nbytes, low, 4000, 4000)
     planner.current = b"sig"
     plan, anchors = planner.record(8000, 1 << 20, [(0, 4096)])
     assert list(plan.step.nbytes) == [8192, 8192, 2048]
@@ -210,7 +210,7 @@ def test_a_record_plan_that_falls_back_to_first_fit_is_not_used(monkeypatch):
     planner = Planner()
     step = placement.Step([4096, 8192, 1024], [0, 1, 2], [3, 4, 5], [0, 0, 0], 6)
     planner._plans[b"sig"] = (placement.plan(step), np.array([-1, -1, -1]), 1 << 20)
-    planner._seen[b"sig"] = (2, step.nbytes, step.nbytes // 2, 4000)
+    planner._seen[b"sig"] = (2, step.nbytes, step.nbytes // 2, 4000, 4000)
     planner.current = b"sig"
     # First fit puts every place above the blocks that stay, and a record plan maps pages
     # for its places: the entry goes on online instead.
@@ -255,7 +255,7 @@ def test_no_record_when_another_plans_steps_asked_more_at_request_0():
     step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
     for sig, first in ((b"long", 9000), (b"short", 4000)):
         planner._plans[sig] = (placement.plan(step), np.array([-1, -1]), 1 << 20)
-        planner._seen[sig] = (2, step.nbytes, step.nbytes // 2, first)
+        planner._seen[sig] = (2, step.nbytes, step.nbytes // 2, first, first)
     planner.current = b"short"
     assert planner.record_over() == 0
     planner.current = b"long"
@@ -294,7 +294,7 @@ def test_no_record_when_a_dropped_plans_steps_asked_more_at_request_0():
     step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
     planner._plans[b"short"] = (placement.plan(step), np.array([-1, -1]), 1 << 20)
     for sig, first in ((b"long", 9000), (b"short", 4000)):
-        planner._seen[sig] = (2, step.nbytes, step.nbytes // 2, first)
+        planner._seen[sig] = (2, step.nbytes, step.nbytes // 2, first, first)
     planner.current = b"short"
     assert planner.record_over() == 0
     planner._seen[b"long"] = (1,) + planner._seen[b"long"][1:]
@@ -366,3 +366,32 @@ def test_a_record_step_that_leaves_nothing_costs_no_more_than_the_plain_region(n
         pool.allocate(nbytes).close()
     planned, plain = _reserved_kib_around(True, odd), _reserved_kib_around(False, odd)
     assert planned == plain
+
+
+def test_an_entry_whose_request_0_is_far_under_the_plans_goes_online():
+    # Five 100 B buffers held through the entry, then the step: request 0 (100 B) is far
+    # under the least request 0 of the plan's steps (1 MiB). Taken at planned places, the
+    # first two stayed there live when the entry left the plan's structure, and split the
+    # range the step's 3 MiB request then needed (4,160 -> 7,232 KiB for good); the entry
+    # goes online from request 0 now, as with a plain region.
+    def odd(pool, step):
+        held = [pool.allocate(100) for _ in range(5)]
+        step()
+        for x in held:
+            x.close()
+    planned, plain = _reserved_kib_around(True, odd), _reserved_kib_around(False, odd)
+    assert planned == plain == [4160] * 3
+
+
+def test_first_under_is_a_quarter_of_the_least_request_0_of_the_plans_steps():
+    planner = Planner()
+    step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
+    planner._plans[b"sig"] = (placement.plan(step), np.array([-1, -1]), 1 << 20)
+    planner._remember(b"sig", step, 4000)
+    planner._remember(b"sig", step, 0)          # an entry that made no request: not counted
+    planner._remember(b"sig", step, 2000)
+    assert planner.first_under() == 0           # no plan installed
+    planner.current = b"sig"
+    assert planner.first_under() == 2000 // planned.UNDER
+    planner._remember(b"sig", step, 8000)       # the least stays
+    assert planner.first_under() == 2000 // planned.UNDER

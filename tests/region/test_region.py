@@ -496,16 +496,24 @@ def test_an_enter_in_thread_block_exits_only_on_its_own_thread(pool, region):
 def test_a_region_entered_in_a_thread_lives_while_entered_there(pool):
     # Its context object dropped without an exit, or exited on the wrong thread, the region
     # stays current on the entering thread and alive (before, it could be dropped while the
-    # thread's stack of regions named its deleted cache).
-    region = gpupool.Region(pool=pool, collect=None)
-    ref = weakref.ref(region)
-    region.enter_in_thread().__enter__()
-    del region
-    gc.collect()
-    assert ref() is not None
-    pool.allocate(300 * KIB).close()
-    pool.allocate(300 * KIB).close()
-    assert ref().stats().cache_hits == 1        # the region's, on this thread
+    # thread's stack of regions named its deleted cache). On a thread of its own, which
+    # ends with the region still entered there (the test's thread stays clean).
+    def body():
+        region = gpupool.Region(pool=pool, collect=None)
+        ref = weakref.ref(region)
+        region.enter_in_thread().__enter__()
+        del region
+        gc.collect()
+        assert ref() is not None
+        pool.allocate(300 * KIB).close()
+        pool.allocate(300 * KIB).close()
+        assert ref().stats().cache_hits == 1        # the region's, on this thread
+        seen.append(True)
+    seen = []
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [True]
     check_invariants(pool)
 
 

@@ -1,0 +1,51 @@
+"""The options of a planned region's planner (``gpupool.region.planned.Planner``), checked: a
+clear exception naming the option, its value and what it accepts. Pure Python."""
+
+import numbers
+
+from gpupool.region import placement
+
+__all__ = ["checked"]
+
+
+def checked(max_plans, max_plan_requests, budget_work, budget_ms, min_hit_rate, record,
+            strategies, repair):
+    """``Planner``'s options checked (its docstring says what each accepts); returns
+    ``strategies`` as a tuple.
+
+    Raises
+    ------
+    TypeError
+        An option of another type.
+    ValueError
+        An option out of its range (NaN included), or ``strategies`` empty, naming a strategy
+        twice or one not in ``placement.STRATEGIES``.
+    """
+    for name, value, kind, accepted, within in (
+            ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
+            ("max_plan_requests", max_plan_requests, numbers.Integral, "an integer >= 1",
+             lambda v: v >= 1),
+            ("budget_work", budget_work, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
+            ("budget_ms", budget_ms, numbers.Real, "a number of milliseconds > 0",
+             lambda v: v > 0),
+            ("min_hit_rate", min_hit_rate, numbers.Real, "a number from 0 to 1",
+             lambda v: 0 <= v <= 1)):
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise TypeError(f"{name} must be {accepted}, got {value!r}")
+        if not within(value):
+            raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    for name, value in (("record", record), ("repair", repair)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    given, strategies = strategies, tuple(strategies) if isinstance(strategies, list) \
+        else strategies
+    if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
+        raise TypeError(f"strategies must be a tuple (or list) of str, got {given!r}")
+    unknown = [k for k in strategies if k not in placement.STRATEGIES]
+    twice = sorted({k for k in strategies if strategies.count(k) > 1})
+    if not strategies or unknown or twice:
+        why = (f": {unknown[0]!r} is not one" if unknown else
+               f": {twice[0]!r} is named twice" if twice else "")
+        raise ValueError(f"strategies must be a non-empty tuple (or list) of distinct names "
+                         f"among {sorted(placement.STRATEGIES)}, got {given!r}{why}")
+    return strategies
