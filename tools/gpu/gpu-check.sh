@@ -120,7 +120,8 @@ if step parts; then
     # Tests that read the device's used memory (cuMemGetInfo) with a tolerance that the other
     # lanes' allocations break.
     alone="1000_export_open_close or trim_gives_whole_free_pages_back_to_the_device or \
-sleep_frees_the_pages_and_a_graph_replays_after_wake or sleep_wake_swaps_a_trainer_and_an_engine"
+sleep_frees_the_pages_and_a_graph_replays_after_wake or sleep_wake_swaps_a_trainer_and_an_engine or \
+tensors_over_slept_memory_keep_their_addresses"
     harness="come_from_gpupool or stats_are_gpupool or out_of_memory_is_pytorch or \
 empty_cache_trims or base_allocation_and or capture_s_allocations or mempool_counts or \
 stream_uses_waits or checkpointed or history_records"
@@ -144,7 +145,7 @@ stream_uses_waits or checkpointed or history_records"
     lane a-f "${af[@]}" -k "not ($alone)" &
     lane g-m "${gm[@]}" -k "not ($alone)" &
     lane n-z "${nz[@]}" -k "not ($alone)" &
-    lane torch-use tests/adapters/test_torch.py -k "not mempool" &
+    lane torch-use tests/adapters/test_torch.py -k "not mempool and not ($alone)" &
     lane torch-mempool tests/adapters/test_torch.py -k "mempool" &
     (lane torch_allocator tests/adapters/test_torch_allocator.py -k "not ($harness)";
      lane harness tests/adapters/test_torch_allocator.py -k "$harness") &
@@ -153,7 +154,7 @@ stream_uses_waits or checkpointed or history_records"
     lane examples-rest tests/test_examples.py -k "not torch and not ($alone)" &
     wait
     lane alone tests/ipc/test_ipc_processes.py tests/core/test_vmm.py tests/core/test_sleep.py \
-        tests/test_examples.py -k "$alone"
+        tests/test_examples.py tests/adapters/test_torch.py -k "$alone"
     for f in /tmp/gpupool-parts/*.log; do
         cut=""; [ "$(tail -1 "$f")" = "rc=124" ] && cut="cut in $(grep -oE '^tests/[^ ]+' "$f" | tail -1)"
         summary "$(basename "$f" .log): $(grep -E ' in [0-9.]+s' "$f" | tail -1) $(tail -1 "$f") $cut"
