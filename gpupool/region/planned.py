@@ -415,12 +415,16 @@ class Planner:
         more, its plan kept or not (dropped past ``max_plans``, given up, no room), a request
         0 past both is more likely of that one's (GPT-2's and BERT's runs switch structure
         with the length), and a record plan of either maps pages that the online way does
-        not (Note [Record steps of another structure]): none is planned."""
+        not (Note [Record steps of another structure]): none is planned. Nor is one where
+        request 0 asked the same bytes in every step of the installed plan's signature."""
         if not self.record_steps or self.current not in self._plans:
             return 0
         most = max((seen[3] for seen in self._seen.values() if seen[0] >= 2), default=0)
-        own = self._seen[self.current][3] if self.current in self._seen else 0
-        return most if own >= most else 0
+        own = self._seen.get(self.current, (0,) * 5)
+        # A request 0 that never varied among the plan's steps tells nothing of how the other
+        # sizes scale with it: one larger is another step (Note [Record steps that leave
+        # nothing]).
+        return most if own[3] >= most and own[4] < own[3] else 0
 
     def first_under(self):
         """The requested bytes of request 0 under which an entry served by the installed plan
