@@ -104,14 +104,16 @@ def test_a_record_step_after_another_structures_step_is_planned_on_llama():
     # Llama's step 15 asks the most of the run at request 0, after steps 12-14 of another,
     # its own and the other structure again: planned at request 0, the 24 steps reserve about
     # what the first 10 do (on the H100 it went online, 11,752 MiB against 10,654; Note
-    # [Record steps of another structure]).
+    # [Record steps of another structure]). Records at steps 8 and 15 (steps 6 and 7, whose
+    # request 0 passed the most by more than it had varied, are not: Note [Record steps that
+    # leave nothing]).
     trace = trace_named("llama-ckpt")
     peaks = {}
     for steps in (10, 24):
         (_, _, peak, _, stats), = long_replay.long_replay(
             alloc_trace.first_steps(trace, steps), 0, plan=True)
         peaks[steps] = peak
-    assert peaks[24] <= 1.01 * peaks[10] and stats.record_plans >= 3
+    assert peaks[24] <= 1.01 * peaks[10] and stats.record_plans >= 2
 
 
 def test_a_repeated_gpt2_ckpt_run_keeps_its_plans_around_the_blocks_that_stay():

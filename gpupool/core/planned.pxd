@@ -291,12 +291,12 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     PL_LAYOUT returns pl_layout's base; PL_RECORD the pending record step's layout's base and
     its request 0's bytes in io.record_nbytes (0 and 0: none pending); PL_INSTALL installs io's
     plan at io.base (with io.lenient, io.grows, io.record_over and io.first_under; during an
-    entry, its next requests are served from it) and returns its base; a lenient one (a record step's plan)
-    only if no event of the entry came since its PL_RECORD, else 0. PL_READ (at exit) hands
-    io the events recorded since the last PL_READ, its hits and misses; io.same in: the caller
-    holds the last read's events; out: they were the same, and io.events is left as it was
-    (the caller's, empty).
-    PL_READ and PL_ENTRY drop a record step's plan pending."""
+    entry, its next requests are served from it) and returns its base; a lenient one (a
+    record step's plan) only if no event of the entry came since its PL_RECORD, else 0.
+    PL_READ (at exit) hands io the events recorded since the last PL_READ, its hits and
+    misses; io.same in: the caller holds the last read's events; out: they were the same,
+    and io.events is left as it was (the caller's, empty). PL_READ and PL_ENTRY drop a
+    record step's plan pending."""
     cdef PlanTable* p = rc.plan
     cdef bint same
     if op == PL_ENTRY:

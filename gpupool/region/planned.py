@@ -185,8 +185,8 @@ class Planner:
         stream as integers, an (n, 3) int64 array or any sequence of such rows; bytes 0: a
         free; ptr 0: an entry starts; None: the same rows as the last call's), the entry's
         planned requests served (``hits``) and not (``misses``, the request that left the
-        plan's step included when it ``stopped``), whether its requests grew the pool, and its request 0's requested
-        bytes (``first``; 0: it made none). An entry that left the plan's step (another
+        plan's step included when it ``stopped``), whether its requests grew the pool, and
+        its request 0's requested bytes (``first``; 0: it made none). An entry that left the plan's step (another
         structure, or larger) is not the plan's failure: only the requests refused on the
         plan's step count against it. Returns ``"layout"`` when a plan is to be installed
         (the region then asks the core where it goes and calls :meth:`place`), ``"clear"``
@@ -461,12 +461,15 @@ class Planner:
         ``base``, bytes) rows that stay, request 0's block among them) and the entry before's
         blocks (its tails until this entry frees them). Its places may pass the memory
         mapped (the core maps pages for them on an expandable upstream). None when the
-        installed plan's signature has no sizes kept, or when the placement fell back to
-        first fit (past a budget: every place above the blocks that stay, pages mapped
-        for them; counted in ``counts["records_dropped"]``)."""
+        installed plan's signature has no sizes kept, when ``nbytes`` passes the most request
+        0 asked by more than the factor it varied by among those steps (most over least: such
+        a request 0 is more likely another step's, and the scaled sizes map pages that the
+        online way does not; Note [Record steps that leave nothing]), or when the placement
+        fell back to first fit (past a budget: every place above the blocks that stay, pages
+        mapped for them; counted in ``counts["records_dropped"]``)."""
         seen, kept = self._seen.get(self.current), self._plans.get(self.current)
         if not self.record_steps or seen is None or kept is None or not seen[3] or \
-                len(seen[1]) != len(kept[0].step):
+                len(seen[1]) != len(kept[0].step) or nbytes * seen[4] > seen[3] * seen[3]:
             return None
         _, envelope, low, r_max, _ = seen
         step = kept[0].step

@@ -117,6 +117,14 @@ class Run:
             self.entry(scaled(scale))
         return self
 
+    def spread(self, low):
+        """Two entries that fold a step of ``scaled(low)`` into the plan's signature: a record
+        step may then pass the most request 0 asked by up to ``1 / low`` times (the factor
+        request 0 varied by; ``Planner.record``)."""
+        self.entry(scaled(low))
+        self.entry(scaled(1.0))
+        return self
+
     def close(self):
         self.mem.live.clear()
         assert check_invariants(self.pool).in_use_bytes == 0

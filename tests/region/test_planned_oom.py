@@ -41,17 +41,19 @@ class Failing:
         self.sim.inject(None)
 
 
-def _warm(entry, oom_callback, k):
+def _warm(entry, oom_callback, k, spread=None):
     """A planned region warmed on SCALES (its plan installed, record steps on), requests made
     through ``entry`` (None: Python), whose next entry's request ``k`` on runs out of memory
-    until the callback (a Failing) runs. Returns (Run, Failing, the entries' stopped
-    flags)."""
+    until the callback (a Failing) runs, with ``Run.spread(spread)``'s entries after the
+    warming when given. Returns (Run, Failing, the entries' stopped flags)."""
     sim = SimulatedDevice(capacity=1 << 32, virtual_memory=True)
     pool = gpupool.Pool(upstream=sim, device=0)
     gpupool.set_pool(pool)              # the C API's pool for device 0
     mem = Through(pool, entry) if entry else Checked(pool)
     failing = Failing(sim, mem, k)
     run = Run(pool, mem).warm()
+    if spread:
+        run.spread(spread)
     oom_callback(failing)
     stopped, exited = [], run.region.planner.exited
 
@@ -71,8 +73,8 @@ def test_a_request_retried_after_the_callbacks_is_taken_in_by_the_plan_once(
     # grow until the callback runs: request 2 misses its place, goes online, runs out of
     # memory and is retried after the callback.
     run, failing, stopped = _warm(entry, oom_callback, 1)
-    hits, misses = run.entry(scaled(2.0))
-    assert failing.asked == [scaled(2.0)[2]]
+    hits, misses = run.entry(scaled(1.6))
+    assert failing.asked == [scaled(1.6)[2]]
     assert run.region.stats().record_plans == 1
     # Requests 1 to 5 were each taken in by the plan once (request 0, the record's, is not
     # placed), and the entry stayed on the plan's step. Taken in again by the retry, request
@@ -80,14 +82,14 @@ def test_a_request_retried_after_the_callbacks_is_taken_in_by_the_plan_once(
     # online, stopped.
     assert stopped == [False]
     assert hits + misses == len(SIZES) - 1 and hits >= 1
-    assert run.entry(scaled(2.0)) == (len(SIZES) - 1, 0)     # the record plan kept
+    assert run.entry(scaled(1.6)) == (len(SIZES) - 1, 0)     # the record plan kept
     run.close()
 
 
 def test_request_0_of_a_record_step_retried_after_the_callbacks_plans_the_step(oom_callback):
     # Through Python, the record step's slow path runs after the retry: request 0 alone taken
     # in, its plan made there and installed, the rest of the entry served from it.
-    run, failing, _ = _warm(None, oom_callback, 0)
+    run, failing, _ = _warm(None, oom_callback, 0, spread=0.2)
     assert run.entry(scaled(5.0)) == (len(SIZES) - 1, 0)
     assert failing.asked == [scaled(5.0)[0]]
     assert run.region.stats().record_plans == 1

@@ -193,6 +193,7 @@ def test_another_threads_request_while_the_record_plan_is_made_leaves_the_entry_
     for _ in range(4):
         run.entry(scaled(1.0))
     assert run.entry(scaled(1.0)) == (len(SIZES), 0)
+    run.spread(0.3)                     # request 0 varied 3.3 times: 2.5 times is a record
     assert run.entry(scaled(2.5)) == (len(SIZES) - 1, 0)
     run.close()
 
