@@ -55,7 +55,8 @@ from gpupool.region import placement
 from gpupool.region import tails as _tails
 from gpupool.region.digests import plan_digest as _digest
 from gpupool.region.digests import signature
-from gpupool.region.meeting import meeting as _meeting, meets as _meets
+from gpupool.region.meeting import meeting as _meeting
+from gpupool.region.meeting import meets as _meets
 from gpupool.region.recorded import Recorded as _Recorded
 
 __all__ = ["Planner", "anchors", "signature"]
@@ -186,11 +187,12 @@ class Planner:
         free; ptr 0: an entry starts; None: the same rows as the last call's), the entry's
         planned requests served (``hits``) and not (``misses``, the request that left the
         plan's step included when it ``stopped``), whether its requests grew the pool, and
-        its request 0's requested bytes (``first``; 0: it made none). An entry that left the plan's step (another
-        structure, or larger) is not the plan's failure: only the requests refused on the
-        plan's step count against it. Returns ``"layout"`` when a plan is to be installed
-        (the region then asks the core where it goes and calls :meth:`place`), ``"clear"``
-        to serve the next entry online, or None to keep what is installed."""
+        its request 0's requested bytes (``first``; 0: it made none). An entry that left the
+        plan's step (another structure, or larger) is not the plan's failure: only the
+        requests refused on the plan's step count against it. Returns ``"layout"`` when a
+        plan is to be installed (the region then asks the core where it goes and calls
+        :meth:`place`), ``"clear"`` to serve the next entry online, or None to keep what is
+        installed."""
         step, sig = self._recorded_steps.read(events)
         self._firsts = (self._firsts + [int(first)])[-2:]
         self._exits += 1

@@ -1,0 +1,134 @@
+"""Random repeating steps that vary, a planned region against a plain one: the peak reserved
+bytes of ``gpupool.Region(plan=True)`` over those of ``Region()`` on the same entries, on the
+expandable simulated device (64 KiB pages). The target is a planned region never above the
+plain one by more than 1% (issue "Regions that plan"); this counts the runs that are.
+
+Each run (its seed draws it) is 6-40 entries of one, two or three structures of 3-30 requests
+(512 B to 8 MiB, log-uniform), frees interleaved at random and some requests held into the
+next entry (freed at its start, as gradients are), the structures taking turns round-robin, at
+random or in blocks; their sizes vary entry by entry (a random subset, or every request,
+scaled by 0.3-2.0). Run from the repository root::
+
+    PYTHONPATH=$PWD python tools/profile/deviations.py [--runs N] [--seed S] [--worst K]
+
+It prints how many runs peak below the plain region by more than 1%, within 1%, and above by
+more than 1%, the ratios' median, geometric mean and extremes, and the K worst seeds with
+their ratios (``--show SEED`` prints one run's entries and both regions' reserved KiB after
+each). The generator is helper-84's search of this stop (Note [Record steps that leave
+nothing] in docs/design.md has its numbers).
+"""
+
+import argparse
+import math
+import random
+
+import numpy as np
+
+import gpupool
+from gpupool.testing import SimulatedDevice
+
+PAGE = 64 << 10
+MODES = {"vary": 1, "alt2": 2, "alt3": 3, "alt_vary": 2, "vary_all": 1}   # structures each
+
+
+def structure(rng):
+    """A structure: its sizes (bytes), its events (("a", i) allocates request i, ("f", i)
+    frees it) and the requests it holds into the next entry."""
+    n = rng.randint(3, 30) if rng.random() < 0.7 else rng.randint(3, 8)
+    hold = rng.choice([0, 0.1, 0.3])
+    sizes = [int(math.exp(rng.uniform(math.log(512), math.log(8 << 20)))) for _ in range(n)]
+    if rng.random() < 0.3:
+        sizes = [(s >> 10 << 10) or 512 for s in sizes]
+    held = {i for i in range(n) if rng.random() < hold}
+    events, live = [], []
+    for i in range(n):
+        events.append(("a", i))
+        live.append(i)
+        while live and rng.random() < 0.4:
+            j = rng.choice(live)
+            live.remove(j)
+            if j not in held:
+                events.append(("f", j))
+    rng.shuffle(live)
+    events += [("f", j) for j in live if j not in held]
+    return sizes, events, held
+
+
+def entries(seed):
+    """Run ``seed``'s entries, each a list of ("a", key, nbytes) and ("f", key)."""
+    rng = random.Random(seed)
+    mode = rng.choice(list(MODES))
+    count = MODES[mode]
+    structures = [structure(rng) for _ in range(count)]
+    subsets = [set(rng.sample(range(len(s[0])), max(1, len(s[0]) // rng.choice([1, 2, 3]))))
+               for s in structures]
+    steps = rng.randint(6, 40)
+    turns = rng.choice(["roundrobin", "random", "blocks"])
+    out, held = [], []
+    for e in range(steps):
+        k = e % count if turns == "roundrobin" else rng.randrange(count) if turns == "random" \
+            else (e // rng.choice([2, 3, 5])) % count
+        sizes, events, hold = structures[k]
+        if mode != "alt2" and mode != "alt3":
+            scale = rng.uniform(0.3, 2.0)
+            sizes = [max(1, int(s * (rng.uniform(0.3, 2.0) if mode == "vary_all" else
+                                     scale if j in subsets[k] else 1)))
+                     for j, s in enumerate(sizes)]
+        ops = [("f", key) for key in held]
+        ops += [("a", (e, i), sizes[i]) if op == "a" else ("f", (e, i)) for op, i in events]
+        out.append(ops)
+        held = [(e, i) for i in hold]
+    return out
+
+
+def reserved(plan, run):
+    """The pool's reserved KiB after each entry of ``run`` and its peak reserved bytes, with
+    a planned (``plan``) or plain region entered around each entry."""
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=PAGE))
+    region = gpupool.Region(pool=pool, plan=plan)
+    live, after = {}, []
+    for ops in run:
+        with region:
+            for op in ops:
+                if op[0] == "a":
+                    live[op[1]] = pool.allocate(op[2])
+                else:
+                    live.pop(op[1]).close()
+        after.append(pool.stats().reserved_bytes >> 10)
+    for buf in live.values():
+        buf.close()
+    pool._verify()
+    return after, pool.stats().peak_reserved_bytes
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=300, help="runs (default 300)")
+    p.add_argument("--seed", type=int, default=0, help="the first run's seed (default 0)")
+    p.add_argument("--worst", type=int, default=5, help="worst seeds printed (default 5)")
+    p.add_argument("--show", type=int, metavar="SEED", help="print one run, entry by entry")
+    args = p.parse_args(argv)
+    if args.show is not None:
+        run = entries(args.show)
+        planned, plain = reserved(True, run), reserved(False, run)
+        for e, ops in enumerate(run):
+            asked = [op[2] for op in ops if op[0] == "a"]
+            print(f"entry {e:3d}: {len(asked):2d} requests, {sum(asked) >> 10:8,} KiB asked; "
+                  f"reserved KiB planned {planned[0][e]:9,}, plain {plain[0][e]:9,}")
+        print(f"peak reserved KiB: planned {planned[1] >> 10:,}, plain {plain[1] >> 10:,}")
+        return 0
+    seeds = range(args.seed, args.seed + args.runs)
+    ratio = np.array([reserved(True, run)[1] / reserved(False, run)[1]
+                      for run in map(entries, seeds)])
+    print(f"{args.runs} runs (seeds {args.seed}..{args.seed + args.runs - 1}), planned peak "
+          f"over the plain region's: below 0.99 in {int((ratio < 0.99).sum())}, within 1% in "
+          f"{int(((ratio >= 0.99) & (ratio <= 1.01)).sum())}, above 1.01 in "
+          f"{int((ratio > 1.01).sum())}; median {np.median(ratio):.3f}, geometric mean "
+          f"{np.exp(np.log(ratio).mean()):.3f}, least {ratio.min():.3f}, most {ratio.max():.3f}")
+    for i in np.argsort(-ratio, kind="stable")[:args.worst]:
+        print(f"  seed {seeds[i]}: {ratio[i]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
