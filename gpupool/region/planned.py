@@ -57,6 +57,7 @@ from gpupool.region.digests import plan_digest as _digest
 from gpupool.region.digests import signature
 from gpupool.region.meeting import meeting as _meeting
 from gpupool.region.meeting import meets as _meets
+from gpupool.region.mirror import mirrored as _mirrored
 from gpupool.region.recorded import Recorded as _Recorded
 
 __all__ = ["Planner", "anchors", "signature"]
@@ -76,6 +77,7 @@ GREEDY_MAX = 8192           # planned requests a step may have to be planned: th
 STRATEGIES = ("size", "area")
 UNDER = 4                   # request 0 under the least its plan's steps asked over this is
                             # off the plan's step (:meth:`Planner.first_under`)
+MIRROR = True               # a plan around nothing that stays is mirrored (Note [Plans mirrored])
 REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
                             # requests grew (the repair's work: theirs times the step's requests)
 
@@ -408,24 +410,20 @@ class Planner:
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan
         is a record step (0: none is): the most that the steps of any signature seen twice
-        or more asked (those ``_seen`` remembers: the SEEN_MAX seen last, within its bytes of
-        envelopes; a step seen once, such as the first or one at a switch of structure, is no
-        structure that repeats), when the installed plan's own steps asked that most,
-        whatever the signatures of the steps before it (where structures alternate, the last
-        two are seldom of one signature). A request 0 past it is then more likely of the
-        installed plan's structure than of any other. Where another signature's steps asked
-        more, its plan kept or not (dropped past ``max_plans``, given up, no room), a request
-        0 past both is more likely of that one's (GPT-2's and BERT's runs switch structure
-        with the length), and a record plan of either maps pages that the online way does
-        not (Note [Record steps of another structure]): none is planned. Nor is one where
-        request 0 asked the same bytes in every step of the installed plan's signature."""
+        or more asked (those ``_seen`` remembers; a step seen once is no structure that
+        repeats), when the installed plan's own steps asked that most, whatever the
+        signatures of the steps before it (where structures alternate, the last two are
+        seldom of one). Where another signature's steps asked more, its plan kept or not, a
+        request 0 past both is more likely of that one's (GPT-2's and BERT's runs switch
+        structure with the length), and a record plan of either maps pages that the online
+        way does not (Note [Record steps of another structure]): none is planned. Nor where
+        request 0 asked the same bytes in every step of the installed plan's signature: that
+        tells nothing of how the other sizes scale with it (Note [Record steps that leave
+        nothing])."""
         if not self.record_steps or self.current not in self._plans:
             return 0
         most = max((seen[3] for seen in self._seen.values() if seen[0] >= 2), default=0)
         own = self._seen.get(self.current, (0,) * 5)
-        # A request 0 that never varied among the plan's steps tells nothing of how the other
-        # sizes scale with it: one larger is another step (Note [Record steps that leave
-        # nothing]).
         return most if own[3] >= most and own[4] < own[3] else 0
 
     def first_under(self):
@@ -516,6 +514,9 @@ class Planner:
         self.counts["plans"] += 1
         self.counts["planning_ms"] += made.planning_ms
         self.counts["work"] += made.work
+        if MIRROR and made.fallback is None and not len(fixed) and \
+                (pinned is None or (pinned < 0).all()):
+            made = _mirrored(made)      # nothing stays in the range: its largest places on top
         if made.fallback is not None:
             self.counts["past_" + made.fallback] += 1
             if len(fixed):

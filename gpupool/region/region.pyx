@@ -174,10 +174,10 @@ cdef class Region:
 
     Examples
     --------
-    A planned region over a training step (on a machine without a GPU, a pool of
-    ``gpupool.testing.SimulatedDevice(virtual_memory=True)``)::
+    A planned region over a training step (on a GPU, ``gpupool.Region(plan=True)``)::
 
-        region = gpupool.Region(plan=True)
+        pool = gpupool.Pool(upstream=gpupool.testing.SimulatedDevice(virtual_memory=True))
+        region = gpupool.Region(pool=pool, plan=True)
         for batch in loader:
             with region:
                 loss = step(model, batch)

@@ -9,6 +9,7 @@ from conftest import check_invariants, checked
 from hypothesis import strategies as st
 
 import gpupool
+from gpupool.region import planned
 from gpupool.testing import SimulatedDevice
 
 KIB, MIB = 1024, 1 << 20
@@ -22,6 +23,13 @@ def vsim():
 @pytest.fixture
 def vpool(vsim):
     return gpupool.Pool(upstream=vsim)
+
+
+@pytest.fixture
+def unmirrored(monkeypatch):
+    """Plans around nothing that stays are not mirrored (``planned.MIRROR``): for tests that
+    name places by the greedy's own layout, the largest lowest."""
+    monkeypatch.setattr(planned, "MIRROR", False)
 
 
 class Checked:

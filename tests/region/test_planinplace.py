@@ -4,7 +4,7 @@ before any place it lies on is allocated is no obstacle (Note [Planning less oft
 reasons] in docs/design.md)."""
 
 import numpy as np
-from planned_steps import SCALES, Run, scaled, vpool, vsim  # noqa: F401 (fixtures)
+from planned_steps import SCALES, Run, scaled, unmirrored, vpool, vsim  # noqa: F401 (fixtures)
 
 from gpupool.region import placement
 from gpupool.region.planned import Planner
@@ -25,7 +25,7 @@ def placed(carried, obstacles=(), span=8 * MIB):
     return planner, planner.place(base=BASE, span=span, obstacles=list(obstacles))
 
 
-def test_a_tail_freed_before_the_places_it_lies_on_needs_no_transition():
+def test_a_tail_freed_before_the_places_it_lies_on_needs_no_transition(unmirrored):
     planner, (plan, _) = placed([(2, MIB, MIB)])
     steady = planner.plans[-1]
     # The tail (request 2 of the entry before, freed at event 0) lies on request 1's place,
@@ -66,7 +66,7 @@ def test_a_planned_region_of_tails_freed_first_installs_its_plan_at_once(vpool):
     r.close()
 
 
-def test_a_block_at_a_tails_place_but_larger_than_it_needs_a_transition():
+def test_a_block_at_a_tails_place_but_larger_than_it_needs_a_transition(unmirrored):
     # Request 1 is the tail (freed at the next entry's event 1), placed below request 0's
     # place, allocated at event 0. A block of the entry before at the tail's place but larger
     # than it (a record plan's predicted size, another structure's request) reaches request

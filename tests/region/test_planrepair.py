@@ -5,7 +5,7 @@ less often: reasons] in docs/design.md)."""
 
 import numpy as np
 import pytest
-from planned_steps import KIB, MIB, Run, vpool, vsim  # noqa: F401 (fixtures)
+from planned_steps import KIB, MIB, Run, unmirrored, vpool, vsim  # noqa: F401 (fixtures)
 
 from gpupool.region import placement, planned
 from gpupool.region.planned import Planner
@@ -73,7 +73,7 @@ def test_a_step_where_many_requests_grew_is_placed_whole_without_a_repair():
     assert (plan.offsets == whole.offsets).all()
 
 
-def test_no_repair_when_blocks_that_stay_meet_the_kept_plan():
+def test_no_repair_when_blocks_that_stay_meet_the_kept_plan(unmirrored):
     sizes = SIZES.copy()
     sizes[2] = 768 * KIB
     planner, old, _ = grown(sizes, obstacles=[(0, MIB)])     # on request 0's place

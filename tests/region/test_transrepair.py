@@ -5,7 +5,7 @@ no more than the plan placed whole would (Note [Transitions repaired] in docs/de
 
 import numpy as np
 from hypothesis import given, settings, strategies as st
-from planned_steps import recorded
+from planned_steps import recorded, unmirrored  # noqa: F401 (fixture)
 from test_placement import clashes, steps
 
 from gpupool.region import placement, planned, tails
@@ -42,7 +42,7 @@ def served(plan, carried):
                                            for _, off, n in carried])
 
 
-def test_a_block_on_one_steady_place_moves_that_request_alone():
+def test_a_block_on_one_steady_place_moves_that_request_alone(unmirrored):
     carried = [(N + 1, 5 * MIB, MIB)]       # no request of STEP's: live throughout
     planner, steady, plan = transition(carried)
     assert steady.offsets[5] == 5 * MIB and steady.nbytes == N * MIB
@@ -65,7 +65,7 @@ def test_no_repair_where_the_places_to_move_do_not_fit_above_the_steady_plan():
     assert planner.counts["repairs_refused"] == 0 and plan.offsets[5] != steady.offsets[5]
 
 
-def test_a_repair_past_the_memory_mapped_is_used_when_no_higher_than_the_whole_plan():
+def test_a_repair_past_the_memory_mapped_is_used_when_no_higher_than_the_whole_plan(unmirrored):
     # A block left live just above the steady plan's top (no place meets it) pushes the moved
     # place past the memory mapped: the plan placed whole is made too, and maps as much.
     carried = [(N + 1, 5 * MIB, MIB), (N + 2, N * MIB, MIB)]
@@ -85,7 +85,7 @@ def test_a_transition_where_many_places_meet_the_blocks_is_placed_whole():
     assert (plan.offsets == whole.offsets).all() and served(plan, carried).all()
 
 
-def test_a_block_that_stays_on_a_steady_place_moves_it_too():
+def test_a_block_that_stays_on_a_steady_place_moves_it_too(unmirrored):
     # A kept plan under a block that stays (the one around it does not fit the span): its
     # transition is placed around that block too. Here the places to move do not fit above
     # the steady plan in the memory mapped: the transition is placed whole; with room, the
