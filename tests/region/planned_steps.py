@@ -25,6 +25,21 @@ def vpool(vsim):
     return gpupool.Pool(upstream=vsim)
 
 
+def reserved_kib(plan, entries):
+    """A planned (``plan``) or plain region over ``entries`` on the expandable simulated device
+    (64 KiB pages), each entry allocating its sizes in order, then freeing them in order: the
+    pool's reserved and peak reserved KiB at the end."""
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
+    region = gpupool.Region(pool=pool, plan=plan)
+    for sizes in entries:
+        with region:
+            for buf in [pool.allocate(n) for n in sizes]:
+                buf.close()
+    pool._verify()
+    stats = pool.stats()
+    return stats.reserved_bytes // KIB, stats.peak_reserved_bytes // KIB
+
+
 @pytest.fixture
 def unmirrored(monkeypatch):
     """Plans around nothing that stays are not mirrored (``planned.MIRROR``): for tests that

@@ -5,13 +5,11 @@ it costs a plain one."""
 
 import numpy as np
 from hypothesis import given, settings
-from planned_steps import KIB, MIB
+from planned_steps import MIB, reserved_kib
 from test_placement import clashes, steps
 
-import gpupool
 from gpupool.region import placement
 from gpupool.region.mirror import mirrored
-from gpupool.testing import SimulatedDevice
 
 
 @settings(max_examples=60, deadline=None)
@@ -29,17 +27,6 @@ def test_a_mirrored_plan_keeps_its_peak_and_its_requests_apart(step):
                                   step.nbytes[planned], plan.offsets[planned])
 
 
-def _reserved_kib(plan, entries):
-    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
-    region = gpupool.Region(pool=pool, plan=plan)
-    for sizes in entries:
-        with region:
-            for buf in [pool.allocate(n) for n in sizes]:
-                buf.close()
-    pool._verify()
-    return pool.stats().reserved_bytes // KIB
-
-
 def test_a_later_request_larger_than_its_place_grows_the_range_by_the_difference():
     # Steps of 1 MiB then 3 MiB, both live at once, then one entry asking 4 MiB for the second
     # (helper-84's search). Unmirrored, the plan put the 3 MiB place at the base and the 1 MiB
@@ -47,4 +34,4 @@ def test_a_later_request_larger_than_its_place_grows_the_range_by_the_difference
     # against the plain region's 5,120). Mirrored, the 3 MiB place lies at the top and the
     # pool maps the difference, as the online way does.
     entries = [[MIB, 3 * MIB]] * 5 + [[MIB, 4 * MIB]] + [[MIB, 3 * MIB]] * 5
-    assert _reserved_kib(True, entries) == _reserved_kib(False, entries) == 5120
+    assert reserved_kib(True, entries) == reserved_kib(False, entries) == (5120, 5120)

@@ -9,7 +9,7 @@ from conftest import check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planned_steps import (  # noqa: F401 (fixtures)
-    FREES, KIB, MIB, SIZES, TAILS, Run, draw_step, run_step, scaled, vpool, vsim,
+    FREES, KIB, MIB, SIZES, TAILS, Run, draw_step, reserved_kib, run_step, scaled, vpool, vsim,
 )
 
 import gpupool
@@ -400,20 +400,6 @@ def test_first_under_is_a_quarter_of_the_least_request_0_of_the_plans_steps():
     assert planner.first_under() == 2000 // planned.UNDER
 
 
-def _reserved_kib(plan, entries):
-    """Each entry allocates its sizes in order, then frees them in order; the pool's reserved
-    and peak reserved KiB at the end."""
-    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
-    region = gpupool.Region(pool=pool, plan=plan)
-    for sizes in entries:
-        with region:
-            for buf in [pool.allocate(n) for n in sizes]:
-                buf.close()
-    pool._verify()
-    stats = pool.stats()
-    return stats.reserved_bytes // KIB, stats.peak_reserved_bytes // KIB
-
-
 @pytest.mark.parametrize("entries", [
     # Request 0 asked 1 KiB in both steps of the plan: a 64 KiB request 0 scaled the request
     # that varied (1 KiB to 1 MiB) 64 times, and the next request, placed above that 64 MiB
@@ -431,4 +417,4 @@ def test_a_request_0_far_past_what_its_steps_asked_is_no_record(entries):
     # varied among the plan's steps that says nothing, nor does a request 0 past the most by
     # more than the factor it varied by: the entry is another step and goes online, as with a
     # plain region (found by helper-84's search).
-    assert _reserved_kib(True, entries) == _reserved_kib(False, entries)
+    assert reserved_kib(True, entries) == reserved_kib(False, entries)
