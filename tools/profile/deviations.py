@@ -10,11 +10,13 @@ random or in blocks; their sizes vary entry by entry (a random subset, or every 
 scaled by 0.3-2.0). Run from the repository root::
 
     PYTHONPATH=$PWD python tools/profile/deviations.py [--runs N] [--seed S] [--worst K]
+    PYTHONPATH=$PWD python tools/profile/deviations.py --show SEED
 
 It prints how many runs peak below the plain region by more than 1%, within 1%, and above by
 more than 1%, the ratios' median, geometric mean and extremes, and the K worst seeds with
-their ratios (``--show SEED`` prints one run's entries and both regions' reserved KiB after
-each). The generator is helper-84's search of this stop (Note [Record steps that leave
+their ratios. ``--show SEED`` prints that one run instead (the other options unused): each
+entry's requests, the bytes they asked in all (those freed within the entry counted too),
+and both regions' reserved KiB after it. The generator is helper-84's search of this stop (Note [Record steps that leave
 nothing] in docs/design.md has its numbers).
 """
 
