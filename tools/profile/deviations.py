@@ -16,8 +16,8 @@ It prints how many runs peak below the plain region by more than 1%, within 1%, 
 more than 1%, the ratios' median, geometric mean and extremes, and the K worst seeds with
 their ratios. ``--show SEED`` prints that one run instead (the other options unused): each
 entry's requests, the bytes they asked in all (those freed within the entry counted too),
-and both regions' reserved KiB after it. The generator is helper-84's search of this stop (Note [Record steps that leave
-nothing] in docs/design.md has its numbers).
+and both regions' reserved KiB after it. The generator is helper-84's search of 2026-12-07
+(Note [Record steps that leave nothing] in docs/design.md has its numbers).
 """
 
 import argparse
