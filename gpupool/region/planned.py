@@ -75,7 +75,7 @@ GREEDY_MAX = 8192           # planned requests a step may have to be planned: th
 # era scattered often fills their holes better in the order of size x lifetime than by size
 # (Note [Plans in two orders]).
 STRATEGIES = ("size", "area")
-UNDER = 4                   # request 0 under the least its plan's steps asked over this is
+UNDER = 4                   # request 0 under 1 / UNDER of the least its plan's steps asked is
                             # off the plan's step (:meth:`Planner.first_under`)
 MIRROR = True               # a plan around nothing that stays is mirrored (Note [Plans mirrored])
 REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
@@ -504,9 +504,9 @@ class Planner:
 
     def _made(self, step, fixed, pinned=None):
         """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted, the
-        lowest of the strategies' (each within ``budget_work``). The first-fit plan (a step of
-        more than GREEDY_MAX planned requests, or past a budget) places nothing around them:
-        its places move above the highest."""
+        lowest of the strategies' (each within ``budget_work``), mirrored with no rows and no
+        pins (MIRROR). The first-fit plan (more than GREEDY_MAX planned requests, or past a
+        budget) places nothing around them: its places move above the highest."""
         made = placement.plan(step, budget_work=self.budget_work * len(self.strategies),
                               budget_ms=self.budget_ms, max_requests=GREEDY_MAX, fixed=fixed,
                               pinned=pinned, strategies=self.strategies)
