@@ -96,8 +96,7 @@ class PlanJob:
             placed = planner.place(base, span, obstacles)
             if placed is not None:
                 # What the install needs, read from the planner as the exit would have.
-                placed = (*installed(placed), planner.growing(), planner.record_over(),
-                          planner.first_under())
+                placed = (*installed(placed), planner.growing(), *planner.bounds())
             self._made = placed
         except BaseException as exc:        # raised by result(), on the region's thread
             self._error = exc

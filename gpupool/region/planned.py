@@ -58,6 +58,7 @@ from gpupool.region.digests import signature
 from gpupool.region.meeting import meeting as _meeting
 from gpupool.region.meeting import meets as _meets
 from gpupool.region.mirror import mirrored as _mirrored
+from gpupool.region.mirror import shifted as _shifted
 from gpupool.region.recorded import Recorded as _Recorded
 
 __all__ = ["Planner", "anchors", "signature"]
@@ -90,6 +91,13 @@ def anchors(plan):
     request (a sweep compiled in gpupool.region.anchors)."""
     step = plan.step
     return _anchors.anchors(plan.offsets, step.nbytes, step.alloc, step.free, step.planned)
+
+
+def _record_top(seen):
+    """The most request 0 of a record step of the signature ``seen`` (a ``_seen`` entry) may
+    ask: its steps' most times the factor it varied by (most over least; no room past the
+    most where it never varied: Note [Record steps that leave nothing])."""
+    return seen[3] * seen[3] // seen[4] if seen[4] else 0
 
 
 class Planner:
@@ -410,29 +418,26 @@ class Planner:
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan
         is a record step (0: none is): the most that the steps of any signature seen twice
-        or more asked (those ``_seen`` remembers; a step seen once is no structure that
-        repeats), when the installed plan's own steps asked that most, whatever the
-        signatures of the steps before it (where structures alternate, the last two are
-        seldom of one). Where another signature's steps asked more, its plan kept or not, a
-        request 0 past both is more likely of that one's (GPT-2's and BERT's runs switch
-        structure with the length), and a record plan of either maps pages that the online
-        way does not (Note [Record steps of another structure]): none is planned. Nor where
-        request 0 asked the same bytes in every step of the installed plan's signature: that
-        tells nothing of how the other sizes scale with it (Note [Record steps that leave
-        nothing])."""
+        asked (those ``_seen`` remembers), when the installed plan's own steps asked that
+        most; where another signature's asked more, a request 0 past both is more likely of
+        that one's structure (Note [Record steps of another structure]). None either where
+        ``_record_top`` leaves no room past the most (request 0 never varied: Note [Record
+        steps that leave nothing])."""
         if not self.record_steps or self.current not in self._plans:
             return 0
         most = max((seen[3] for seen in self._seen.values() if seen[0] >= 2), default=0)
         own = self._seen.get(self.current, (0,) * 5)
-        return most if own[3] >= most and own[4] < own[3] else 0
+        return most if own[3] >= most and _record_top(own) > own[3] else 0
+
+    def bounds(self):
+        """``(record_over(), first_under())``, which the core takes together."""
+        return self.record_over(), self.first_under()
 
     def first_under(self):
         """The requested bytes of request 0 under which an entry served by the installed plan
-        is off its step (0: none is): a quarter of the least its signature's steps asked
-        (UNDER). The core sends such an entry online from request 0, as one that asks more
-        than a place (Note [A first request far under the plan's]): its requests taken at
-        places made for far larger ones would stay there, live, when the entry leaves the
-        plan's structure, and split the range the online way then needs."""
+        is off its step and goes online (0: none is): a quarter of the least its signature's
+        steps asked (UNDER; Note [A first request far under the plan's]): its requests taken
+        at places made for far larger ones would stay there when it leaves the structure."""
         seen = self._seen.get(self.current) if self.current in self._plans else None
         return seen[4] // UNDER if seen is not None else 0
 
@@ -461,15 +466,14 @@ class Planner:
         ``base``, bytes) rows that stay, request 0's block among them) and the entry before's
         blocks (its tails until this entry frees them). Its places may pass the memory
         mapped (the core maps pages for them on an expandable upstream). None when the
-        installed plan's signature has no sizes kept, when ``nbytes`` passes the most request
-        0 asked by more than the factor it varied by among those steps (most over least: such
-        a request 0 is more likely another step's, and the scaled sizes map pages that the
-        online way does not; Note [Record steps that leave nothing]), or when the placement
+        installed plan's signature has no sizes kept, when ``nbytes`` passes ``_record_top``
+        (more likely another step's request 0, and the scaled sizes would map pages that the
+        online way does not), or when the placement
         fell back to first fit (past a budget: every place above the blocks that stay, pages
         mapped for them; counted in ``counts["records_dropped"]``)."""
         seen, kept = self._seen.get(self.current), self._plans.get(self.current)
         if not self.record_steps or seen is None or kept is None or not seen[3] or \
-                len(seen[1]) != len(kept[0].step) or nbytes * seen[4] > seen[3] * seen[3]:
+                len(seen[1]) != len(kept[0].step) or nbytes > _record_top(seen):
             return None
         _, envelope, low, r_max, _ = seen
         step = kept[0].step
@@ -520,11 +524,7 @@ class Planner:
         if made.fallback is not None:
             self.counts["past_" + made.fallback] += 1
             if len(fixed):
-                top = int((fixed[:, 0] + fixed[:, 1]).max())
-                made = placement.Plan(step, np.where(made.offsets >= 0, made.offsets + top, -1),
-                                      method=made.method, fallback=made.fallback,
-                                      tried=made.tried, planning_ms=made.planning_ms,
-                                      work=made.work)
+                made = _shifted(made, int((fixed[:, 0] + fixed[:, 1]).max()))
         return made
 
     def _placed(self, step, fixed, pinned=None):

@@ -352,8 +352,7 @@ cdef class Region:
                                      io.first_nbytes)
         self._read = True
         if action is None:
-            io.record_over = self._planner.record_over()
-            io.first_under = self._planner.first_under()
+            io.record_over, io.first_under = self._planner.bounds()
             self.pool.region_plan(self.rc, PL_OVER, &io)
         elif action == "clear":
             self.pool.region_plan(self.rc, PL_CLEAR, NULL)
