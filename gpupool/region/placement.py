@@ -67,9 +67,9 @@ class Step:
     alloc : array-like of int
         The event index of each allocation in the step, increasing, in ``[0, length)``.
     free : array-like of int
-        The event index of each free: in ``(alloc, length)`` when the step frees it; in
-        ``[length, length + alloc)`` when the next entry frees it at event ``free - length``,
-        before its own allocation of this request; :data:`ESCAPED` otherwise.
+        The event index of each free: in ``(alloc, length)`` when the step frees it; from
+        ``length`` on (a tail) when the next entry frees it at event ``free - length``, before
+        its allocation of this request or its first; :data:`ESCAPED` otherwise.
     stream : array-like of int
         Each request's stream (a handle or any integer key).
     length : int
@@ -99,12 +99,11 @@ class Step:
             raise ValueError("every request needs nbytes > 0")
         if self.alloc[0] < 0 or self.alloc[-1] >= self.length or (np.diff(self.alloc) <= 0).any():
             raise ValueError("allocations must be increasing event indices in [0, length)")
-        bad = (self.free != ESCAPED) & ((self.free <= self.alloc) |
-                                        (self.free >= self.length + self.alloc))
+        bad = (self.free != ESCAPED) & (self.free <= self.alloc)
         if bad.any():
             k = int(np.argmax(bad))
-            raise ValueError(f"request {k}: free {self.free[k]} outside ({self.alloc[k]}, "
-                             f"{self.length + self.alloc[k]}) and not ESCAPED")
+            raise ValueError(f"request {k}: free {self.free[k]} not after its allocation "
+                             f"{self.alloc[k]} and not ESCAPED")
 
     def __len__(self):
         return len(self.nbytes)
@@ -140,7 +139,8 @@ def record_step(events, lo, hi, end=None):
         The step's first event and the next step's first.
     end : int, optional
         The next step's end (default ``hi``: no request is a tail). A request freed there
-        before the next entry's allocation of it is a tail; any other is escaped.
+        before the next entry's allocation of it, or before its first allocation, is a tail;
+        any other is escaped.
     """
     end = hi if end is None else end
     index, nbytes, alloc, stream = {}, [], [], []
@@ -152,10 +152,11 @@ def record_step(events, lo, hi, end=None):
             alloc.append(t - lo)
             stream.append(s)
     free = [ESCAPED] * len(nbytes)
+    first = next((t for t in range(hi, end) if events[t][0] == 0), end)
     for t in range(lo, end):
         op, i, _, _ = events[t]
         k = index.get(i) if op else None
-        if k is not None and t - lo < hi - lo + alloc[k]:
+        if k is not None and (t - lo < hi - lo + alloc[k] or t < first):
             free[k] = t - lo
     return Step(nbytes, alloc, free, stream, hi - lo)
 

@@ -17,7 +17,8 @@ open-addressed hash table, then matched by number:
   each allocation in it is a request (its bytes as recorded, its stream, its event: its
   position among the allocations and frees from the step's start, markers not counted), and
   a free of the pointer of request k is request k's free when it comes before the next
-  entry's allocation k (a free of a pointer allocated again since frees the later one).
+  entry's allocation k or before its first allocation (a free of a pointer allocated again
+  since frees the later one).
 
 The results are the same as those of the Python loops this replaces (dict-matched pointers,
 then ``placement.record_step``): a Hypothesis test compares them on random event lists
@@ -128,6 +129,7 @@ cdef int64_t _step(const int64_t[:, ::1] ev, Py_ssize_t lo, Py_ssize_t hi, const
     number."""
     cdef Py_ssize_t t
     cdef int64_t pos = 0, mid = -1, n = 0, k, i
+    cdef bint begun = False                             # the next entry has allocated
     cdef vector[int64_t] at                             # number -> its live event (-1: none)
     cdef vector[int64_t] request                        # event -> request (-1: none)
     at.assign(d, -1)
@@ -140,6 +142,7 @@ cdef int64_t _step(const int64_t[:, ::1] ev, Py_ssize_t lo, Py_ssize_t hi, const
             continue
         if ev[t, 1]:
             at[i] = pos
+            begun = mid >= 0
             if mid < 0:
                 request[pos] = n
                 out[n, 0], out[n, 1], out[n, 2], out[n, 3] = ev[t, 1], pos, -1, ev[t, 2]
@@ -147,7 +150,7 @@ cdef int64_t _step(const int64_t[:, ::1] ev, Py_ssize_t lo, Py_ssize_t hi, const
         elif at[i] >= 0:
             k = request[at[i]]
             at[i] = -1
-            if k >= 0 and (mid < 0 or pos < mid + out[k, 1]):
+            if k >= 0 and (mid < 0 or pos < mid + out[k, 1] or not begun):
                 out[k, 2] = pos
         pos += 1
     return n
@@ -218,8 +221,9 @@ def complete(const int64_t[:, ::1] events):
         lo: the first event of the step (the events before it are no longer needed; 0 when
         there is no step). step: None before two markers or when the step has no events,
         else ``(nbytes, alloc, free, stream, length)`` as ``placement.Step`` takes them
-        (int64 arrays; free ``placement.ESCAPED`` where the step and the next entry's
-        events before its own allocation do not free it; bytes as recorded, not rounded).
+        (int64 arrays; free ``placement.ESCAPED`` where neither the step nor the next
+        entry's events before its own allocation, or before its first, free it; bytes as
+        recorded, not rounded).
         carried: ``(k, ptr, nbytes)`` int64 arrays of the blocks live after the last marker
         (none without one), in the order described in the module's docstring.
 
