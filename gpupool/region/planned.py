@@ -408,12 +408,12 @@ class Planner:
         self.counts["repairs_refused"] += made.fallback is not None
         return made if made.fallback is None else None
 
-    def _fixed(self, step, base, obstacles):
+    def _fixed(self, step, base, obstacles, freed=None):
         """``placement.plan``'s fixed rows for a plan of step made at ``base``
-        (``tails.fixed_rows``): the obstacles throughout, the blocks the last entry left live
-        until the step's entry frees them."""
+        (``tails.fixed_rows``, ``freed`` passed on): the obstacles throughout, the blocks the
+        last entry left live until the step's entry frees them."""
         recorded = self._recorded_steps
-        return _tails.fixed_rows(step, recorded.carried, base, obstacles, recorded.at_start)
+        return _tails.fixed_rows(step, recorded.carried, base, obstacles, recorded.at_start, freed)
 
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan
@@ -457,20 +457,20 @@ class Planner:
         the plans installed after it may map pages past the memory mapped."""
         return self.record_steps and self.counts["records"] > 0
 
-    def record(self, nbytes, base, obstacles):
+    def record(self, nbytes, base, obstacles, ptr=None):
         """The plan of a record step, made at its request 0 (which asked ``nbytes`` bytes and
-        went online), as ``(Plan, anchors)``: the installed plan's structure, the requests
-        whose sizes varied among its signature's steps at their most seen times ``nbytes``
-        over the most request 0 of those steps asked (at least their most seen), the others
-        at their most seen; request 0 not placed. Placed around ``obstacles`` ((offset from
-        ``base``, bytes) rows that stay, request 0's block among them) and the entry before's
-        blocks (its tails until this entry frees them). Its places may pass the memory
-        mapped (the core maps pages for them on an expandable upstream). None when the
-        installed plan's signature has no sizes kept, when ``nbytes`` passes ``_record_top``
-        (more likely another step's request 0, and the scaled sizes would map pages that the
-        online way does not), or when the placement
-        fell back to first fit (past a budget: every place above the blocks that stay, pages
-        mapped for them; counted in ``counts["records_dropped"]``)."""
+        went online, to address ``ptr``), as ``(Plan, anchors)``: the installed plan's
+        structure, the requests whose sizes varied among its signature's steps at their most
+        seen times ``nbytes`` over the most request 0 of those steps asked (at least their
+        most seen), the others at their most seen; request 0 not placed. Placed around
+        ``obstacles`` ((offset from ``base``, bytes) rows that stay; request 0's block among
+        them, at ``ptr`` only until the step frees it) and the entry before's blocks (its
+        tails until this entry frees them). Its places may pass the memory mapped (the core
+        maps pages for them on an expandable upstream). None when the installed plan's
+        signature has no sizes kept, when ``nbytes`` passes ``_record_top`` (more likely
+        another step's request 0, and the scaled sizes would map pages that the online way
+        does not), or when the placement fell back to first fit (past a budget: every place
+        above the blocks that stay, pages mapped for them; ``counts["records_dropped"]``)."""
         seen, kept = self._seen.get(self.current), self._plans.get(self.current)
         if not self.record_steps or seen is None or kept is None or not seen[3] or \
                 len(seen[1]) != len(kept[0].step) or nbytes > _record_top(seen):
@@ -483,8 +483,9 @@ class Planner:
         free = step.free.copy()
         free[0] = placement.ESCAPED
         predicted = placement.Step(sizes, step.alloc, free, step.stream, step.length)
-        made = self._made(predicted, self._fixed(predicted, base,
-                                                 np.asarray(obstacles, np.int64).reshape(-1, 2)))
+        freed = None if ptr is None or not step.planned[0] or step.tails[0] else \
+            (int(ptr) - int(base), int(nbytes), int(step.free[0]))
+        made = self._made(predicted, self._fixed(predicted, base, obstacles, freed))
         self.counts["records"] += 1
         self.counts["record_ms"] += made.planning_ms
         if made.fallback is not None:
@@ -501,8 +502,7 @@ class Planner:
     def record_dropped(self):
         """The plan :meth:`record` returned last was not installed (an event of the entry, on
         another thread, came while it was made): the entry goes on online, as one that left
-        the plan's step. Counted in ``counts["records_dropped"]`` (and still in
-        ``"records"``), as a record plan that fell back to first fit."""
+        the plan's step. Counted in ``counts["records_dropped"]`` (and in ``"records"``)."""
         self._recorded = 0
         self.counts["records_dropped"] += 1
 

@@ -24,6 +24,7 @@ NumPy, the scan of :func:`freed_first` compiled (gpupool.region.steps); no devic
 import numpy as np
 
 from gpupool.region import steps as _steps
+from gpupool.region.placement import ALIGN
 
 __all__ = ["fixed_rows", "freed_first", "left_live"]
 
@@ -90,16 +91,29 @@ def left_live(step, carried, base, at_start):
     return ptr - base, nbytes, end, tail
 
 
-def fixed_rows(step, carried, base, obstacles, at_start):
+def fixed_rows(step, carried, base, obstacles, at_start, freed=None):
     """``placement.plan``'s fixed rows (offset, bytes, from, until) for a plan of ``step`` made
     at ``base``: the ``obstacles`` ((offset from base, bytes) rows) throughout, and the blocks
-    the last entry left live at or above ``base`` until :func:`left_live`'s ends. An int64
-    array of shape (m, 4)."""
+    the last entry left live at or above ``base`` until :func:`left_live`'s ends. ``freed``,
+    (offset from base, bytes asked, until), is a block among the obstacles (its bytes rounded
+    up to ``placement.ALIGN``; the pool rounds no less) that stays only until that event of the
+    entry: a record step's request 0, freed in the step. An int64 array of shape (m, 4)."""
     offset, nbytes, end, _ = (a[np.asarray(carried[1], np.int64) >= base]
                               for a in left_live(step, carried, base, at_start))
     obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
+    spans = [np.column_stack([offset, nbytes, np.zeros(len(offset), np.int64), end])]
+    if freed is not None:
+        lo, hi = freed[0], freed[0] + -(-freed[1] // ALIGN) * ALIGN
+        ends = obstacles[:, 0] + obstacles[:, 1]
+        cut = (obstacles[:, 0] < hi) & (lo < ends)      # the rows meeting the span: trimmed
+        obstacles = np.concatenate([
+            obstacles[~cut],
+            np.column_stack([obstacles[cut, 0], np.minimum(ends[cut], lo) - obstacles[cut, 0]]),
+            np.column_stack([np.maximum(obstacles[cut, 0], hi), ends[cut] - np.maximum(
+                obstacles[cut, 0], hi)])]).reshape(-1, 2)
+        obstacles = obstacles[obstacles[:, 1] > 0]
+        spans.append(np.array([[lo, hi - lo, 0, freed[2]]], np.int64))
     return np.concatenate([
         np.column_stack([obstacles, np.zeros(len(obstacles), np.int64),
-                         np.full(len(obstacles), FOREVER)]),
-        np.column_stack([offset, nbytes, np.zeros(len(offset), np.int64), end])]
+                         np.full(len(obstacles), FOREVER)]), *spans]
     ).astype(np.int64).reshape(-1, 4)
