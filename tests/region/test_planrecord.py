@@ -418,3 +418,25 @@ def test_a_request_0_far_past_what_its_steps_asked_is_no_record(entries):
     # more than the factor it varied by: the entry is another step and goes online, as with a
     # plain region (found by helper-84's search).
     assert reserved_kib(True, entries) == reserved_kib(False, entries)
+
+
+def test_a_record_steps_request_0_freed_early_leaves_its_bytes_to_the_plan():
+    # Request 0 (1 or 2 MiB) is freed at once, then 4 MiB and 1 MiB are live together: a step
+    # of 5 MiB at most, whatever request 0 asks. A record step at 3 MiB (within the factor
+    # request 0 varied by) plans the rest around request 0's block only until its free, so the
+    # 4 MiB place may lie on its bytes; placed around it throughout, the plan mapped 8 MiB
+    # (seed 1007 of tools/profile/deviations.py: 13,824 KiB against the plain region's 8,512).
+    def entries(plan):
+        pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
+        region = gpupool.Region(pool=pool, plan=plan)
+        for first in [MIB, 2 * MIB] * 4 + [3 * MIB] + [MIB, 2 * MIB] * 2:
+            with region:
+                pool.allocate(first).close()
+                a, b = pool.allocate(4 * MIB), pool.allocate(MIB)
+                a.close()
+                b.close()
+                check_invariants(pool)
+        pool._verify()
+        return pool.stats().peak_reserved_bytes // KIB, region.stats()
+    (planned, stats), (plain, _) = entries(True), entries(False)
+    assert stats.record_plans == 1 and planned == plain == 5 * 1024

@@ -188,3 +188,16 @@ def test_a_request_the_other_structure_frees_first_has_a_place():
     planned, stats = _alternating(True)
     assert planned == _alternating(False)[0] == 4544
     assert stats.plan_misses == 0 and stats.plan_hits > 0
+
+
+def test_a_freed_span_is_cut_out_of_the_obstacles_with_its_own_end():
+    # A record step's request 0 (1,000 B asked, 1,024 with the pool's rounding) inside the
+    # first run of obstacles, freed at event 3: the run's bytes around it stay throughout.
+    none = (np.zeros(0, np.int64),) * 3
+    rows = tails.fixed_rows(STEP, none, BASE, [(0, 4096), (8192, 4096)], False,
+                            freed=(1024, 1000, 3))
+    assert sorted(map(tuple, rows.tolist())) == [
+        (0, 1024, 0, tails.FOREVER), (1024, 1024, 0, 3), (2048, 2048, 0, tails.FOREVER),
+        (8192, 4096, 0, tails.FOREVER)]
+    assert tails.fixed_rows(STEP, none, BASE, [(0, 4096)], False).tolist() == [
+        [0, 4096, 0, tails.FOREVER]]
