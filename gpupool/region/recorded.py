@@ -39,7 +39,9 @@ class Recorded:
         bytes (``steps.complete``'s order).
     at_start : bool
         Whether the last entry freed the blocks the one before it left live before its own
-        first allocation (``tails.freed_first``).
+        first allocation (``tails.freed_first``); true where the one before left none: the
+        plan's step's own frees before its first allocation then decide
+        (``tails.left_live``; Note [Tails freed at the start]).
     reads, repeats : int
         Reads in all, and those that returned the last read's step without making it.
     """
@@ -91,7 +93,8 @@ class Recorded:
             self._window = events = np.asarray(events, np.int64).reshape(-1, 3)
             self._one_entry = int(np.count_nonzero(events[:, 0] == 0)) == 1
         self._events = np.concatenate([self._events, events])
-        self.at_start = _tails.freed_first(self._events, self.carried[1])
+        self.at_start = not len(self.carried[1]) or \
+            _tails.freed_first(self._events, self.carried[1])
         lo, made, self.carried = _steps.complete(self._events)
         self._events = self._events[lo:]
         if made is None:

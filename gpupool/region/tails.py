@@ -9,10 +9,10 @@ Two rules tell when the next entry frees such a block:
   smaller. This holds when the last entry has the step's structure; of another structure, its
   request k is another block.
 * *at the start*: every block is freed before the entry's first allocation, when the last entry
-  freed, before its own first allocation, every block the entry before it left live (at least
-  one), and the step begins with at least as many frees as there are blocks. This is a training
-  step that frees the last step's gradients first, whatever the structures of the two steps
-  (Note [Tails freed at the start]).
+  freed, before its own first allocation, every block the entry before it left live (or that
+  one left none), and the step begins with at least as many frees as there are blocks (those
+  can only be of blocks carried into it). This is a training step that frees the last step's
+  gradients first, whatever the structures of the two steps (Note [Tails freed at the start]).
 
 A block neither rule covers stays throughout the entry. A rule's prediction that does not hold
 costs no correctness: the core takes a place only where its bytes are free, so a place on a
@@ -71,7 +71,7 @@ def left_live(step, carried, base, at_start):
         The address the plan's offsets are from.
     at_start : bool
         The last entry freed, before its first allocation, every block the entry before it
-        left live (:func:`freed_first`).
+        left live (:func:`freed_first`), or that entry left none.
 
     Returns
     -------

@@ -3,6 +3,9 @@ allocation when the last entry freed those of the entry before it first, whateve
 numbers of either (``gpupool.region.tails``): a transition of another structure's entry then
 needs no plan of its own (Note [Tails freed at the start] in docs/design.md)."""
 
+import os
+import sys
+
 import numpy as np
 import pytest
 from conftest import check_invariants
@@ -201,3 +204,18 @@ def test_a_freed_span_is_cut_out_of_the_obstacles_with_its_own_end():
         (8192, 4096, 0, tails.FOREVER)]
     assert tails.fixed_rows(STEP, none, BASE, [(0, 4096)], False).tolist() == [
         [0, 4096, 0, tails.FOREVER]]
+
+
+
+def test_blocks_left_after_an_entry_that_left_none_are_freed_at_the_start():
+    # Seed 1082 of tools/profile/deviations.py: structure A holds two blocks (2.7 MiB and
+    # 807 B) into the next entry; structure B frees them first thing and holds nothing. At an
+    # exit of A after B, the plan made for B's step placed its 7.7 and 7.9 MiB requests
+    # around A's blocks as staying throughout (the entry before A left nothing, so nothing
+    # showed them freed first), above 2.7 MiB: 22,592 KiB against the plain region's 16,128.
+    # B's step begins with two frees, which can only be of blocks carried into it.
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "tools",
+                                    "profile"))
+    import deviations
+    run = deviations.entries(1082)
+    assert deviations.reserved(True, run)[1] == deviations.reserved(False, run)[1] == 16128 << 10
