@@ -32,7 +32,7 @@ import numpy as np
 from gpupool.region import greedy
 
 __all__ = ["ALIGN", "BUDGET_MS", "BUDGET_WORK", "ESCAPED", "STRATEGIES", "Plan", "Step",
-           "envelope", "floor_bytes", "overlaps", "plan", "record_step", "servable"]
+           "envelope", "floor_bytes", "overlaps", "plan", "record_step", "servable", "step_floor"]
 
 ALIGN = 512                 # bytes: the pool's rounding of a request, the offsets' alignment
 ESCAPED = -1                # a request's free: not in its step nor before its next allocation
@@ -46,9 +46,8 @@ STRATEGIES = {
     "area": ("area", "first"),
 }
 DEFAULT_STRATEGIES = ("size",)     # on the recorded steps no other strategy placed smaller
-# The greedy strategies' work, in units of one comparison of the compiled core
-# (gpupool.region.greedy): a block placed so far, or a fixed row, checked against the block
-# being placed (Note [Planning budget in work] in docs/design.md).
+# The greedy strategies' work, in units of one comparison of region/greedy.pyx (a block placed
+# so far, or a fixed row, checked against the one being placed: Note [Planning budget in work]).
 BUDGET_WORK = 8_000_000     # units: 1.27x the most a recorded real step's plan takes
 BUDGET_MS = 5000.0          # wall-clock cap: a safety net the recorded steps never reach
 
@@ -284,7 +283,7 @@ class Plan:
     def floor(self):
         """The step's most bytes live at once, the tails of the entry before counted."""
         if self._floor is None:
-            self._floor = _step_floor(self.step)
+            self._floor = step_floor(self.step)
         return self._floor
 
     @property
@@ -323,7 +322,8 @@ def _conflicts_table(offsets, ends, planned, tails):
     return np.searchsorted(rows[order], np.arange(len(offsets) + 1)), cols[order]
 
 
-def _step_floor(step):
+def step_floor(step):
+    """The bytes of ``step``'s planned requests live at once at most (:func:`floor_bytes`)."""
     keep = step.planned
     return floor_bytes(step.nbytes[keep], step.alloc[keep], step.free[keep], step.length)
 

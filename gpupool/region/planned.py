@@ -60,6 +60,10 @@ from gpupool.region.meeting import meets as _meets
 from gpupool.region.mirror import mirrored as _mirrored
 from gpupool.region.mirror import shifted as _shifted
 from gpupool.region.recorded import Recorded as _Recorded
+from gpupool.region.seen import Seen as _Seen
+from gpupool.region.seen import fits as _fits
+from gpupool.region.seen import fold as _fold
+from gpupool.region.seen import record_top as _record_top
 
 __all__ = ["Planner", "anchors", "signature"]
 
@@ -91,13 +95,6 @@ def anchors(plan):
     request (a sweep compiled in gpupool.region.anchors)."""
     step = plan.step
     return _anchors.anchors(plan.offsets, step.nbytes, step.alloc, step.free, step.planned)
-
-
-def _record_top(seen):
-    """The most request 0 of a record step of the signature ``seen`` (a ``_seen`` entry) may
-    ask: its steps' most times the factor it varied by (most over least; no room past the
-    most where it never varied: Note [Record steps that leave nothing])."""
-    return seen[3] * seen[3] // seen[4] if seen[4] else 0
 
 
 class Planner:
@@ -184,12 +181,13 @@ class Planner:
         # "repairs_refused": kept plans and transitions repaired, and repairs not used
         # (:meth:`_repaired`, :meth:`_transition_repaired`); "transition_repairs": the latter;
         # "exits_repeated": exits whose step was the last exit's, not made again
-        # (region/recorded.py).
+        # (region/recorded.py); "envelopes_refused": plans not made, their envelope's floor
+        # past its steps' (region/seen.py).
         self.counts = {"plans": 0, "planning_ms": 0.0, "work": 0, "hits": 0, "misses": 0,
                        "installs": 0, "given_up": 0, "no_room": 0, "records": 0, "reused": 0,
                        "record_ms": 0.0, "records_dropped": 0, "past_work": 0, "repairs": 0,
                        "past_time": 0, "past_requests": 0, "repairs_refused": 0,
-                       "transition_repairs": 0, "exits_repeated": 0}
+                       "transition_repairs": 0, "exits_repeated": 0, "envelopes_refused": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
@@ -245,9 +243,16 @@ class Planner:
                 self.counts["given_up"] += 1
                 action = "clear"
         if step is not None and self._wants(sig, step, seen):
-            self._wanted = (sig, placement.Step(envelope, step.alloc, step.free, step.stream,
-                                                step.length))
-            return "layout"
+            wanted = placement.Step(envelope, step.alloc, step.free, step.stream, step.length)
+            if _fits(self._seen[sig], wanted):
+                self._wanted = (sig, wanted)
+                return "layout"
+            # Its sizes vary each on its own: no step needs the envelope's memory, and a plan
+            # of smaller sizes would miss (Note [Envelopes that no step needs]).
+            self.counts["envelopes_refused"] += 1
+            self._plans.pop(sig, None)
+            if sig == self.current:
+                self.current, action = None, "clear"
         if (self._relayout or self._fresh) and self.current in self._plans:
             self._wanted = (self.current, self._plans[self.current][0].step)
             return "layout"
@@ -274,22 +279,13 @@ class Planner:
         requests whose sizes varied by its own request 0's bytes over the most; far under the
         least, request 0 is off the plan's step: :meth:`first_under`). Returns (times seen,
         envelope). Bounded: SEEN_MAX signatures and ``4 * max_plan_requests`` requests of
-        envelopes in all, the least recently seen dropped past either."""
-        seen, envelope, low, r_max, r_min = self._seen.pop(sig, (0, None, None, 0, 0))
-        if len(step) > self.max_plan_requests:
-            envelope = low = step.nbytes[:0]    # never planned: no sizes kept
-        elif envelope is None or len(envelope) != len(step):
-            envelope = low = step.nbytes
-            r_max = r_min = 0
-        else:
-            envelope = np.maximum(envelope, step.nbytes)
-            low = np.minimum(low, step.nbytes)
-        r_min = min(r_min or int(first), int(first) or r_min)
-        self._seen[sig] = (seen + 1, envelope, low, max(r_max, int(first)), r_min)
+        envelopes in all, the least recently seen dropped past either (``seen.fold``)."""
+        self._seen[sig] = now = _fold(self._seen.pop(sig, None), step, first,
+                                      self.max_plan_requests)
         while len(self._seen) > 1 and (len(self._seen) > SEEN_MAX or sum(
                 2 * len(s[1]) for s in self._seen.values()) > 4 * self.max_plan_requests):
             self._seen.popitem(last=False)
-        return seen + 1, envelope
+        return now.count, now.envelope
 
     def place(self, base, span, obstacles):
         """The plan to install for the step :meth:`exited` asked a layout for, as ``(Plan,
@@ -425,9 +421,9 @@ class Planner:
         steps that leave nothing])."""
         if not self.record_steps or self.current not in self._plans:
             return 0
-        most = max((seen[3] for seen in self._seen.values() if seen[0] >= 2), default=0)
-        own = self._seen.get(self.current, (0,) * 5)
-        return most if own[3] >= most and _record_top(own) > own[3] else 0
+        most = max((seen.r_max for seen in self._seen.values() if seen.count >= 2), default=0)
+        own = self._seen.get(self.current, _Seen())
+        return most if own.r_max >= most and _record_top(own) > own.r_max else 0
 
     def bounds(self):
         """``(record_over(), first_under())``, which the core takes together."""
@@ -439,7 +435,7 @@ class Planner:
         steps asked (UNDER; Note [A first request far under the plan's]): its requests taken
         at places made for far larger ones would stay there when it leaves the structure."""
         seen = self._seen.get(self.current) if self.current in self._plans else None
-        return seen[4] // UNDER if seen is not None else 0
+        return seen.r_min // UNDER if seen is not None else 0
 
     def growing(self):
         """Whether the plan :meth:`place` returned last may map pages for its places past
@@ -472,10 +468,10 @@ class Planner:
         does not), or when the placement fell back to first fit (past a budget: every place
         above the blocks that stay, pages mapped for them; ``counts["records_dropped"]``)."""
         seen, kept = self._seen.get(self.current), self._plans.get(self.current)
-        if not self.record_steps or seen is None or kept is None or not seen[3] or \
-                len(seen[1]) != len(kept[0].step) or nbytes > _record_top(seen):
+        if not self.record_steps or seen is None or kept is None or not seen.r_max or \
+                len(seen.envelope) != len(kept[0].step) or nbytes > _record_top(seen):
             return None
-        _, envelope, low, r_max, _ = seen
+        envelope, low, r_max = seen.envelope, seen.low, seen.r_max
         step = kept[0].step
         scaled = np.ceil(envelope * (nbytes / r_max) / placement.ALIGN).astype(np.int64) * \
             placement.ALIGN

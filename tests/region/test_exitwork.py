@@ -92,12 +92,12 @@ def test_a_steps_tails_mask_is_made_once_per_plan_not_per_block_left_live(vpool,
 
 def test_a_plans_floor_is_made_only_when_asked_for(vpool, monkeypatch):
     calls = [0]
-    floor = placement._step_floor
+    floor = placement.step_floor
 
     def counted(step):
         calls[0] += 1
         return floor(step)
-    monkeypatch.setattr(placement, "_step_floor", counted)
+    monkeypatch.setattr(placement, "step_floor", counted)
     r = run(vpool)
     assert r.region.stats().plans and calls[0] == 0
     for plan in r.region.planner.plans:

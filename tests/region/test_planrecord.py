@@ -15,6 +15,7 @@ from planned_steps import (  # noqa: F401 (fixtures)
 import gpupool
 from gpupool.region import placement, planned
 from gpupool.region.planned import Planner
+from gpupool.region.seen import Seen
 from gpupool.testing import SimulatedDevice
 
 
@@ -153,14 +154,14 @@ def test_record_over_is_the_plans_most_whatever_the_steps_before():
     planner = Planner()
     step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
     planner._plans[b"sig"] = (placement.plan(step), np.array([-1, -1]), 1 << 20)
-    planner._seen[b"sig"] = (2, step.nbytes, step.nbytes // 2, 4000, 2000)
+    planner._seen[b"sig"] = Seen(2, step.nbytes, step.nbytes // 2, 4000, 2000)
     assert planner.record_over() == 0           # no plan installed
     planner.current = b"sig"
     assert planner.record_over() == 4000
     planner.record_steps = False
     assert planner.record_over() == 0
     planner.record_steps = True
-    planner._seen[b"sig"] = (2, step.nbytes, step.nbytes // 2, 4000, 4000)
+    planner._seen[b"sig"] = Seen(2, step.nbytes, step.nbytes // 2, 4000, 4000)
     assert planner.record_over() == 0           # request 0 never varied: no record
 
 
@@ -200,7 +201,7 @@ def test_a_record_plan_scales_the_sizes_that_varied():
     step = placement.Step([4096, 8192, 1024], [0, 1, 2], [3, 4, 5], [0, 0, 0], 6)
     planner._plans[b"sig"] = (placement.plan(step), np.array([-1, -1, -1]), 1 << 20)
     low = np.array([2048, 8192, 512])          # request 1's size never varied
-    planner._seen[b"sig"] = (2, step.nbytes, low, 4000, 2000)
+    planner._seen[b"sig"] = Seen(2, step.nbytes, low, 4000, 2000)
     planner.current = b"sig"
     plan, anchors = planner.record(8000, 1 << 20, [(0, 4096)])
     assert list(plan.step.nbytes) == [8192, 8192, 2048]
@@ -213,7 +214,7 @@ def test_a_record_plan_that_falls_back_to_first_fit_is_not_used(monkeypatch):
     planner = Planner()
     step = placement.Step([4096, 8192, 1024], [0, 1, 2], [3, 4, 5], [0, 0, 0], 6)
     planner._plans[b"sig"] = (placement.plan(step), np.array([-1, -1, -1]), 1 << 20)
-    planner._seen[b"sig"] = (2, step.nbytes, step.nbytes // 2, 4000, 2000)
+    planner._seen[b"sig"] = Seen(2, step.nbytes, step.nbytes // 2, 4000, 2000)
     planner.current = b"sig"
     # First fit puts every place above the blocks that stay, and a record plan maps pages
     # for its places: the entry goes on online instead.
@@ -258,7 +259,7 @@ def test_no_record_when_another_plans_steps_asked_more_at_request_0():
     step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
     for sig, first in ((b"long", 9000), (b"short", 4000)):
         planner._plans[sig] = (placement.plan(step), np.array([-1, -1]), 1 << 20)
-        planner._seen[sig] = (2, step.nbytes, step.nbytes // 2, first, first // 2)
+        planner._seen[sig] = Seen(2, step.nbytes, step.nbytes // 2, first, first // 2)
     planner.current = b"short"
     assert planner.record_over() == 0
     planner.current = b"long"
@@ -297,12 +298,12 @@ def test_no_record_when_a_dropped_plans_steps_asked_more_at_request_0():
     step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
     planner._plans[b"short"] = (placement.plan(step), np.array([-1, -1]), 1 << 20)
     for sig, first in ((b"long", 9000), (b"short", 4000)):
-        planner._seen[sig] = (2, step.nbytes, step.nbytes // 2, first, first // 2)
+        planner._seen[sig] = Seen(2, step.nbytes, step.nbytes // 2, first, first // 2)
     planner.current = b"short"
     assert planner.record_over() == 0
-    planner._seen[b"long"] = (1,) + planner._seen[b"long"][1:]
+    planner._seen[b"long"] = planner._seen[b"long"]._replace(count=1)
     assert planner.record_over() == 4000        # a step seen once is no structure that repeats
-    planner._seen[b"long"] = (2,) + planner._seen[b"long"][1:]
+    planner._seen[b"long"] = planner._seen[b"long"]._replace(count=2)
     assert planner.record_over() == 0
     planner._seen.pop(b"long")                  # forgotten (past SEEN_MAX): no longer counts
     assert planner.record_over() == 4000
