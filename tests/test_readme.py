@@ -316,6 +316,15 @@ def test_the_example_for_any_machine_prints_what_its_comments_say():
     assert printed.stdout.splitlines() == expected
 
 
+def test_the_planned_region_example_prints_what_the_readme_says_it_prints():
+    (block,) = [b for b in _code_blocks("python") if "plan={" in b]
+    printed = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True,
+                             timeout=120, cwd=REPO)
+    assert printed.returncode == 0, printed.stderr
+    said = re.search(r"```\n\nIt prints `([^`]+)`", README[README.index(block):]).group(1)
+    assert printed.stdout.strip() == said
+
+
 def test_links_are_absolute():
     # A package index shows README.md without the repository: relative links break there.
     targets = re.findall(r"\]\(([^)]+)\)", README)
