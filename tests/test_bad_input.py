@@ -1,6 +1,7 @@
 """Malformed objects from other libraries get a clear exception naming what is wrong, never a
 crash (CPU, simulated device)."""
 
+import numpy as np
 import pytest
 
 import gpupool
@@ -93,6 +94,15 @@ def test_a_bad_region_cache_cap_names_its_argument_as_pools_limits_do(pool, valu
         gpupool.Region(pool=pool, max_cached_bytes=value)
     with pytest.raises(error, match=rf"^hard_limit={value!r}: "):
         gpupool.Pool(upstream=SimulatedDevice(), hard_limit=value)
+
+
+@pytest.mark.parametrize("flag", ["skip_first", "debug", "trace"])
+def test_a_regions_flags_are_bools(pool, flag):
+    # 'yes' and 0 were taken as truth values: a typo turned a flag on or off unseen.
+    for value in ("yes", 0, None):
+        with pytest.raises(TypeError, match=rf"^{flag} must be a bool, got {value!r}$"):
+            gpupool.Region(pool=pool, **{flag: value})
+    assert getattr(gpupool.Region(pool=pool, **{flag: np.True_}), flag) is True
 
 
 def test_a_stream_the_driver_refuses_is_an_error_for_allocations_not_for_frees(pool, sim):

@@ -1,11 +1,39 @@
-"""The options of a planned region's planner (``gpupool.region.planned.Planner``), checked: a
-clear exception naming the option, its value and what it accepts. Pure Python."""
+"""The options of a planned region's planner (``gpupool.region.planned.Planner``) and
+``Region``'s flags, checked: a clear exception naming the option, its value and what it
+accepts. Pure Python and NumPy."""
 
+import inspect
 import numbers
+
+import numpy as np
 
 from gpupool.region import placement
 
-__all__ = ["checked"]
+__all__ = ["checked", "planner_of"]
+
+
+def planner_of(plan, planner, **flags):
+    """``Region``'s ``plan`` argument made into its planner: ``planner(**plan)`` for a dict,
+    ``planner()`` for True, None for False; each of ``flags`` (``skip_first``, ``debug``,
+    ``trace``) checked a bool (NumPy's too).
+
+    Raises
+    ------
+    TypeError
+        A flag not a bool, ``plan`` not a bool or dict, or a key of ``plan`` that is not one
+        of ``planner``'s parameters (those accepted named).
+    """
+    for name, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    if plan is not False and plan is not True and not isinstance(plan, dict):
+        raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
+    keys = tuple(inspect.signature(planner).parameters)
+    if isinstance(plan, dict) and not set(plan) <= set(keys):
+        unknown = ", ".join(repr(k) for k in plan if k not in keys)
+        raise TypeError(f"Region(plan=...): unknown option {unknown}; the accepted keys "
+                        f"are {', '.join(keys)}")
+    return planner(**plan) if isinstance(plan, dict) else planner() if plan else None
 
 
 def checked(max_plans, max_plan_requests, budget_work, budget_ms, min_hit_rate, record,

@@ -39,6 +39,7 @@ from gpupool.limits import parse_limit
 from gpupool.stats import RegionStats
 from gpupool.buffer.view import BufferView
 from gpupool.region.escapes import Escapes
+from gpupool.region.options import planner_of
 from gpupool.region.planned import Planner
 from gpupool.region.background import DROPPED, PlanJob, installed, weak_hook
 
@@ -158,7 +159,8 @@ cdef class Region:
         Unknown ``on_exit``, ``collect`` or ``scope``; a planner option out of its range.
     TypeError
         An unknown keyword argument, ``plan`` not a bool or dict, an unknown key in
-        ``plan``'s dict, ``pool`` not a Pool.
+        ``plan``'s dict, ``pool`` not a Pool, ``skip_first``, ``debug`` or ``trace`` not a
+        bool.
     GpupoolError
         On entry, if this Region object is already entered (re-entered inside itself, or
         entered on another thread), in a fork() child of a process that used gpupool, or
@@ -222,13 +224,7 @@ cdef class Region:
             raise ValueError(f"collect must be 'young', 'full' or None, got {collect!r}")
         if scope not in _SCOPES:
             raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
-        if plan is not False and plan is not True and not isinstance(plan, dict):
-            raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
-        if isinstance(plan, dict) and not set(plan) <= set(_PLAN_OPTIONS):
-            unknown = ", ".join(repr(k) for k in plan if k not in _PLAN_OPTIONS)
-            raise TypeError(f"Region(plan=...): unknown option {unknown}; the accepted keys "
-                            f"are {', '.join(_PLAN_OPTIONS)}")
-        planner = Planner(**plan) if isinstance(plan, dict) else Planner() if plan else None
+        planner = planner_of(plan, Planner, skip_first=skip_first, debug=debug, trace=trace)
         from gpupool.core.defaults import get_pool
         if pool is not None and not isinstance(pool, Pool):
             raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
