@@ -30,7 +30,12 @@ def test_the_summary_counts_every_run(capsys):
     out = capsys.readouterr().out.splitlines()
     counts = re.search(r"below 0.99 in (\d+), within 1% in (\d+), above 1.01 in (\d+)", out[0])
     assert counts and sum(map(int, counts.groups())) == 12
-    assert len(out) == 3 and all(line.startswith("  seed ") for line in out[1:])
+    by_mode = re.fullmatch(r"  above 1.01 by mode: (.*)", out[1])
+    pairs = re.findall(r"(\w+) (\d+) of (\d+)", by_mode.group(1))
+    assert [m for m, _, _ in pairs] == list(deviations.MODES)
+    assert sum(int(a) for _, a, _ in pairs) == int(counts.group(3))
+    assert sum(int(n) for _, _, n in pairs) == 12
+    assert len(out) == 4 and all(line.startswith("  seed ") for line in out[2:])
 
 
 def test_show_prints_each_entry_and_both_peaks(capsys):

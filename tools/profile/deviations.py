@@ -13,8 +13,10 @@ scaled by 0.3-2.0). Run from the repository root::
     PYTHONPATH=$PWD python tools/profile/deviations.py --show SEED
 
 It prints how many runs peak below the plain region by more than 1%, within 1%, and above by
-more than 1%, the ratios' median, geometric mean and extremes, and the K worst seeds with
-their ratios. ``--show SEED`` prints that one run instead (the other options unused): each
+more than 1%, the ratios' median, geometric mean and extremes, the runs above by the
+generator's mode (``vary``: a random subset of sizes scaled together; ``vary_all``: every size
+scaled on its own; ``alt2``, ``alt3``: two or three structures of fixed sizes in turn;
+``alt_vary``: two structures whose subsets scale), and the K worst seeds with their ratios. ``--show SEED`` prints that one run instead (the other options unused): each
 entry's requests, the bytes they asked in all (those freed within the entry counted too),
 and both regions' reserved KiB after it. The generator is helper-84's search of 2026-12-07
 (Note [Record steps that leave nothing] in docs/design.md has its numbers).
@@ -56,10 +58,20 @@ def structure(rng):
     return sizes, events, held
 
 
+def _drawn(seed):
+    """Run ``seed``'s generator and its mode (a key of MODES), the mode drawn."""
+    rng = random.Random(seed)
+    return rng, rng.choice(list(MODES))
+
+
+def mode_of(seed):
+    """Run ``seed``'s mode: how its structures take turns and its sizes vary (MODES)."""
+    return _drawn(seed)[1]
+
+
 def entries(seed):
     """Run ``seed``'s entries, each a list of ("a", key, nbytes) and ("f", key)."""
-    rng = random.Random(seed)
-    mode = rng.choice(list(MODES))
+    rng, mode = _drawn(seed)
     count = MODES[mode]
     structures = [structure(rng) for _ in range(count)]
     subsets = [set(rng.sample(range(len(s[0])), max(1, len(s[0]) // rng.choice([1, 2, 3]))))
@@ -127,6 +139,9 @@ def main(argv=None):
           f"{int(((ratio >= 0.99) & (ratio <= 1.01)).sum())}, above 1.01 in "
           f"{int((ratio > 1.01).sum())}; median {np.median(ratio):.3f}, geometric mean "
           f"{np.exp(np.log(ratio).mean()):.3f}, least {ratio.min():.3f}, most {ratio.max():.3f}")
+    above = [mode_of(s) for s, r in zip(seeds, ratio, strict=True) if r > 1.01]
+    print("  above 1.01 by mode: " + ", ".join(
+        f"{m} {above.count(m)} of {sum(mode_of(s) == m for s in seeds)}" for m in MODES))
     for i in np.argsort(-ratio, kind="stable")[:args.worst]:
         print(f"  seed {seeds[i]}: {ratio[i]:.3f}")
     return 0
