@@ -16,9 +16,10 @@ It prints how many runs peak below the plain region by more than 1%, within 1%, 
 more than 1%, the ratios' median, geometric mean and extremes, the runs above by the
 generator's mode (``vary``: a random subset of sizes scaled together; ``vary_all``: every size
 scaled on its own; ``alt2``, ``alt3``: two or three structures of fixed sizes in turn;
-``alt_vary``: two structures whose subsets scale), and the K worst seeds with their ratios. ``--show SEED`` prints that one run instead (the other options unused): each
-entry's requests, the bytes they asked in all (those freed within the entry counted too),
-and both regions' reserved KiB after it. The generator is helper-84's search of 2026-12-07
+``alt_vary``: two structures whose subsets scale), and the K worst seeds with their ratios.
+``--show SEED`` prints that one run instead (the other options unused): each entry's
+requests, the bytes they asked in all (those freed within the entry counted too), and both
+regions' reserved KiB after it. The generator is helper-84's search of 2026-12-07
 (Note [Record steps that leave nothing] in docs/design.md has its numbers).
 """
 
