@@ -251,6 +251,7 @@ class Planner:
             # of smaller sizes would miss (Note [Envelopes that no step needs]).
             self.counts["envelopes_refused"] += 1
             self._plans.pop(sig, None)
+            self._later[sig] = self._exits + RETRY_EXITS    # (each check sorts a step)
             if sig == self.current:
                 self.current, action = None, "clear"
         if (self._relayout or self._fresh) and self.current in self._plans:

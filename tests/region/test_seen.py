@@ -9,6 +9,7 @@ from planned_steps import KIB, MIB
 
 import gpupool
 from gpupool.region import placement, seen
+from gpupool.region import planned as planned_mod
 from gpupool.testing import SimulatedDevice
 
 
@@ -53,6 +54,9 @@ def test_a_region_plans_no_envelope_that_no_step_needs():
     # Planned as the envelope, 4 + 4 MiB; the plain region reserves 5 MiB.
     (planned, counts), (plain, _) = _alternating(True), _alternating(False)
     assert planned == plain == 5 * 1024 and counts["envelopes_refused"] >= 1
+    # Refused, the signature waits RETRY_EXITS exits before its envelope is checked again
+    # (each check sorts the step's events): 7 checks in 16 entries, not one at each exit.
+    assert counts["envelopes_refused"] <= 16 // planned_mod.RETRY_EXITS
 
 
 def test_seed_1830s_sizes_varied_each_on_its_own_cost_no_more_than_the_plain_region():
