@@ -2,6 +2,7 @@
 ``Region``'s flags, checked: a clear exception naming the option, its value and what it
 accepts. Pure Python and NumPy."""
 
+import functools
 import inspect
 import numbers
 
@@ -9,7 +10,13 @@ import numpy as np
 
 from gpupool.region import placement
 
-__all__ = ["checked", "planner_of"]
+__all__ = ["checked", "option_names", "planner_of"]
+
+
+@functools.cache
+def option_names(planner):
+    """``planner``'s parameters, the keys ``Region(plan={...})`` accepts, in order."""
+    return tuple(inspect.signature(planner).parameters)
 
 
 def planner_of(plan, planner, **flags):
@@ -28,7 +35,7 @@ def planner_of(plan, planner, **flags):
             raise TypeError(f"{name} must be a bool, got {value!r}")
     if plan is not False and plan is not True and not isinstance(plan, dict):
         raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
-    keys = tuple(inspect.signature(planner).parameters)
+    keys = option_names(planner)
     if isinstance(plan, dict) and not set(plan) <= set(keys):
         unknown = ", ".join(repr(k) for k in plan if k not in keys)
         raise TypeError(f"Region(plan=...): unknown option {unknown}; the accepted keys "

@@ -322,10 +322,10 @@ def _conflicts_table(offsets, ends, planned, tails):
     return np.searchsorted(rows[order], np.arange(len(offsets) + 1)), cols[order]
 
 
-def step_floor(step):
-    """The bytes of ``step``'s planned requests live at once at most (:func:`floor_bytes`)."""
-    keep = step.planned
-    return floor_bytes(step.nbytes[keep], step.alloc[keep], step.free[keep], step.length)
+def step_floor(step, nbytes=None):
+    """The most bytes of ``step``'s planned requests live at once, of ``nbytes`` if given."""
+    sizes, keep = step.nbytes if nbytes is None else nbytes, step.planned
+    return floor_bytes(sizes[keep], step.alloc[keep], step.free[keep], step.length)
 
 
 def _order(sizes, starts, ends, order_key):

@@ -210,10 +210,10 @@ class Planner:
         action = None
         self._grown = False
         if step is not None:
-            seen, envelope = self._remember(sig, step, self._firsts[0])
+            seen = self._remember(sig, step, self._firsts[0])
             kept = self._plans.get(sig)
             self._grown = sig == self.current and kept is not None and \
-                bool((envelope > kept[0].step.nbytes).any())
+                bool((seen.envelope > kept[0].step.nbytes).any())
         recorded, self._recorded = self._recorded, (self._recorded + 1) % 3 \
             if self._recorded else 0
         if recorded == 1 and not self._record_held():
@@ -242,9 +242,10 @@ class Planner:
                 self.current = None
                 self.counts["given_up"] += 1
                 action = "clear"
-        if step is not None and self._wants(sig, step, seen):
-            wanted = placement.Step(envelope, step.alloc, step.free, step.stream, step.length)
-            if _fits(self._seen[sig], wanted):
+        if step is not None and self._wants(sig, step, seen.count):
+            wanted = placement.Step(seen.envelope, step.alloc, step.free, step.stream,
+                                    step.length)
+            if _fits(seen, wanted):
                 self._wanted = (sig, wanted)
                 return "layout"
             # Its sizes vary each on its own: no step needs the envelope's memory, and a plan
@@ -259,15 +260,15 @@ class Planner:
             return "layout"
         return action
 
-    def _wants(self, sig, step, seen):
-        """Whether a complete step of signature sig, seen ``seen`` times, is planned now."""
+    def _wants(self, sig, step, count):
+        """Whether a complete step of signature sig, seen ``count`` times, is planned now."""
         if self._later.get(sig, 0) > self._exits:
             return False
         self._later.pop(sig, None)
         while len(self._later) > SEEN_MAX:
             self._later.popitem(last=False)
         # Right after a record step's entry its plan stays (its tails lie at its places).
-        return not (seen < 2 or (sig == self.current and (self._recorded == 2 or (
+        return not (count < 2 or (sig == self.current and (self._recorded == 2 or (
                     not self._transition and not self._grown and not self._relayout and
                     not self._fresh))) or
                     len(step) > self.max_plan_requests or not step.planned.any() or
@@ -278,15 +279,15 @@ class Planner:
         fold its sizes into the signature's envelope (their elementwise most, bytes), their
         elementwise least, and the most and least ``first`` (a record step's plan scales the
         requests whose sizes varied by its own request 0's bytes over the most; far under the
-        least, request 0 is off the plan's step: :meth:`first_under`). Returns (times seen,
-        envelope). Bounded: SEEN_MAX signatures and ``4 * max_plan_requests`` requests of
+        least, request 0 is off the plan's step: :meth:`first_under`). Returns its
+        ``seen.Seen``. Bounded: SEEN_MAX signatures and ``4 * max_plan_requests`` requests of
         envelopes in all, the least recently seen dropped past either (``seen.fold``)."""
         self._seen[sig] = now = _fold(self._seen.pop(sig, None), step, first,
                                       self.max_plan_requests)
         while len(self._seen) > 1 and (len(self._seen) > SEEN_MAX or sum(
-                2 * len(s[1]) for s in self._seen.values()) > 4 * self.max_plan_requests):
+                2 * len(s.envelope) for s in self._seen.values()) > 4 * self.max_plan_requests):
             self._seen.popitem(last=False)
-        return now.count, now.envelope
+        return now
 
     def place(self, base, span, obstacles):
         """The plan to install for the step :meth:`exited` asked a layout for, as ``(Plan,

@@ -25,7 +25,6 @@ cimport cython
 
 import functools
 import gc
-import inspect
 import itertools
 import threading
 import time
@@ -39,7 +38,7 @@ from gpupool.limits import parse_limit
 from gpupool.stats import RegionStats
 from gpupool.buffer.view import BufferView
 from gpupool.region.escapes import Escapes
-from gpupool.region.options import planner_of
+from gpupool.region.options import option_names, planner_of
 from gpupool.region.planned import Planner
 from gpupool.region.background import DROPPED, PlanJob, installed, weak_hook
 
@@ -49,7 +48,7 @@ from gpupool.region.background import DROPPED, PlanJob, installed, weak_hook
 _COLLECT = {"young": 1, "full": 2, None: None}
 _POLICIES = ("detach", "invalidate")
 _SCOPES = ("thread", "process")
-_PLAN_OPTIONS = tuple(inspect.signature(Planner).parameters)     # Region(plan={...})'s keys
+_PLAN_OPTIONS = option_names(Planner)     # Region(plan={...})'s keys
 POISON = 0xFF                   # every float of a poisoned block reads as NaN
 # Per thread, the regions entered there with `with region:`, innermost last (exits go last first).
 _entered = threading.local()

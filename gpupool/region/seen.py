@@ -62,8 +62,7 @@ def fold(seen, step, first, max_requests):
         r_max = r_min = floor = 0
     else:
         if (step.nbytes > envelope).any():
-            kept = placement.Step(envelope, step.alloc, step.free, step.stream, step.length)
-            floor = max(floor or placement.step_floor(kept), placement.step_floor(step))
+            floor = max(floor or placement.step_floor(step, envelope), placement.step_floor(step))
         envelope = np.maximum(envelope, step.nbytes)
         low = np.minimum(low, step.nbytes)
     r_min = min(r_min or int(first), int(first) or r_min)
