@@ -234,8 +234,10 @@ class Planner:
                                     (grew and self._entries_on > 1 and not stopped))
             self._strikes += bool(bad)
             # A bad entry has the plan placed again around the blocks in its way; a second
-            # gives it up for GIVE_UP_EXITS exits.
-            self._relayout = bool(bad)
+            # gives it up for GIVE_UP_EXITS exits. A transition that the entry left at its
+            # start (another structure's) was laid out around the blocks of the entry before
+            # it, which are gone: it is laid out again around this entry's.
+            self._relayout = bool(bad) or (self._transition and stopped and not hits)
             if self._strikes >= STRIKES:
                 self._later[self.current] = self._exits + GIVE_UP_EXITS
                 self._plans.pop(self.current, None)

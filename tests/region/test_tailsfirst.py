@@ -219,3 +219,53 @@ def test_blocks_left_after_an_entry_that_left_none_are_freed_at_the_start():
     import deviations
     run = deviations.entries(1082)
     assert deviations.reserved(True, run)[1] == deviations.reserved(False, run)[1] == 16128 << 10
+
+
+# Seed 1437 of tools/profile/deviations.py (KiB, rounded up): two structures, each holding
+# some requests into the next entry, which frees them first thing; "a3" allocates request 3,
+# "f3" frees it.
+SEED_1437 = {
+    "A": ([1, 129, 857, 2, 452, 89, 3, 40, 7, 566, 1, 1343, 21, 864, 2, 592, 34, 16, 1, 3, 61,
+           8, 5028],
+          "a0 a1 a2 a3 f2 a4 a5 a6 a7 a8 f7 f3 a9 f4 f9 a10 a11 a12 a13 a14 f13 a15 a16 a17 "
+          "a18 a19 a20 a21 a22 f6 f15 f22 f14 f19 f10 f21 f12", [0, 1, 5, 8, 11, 16, 17, 18, 20]),
+    "B": ([5, 24, 1950, 417, 11, 2924, 24, 2540], "a0 f0 a1 a2 a3 a4 a5 a6 f4 a7 f2 f6 f1 f3",
+          [5, 7]),
+}
+
+
+def _seed_1437(plan, order="AABBBABB"):
+    """The structures of SEED_1437 in ``order`` under a planned (``plan``) or plain region on
+    the expandable simulated device (64 KiB pages): the peak reserved KiB and the region's
+    stats."""
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 << 10))
+    region, held = gpupool.Region(pool=pool, plan=plan), []
+    for name in order:
+        sizes, events, keep = SEED_1437[name]
+        with region:
+            for buf in held:
+                buf.close()
+            live = {}
+            for event in events.split():
+                k = int(event[1:])
+                if event[0] == "a":
+                    live[k] = pool.allocate(sizes[k] << 10)
+                else:
+                    live.pop(k).close()
+            held = [live.pop(k) for k in keep]
+            check_invariants(pool)
+    for buf in held:
+        buf.close()
+    pool._verify()
+    return pool.stats().peak_reserved_bytes >> 10, region.stats()
+
+
+def test_a_transition_left_at_the_start_is_laid_out_again():
+    # B's transition is made at entry 5's exit (A's), around A's held blocks; entry 6, a B
+    # after an A, leaves B's plan at its start (served online, its held blocks elsewhere).
+    # Kept, the transition served entry 7 around blocks long freed: 5 of its 8 requests
+    # missed and the pool grew to 10,432 KiB. Laid out again around entry 6's blocks, it
+    # serves entry 7 whole, at the plain region's peak.
+    planned, stats = _seed_1437(True)
+    assert planned == _seed_1437(False)[0] == 7936
+    assert stats.plan_hits == 8 and stats.plan_misses == 1
