@@ -166,3 +166,31 @@ def recorded(monkeypatch, name):
     (trace,) = [t for t in map(alloc_trace.load, alloc_trace.find(fragmentation.REAL_DIR))
                 if t.name == name]
     return trace, long_replay
+
+
+def run_structures(structures, order, plan):
+    """Structures taking turns under a planned (``plan``) or plain region on the expandable
+    simulated device (64 KiB pages): ``structures`` maps a name to (sizes in KiB, events as
+    "a3" allocates request 3 and "f3" frees it, the requests held into the next entry, which
+    frees them first thing); ``order`` names the entries' structures. Returns the peak
+    reserved KiB and the region's stats."""
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
+    region, held = gpupool.Region(pool=pool, plan=plan), []
+    for name in order:
+        sizes, events, keep = structures[name]
+        with region:
+            for buf in held:
+                buf.close()
+            live = {}
+            for event in events.split():
+                k = int(event[1:])
+                if event[0] == "a":
+                    live[k] = pool.allocate(sizes[k] * KIB)
+                else:
+                    live.pop(k).close()
+            held = [live.pop(k) for k in keep]
+            check_invariants(pool)
+    for buf in held:
+        buf.close()
+    pool._verify()
+    return pool.stats().peak_reserved_bytes // KIB, region.stats()

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import check_invariants
-from planned_steps import MIB, Checked, recorded, vpool, vsim  # noqa: F401 (fixtures)
+from planned_steps import MIB, Checked, recorded, run_structures, vpool, vsim  # noqa: F401 (fixtures)
 
 import gpupool
 from gpupool.region import placement, tails
@@ -221,9 +221,8 @@ def test_blocks_left_after_an_entry_that_left_none_are_freed_at_the_start():
     assert deviations.reserved(True, run)[1] == deviations.reserved(False, run)[1] == 16128 << 10
 
 
-# Seed 1437 of tools/profile/deviations.py (KiB, rounded up): two structures, each holding
-# some requests into the next entry, which frees them first thing; "a3" allocates request 3,
-# "f3" frees it.
+# Seed 1437 of tools/profile/deviations.py (KiB, rounded up; planned_steps.run_structures):
+# two structures, each holding some requests into the next entry.
 SEED_1437 = {
     "A": ([1, 129, 857, 2, 452, 89, 3, 40, 7, 566, 1, 1343, 21, 864, 2, 592, 34, 16, 1, 3, 61,
            8, 5028],
@@ -234,38 +233,12 @@ SEED_1437 = {
 }
 
 
-def _seed_1437(plan, order="AABBBABB"):
-    """The structures of SEED_1437 in ``order`` under a planned (``plan``) or plain region on
-    the expandable simulated device (64 KiB pages): the peak reserved KiB and the region's
-    stats."""
-    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 << 10))
-    region, held = gpupool.Region(pool=pool, plan=plan), []
-    for name in order:
-        sizes, events, keep = SEED_1437[name]
-        with region:
-            for buf in held:
-                buf.close()
-            live = {}
-            for event in events.split():
-                k = int(event[1:])
-                if event[0] == "a":
-                    live[k] = pool.allocate(sizes[k] << 10)
-                else:
-                    live.pop(k).close()
-            held = [live.pop(k) for k in keep]
-            check_invariants(pool)
-    for buf in held:
-        buf.close()
-    pool._verify()
-    return pool.stats().peak_reserved_bytes >> 10, region.stats()
-
-
 def test_a_transition_left_at_the_start_is_laid_out_again():
     # B's transition is made at entry 5's exit (A's), around A's held blocks; entry 6, a B
     # after an A, leaves B's plan at its start (served online, its held blocks elsewhere).
     # Kept, the transition served entry 7 around blocks long freed: 5 of its 8 requests
     # missed and the pool grew to 10,432 KiB. Laid out again around entry 6's blocks, it
     # serves entry 7 whole, at the plain region's peak.
-    planned, stats = _seed_1437(True)
-    assert planned == _seed_1437(False)[0] == 7936
+    planned, stats = run_structures(SEED_1437, "AABBBABB", True)
+    assert planned == run_structures(SEED_1437, "AABBBABB", False)[0] == 7936
     assert stats.plan_hits == 8 and stats.plan_misses == 1
