@@ -10,10 +10,13 @@ frames, ``none`` without. ``--region`` runs the warm-up and the pairs inside one
 (plain) ``gpupool.Region``: the shared path, where the pool alone takes the thread's magazine.
 ``--plan`` runs them in entries of 1,000 pairs of a ``Region(plan=True)``, after 8 such entries
 to warm up (the plan served from the third): a planned region's pairs, its entries and exits
-included (with its lane: Note [Region lanes]; ``GPUPOOL_LANES=0`` without). Run::
+included (with its lane: Note [Region lanes]; ``GPUPOOL_LANES=0`` without). ``--keep DIR``
+keeps callgrind's output files there (``PATH-0.out``, ``PATH-PAIRS.out``: read them with
+``callgrind_annotate --inclusive=yes``; per pair, a function's count in the second less the
+first, over the pairs). Run::
 
     python tools/profile/callgrind_pair.py [--pairs 200000] [--nbytes 1048576] [--history python]
-                                           [--region | --plan]
+                                           [--region | --plan] [--keep DIR]
 """
 
 import argparse
@@ -66,10 +69,11 @@ if region is not None:
 """
 
 
-def instructions(script, pairs):
-    """Total instructions (callgrind's Ir) of ``python script pairs``."""
+def instructions(script, pairs, keep=None):
+    """Total instructions (callgrind's Ir) of ``python script pairs``; keep: the path its
+    output file is kept at (None: not kept)."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "callgrind.out")
+        out = keep or os.path.join(tmp, "callgrind.out")
         # One BLAS thread (NumPy's OpenBLAS workers spin, and their count would vary) and a
         # fixed hash seed, so that two runs differ only by the pairs.
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
@@ -84,6 +88,11 @@ def instructions(script, pairs):
         return int(match.group(1))
 
 
+def kept(keep, path, pairs):
+    """Where --keep puts the output file of the run of path with pairs; None: not kept."""
+    return os.path.join(keep, f"{path}-{pairs}.out") if keep else None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=200_000)
@@ -96,9 +105,13 @@ def main(argv=None):
     way.add_argument("--plan", action="store_true",
                      help="the pairs in entries of 1,000 of a gpupool.Region(plan=True), from "
                           "Python (--pairs: a multiple of 1,000)")
+    p.add_argument("--keep", metavar="DIR",
+                   help="keep callgrind's output files in DIR (made if missing)")
     args = p.parse_args(argv)
     if args.plan and (args.pairs % 1000 or args.pairs <= 0):
         p.error(f"--plan needs --pairs a positive multiple of 1000, got {args.pairs}")
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
     for path in ("python",) if args.plan else ("capi", "python"):
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(CHILD.format(bench=BENCH, nbytes=args.nbytes, path=path,
@@ -107,8 +120,8 @@ def main(argv=None):
         try:
             # The extension is built in the first run; build it once outside the counts.
             instructions(f.name, 0)
-            base = instructions(f.name, 0)
-            total = instructions(f.name, args.pairs)
+            base = instructions(f.name, 0, kept(args.keep, path, 0))
+            total = instructions(f.name, args.pairs, kept(args.keep, path, args.pairs))
         finally:
             os.unlink(f.name)
         print(f"{path:7} {(total - base) / args.pairs:8.1f} instructions per pair "
