@@ -28,7 +28,7 @@ from gpupool.records.streams cimport StreamKey, same_stream
 from gpupool.core.parking cimport pk_freed
 from gpupool.core.plantable cimport PlanTable, pt_place, pt_served
 from gpupool.core.regioncache cimport (
-    RegionCache, Lane, LANE_SLOTS, rc_link, rc_freed_into,
+    RegionCache, Lane, LANE_SLOTS, rc_link, rc_freed_kept,
 )
 from gpupool.core.state cimport PoolState
 
@@ -80,7 +80,7 @@ cdef inline bint ln_put(RegionCache* rc, Block* b, StreamKey s) noexcept nogil:
             not rc.plan.active or rc.plan.stopped:
         l.mutex.unlock()                # (b's region fields are stable under the lane's lock)
         return False
-    rc_freed_into(b)                    # rc caches it (not escaped, no cap)
+    rc_freed_kept(rc, b)                # rc caches it (rc_freed_into: not escaped, no cap)
     b.stream = s
     b.holder = NULL
     b.state = HELD

@@ -316,7 +316,7 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
             pt_unmatch(p)
             p.last.swap(p.events)
         p.events.clear()
-        p.matching, p.matched = True, 0
+        p.matching, p.matched, p.nlast = True, 0, p.last.size()
         io.same = io.same and same
         if not io.same:
             io.events = p.last

@@ -47,6 +47,8 @@ cdef cppclass PlanTable:
                                     # `matched`, not copied into events (pt_log); False in a
                                     # new table (made with `new PlanTable()`: zeroed)
     size_t matched
+    size_t nlast                    # last.size() while matching, else 0: pt_log compares an
+                                    # event with last's only while matched < nlast (one load)
     bint same                       # PL_READ: the events read are the same as the read
                                     # before's, and not copied to io.events (the caller's
                                     # input: it holds the last read's; output: they were)
@@ -88,7 +90,7 @@ cdef inline void pt_unmatch(PlanTable* p) noexcept nogil:
     if p.matching:
         p.events.assign(p.last.begin(), p.last.begin() + p.matched)
         p.matching = False
-        p.matched = 0
+        p.matched = p.nlast = 0
 
 
 cdef inline void pt_log_new(PlanTable* p, uintptr_t ptr, size_t nbytes,
@@ -106,7 +108,7 @@ cdef inline void pt_log(PlanTable* p, uintptr_t ptr, size_t nbytes, uintptr_t st
     step's log is then written once, not once per entry (Note [Step time of planned
     regions])."""
     cdef PlanEvent* l
-    if p.matching and p.matched < p.last.size():
+    if p.matched < p.nlast:             # (matching, and last has more)
         l = p.last.data() + p.matched
         if l.ptr == ptr and l.nbytes == nbytes and l.stream == stream:
             p.matched += 1
@@ -121,7 +123,8 @@ cdef inline void pt_note_alloc(PlanTable* p, Block* b) noexcept nogil:
 
 
 cdef inline void pt_forget(PlanTable* p, Block* b) noexcept nogil:
-    """A block leaves the region (freed, kept or detached): no longer a live planned one."""
+    """A block leaves the region (freed, kept or detached): no longer a live planned one
+    (pt_note_free forgets a freed one itself)."""
     cdef size_t k = b.region.place
     if k:
         b.region.place = 0
@@ -130,14 +133,20 @@ cdef inline void pt_forget(PlanTable* p, Block* b) noexcept nogil:
 
 
 cdef inline void pt_note_free(PlanTable* p, Block* b) noexcept nogil:
-    """Record a free of one of the region's blocks. A block served at place k freed at
-    another event than the plan's free of k is off the plan's step: the rest of the entry
-    goes the online way (a tail of the entry before is freed at its event - length)."""
+    """Record a free of one of the region's blocks, which leaves the region: forgotten
+    (pt_forget, done here with the same look at its place). A block served at place k
+    freed at another event than the plan's free of k is off the plan's step: the rest of
+    the entry goes the online way (a tail of the entry before is freed at its event -
+    length)."""
     cdef size_t k = b.region.place
-    if p.active and not p.stopped and k and k <= p.live.size() and p.live[k - 1] == b:
-        if p.frees[k - 1] - (0 if p.next >= k else p.length) != <int64_t>p.event:
-            p.stopped = True
-            p.misses += 1
+    if k:
+        b.region.place = 0
+        if k <= p.live.size() and p.live[k - 1] == b:
+            p.live[k - 1] = NULL
+            if p.active and not p.stopped and \
+                    p.frees[k - 1] - (0 if p.next >= k else p.length) != <int64_t>p.event:
+                p.stopped = True
+                p.misses += 1
     pt_log(p, b.ptr, 0, 0)
     p.event += 1
 

@@ -45,7 +45,7 @@ from gpupool.core.lock cimport ps_lock, ps_locked, ps_wait
 from gpupool.core.free cimport ps_free_locked, ps_unlock, ps_drop_region
 from gpupool.core.thread cimport (
     GP_REGION_DEPTH_MAX, gp_thread, gp_this_thread, gp_magazine_exit_hook, uncached_mark,
-    thread_cache, current_cache,
+    thread_cache, is_current_cache,
 )
 from gpupool.core.handed cimport hd_find, hd_cache_info
 from gpupool.core.regionexit cimport rg_exit
@@ -254,7 +254,7 @@ cdef class Pool(PoolBase):
             # A buffer's block of the calling thread's region, into its lane (core/lane.pxd;
             # the C API's, holder NULL, would only pass through: its requests take none).
             if not RECORDING and b.holder != NULL and \
-                    rc == current_cache(<void*>self, self._st.process_region) and \
+                    is_current_cache(rc, <void*>self, self._st.process_region) and \
                     rc.lane != NULL and ln_put(rc, b, s):
                 return                  # (rc is read only once it is the thread's: alive)
         elif self.mag_put(b, s):

@@ -156,6 +156,17 @@ cdef inline RegionCache* rc_freed_into(Block* b) noexcept nogil:
     return rc
 
 
+cdef inline void rc_freed_kept(RegionCache* rc, Block* b) noexcept nogil:
+    """rc_freed_into for a live block of rc, a planned region with no cap on its cache, that
+    did not escape an exit (core/lane.pxd's ln_put checked all three): rc caches it. The
+    same steps, less the checks that those facts answer."""
+    pt_note_free(rc.plan, b)            # (which forgets its place: pt_forget has nothing left)
+    _unlink(&rc.live_head, b)
+    rc.live_count -= 1
+    rc.live_bytes -= b.size
+    b.region.cache = NULL               # (b.region.escaped: False already)
+
+
 cdef inline int rc_slow_path(Block* b) except -1:
     """Run the allocation slow path of the region of b, a block just handed out (trace's
     site, a record step's plan: RegionCache.on_alloc), if it has one; with the GIL, outside

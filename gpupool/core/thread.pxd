@@ -57,3 +57,15 @@ cdef inline RegionCache* thread_cache(gp_thread* t, void* pool,
 cdef inline RegionCache* current_cache(void* pool, RegionCache* process_cache) noexcept nogil:
     """thread_cache for the calling thread."""
     return thread_cache(gp_this_thread(), pool, process_cache)
+
+
+cdef inline bint is_current_cache(RegionCache* rc, void* pool,
+                                  RegionCache* process_cache) noexcept nogil:
+    """Whether rc, a region of pool, is current_cache(pool, process_cache): at one compare
+    when it is the innermost entry of the calling thread's stack (a block freed in the
+    region it was allocated in), else by the walk."""
+    cdef gp_thread* t = gp_this_thread()
+    cdef int i = t.regions.depth
+    if i and t.regions.entries[i - 1] == <void*>rc:
+        return True                     # (rc is no uncached() marker, and pool's)
+    return thread_cache(t, pool, process_cache) == rc
