@@ -110,7 +110,8 @@ def resolve_limits(hard_limit, soft_limit, device_total, smallest=1, unit="block
         raise ValueError(
             f"{hard_source}: the pool reserves memory in {unit}s of at least "
             f"{format_bytes(smallest)}, so a hard limit of {format_bytes(hard)} could hold "
-            f"none: make it at least {smallest} B (a limit is in bytes: '512MiB', '8GB')")
+            f"none: make it at least {smallest} B (an int of bytes, or a string such as "
+            f"'512MiB' or '8GB')")
     if hard and soft > hard:
         raise ValueError(
             f"the soft limit {soft_source} ({format_bytes(soft)}) is above the hard limit "

@@ -105,6 +105,18 @@ def test_a_regions_flags_are_bools(pool, flag):
     assert getattr(gpupool.Region(pool=pool, **{flag: np.True_}), flag) is True
 
 
+def test_a_misspelt_keyword_names_the_class_not_cinit():
+    # Python's own message named PoolBase.__cinit__ (trial 27).
+    with pytest.raises(TypeError, match=r"^Pool\(\) got an unexpected keyword argument "
+                                        r"'hardlimit'$"):
+        gpupool.Pool(upstream=SimulatedDevice(), hardlimit=5)
+
+
+def test_a_regions_repr_says_whether_it_plans(pool):
+    assert "plan=True" in repr(gpupool.Region(pool=pool, plan=True))
+    assert "plan=False" in repr(gpupool.Region(pool=pool))
+
+
 def test_a_stream_the_driver_refuses_is_an_error_for_allocations_not_for_frees(pool, sim):
     stream = sim.create_stream()
     buf = pool.allocate(100, stream=stream)

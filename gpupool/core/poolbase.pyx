@@ -69,8 +69,11 @@ def size_class(nbytes):
 cdef class PoolBase(BlockOwner):
     """A pool's state, construction and upkeep; see ``Pool`` for its arguments."""
 
-    def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None):
+    def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None, **unknown):
         cdef size_t free = 0, total = 0
+        if unknown:                             # (Python's own message names __cinit__)
+            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument "
+                            f"{next(iter(unknown))!r}")
         self._offloaded = {}
         self.upstream = make_upstream(check_ordinal(device), upstream)
         self.device = self._st.segments.device = self.upstream.device

@@ -565,7 +565,8 @@ cdef class Region:
     def __repr__(self):
         name = f" {self._name!r}" if self._name else ""
         return (f"<gpupool.Region{name} on_exit={self.on_exit!r} scope={self.scope!r} "
-                f"entries={self.entries} cached={self.rc.cached_bytes}>")
+                f"plan={self._planner is not None} entries={self.entries} "
+                f"cached={self.rc.cached_bytes}>")
 
 
 def _regions_by_cache():
