@@ -44,3 +44,17 @@ def test_show_prints_each_entry_and_both_peaks(capsys):
     assert len(out) == len(deviations.entries(291)) + 1
     peaks = re.fullmatch(r"peak reserved KiB: planned ([\d,]+), plain ([\d,]+)", out[-1])
     assert peaks and all(int(g.replace(",", "")) > 0 for g in peaks.groups())
+
+
+def test_kinds_name_the_first_entry_past_the_plain_region_of_each_run_above(capsys):
+    # Seed 1437 is at the plain region's peak since the rule of Note [Transitions left at the
+    # start]; seed 1939's entry 6 asks more than a place holds and leaves the plan.
+    assert deviations.first_past(deviations.entries(1437)) == (None, "within entries only")
+    assert deviations.first_past(deviations.entries(1939)) == (6, "left the plan after hits")
+    assert deviations.main(["--runs", "12", "--seed", "3", "--kinds"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    above = int(re.search(r"above 1.01 in (\d+)", out[0]).group(1))
+    kinds = re.fullmatch(r"  above 1.01 by their first entry past the plain region: (.*)", out[2])
+    found = re.findall(r"([a-z ]+?) (\d+)(?:, |$)", kinds.group(1))
+    assert all(k in deviations.KINDS for k, _ in found)
+    assert sum(int(n) for _, n in found) == above

@@ -9,14 +9,16 @@ next entry (freed at its start, as gradients are), the structures taking turns r
 random or in blocks; their sizes vary entry by entry (a random subset, or every request,
 scaled by 0.3-2.0). Run from the repository root::
 
-    PYTHONPATH=$PWD python tools/profile/deviations.py [--runs N] [--seed S] [--worst K]
+    PYTHONPATH=$PWD python tools/profile/deviations.py [--runs N] [--seed S] [--worst K] [--kinds]
     PYTHONPATH=$PWD python tools/profile/deviations.py --show SEED
 
 It prints how many runs peak below the plain region by more than 1%, within 1%, and above by
 more than 1%, the ratios' median, geometric mean and extremes, the runs above by the
 generator's mode (``vary``: a random subset of sizes scaled together; ``vary_all``: every size
 scaled on its own; ``alt2``, ``alt3``: two or three structures of fixed sizes in turn;
-``alt_vary``: two structures whose subsets scale), and the K worst seeds with their ratios.
+``alt_vary``: two structures whose subsets scale), with ``--kinds`` the runs above by what
+their first entry past the plain region's peak was (``first_past``: a record step, an entry
+that left the plan's step after some hits, ...), and the K worst seeds with their ratios.
 ``--show SEED`` prints that one run instead (the other options unused): each entry's
 requests, the bytes they asked in all (those freed within the entry counted too), and both
 regions' reserved KiB after it. The generator is helper-84's search of 2026-12-07
@@ -96,9 +98,10 @@ def entries(seed):
     return out
 
 
-def reserved(plan, run):
+def reserved(plan, run, stats=None):
     """The pool's reserved KiB after each entry of ``run`` and its peak reserved bytes, with
-    a planned (``plan``) or plain region entered around each entry."""
+    a planned (``plan``) or plain region entered around each entry; ``stats``, a list, gets
+    the region's stats after each entry."""
     pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=PAGE))
     region = gpupool.Region(pool=pool, plan=plan)
     live, after = {}, []
@@ -110,10 +113,40 @@ def reserved(plan, run):
                 else:
                     live.pop(op[1]).close()
         after.append(pool.stats().reserved_bytes >> 10)
+        if stats is not None:
+            stats.append(region.stats())
     for buf in live.values():
         buf.close()
     pool._verify()
     return after, pool.stats().peak_reserved_bytes
+
+
+KINDS = ("record step", "left the plan after hits", "left the plan at once", "on the plan",
+         "no plan", "within entries only")
+
+
+def first_past(run):
+    """The first entry of ``run`` after which the planned region reserves more than 1% over
+    the plain one, and what that entry was (a KINDS name, from the region's stats: it made a
+    record step's plan; it was served some requests at their places, then missed, which sends
+    the rest of the entry online; it missed before any hit; it missed nothing; it had no
+    plan); ``(None, "within entries only")`` where no entry ends past it (the peaks differ
+    inside entries, or not at all)."""
+    stats = []
+    planned, plain = reserved(True, run, stats)[0], reserved(False, run)[0]
+    past = [e for e, (a, b) in enumerate(zip(planned, plain, strict=True)) if a > 1.01 * b]
+    if not past:
+        return None, KINDS[5]
+    e = past[0]
+    now, before = stats[e], stats[e - 1] if e else None
+
+    def grew(name):
+        return getattr(now, name) - (getattr(before, name) if before is not None else 0)
+    if grew("record_plans"):
+        return e, KINDS[0]
+    if grew("plan_misses"):
+        return e, KINDS[1] if grew("plan_hits") else KINDS[2]
+    return e, KINDS[3] if grew("plan_hits") else KINDS[4]
 
 
 def main(argv=None):
@@ -122,6 +155,9 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="the first run's seed (default 0)")
     p.add_argument("--worst", type=int, default=5, help="worst seeds printed (default 5)")
     p.add_argument("--show", type=int, metavar="SEED", help="print one run, entry by entry")
+    p.add_argument("--kinds", action="store_true",
+                   help="also count the runs above by what their first entry past the plain "
+                        "region's peak was (first_past)")
     args = p.parse_args(argv)
     if args.show is not None:
         run = entries(args.show)
@@ -143,6 +179,11 @@ def main(argv=None):
     above = [mode_of(s) for s, r in zip(seeds, ratio, strict=True) if r > 1.01]
     print("  above 1.01 by mode: " + ", ".join(
         f"{m} {above.count(m)} of {sum(mode_of(s) == m for s in seeds)}" for m in MODES))
+    if args.kinds:
+        found = [first_past(entries(s))[1] for s, r in zip(seeds, ratio, strict=True)
+                 if r > 1.01]
+        print("  above 1.01 by their first entry past the plain region: " + ", ".join(
+            f"{kind} {found.count(kind)}" for kind in KINDS if found.count(kind)))
     for i in np.argsort(-ratio, kind="stable")[:args.worst]:
         print(f"  seed {seeds[i]}: {ratio[i]:.3f}")
     return 0
