@@ -54,7 +54,18 @@ def test_kinds_name_the_first_entry_past_the_plain_region_of_each_run_above(caps
     assert deviations.main(["--runs", "12", "--seed", "3", "--kinds"]) == 0
     out = capsys.readouterr().out.splitlines()
     above = int(re.search(r"above 1.01 in (\d+)", out[0]).group(1))
-    kinds = re.fullmatch(r"  above 1.01 by their first entry past the plain region: (.*)", out[2])
+    kinds = re.fullmatch(r"  above 1.01 by their first entry past the reference: (.*)", out[2])
     found = re.findall(r"([a-z ]+?) (\d+)(?:, |$)", kinds.group(1))
     assert all(k in deviations.KINDS for k, _ in found)
     assert sum(int(n) for _, n in found) == above
+
+
+def test_against_the_pool_alone_compares_with_no_region(capsys):
+    run = deviations.entries(1939)
+    alone = deviations.reserved(None, run)
+    assert alone[1] != deviations.reserved(False, run)[1]     # the reference changed
+    assert deviations.main(["--runs", "3", "--seed", "1938", "--against", "pool",
+                            "--worst", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "planned peak over the pool alone's" in out[0]
+    assert f"  seed 1939: {deviations.reserved(True, run)[1] / alone[1]:.3f}" in out

@@ -10,6 +10,7 @@ random or in blocks; their sizes vary entry by entry (a random subset, or every 
 scaled by 0.3-2.0). Run from the repository root::
 
     PYTHONPATH=$PWD python tools/profile/deviations.py [--runs N] [--seed S] [--worst K] [--kinds]
+                                                       [--against {region,pool}]
     PYTHONPATH=$PWD python tools/profile/deviations.py --show SEED
 
 It prints how many runs peak below the plain region by more than 1%, within 1%, and above by
@@ -19,6 +20,8 @@ scaled on its own; ``alt2``, ``alt3``: two or three structures of fixed sizes in
 ``alt_vary``: two structures whose subsets scale), with ``--kinds`` the runs above by what
 their first entry past the plain region's peak was (``first_past``: a record step, an entry
 that left the plan's step after some hits, ...), and the K worst seeds with their ratios.
+``--against pool`` compares with the pool alone, no region (the issue's "never above the pool
+alone by more than 1%") instead of a plain region.
 ``--show SEED`` prints that one run instead (the other options unused): each entry's
 requests, the bytes they asked in all (those freed within the entry counted too), and both
 regions' reserved KiB after it. The generator is helper-84's search of 2026-12-07
@@ -26,6 +29,7 @@ regions' reserved KiB after it. The generator is helper-84's search of 2026-12-0
 """
 
 import argparse
+import contextlib
 import math
 import random
 
@@ -100,13 +104,13 @@ def entries(seed):
 
 def reserved(plan, run, stats=None):
     """The pool's reserved KiB after each entry of ``run`` and its peak reserved bytes, with
-    a planned (``plan``) or plain region entered around each entry; ``stats``, a list, gets
-    the region's stats after each entry."""
+    a planned (``plan`` True) or plain (False) region entered around each entry, or none
+    (None: the pool alone); ``stats``, a list, gets the region's stats after each entry."""
     pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=PAGE))
-    region = gpupool.Region(pool=pool, plan=plan)
+    region = gpupool.Region(pool=pool, plan=plan) if plan is not None else None
     live, after = {}, []
     for ops in run:
-        with region:
+        with region if region is not None else contextlib.nullcontext():
             for op in ops:
                 if op[0] == "a":
                     live[op[1]] = pool.allocate(op[2])
@@ -125,15 +129,15 @@ KINDS = ("record step", "left the plan after hits", "left the plan at once", "on
          "no plan", "within entries only")
 
 
-def first_past(run):
+def first_past(run, against=False):
     """The first entry of ``run`` after which the planned region reserves more than 1% over
-    the plain one, and what that entry was (a KINDS name, from the region's stats: it made a
-    record step's plan; it was served some requests at their places, then missed, which sends
-    the rest of the entry online; it missed before any hit; it missed nothing; it had no
-    plan); ``(None, "within entries only")`` where no entry ends past it (the peaks differ
-    inside entries, or not at all)."""
+    the plain one (``against`` None: over the pool alone), and what that entry was (a KINDS
+    name, from the region's stats: it made a record step's plan; it was served some requests
+    at their places, then missed, which sends the rest of the entry online; it missed before
+    any hit; it missed nothing; it had no plan); ``(None, "within entries only")`` where no
+    entry ends past it (the peaks differ inside entries, or not at all)."""
     stats = []
-    planned, plain = reserved(True, run, stats)[0], reserved(False, run)[0]
+    planned, plain = reserved(True, run, stats)[0], reserved(against, run)[0]
     past = [e for e, (a, b) in enumerate(zip(planned, plain, strict=True)) if a > 1.01 * b]
     if not past:
         return None, KINDS[5]
@@ -155,6 +159,9 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="the first run's seed (default 0)")
     p.add_argument("--worst", type=int, default=5, help="worst seeds printed (default 5)")
     p.add_argument("--show", type=int, metavar="SEED", help="print one run, entry by entry")
+    p.add_argument("--against", choices=("region", "pool"), default="region",
+                   help="the reference: a plain Region() per entry (default), or the pool "
+                        "alone, no region (the issue's wording)")
     p.add_argument("--kinds", action="store_true",
                    help="also count the runs above by what their first entry past the plain "
                         "region's peak was (first_past)")
@@ -169,10 +176,12 @@ def main(argv=None):
         print(f"peak reserved KiB: planned {planned[1] >> 10:,}, plain {plain[1] >> 10:,}")
         return 0
     seeds = range(args.seed, args.seed + args.runs)
-    ratio = np.array([reserved(True, run)[1] / reserved(False, run)[1]
+    against = False if args.against == "region" else None
+    ratio = np.array([reserved(True, run)[1] / reserved(against, run)[1]
                       for run in map(entries, seeds)])
+    reference = "plain region" if args.against == "region" else "pool alone"
     print(f"{args.runs} runs (seeds {args.seed}..{args.seed + args.runs - 1}), planned peak "
-          f"over the plain region's: below 0.99 in {int((ratio < 0.99).sum())}, within 1% in "
+          f"over the {reference}'s: below 0.99 in {int((ratio < 0.99).sum())}, within 1% in "
           f"{int(((ratio >= 0.99) & (ratio <= 1.01)).sum())}, above 1.01 in "
           f"{int((ratio > 1.01).sum())}; median {np.median(ratio):.3f}, geometric mean "
           f"{np.exp(np.log(ratio).mean()):.3f}, least {ratio.min():.3f}, most {ratio.max():.3f}")
@@ -180,9 +189,9 @@ def main(argv=None):
     print("  above 1.01 by mode: " + ", ".join(
         f"{m} {above.count(m)} of {sum(mode_of(s) == m for s in seeds)}" for m in MODES))
     if args.kinds:
-        found = [first_past(entries(s))[1] for s, r in zip(seeds, ratio, strict=True)
-                 if r > 1.01]
-        print("  above 1.01 by their first entry past the plain region: " + ", ".join(
+        found = [first_past(entries(s), against)[1]
+                 for s, r in zip(seeds, ratio, strict=True) if r > 1.01]
+        print("  above 1.01 by their first entry past the reference: " + ", ".join(
             f"{kind} {found.count(kind)}" for kind in KINDS if found.count(kind)))
     for i in np.argsort(-ratio, kind="stable")[:args.worst]:
         print(f"  seed {seeds[i]}: {ratio[i]:.3f}")
