@@ -307,7 +307,7 @@ cdef class DeviceBuffer:
             return 0
         key = base.pool.check_stream(handle)
         if not same_stream(key, base._stream):
-            base.pool.add_stream(base._blk, key)        # once per stream (Pool.add_stream)
+            base.pool.add_stream(base._blk, key, <void*>base)   # once per stream (Pool.add_stream)
         return 0
 
     def record_stream(self, stream):

@@ -11,6 +11,6 @@ cdef class BlockOwner:
     cdef readonly int device
 
     cdef void free_block(self, Block* blk, StreamKey stream) noexcept nogil
-    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil
+    cdef void add_stream(self, Block* blk, StreamKey stream, void* holder) noexcept nogil
     cdef StreamKey check_stream(self, uintptr_t handle) except *
     cdef bint block_asleep(self, Block* blk) noexcept nogil

@@ -38,8 +38,9 @@ cdef class BlockOwner:
         """Take back a live block, last used on stream."""
         pass
 
-    cdef void add_stream(self, Block* blk, StreamKey stream) noexcept nogil:
-        """Mark a live block as used on another stream too (``record_stream``)."""
+    cdef void add_stream(self, Block* blk, StreamKey stream, void* holder) noexcept nogil:
+        """Mark a live block as used on another stream too (``record_stream``), if it is
+        still holder's (NULL: no check)."""
         pass
 
     cdef StreamKey check_stream(self, uintptr_t handle) except *:

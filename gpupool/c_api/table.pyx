@@ -221,7 +221,7 @@ cdef int _record_stream(Pool pool, void* ptr, uintptr_t stream) noexcept nogil:
     b = pool.find_handed(<uintptr_t>ptr)
     if b == NULL:
         return GPUPOOL_ERROR_INVALID_VALUE
-    pool.add_stream(b, key)
+    pool.add_stream(b, key, NULL)
     return GPUPOOL_OK
 
 

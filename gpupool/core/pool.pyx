@@ -277,22 +277,31 @@ cdef class Pool(PoolBase):
     cdef void free_locked(self, Block* b, StreamKey s) noexcept nogil:
         ps_free_locked(&self._st, self.upstream, b, s)
 
-    cdef void add_stream(self, Block* b, StreamKey s) noexcept nogil:
+    cdef void add_stream(self, Block* b, StreamKey s, void* holder) noexcept nogil:
         """Record a use of the live block b on stream s (record_stream), once per stream; a
         per-thread stream is recorded as the legacy one (use_key), since any thread may free
         the block. The stream the block is freed on is skipped then (free_locked): the
-        block's stream is not known here, a buffer may have moved since it was acquired."""
+        block's stream is not known here, a buffer may have moved since it was acquired.
+        holder: the buffer that held b when the caller read it (NULL: no check, the C API's
+        blocks have none). The wait for the lock lets the GIL go, and another thread may
+        close that buffer meanwhile: a block no longer holder's is left as it is (freed, or
+        another buffer's by now). On the lock's thread (inside the pool's upstream call) the
+        lock is held already: the stream is recorded without waiting for it."""
         cdef size_t i
+        cdef bint held = self._st.lock_thread == current_thread()
         s = use_key(s)
-        self.lock()
-        if b.extra_streams == NULL:
-            b.extra_streams = new vector[StreamKey]()
-        for i in range(b.extra_streams.size()):
-            if same_stream(b.extra_streams[0][i], s):
-                break
-        else:
-            b.extra_streams.push_back(s)
-        self.unlock()
+        if not held:
+            self.lock()
+        if holder == NULL or b.holder == holder:
+            if b.extra_streams == NULL:
+                b.extra_streams = new vector[StreamKey]()
+            for i in range(b.extra_streams.size()):
+                if same_stream(b.extra_streams[0][i], s):
+                    break
+            else:
+                b.extra_streams.push_back(s)
+        if not held:
+            self.unlock()
 
     # Regions ----------------------------------------------------------------------------
 

@@ -33,6 +33,9 @@ cdef inline list ps_verify(PoolState* st):
             if b.tag != seg.tag or (seg.tag and b.state != LIVE and b.state != TAGGED):
                 problems.append(f"segment {seg.base:#x} (tag {seg.tag}): block {b.ptr:#x} "
                                 f"of tag {b.tag}, state {b.state}")
+            if b.state != LIVE and b.extra_streams != NULL:
+                problems.append(f"segment {seg.base:#x}: free block {b.ptr:#x} carries "
+                                f"record_stream streams")
             if b.state == LIVE and seg.asleep:
                 asleep += b.size
             elif b.state == LIVE:
@@ -57,6 +60,9 @@ cdef inline list ps_verify(PoolState* st):
                             f"it at {seg.base + seg.nbytes:#x}")
         mapped += 0 if seg.asleep else seg.nbytes - holes
         seg = seg.next
+    for i in range(st.segments.spare.size()):
+        if st.segments.spare[i].extra_streams != NULL:
+            problems.append(f"a spare block record carries record_stream streams")
     c = mp_counters_view(st)
     for i in range(st.magazines.size()):
         magazine_blocks += st.magazines[i].nblocks

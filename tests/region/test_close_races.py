@@ -88,3 +88,49 @@ def test_a_buffer_freed_on_another_thread_while_its_region_s_exit_invalidates_it
     assert seen == [True]
     box.clear()
     sound(pool, MIB)
+
+
+def test_a_record_stream_waiting_for_the_lock_leaves_a_block_freed_meanwhile_alone():
+    # record_stream waits for the pool's lock without the GIL; here the lock's thread, inside
+    # the pool's upstream call, closes the buffer meanwhile (its free deferred to the unlock,
+    # which comes before the waiter's turn). Before, the waiter then put the stream on the
+    # freed block: a free block with record_stream streams, which the blocks later cut from
+    # it would carry.
+    device = SimulatedDevice(capacity=1 << 34, virtual_memory=True)
+    pool = gpupool.Pool(upstream=device)
+    other = device.create_stream()
+    buf = pool.allocate(128 * MIB)          # past the magazines: its free takes the lock
+    map_pages, waiter = device._map, []
+
+    def held_map(va, size):
+        device._map = map_pages
+        waiter.append(threading.Thread(target=buf.record_stream, args=(other,)))
+        waiter[0].start()
+        assert waiting(waiter) == 1         # record_stream waits for the lock
+        buf.close()                         # the lock's thread: freed at the unlock
+        return map_pages(va, size)
+    device._map = held_map
+    pool.allocate(1 << 30).close()          # grows the pool: held_map runs under the lock
+    waiter[0].join()
+    sound(pool, 128 * MIB)
+
+
+def test_a_record_stream_inside_the_pools_upstream_call_is_recorded_without_a_wait():
+    # On the lock's thread (here inside the device's map, a Python upstream's call) the lock
+    # is held already: record_stream used to wait for it there for ever.
+    device = SimulatedDevice(capacity=1 << 34, virtual_memory=True)
+    pool = gpupool.Pool(upstream=device)
+    other = device.create_stream()
+    buf = pool.allocate(128 * MIB)
+    map_pages = device._map
+
+    def held_map(va, size):
+        device._map = map_pages
+        buf.record_stream(other)
+        return map_pages(va, size)
+    device._map = held_map
+    pool.allocate(1 << 30).close()          # grows the pool: held_map runs under the lock
+    device.calls.clear()
+    buf.close()                             # the stream recorded: an event on it at the free
+    assert [args[1] for args in device.calls_named("event_record")] == [other]
+    sound(pool, 128 * MIB)
