@@ -95,14 +95,21 @@ cdef inline void rc_detach(Block* b) noexcept nogil:
         return
     if rc.plan != NULL:
         pt_forget(rc.plan, b)
-    _unlink(&rc.live_head, b)
     if b.region.escaped:
+        _unlink(&rc.live_head, b)
         rc.escaped_bytes -= b.size
+        b.region.cache = NULL
+        b.region.escaped = False
     else:
-        rc.live_count -= 1
-        rc.live_bytes -= b.size
+        _unlist_live(rc, b)
+
+
+cdef inline void _unlist_live(RegionCache* rc, Block* b) noexcept nogil:
+    """A live block of rc that did not escape an exit leaves rc's live blocks and counts."""
+    _unlink(&rc.live_head, b)
+    rc.live_count -= 1
+    rc.live_bytes -= b.size
     b.region.cache = NULL
-    b.region.escaped = False
 
 
 cdef inline void rc_escape(Block* b) noexcept nogil:
@@ -161,10 +168,7 @@ cdef inline void rc_freed_kept(RegionCache* rc, Block* b) noexcept nogil:
     did not escape an exit (core/lane.pxd's ln_put checked all three): rc caches it. The
     same steps, less the checks that those facts answer."""
     pt_note_free(rc.plan, b)            # (which forgets its place: pt_forget has nothing left)
-    _unlink(&rc.live_head, b)
-    rc.live_count -= 1
-    rc.live_bytes -= b.size
-    b.region.cache = NULL               # (b.region.escaped: False already)
+    _unlist_live(rc, b)                 # (rc_detach's path for it, less its checks)
 
 
 cdef inline int rc_slow_path(Block* b) except -1:

@@ -62,7 +62,7 @@ cdef inline list ps_verify(PoolState* st):
         seg = seg.next
     for i in range(st.segments.spare.size()):
         if st.segments.spare[i].extra_streams != NULL:
-            problems.append(f"a spare block record carries record_stream streams")
+            problems.append("a spare block record carries record_stream streams")
     c = mp_counters_view(st)
     for i in range(st.magazines.size()):
         magazine_blocks += st.magazines[i].nblocks

@@ -409,9 +409,8 @@ class Planner:
         return made if made.fallback is None else None
 
     def _fixed(self, step, base, obstacles, freed=None):
-        """``placement.plan``'s fixed rows for a plan of step made at ``base``
-        (``tails.fixed_rows``, ``freed`` passed on): the obstacles throughout, the blocks the
-        last entry left live until the step's entry frees them."""
+        """``tails.fixed_rows`` (``freed`` passed on) for a plan of step made at ``base``: the
+        obstacles throughout, the blocks the last entry left live until the entry frees them."""
         recorded = self._recorded_steps
         return _tails.fixed_rows(step, recorded.carried, base, obstacles, recorded.at_start, freed)
 
@@ -596,5 +595,6 @@ class Planner:
 
     @property
     def plans(self):
-        """The plans kept, least recently used first."""
-        return [p for p, _, _ in self._plans.values()]
+        """The plans kept, least recently used first. Read from any thread (``Region.stats``)
+        while the worker's plan changes them: the values are copied in one C call first."""
+        return [p for p, _, _ in tuple(self._plans.values())]

@@ -3,6 +3,7 @@ inside the pool's own upstream call (the lock's thread: deferred), another threa
 the region (`enter_in_thread`) freeing and allocating while the lock is held, and that thread
 and the region's own thread at once beside a thread reading the pool. Written in review."""
 
+import sys
 import threading
 
 import gpupool
@@ -90,12 +91,15 @@ def test_two_threads_in_the_region_beside_a_reading_thread():
     stop, errors = threading.Event(), []
 
     def reader():
-        while not stop.is_set():
-            stats = pool.stats()
-            if stats.in_use_bytes + stats.cached_bytes != stats.reserved_bytes:
-                errors.append(stats)
-            errors.extend(pool._verify())
-            region.stats()
+        try:
+            while not stop.is_set():
+                stats = pool.stats()
+                if stats.in_use_bytes + stats.cached_bytes != stats.reserved_bytes:
+                    errors.append(stats)
+                errors.extend(pool._verify())
+                region.stats()
+        except BaseException as e:                  # noqa: BLE001 (reported below)
+            errors.append(e)
 
     def worker():
         try:
@@ -119,3 +123,34 @@ def test_two_threads_in_the_region_beside_a_reading_thread():
     assert errors == []
     assert region.stats().lane_hits > 0
     assert balanced(pool)
+
+
+def test_a_planners_plans_are_read_while_another_thread_changes_them():
+    # Region.stats reads Planner.plans on any thread while the worker's plan changes the
+    # OrderedDict: a comprehension over its live view raised "OrderedDict mutated during
+    # iteration" (trial 28, test_two_threads_in_the_region_beside_a_reading_thread's reader).
+    from gpupool.region.planned import Planner
+    planner, stop, errors = Planner(), threading.Event(), []
+    for k in range(64):
+        planner._plans[k] = (k, None, 0)
+
+    def change():
+        k = 64
+        while not stop.is_set():
+            planner._plans[k] = (k, None, 0)
+            planner._plans.popitem(last=False)
+            k += 1
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=change)
+    thread.start()
+    try:
+        for _ in range(3000):
+            assert len(planner.plans) == 64
+    except BaseException as e:                      # noqa: BLE001 (asserted below)
+        errors.append(e)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(switch)
+    assert errors == []

@@ -14,7 +14,6 @@ from planned_steps import MIB, Checked, recorded, run_structures, vpool, vsim  #
 import gpupool
 from gpupool.region import placement, tails
 from gpupool.region.planned import Planner
-from gpupool.testing import SimulatedDevice
 
 BASE = 1 << 30
 # Request 3 is the tail (freed at the next entry's event 2); the step starts with two frees.
@@ -154,33 +153,13 @@ def test_llama_ckpts_replay_makes_no_transition_and_serves_no_worse(monkeypatch)
     assert peak <= off_peak
 
 
-# Seed 1414 of tools/profile/deviations.py: structure A holds its 1 KiB request 0 into the next
-# entry, always one of structure B, which frees it first thing (KiB; ("f", i) frees request i).
-A = [("a", 0, 1), ("a", 1, 696), ("a", 2, 4), ("f", 1), ("a", 3, 755), ("a", 4, 3080),
-     ("f", 4), ("f", 2), ("f", 3)]
-B = [("f", "held"), ("a", 0, 99), ("f", 0), ("a", 1, 27), ("a", 2, 412), ("f", 1), ("f", 2)]
-
-
-def _alternating(plan, entries=19):
-    """A and B alternating under a planned (``plan``) or plain region on the expandable
-    simulated device (64 KiB pages): the peak reserved KiB and the region's stats."""
-    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 << 10))
-    region, held = gpupool.Region(pool=pool, plan=plan), None
-    for e in range(entries):
-        with region:
-            live = {}
-            for op in A if e % 2 == 0 else B:
-                if op[0] == "a":
-                    live[op[1]] = pool.allocate(op[2] << 10)
-                elif op[1] == "held":
-                    held.close()
-                else:
-                    live.pop(op[1]).close()
-            held = live.pop(0, None)
-            check_invariants(pool)
-    held.close()
-    pool._verify()
-    return pool.stats().peak_reserved_bytes >> 10, region.stats()
+# Seed 1414 of tools/profile/deviations.py (KiB; planned_steps.run_structures): structure A
+# holds its 1 KiB request 0 into the next entry, always one of structure B, which frees it
+# first thing.
+SEED_1414 = {
+    "A": ([1, 696, 4, 755, 3080], "a0 a1 a2 f1 a3 a4 f4 f2 f3", [0]),
+    "B": ([99, 27, 412], "a0 f0 a1 a2 f1 f2", []),
+}
 
 
 def test_a_request_the_other_structure_frees_first_has_a_place():
@@ -188,8 +167,9 @@ def test_a_request_the_other_structure_frees_first_has_a_place():
     # as a tail, and its plan places it clear of the rest. Escaped (unplanned), it went the
     # online way onto request 2's place, request 2 onto request 4's, and request 4 grew the
     # pool: 6,272 KiB against the plain region's 4,544.
-    planned, stats = _alternating(True)
-    assert planned == _alternating(False)[0] == 4544
+    order = "AB" * 9 + "A"
+    planned, stats = run_structures(SEED_1414, order, True)
+    assert planned == run_structures(SEED_1414, order, False)[0] == 4544
     assert stats.plan_misses == 0 and stats.plan_hits > 0
 
 
