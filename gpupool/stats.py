@@ -95,6 +95,8 @@ class RegionStats:
     collections: int
     collect_seconds: float
     lane_hits: int = 0          # planned hits served from its lane, without the pool's lock
+    shared_entries: int = 0     # planned entries served the pool's way, no plan and no cache,
+                                # while another thread's region took turns with it
     planned: bool = False       # Region(plan=True): the counters below are its plans'
     plans: int = 0              # placements computed: steady plans and first-entry transitions
     planning_ms: float = 0.0    # milliseconds spent planning, in all

@@ -61,6 +61,8 @@ cdef inline void ps_drop_region(PoolState* st, RegionCache* rc) noexcept nogil:
     cdef size_t i
     if st.process_region == rc:
         st.process_region = NULL
+    if st.last_region == rc:
+        st.last_region = NULL
     while rc.live_head != NULL:
         rc_detach(rc.live_head)
     rc_drain(rc)

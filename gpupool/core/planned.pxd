@@ -292,7 +292,8 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     its request 0's bytes in io.record_nbytes (0 and 0: none pending); PL_INSTALL installs io's
     plan at io.base (with io.lenient, io.grows, io.record_over and io.first_under; during an
     entry, its next requests are served from it) and returns its base; a lenient one (a
-    record step's plan) only if no event of the entry came since its PL_RECORD, else 0.
+    record step's plan) only if no event of the entry came since its PL_RECORD, and none
+    while rc is shared (core/turns.pxd), else 0.
     PL_READ (at exit) hands io the events recorded since the last PL_READ, its hits and
     misses; io.same in: the caller holds the last read's events; out: they were the same,
     and io.events is left as it was (the caller's, empty). PL_READ and PL_ENTRY drop a
@@ -337,6 +338,8 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
         p.record_over = io.record_over if p.active else 0
         p.first_under = io.first_under if p.active else 0
     elif op == PL_INSTALL:
+        if rc.shared:
+            return 0            # another thread's region took a turn since (core/turns.pxd)
         if io.lenient and not (p.record_event == p.event and pl_at_record(p)):
             p.record_event = 0
             return 0            # an event of the entry came while its record plan was made

@@ -49,6 +49,7 @@ from gpupool.core.thread cimport (
 )
 from gpupool.core.handed cimport hd_find, hd_cache_info
 from gpupool.core.regionexit cimport rg_exit
+from gpupool.core.turns cimport rt_entered
 from gpupool.core.oom cimport OomFacts, oom_run_callbacks, oom_error, oom_gather, oom_headroom
 from gpupool.core.poolbase cimport PoolBase
 
@@ -343,11 +344,14 @@ cdef class Pool(PoolBase):
 
     cdef void region_enter(self, RegionCache* rc, bint entry) noexcept nogil:
         """rc is entered on one more thread; entry: a new entry (its blocks used from now on
-        are stamped with it)."""
+        are stamped with it), which may be a turn of regions of several threads (a planned
+        one among them is then shared: core/turns.pxd)."""
         self.lock()
         rc.entered += 1
         if entry:
             rc.entries += 1
+            rt_entered(&self._st, rc, current_thread())
+            rc.shared_entries += rc.shared
         self.unlock()
 
     cdef void region_leave(self, RegionCache* rc) noexcept nogil:

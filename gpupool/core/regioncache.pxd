@@ -53,6 +53,11 @@ cdef cppclass RegionCache:
                                 # swapped with on_alloc while one is pending; borrowed
     PlanTable* plan             # a planned region's (core/plantable.pxd); NULL: none
     Lane* lane                  # a thread-scope planned region's (core/lane.pxd); NULL: none
+    bint shared                 # a planned region that another thread's region takes turns
+                                # with: it caches nothing and serves no plan (core/turns.pxd)
+    size_t quiet                # its entries in a row since its last turn (core/turns.pxd)
+    size_t shared_entries       # its entries made while shared
+    uintptr_t thread            # the thread of its last entry (records/streams' current_thread)
 
 
 cdef inline bint rc_lends(RegionCache* rc) noexcept nogil:
@@ -149,7 +154,7 @@ cdef inline RegionCache* rc_disown(Block* b) noexcept nogil:
 cdef inline RegionCache* rc_freed_into(Block* b) noexcept nogil:
     """A live block is freed: unlinked from its region's live blocks; the region that caches
     it now (its own, used by this entry), or NULL when it returns to the pool (it escaped an
-    exit, the region's cache is full, or it has no region)."""
+    exit, the region's cache is full or shared (core/turns.pxd), or it has no region)."""
     cdef RegionCache* rc = <RegionCache*>b.region.cache
     cdef bint escaped
     if rc == NULL:
@@ -158,7 +163,8 @@ cdef inline RegionCache* rc_freed_into(Block* b) noexcept nogil:
     if rc.plan != NULL:
         pt_note_free(rc.plan, b)
     rc_detach(b)
-    if escaped or (rc.max_cached_bytes and rc.cached_bytes + b.size > rc.max_cached_bytes):
+    if escaped or rc.shared or \
+            (rc.max_cached_bytes and rc.cached_bytes + b.size > rc.max_cached_bytes):
         return NULL
     return rc
 

@@ -56,6 +56,8 @@ cdef cppclass PoolState:
     int nparked
     vector[RegionCache*] regions    # caches of this pool's regions, for the ladder
     vector[RegionCache*] lanes      # those of them with a lane (core/lane.pxd)
+    RegionCache* last_region    # the region entered last (NULL: none, or dropped since) and
+    uintptr_t last_thread       # its thread, for core/turns.pxd
     PtrTable capi_blocks        # blocks handed out by the C API, by pointer
     Counters counters           # a magazine's blocks count as in use (core/magazine.pxd)
     vector[Magazine*] magazines     # every thread's magazine for this pool

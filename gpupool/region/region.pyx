@@ -121,31 +121,30 @@ cdef class Region:
     name : str, optional
         Name used in warnings; default: the region's repr.
     plan : bool or dict
-        Plan the step (a planned region), for a loop whose entries repeat the same requests:
-        from the third or so entry on, each request takes a place planned for the whole
-        step, which keeps the step's peak near its most bytes in use. ``stats()`` says
-        whether it does: ``plan_hits`` (requests served at their place) against
-        ``plan_misses``; ``plans_not_fitting`` counts plans that found no room. The plan
-        lies in the segment holding most of the region's bytes: on expandable memory (the
-        GPU default, ``upstream="vmm"``; ``SimulatedDevice(virtual_memory=True)``) it fits;
-        on a plain upstream (``"driver"``, ``SimulatedDevice()``) a plan larger than that
-        segment does not fit, and the step runs as a plain region's. The region records its
-        entries' requests (sizes, order, lifetimes, streams); once a step's structure has been
-        seen twice, it places the whole step in one range (``gpupool.region.placement``,
-        within a budget of work), and each later request k takes its place if it is no
-        larger, on the planned stream, at its planned event, and the place's bytes are free
-        (stream order as the pool's). Other requests,
-        and the rest of an entry off the plan's step, go the online way; a new structure or
-        larger sizes are planned again, and an entry whose first request asks more than any
-        step's did is planned at that request (a record step). Plans are made on a worker
-        thread and installed at the region's next call (entry, ``stats()``, ``release()``,
-        ``planner``), which raises what making one raised; they hold no memory of their own.
-        A plan that serves less than half an entry's planned requests, or whose entries grow
-        the pool, twice, is given up for a while. A dict passes options to
-        ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``,
-        ``budget_work``, ``budget_ms``, ``min_hit_rate``, ``record``, ``repair``,
-        ``strategies``), the region's ``planner`` attribute (None without a plan). Notes
-        [Planned regions] and [Planning budget in work] in docs/design.md have the design.
+        Plan the step (a planned region), for a loop whose entries repeat the same requests: from
+        the third or so entry on, each request takes a place planned for the whole step, which keeps
+        the step's peak near its most bytes in use. ``stats()`` says whether it does: ``plan_hits``
+        (requests served at their place) against ``plan_misses``; ``plans_not_fitting`` counts plans
+        that found no room. The plan lies in the segment holding most of the region's bytes: on
+        expandable memory (the GPU default, ``upstream="vmm"``;
+        ``SimulatedDevice(virtual_memory=True)``) it fits; on a plain upstream (``"driver"``,
+        ``SimulatedDevice()``) a plan larger than that segment does not fit, and the step runs as a
+        plain region's. The region records its entries' requests (sizes, order, lifetimes, streams);
+        once a step's structure has been seen twice, it places the whole step in one range
+        (``gpupool.region.placement``, within a budget of work), and each later request k takes its
+        place if it is no larger, on the planned stream, at its planned event, and the place's bytes
+        are free (stream order as the pool's). Other requests, and the rest of an entry off the
+        plan's step, go the online way; a new structure or larger sizes are planned again, and an
+        entry whose first request asks more than any step's did is planned at that request (a record
+        step). Plans are made on a worker thread and installed at the region's next call (entry,
+        ``stats()``, ``release()``, ``planner``), which raises what making one raised; they hold no
+        memory of their own. A plan that serves less than half an entry's planned requests, or whose
+        entries grow the pool, twice, is given up for a while. While another thread's region takes
+        turns on the pool, it goes the pool's way (``shared_entries``). A dict passes options to
+        ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``, ``budget_work``,
+        ``budget_ms``, ``min_hit_rate``, ``record``, ``repair``, ``strategies``), the region's
+        ``planner`` attribute (None without a plan). Notes [Planned regions], [Planning budget in
+        work] and [Planned regions on several threads] in docs/design.md have the design.
 
     Warns
     -----
@@ -339,13 +338,18 @@ cdef class Region:
     cdef int _replan(self) except -1:
         """Hand the recorded events to the planner; install the plan it returns."""
         cdef PlanTable io
+        cdef RegionCache counters
         io.same, self._read = self._read, False     # the planner holds the last read's events
         self.pool.region_plan(self.rc, PL_READ, &io)
         events = None if io.same else _event_rows(&io, 3)
-        grew = self.pool.region_counters(self.rc).misses > self._misses_at_entry
+        counters = self.pool.region_counters(self.rc)
+        grew = counters.misses > self._misses_at_entry
         action = self._planner.exited(events, io.hits, io.misses, grew, io.stopped,
                                      io.first_nbytes)
         self._read = True
+        if counters.shared:     # another thread's region takes turns: no plan (core/turns.pxd)
+            self._planner.clear()
+            action = "clear"
         if action is None:
             io.record_over, io.first_under = self._planner.bounds()
             self.pool.region_plan(self.rc, PL_OVER, &io)
@@ -528,6 +532,7 @@ cdef class Region:
             cached_bytes=rc.cached_bytes, live_at_exit_bytes=self.live_at_exit_bytes,
             peak_in_use_bytes=rc.peak_in_use_bytes, collections=self.collections,
             collect_seconds=self.collect_seconds, lane_hits=rc.lane_hits,
+            shared_entries=rc.shared_entries,
             **(self._plan_stats() if self._planner is not None else {}))
 
     def _plan_stats(self):
