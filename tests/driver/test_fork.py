@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import fresh_python
+from conftest import REPO, fresh_python
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
@@ -281,3 +281,14 @@ def test_a_child_of_a_gpu_process_is_refused_and_exits_cleanly(tmp_path):
     assert result.returncode == 0, out
     assert "False" not in result.stdout and "parent 0 True True True" in result.stdout, out
     assert result.stderr == "", out
+
+
+def test_readme_says_a_child_refuses_the_calls_that_only_read_too():
+    # README said counters (stats()) "read what was inherited" in a child (trial 29); the
+    # child refuses them as every other call (the tests above).
+    readme = (REPO / "README.md").read_text()
+    paragraph = " ".join(next(part for part in readme.split("\n\n")
+                              if part.startswith("CUDA state does not cross `fork()`")).split())
+    assert "read what was inherited" not in paragraph
+    assert "those that only read: `stats()`, `buf.ptr`, `region.stats()`" in paragraph
+    assert "raise `GpupoolError` saying so" in paragraph
