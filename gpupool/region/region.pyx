@@ -458,9 +458,14 @@ cdef class Region:
 
         Allocations made there from the region's pool are cached by the region, as those of
         the thread that entered it. The exit policy and collection stay with that thread's
-        ``with region:``; use this only while the region is entered there. Its exit on
-        another thread than the one that entered it raises GpupoolError (and changes
-        nothing: exit it on its own thread).
+        ``with region:``; use this only while the region is entered there.
+
+        Raises
+        ------
+        GpupoolError
+            On entry: the region is not entered (``with region:``, any thread, either scope),
+            or as for ``with region:``. On exit: on another thread than its entry's (nothing
+            changes: exit it on its own thread).
         """
         return _InThread(self)
 
