@@ -511,3 +511,19 @@ def test_a_region_dropped_is_freed_with_its_pool(options):
     gc.collect()
     assert [ref() for ref in refs] == [None, None]
     assert sim.used == 0
+
+
+def test_a_region_s_hits_count_free_memory_of_the_pool_s_too(pool):
+    # RegionStats said "hits and misses of its cache", and a region caching nothing reported
+    # hits (trial 29): its hits are its allocations served from free memory, its own cache's
+    # or the pool's, as its docstring now says.
+    pool.allocate(1024 * KIB).close()                 # the pool caches a block
+    region = gpupool.Region(pool=pool, max_cached_bytes="1KiB")
+    for _ in range(3):
+        with region:
+            pool.allocate(1024 * KIB).close()
+    stats = region.stats()
+    assert (stats.cache_hits, stats.cache_misses, stats.cached_bytes) == (3, 0, 0)
+    doc = " ".join(gpupool.RegionStats.__doc__.split())
+    assert "hits and misses of its cache" not in doc
+    assert "a hit is served from free memory, its own cache's or the pool's" in doc
