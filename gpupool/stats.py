@@ -13,7 +13,8 @@ class PoolStats:
     by the pool (free, parked and held blocks) or by any of its regions
     (``pool.trim()`` returns the pool's; ``Region.release()`` hands a region's to the pool).
     ``asleep_bytes``: live blocks of sleeping tags (``Pool.sleep``), in no other count (their
-    pages are unmapped); ``offloaded_bytes``: their contents kept in host memory;
+    pages are unmapped); ``offloaded_bytes``: those of them whose contents are kept in host
+    memory (a buffer closed while asleep leaves both);
     ``pinned_bytes``: the page-locked host memory the pool holds for offload (sleeping tags'
     and the chunk kept for the next sleep, ``Pool.release_pinned``).
     ``num_allocs == cache_hits + cache_misses`` for non-empty requests: a hit is served from a
