@@ -20,7 +20,7 @@ from gpupool.records.streams cimport StreamKey, current_thread
 from gpupool.core.segments cimport BLOCK_ALIGN, round_request, sg_find_live
 from gpupool.records.sizes cimport check_nbytes
 from gpupool.core.ladder cimport ld_trim, ld_merge_streams
-from gpupool.core.giveback cimport sg_release_all
+from gpupool.core.giveback cimport Refused, sg_release_all, sg_refused_text
 from gpupool.core.verify cimport ps_verify, ps_verify_chunks, ps_magazines_info, ps_sweep_counts
 from gpupool.core.fastpath cimport fp_detach
 from gpupool.core.lock cimport ps_lock
@@ -36,6 +36,7 @@ from gpupool.upstream.base cimport Upstream, HOST_TO_DEVICE
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 
 import logging
+import warnings
 
 from gpupool.core.upstreams import make_upstream
 from gpupool.driver.ordinals import check_ordinal
@@ -264,16 +265,36 @@ cdef class PoolBase(BlockOwner):
         -------
         int
             Bytes released (also logged to the ``"gpupool"`` logger at DEBUG).
+
+        Raises
+        ------
+        CudaError (or a Python upstream's own exception)
+            The upstream's own trim failed (the ``async`` upstream's ``cuMemPoolTrimTo``).
+        GpupoolError
+            In a fork() child, or inside the pool's own upstream call.
+
+        Warns
+        -----
+        RuntimeWarning
+            The upstream refused a free or an unmap (``cuMemFree``, ``cuMemUnmap``) or the
+            synchronize before them, naming its error and the bytes left. Not raised: a
+            refused free frees nothing, so the memory stays cached and counted and a later
+            trim tries again (Note [Failure injection]); the ladder's own trims say nothing.
         """
         cdef int r
+        cdef Refused refused = Refused(0, 0, 0, NULL)
         self.lock_here()
-        released = ld_trim(&self._st, self.upstream)
+        released = ld_trim(&self._st, self.upstream, &refused)
+        # The refusal's error is taken before the upstream's trim can replace it.
+        refusal = sg_refused_text(&self._st, self.upstream, &refused)
         r = self.upstream.trim()
         reserved = self._st.counters.reserved
         ps_unlock(&self._st, self.upstream)
         hist_flush_log()
         _logger.debug("gpupool: trim released %d B on device %d (%d B reserved now)",
                       released, self.device, reserved)
+        if refusal:
+            warnings.warn(refusal, RuntimeWarning)  # (at the caller: Cython makes no frame)
         self.upstream.raise_error(r, "trim")
         return released
 

@@ -74,7 +74,7 @@ cdef inline int tg_grow(PoolState* st, Upstream up, Segment** segp, size_t size,
     if seg.nbytes + need > seg.va_bytes:
         return CUDA_ERROR_OUT_OF_MEMORY
     r = sg_map(st, up, seg.base + seg.nbytes, need, seg.stream, True)
-    if r == CUDA_ERROR_OUT_OF_MEMORY and ld_trim(st, up):
+    if r == CUDA_ERROR_OUT_OF_MEMORY and ld_trim(st, up, NULL):
         # The pool's cached memory goes back first (the ladder's first rung), once.
         r = sg_map(st, up, seg.base + seg.nbytes, need, seg.stream, True)
     if r != 0:
