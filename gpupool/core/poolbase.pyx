@@ -38,11 +38,14 @@ from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 import logging
 import warnings
 
+import numpy as np
+
 from gpupool.core.upstreams import make_upstream
 from gpupool.driver.ordinals import check_ordinal
 from gpupool.core.tags import tag_ids, tag_name
 from gpupool.errors import (
     FORK_MESSAGE, REENTRANT_MESSAGE, GpupoolError, OutOfMemoryError, not_picklable,
+    unexpected_keyword,
 )
 from gpupool.limits import resolve_limits
 from gpupool.stats import PoolStats, torch_memory_stats
@@ -73,8 +76,7 @@ cdef class PoolBase(BlockOwner):
     def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None, **unknown):
         cdef size_t free = 0, total = 0
         if unknown:                             # (Python's own message names __cinit__)
-            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument "
-                            f"{next(iter(unknown))!r}")
+            raise unexpected_keyword(type(self), next(iter(unknown)))
         self._offloaded = {}
         self.upstream = make_upstream(check_ordinal(device), upstream)
         self.device = self._st.segments.device = self.upstream.device
@@ -324,6 +326,8 @@ cdef class PoolBase(BlockOwner):
 
         Raises
         ------
+        TypeError
+            ``offload`` not a bool (NumPy's too), as ``Region``'s flags.
         GpupoolError
             The upstream is not expandable: sleep needs ``Pool(upstream="vmm")``.
         CudaError
@@ -331,6 +335,8 @@ cdef class PoolBase(BlockOwner):
         MemoryError
             No host memory for the offload (the tag stays awake).
         """
+        if not isinstance(offload, (bool, np.bool_)):
+            raise TypeError(f"offload must be a bool, got {offload!r}")
         ids = self._tag_targets(tags)
         for tid in ids:
             self._sleep_one(tid, offload)
