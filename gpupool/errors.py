@@ -31,6 +31,24 @@ FORK_MESSAGE = (
 REENTRANT_MESSAGE = "the pool was used from inside its own upstream call"
 
 
+def unexpected_keyword(owner, name, hint=""):
+    """The TypeError of a keyword argument that class ``owner`` does not take, worded as
+    Python's own (which, for a cdef class, names its ``__cinit__``), with ``hint`` or else
+    the closest of its keywords (``inspect.signature``, from its docstring) when one is near:
+    ``Pool() got an unexpected keyword argument 'hardlimit'; did you mean 'hard_limit'?``"""
+    import difflib
+    import inspect
+
+    if not hint:
+        try:
+            accepted = inspect.signature(owner).parameters
+        except (TypeError, ValueError):         # (a subclass without one)
+            accepted = ()
+        close = difflib.get_close_matches(name, accepted, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+    return TypeError(f"{owner.__name__}() got an unexpected keyword argument {name!r}{hint}")
+
+
 def import_extra(module, extra, needs, package):
     """``importlib.import_module(module)``, or, where the framework it needs is missing, an
     ImportError that names gpupool's extra for it.

@@ -13,7 +13,8 @@ class PoolStats:
     by the pool (free, parked and held blocks) or by any of its regions
     (``pool.trim()`` returns the pool's; ``Region.release()`` hands a region's to the pool).
     ``asleep_bytes``: live blocks of sleeping tags (``Pool.sleep``), in no other count (their
-    pages are unmapped); ``offloaded_bytes``: their contents kept in host memory;
+    pages are unmapped); ``offloaded_bytes``: those of them whose contents are kept in host
+    memory (a buffer closed while asleep leaves both);
     ``pinned_bytes``: the page-locked host memory the pool holds for offload (sleeping tags'
     and the chunk kept for the next sleep, ``Pool.release_pinned``).
     ``num_allocs == cache_hits + cache_misses`` for non-empty requests: a hit is served from a
@@ -80,11 +81,16 @@ def torch_memory_stats(c):
 
 @dataclass(frozen=True)
 class RegionStats:
-    """A region's counters: entries, hits and misses of its cache, bytes it caches, bytes of
+    """A region's counters. ``entries``: its entries. ``cache_hits`` and ``cache_misses``:
+    its allocations (those made while it is current), counted as ``PoolStats`` counts the
+    pool's: a hit is served from free memory, its own cache's or the pool's (a region that
+    caches nothing, ``cached_bytes`` 0, still counts hits), a miss needed new memory (the
+    pool grew). ``cached_bytes``: the bytes its cache holds. ``live_at_exit_bytes``: bytes of
     its buffers alive at the last exit (after the collection; buffers given to ``keep``
-    excluded, buffers that escaped earlier entries and still live included), peak bytes in
-    use by the buffers of a step, and the exit collections (count, seconds summed); for a
-    planned region (``Region(plan=True)``) its plans' counters."""
+    excluded, buffers that escaped earlier entries and still live included).
+    ``peak_in_use_bytes``: peak bytes in use by the buffers of a step. ``collections`` and
+    ``collect_seconds``: the exit collections (count, seconds summed). Then, for a planned
+    region (``Region(plan=True)``), its plans' counters."""
 
     entries: int
     cache_hits: int

@@ -108,8 +108,42 @@ def test_a_regions_flags_are_bools(pool, flag):
 def test_a_misspelt_keyword_names_the_class_not_cinit():
     # Python's own message named PoolBase.__cinit__ (trial 27).
     with pytest.raises(TypeError, match=r"^Pool\(\) got an unexpected keyword argument "
-                                        r"'hardlimit'$"):
-        gpupool.Pool(upstream=SimulatedDevice(), hardlimit=5)
+                                        r"'colour'$"):
+        gpupool.Pool(upstream=SimulatedDevice(), colour=5)
+
+
+@pytest.mark.parametrize("make, wrong, right", [
+    (lambda **kw: gpupool.Pool(upstream=SimulatedDevice(), **kw), "hardlimit", "hard_limit"),
+    (lambda **kw: gpupool.Pool(upstream=SimulatedDevice(), **kw), "softLimit", "soft_limit"),
+    (lambda **kw: gpupool.Region(pool=gpupool.Pool(upstream=SimulatedDevice()), **kw),
+     "maxcached_bytes", "max_cached_bytes"),
+    (lambda **kw: gpupool.Region(pool=gpupool.Pool(upstream=SimulatedDevice()), **kw),
+     "on_exits", "on_exit"),
+])
+def test_a_misspelt_keyword_names_the_closest_one(make, wrong, right):
+    # Trial 29: the message now says which keyword was meant (difflib's closest).
+    with pytest.raises(TypeError, match=rf"^\w+\(\) got an unexpected keyword argument "
+                                        rf"'{wrong}'; did you mean '{right}'\?$"):
+        make(**{wrong: 5})
+
+
+def test_sleep_s_offload_and_a_region_s_name_have_their_types():
+    # offload="yes" and name=5 were accepted (trial 29).
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=4096))
+    with gpupool.tag("w"):
+        buf = pool.allocate(4096)
+    for value in ("yes", 1, None):
+        with pytest.raises(TypeError, match=rf"^offload must be a bool, got {value!r}$"):
+            pool.sleep("w", offload=value)
+    assert pool.stats().asleep_bytes == 0               # nothing slept
+    pool.sleep("w", offload=np.True_)
+    pool.wake("w")
+    for value in (5, b"step", ["step"]):
+        with pytest.raises(TypeError, match=r"^name must be a str or None, got "):
+            gpupool.Region(pool=pool, name=value)
+    assert "'step'" in repr(gpupool.Region(pool=pool, name="step"))
+    assert gpupool.Region(pool=pool, name=None) is not None
+    buf.close()
 
 
 def test_a_regions_repr_says_whether_it_plans(pool):

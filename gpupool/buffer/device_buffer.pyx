@@ -73,8 +73,10 @@ cdef class DeviceBuffer:
         The pool that owns the memory.
 
     ``ptr``, ``nbytes``, ``len(buf)`` and ``stream`` describe the memory: once the buffer is
-    closed or invalidated they raise ``InvalidBufferError``; ``closed``, ``device`` and
-    ``pool`` still answer.
+    closed or invalidated they raise ``InvalidBufferError``; ``closed``, ``device``, ``pool``
+    and ``bool(buf)`` still answer. ``bool(buf)``: whether it holds memory, never raising (as
+    a truth value should): False for an empty buffer (as RMM's ``DeviceBuffer``, whose
+    ``len`` is its size) and for a closed or invalidated one (or a wrapper of one).
 
     Notes
     -----
@@ -178,14 +180,8 @@ cdef class DeviceBuffer:
         own: that stream is first made to follow the buffer's (a GPU-side wait).
         """
         cdef uintptr_t ptr = awake_ptr(self)
-        return {
-            "shape": (self._nbytes,),
-            "typestr": "|u1",
-            "data": (ptr, False),
-            "version": 3,
-            "strides": None,
-            "stream": _cai_stream(self._work_stream(None)),
-        }
+        return {"shape": (self._nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+                "strides": None, "stream": _cai_stream(self._work_stream(None))}
 
     def __dlpack_device__(self):
         """``(device_type, device_id)`` per the DLPack spec: ``(2, ordinal)`` (kDLCUDA), or
@@ -452,6 +448,10 @@ cdef class DeviceBuffer:
         self._live_ptr()
         return self._nbytes
 
+    def __bool__(self):
+        return self._nbytes != 0 and not (self.closed or self._base is not None
+                                          and self._base.closed)
+
     def copy_from_host(self, src, stream=None):
         """Copy host memory (or another device buffer) into the start of this buffer.
 
@@ -464,13 +464,12 @@ cdef class DeviceBuffer:
         stream : int, stream object or None
             Stream for the copy; default: the buffer's stream. The copy is ordered after
             earlier work on that stream, and a device source is read after the work queued so
-            far on its own stream (a gpupool buffer's, or its CUDA Array Interface
-            ``stream``): the copy counts as a use of a gpupool source (``record_stream``).
-            Host sources can be reused when this returns (``cuMemcpyHtoDAsync`` with pageable
-            memory, ``cuMemcpyDtoDAsync``). For a wrapper (``as_buffer``) of a gpupool buffer,
-            the stream is a use of that buffer, whose pool cannot see it; a buffer's own
-            copies on another stream are the caller's to order (``record_stream``), as in
-            PyTorch.
+            far on its own stream (a gpupool buffer's, or its CUDA Array Interface ``stream``):
+            the copy counts as a use of a gpupool source (``record_stream``). Host sources can
+            be reused when this returns (``cuMemcpyHtoDAsync`` with pageable memory,
+            ``cuMemcpyDtoDAsync``). For a wrapper (``as_buffer``) of a gpupool buffer, the
+            stream is a use of that buffer, whose pool cannot see it; a buffer's own copies on
+            another stream are the caller's to order (``record_stream``), as in PyTorch.
 
         Raises
         ------

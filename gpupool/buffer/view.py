@@ -20,9 +20,9 @@ def _extents(values, what):
     """An int or a sequence of ints (anything with ``__index__``) as a tuple of ints."""
     if hasattr(type(values), "__index__"):
         return (operator.index(values),)
-    if isinstance(values, (str, bytes)):
-        values = None
     try:
+        if isinstance(values, (str, bytes)):     # iterable, but never extents
+            raise TypeError
         return tuple(operator.index(n) for n in values)
     except TypeError:
         raise TypeError(f"{what} must be an int or a sequence of ints, got {values!r}") \

@@ -16,6 +16,52 @@ from gpupool.core.state cimport PoolState, Segments, StreamOrder
 from gpupool.core.streamorder cimport so_drop_events, so_done, so_unbind_all
 from gpupool.records.streams cimport StreamKey, is_no_stream
 from gpupool.upstream.base cimport Upstream
+from gpupool.driver.status cimport GP_PY_ERROR
+
+# What the upstream refused during a trim (sg_trim): the memory stays cached and counted, and a
+# later trim tries again; Pool.trim warns of it.
+cdef struct Refused:
+    size_t calls                # frees, unmaps and synchronizes the upstream refused
+    size_t nbytes               # the bytes they left cached
+    int code                    # the last one's status code: its error stays pending
+    const char* what            # the last one's call: "free", "unmap" or "synchronize"
+
+
+cdef inline void sg_refused(Upstream up, Refused* refused, int code, const char* what,
+                            size_t nbytes) noexcept nogil:
+    """A call of a trim the upstream refused: with a record (refused), counted there and its
+    error left pending for the caller to take (a later refusal's replaces it); else cleared."""
+    if refused == NULL:
+        up.clear_error()
+        return
+    refused.calls += 1
+    refused.nbytes += nbytes
+    refused.code = code
+    refused.what = what
+
+
+cdef inline str sg_refused_text(PoolState* st, Upstream up, Refused* refused):
+    """What a trim's upstream refused, as Pool.trim's warning says it (its pending error
+    taken); None: nothing."""
+    if refused.calls == 0:
+        return None
+    if refused.code == GP_PY_ERROR and up.pending_error is None:
+        cause = "its exception was not kept"
+    else:
+        try:
+            up.raise_error(refused.code, refused.what.decode())
+            cause = f"status {refused.code}"
+        except Exception as exc:        # (as text: its traceback's frames let go)
+            cause = f"{type(exc).__name__}: {exc}"
+    head = f"Pool.trim on device {st.segments.device}: "
+    if refused.what == b"synchronize":
+        return (f"{head}the device synchronize before it failed ({cause}), so nothing was "
+                f"given back; {st.counters.cached} B stay cached, and a later trim() tries "
+                f"again")
+    return (f"{head}the upstream refused {refused.calls} call"
+            f"{'s' if refused.calls > 1 else ''} to give memory back (the last, "
+            f"{refused.what.decode()}: {cause}); {refused.nbytes} B stay cached and "
+            f"reserved, and a later trim() tries again")
 
 
 cdef inline bint sg_imported(Segment* seg) noexcept nogil:
@@ -31,10 +77,12 @@ cdef inline void sg_forget_export(Segment* seg) noexcept nogil:
         seg.ipc = NULL
 
 
-cdef inline size_t sg_unmap_free(PoolState* st, Upstream up, Block* b) noexcept nogil:
+cdef inline size_t sg_unmap_free(PoolState* st, Upstream up, Block* b,
+                                 Refused* refused) noexcept nogil:
     """Unmap the whole pages of free block b of an expandable segment (its work is done):
     pages at the segment's end shrink it, others become an unmapped hole; the partial pages
-    around them stay free. Returns the bytes unmapped."""
+    around them stay free. Returns the bytes unmapped; a refused unmap goes to refused
+    (sg_refused)."""
     cdef Segments* sg = &st.segments
     cdef Counters* c = &st.counters
     cdef FreeLists* fl = &st.free
@@ -45,11 +93,13 @@ cdef inline size_t sg_unmap_free(PoolState* st, Upstream up, Block* b) noexcept 
     cdef uintptr_t hi = seg.base + (b.ptr + b.size - seg.base) // g * g
     cdef Block* hole
     cdef Block* rest
+    cdef int r
     if hi <= lo:
         fl_put(fl, b)
         return 0
-    if up.unmap(lo, hi - lo) != 0:
-        up.clear_error()                # the pages stay mapped and cached
+    r = up.unmap(lo, hi - lo)
+    if r != 0:
+        sg_refused(up, refused, r, "unmap", hi - lo)     # the pages stay mapped and cached
         fl_put(fl, b)
         return 0
     count_returned(c, hi - lo)
@@ -117,17 +167,21 @@ cdef inline void sg_rejoin(PoolState* st, vector[Block*]* blocks,
             sg_join(st, b, b.seg_next)
 
 
-cdef inline bint sg_free_segment(PoolState* st, Upstream up, Block* b) noexcept nogil:
+cdef inline bint sg_free_segment(PoolState* st, Upstream up, Block* b,
+                                 Refused* refused) noexcept nogil:
     """Give b's plain segment, of which b (out of the free lists, its work done) is the one
     block, back to the upstream. False: the upstream's free failed, so the memory is still
     the pool's (a failed cuMemFree frees nothing), and b, out of the free lists, goes back
     there by the caller: it stays cached, and a later trim tries again. Its export is
-    forgotten all the same (a new one is made should it be shared again)."""
+    forgotten all the same (a new one is made should it be shared again). A refusal goes to
+    refused (sg_refused)."""
     cdef Segments* sg = &st.segments
     cdef Segment* seg = b.segment
+    cdef int r
     sg_forget_export(seg)               # first: no importer may open it while it goes
-    if up.free(seg.base) != 0:
-        up.clear_error()
+    r = up.free(seg.base)
+    if r != 0:
+        sg_refused(up, refused, r, "free", seg.nbytes)
         return False
     count_returned(&st.counters, seg.nbytes)
     sg_note(sg, ACT_SEGMENT_FREE, seg.base, seg.nbytes, seg.stream)
@@ -156,17 +210,18 @@ cdef inline size_t sg_shed(PoolState* st, Upstream up, size_t size, StreamKey s)
         if not seg.va_bytes and seg.nbytes < size and b == seg.last and b.state == FREE and \
                 b.region.cache == NULL and not sg_imported(seg) and \
                 so_done(&st.order, up, b, s) and fl_unbin(&st.free, b) and \
-                not sg_free_segment(st, up, b):
+                not sg_free_segment(st, up, b, NULL):
             fl_put(&st.free, b)
         seg = nxt
     return before - st.counters.reserved
 
 
-cdef inline size_t sg_trim(PoolState* st, Upstream up) noexcept nogil:
+cdef inline size_t sg_trim(PoolState* st, Upstream up, Refused* refused) noexcept nogil:
     """Give the pool's free memory back: wholly free plain segments to the upstream, whole
     free pages of expandable segments unmapped; blocks cached by regions stay. Synchronizes
     the device first when a cached block may still be read by queued work; what stays cached
-    is then free for any stream. Returns the bytes given back."""
+    is then free for any stream. Returns the bytes given back; what the upstream refused
+    stays cached and goes to refused (NULL: nowhere, its errors cleared)."""
     cdef Segments* sg = &st.segments
     cdef Counters* c = &st.counters
     cdef StreamOrder* so = &st.order
@@ -176,6 +231,7 @@ cdef inline size_t sg_trim(PoolState* st, Upstream up) noexcept nogil:
     cdef Block* b
     cdef Segment* seg
     cdef bint busy = False
+    cdef int r
     fl_each(fl, &blocks)
     for i in range(blocks.size()):
         busy = busy or not is_no_stream(blocks[i].stream)
@@ -184,8 +240,9 @@ cdef inline size_t sg_trim(PoolState* st, Upstream up) noexcept nogil:
         # Cached blocks may still be read by work queued before their free; never-used ones
         # have no work, but pages are unmapped only with the device idle (a mapping change
         # under running work is not worth the risk). After this every event has completed.
-        if up.synchronize() != 0:
-            up.clear_error()
+        r = up.synchronize()
+        if r != 0:
+            sg_refused(up, refused, r, "synchronize", 0)
             return 0                    # the work may not be done: nothing is safe to free
         so.wanted.clear()
     so_unbind_all(st, &blocks, NULL)
@@ -196,9 +253,9 @@ cdef inline size_t sg_trim(PoolState* st, Upstream up) noexcept nogil:
         if b.region.cache != NULL:
             fl_put(fl, b)
         elif seg.va_bytes:
-            sg_unmap_free(st, up, b)
+            sg_unmap_free(st, up, b, refused)
         elif b.seg_prev == NULL and b.seg_next == NULL and not sg_imported(seg):
-            if not sg_free_segment(st, up, b):
+            if not sg_free_segment(st, up, b, refused):
                 fl_put(fl, b)           # the free failed: it stays cached
         else:
             fl_put(fl, b)

@@ -264,5 +264,5 @@ cdef inline size_t sg_reclaim(PoolState* st, Upstream up, size_t size, StreamKey
         rc_disown(b)                    # (the requesting region's: its pages leave it)
         so_drop_events(so, b)           # its work is done
         b.stream = stream_key(NO_STREAM, BY_HANDLE)
-        got += sg_unmap_free(st, up, b)
+        got += sg_unmap_free(st, up, b, NULL)
     return got

@@ -7,7 +7,7 @@ from gpupool.history.ring cimport (
     LogKind, LOG_LADDER_NOTHING, LOG_LADDER_TRIM, LOG_LADDER_REGIONS, hist_log,
 )
 from gpupool.records.streams cimport StreamKey
-from gpupool.core.giveback cimport sg_trim, sg_merge_streams
+from gpupool.core.giveback cimport Refused, sg_trim, sg_merge_streams
 from gpupool.core.growexpand cimport sg_extend, sg_reclaim
 from gpupool.core.growplain cimport sg_grow_plain
 from gpupool.core.magpool cimport mp_flush_all
@@ -33,14 +33,14 @@ cdef inline int ld_ladder(PoolState* st, Upstream up, size_t size, StreamKey s,
         hist_log(LOG_LADDER_NOTHING, st.segments.device, size, 0, r)
     if st.counters.cached:
         st.counters.oom_retries += 1
-        released = ld_trim(st, up)
+        released = ld_trim(st, up, NULL)
         r = ld_grow_once(st, up, size, s, owner)
         hist_log(LOG_LADDER_TRIM, st.segments.device, size, released, r)
     if r == CUDA_ERROR_OUT_OF_MEMORY and st.counters.cached:
         st.counters.oom_retries += 1
         for i in range(st.regions.size()):
             rc_drain(st.regions[i])
-        released = ld_trim(st, up)
+        released = ld_trim(st, up, NULL)
         r = ld_grow_once(st, up, size, s, owner)
         hist_log(LOG_LADDER_REGIONS, st.segments.device, size, released, r)
     return r
@@ -57,11 +57,12 @@ cdef inline int ld_grow_once(PoolState* st, Upstream up, size_t size, StreamKey 
     return sg_grow_plain(st, up, size, s)
 
 
-cdef inline size_t ld_trim(PoolState* st, Upstream up) noexcept nogil:
-    """Give the pool's cached memory back (sg_trim); returns the bytes given back."""
+cdef inline size_t ld_trim(PoolState* st, Upstream up, Refused* refused) noexcept nogil:
+    """Give the pool's cached memory back (sg_trim: refused gets what the upstream refused,
+    NULL: nothing); returns the bytes given back."""
     mp_flush_all(st)
     pk_flush(st)
-    return sg_trim(st, up)
+    return sg_trim(st, up, refused)
 
 
 cdef inline void ld_trim_logged(PoolState* st, Upstream up, LogKind kind, size_t bound,
@@ -70,7 +71,7 @@ cdef inline void ld_trim_logged(PoolState* st, Upstream up, LogKind kind, size_t
     request on s; none while s is being captured into a CUDA graph (its synchronize would
     invalidate the capture: the trim waits for a request outside it)."""
     if not so_capturing(up, s):
-        hist_log(kind, st.segments.device, bound, ld_trim(st, up), 0)
+        hist_log(kind, st.segments.device, bound, ld_trim(st, up, NULL), 0)
 
 
 cdef inline int ld_merge_streams(PoolState* st, Upstream up, size_t* moved) noexcept nogil:

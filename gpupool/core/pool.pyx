@@ -485,7 +485,7 @@ cdef class Pool(PoolBase):
         upstream's trim, its error cleared); the bytes the pool gave back go to released."""
         cdef int r
         self.lock()
-        released[0] = ld_trim(&self._st, self.upstream)
+        released[0] = ld_trim(&self._st, self.upstream, NULL)
         r = self.upstream.trim()
         if r != 0:
             self.upstream.clear_error()

@@ -2,22 +2,22 @@
 # or maintains them (core/poolbase.pyx); Pool (core/pool.pxd) serves requests on top of it.
 from gpupool.buffer.owner cimport BlockOwner
 from gpupool.core.state cimport PoolState
-from gpupool.core.offload cimport HostChunk
 from libc.stdint cimport uintptr_t
-from gpupool.records.block cimport Block
+from gpupool.records.block cimport Block, HostChunk
 from gpupool.records.counters cimport Counters
 from gpupool.records.streams cimport StreamKey
 from gpupool.core.regioncache cimport RegionCache
 
 cdef class PoolBase(BlockOwner):
     cdef PoolState _st                  # everything below the Python API (core/state.pxd)
-    cdef dict _offloaded                # sleeping tag id -> (held, copies): core/offload.pxd
+    cdef dict _offloaded                # sleeping tag id -> its copies: core/offload.pxd
     cdef HostChunk _spare               # page-locked chunk kept for the next offload
     cdef object __weakref__
 
     cdef bint block_asleep(self, Block* blk) noexcept nogil
     cdef int lock_here(self) except -1
     cdef int check_usable(self) except -1
+    cdef int keep_host(self, HostChunk* chunk) except -1
 
     # The interface of the layers above that reads the pool's state (as Pool's, core/pool.pxd:
     # each takes the pool's lock itself).

@@ -7,7 +7,7 @@ above call."""
 from cpython.ref cimport PyObject
 from libcpp.vector cimport vector
 from libc.stdint cimport uintptr_t
-from gpupool.records.block cimport Block, Segment, LIVE
+from gpupool.records.block cimport Block, Segment, HostChunk, LIVE
 from gpupool.driver.calls cimport fork_flag
 from gpupool.core.freelist cimport fl_each
 from gpupool.core.magpool cimport mp_reap, mp_flush_all, mp_counters_view, mp_reset_peaks
@@ -20,7 +20,7 @@ from gpupool.records.streams cimport StreamKey, current_thread
 from gpupool.core.segments cimport BLOCK_ALIGN, round_request, sg_find_live
 from gpupool.records.sizes cimport check_nbytes
 from gpupool.core.ladder cimport ld_trim, ld_merge_streams
-from gpupool.core.giveback cimport sg_release_all
+from gpupool.core.giveback cimport Refused, sg_release_all, sg_refused_text
 from gpupool.core.verify cimport ps_verify, ps_verify_chunks, ps_magazines_info, ps_sweep_counts
 from gpupool.core.fastpath cimport fp_detach
 from gpupool.core.lock cimport ps_lock
@@ -36,12 +36,16 @@ from gpupool.upstream.base cimport Upstream, HOST_TO_DEVICE
 from cuda.bindings.cydriver cimport CUDA_ERROR_OUT_OF_MEMORY
 
 import logging
+import warnings
+
+import numpy as np
 
 from gpupool.core.upstreams import make_upstream
 from gpupool.driver.ordinals import check_ordinal
 from gpupool.core.tags import tag_ids, tag_name
 from gpupool.errors import (
     FORK_MESSAGE, REENTRANT_MESSAGE, GpupoolError, OutOfMemoryError, not_picklable,
+    unexpected_keyword,
 )
 from gpupool.limits import resolve_limits
 from gpupool.stats import PoolStats, torch_memory_stats
@@ -72,8 +76,7 @@ cdef class PoolBase(BlockOwner):
     def __cinit__(self, device=0, upstream=None, hard_limit=None, soft_limit=None, **unknown):
         cdef size_t free = 0, total = 0
         if unknown:                             # (Python's own message names __cinit__)
-            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument "
-                            f"{next(iter(unknown))!r}")
+            raise unexpected_keyword(type(self), next(iter(unknown)))
         self._offloaded = {}
         self.upstream = make_upstream(check_ordinal(device), upstream)
         self.device = self._st.segments.device = self.upstream.device
@@ -104,6 +107,7 @@ cdef class PoolBase(BlockOwner):
     def __dealloc__(self):
         # Buffers and regions hold references to their pool, so only free lists remain.
         cdef size_t i
+        cdef Segment* seg
         if FORKED[0]:
             return
         # Threads' magazines let go of the pool whatever else happens (the garbage collector
@@ -122,9 +126,11 @@ cdef class PoolBase(BlockOwner):
             # streams' work. (A failure: the context is gone, and its work with it.)
             if self.upstream.synchronize() != 0:
                 self.upstream.clear_error()
+        seg = self._st.segments.head
+        while seg != NULL:                  # the host copies of sleeping tags
+            of_free(self.upstream, &seg.offload, &self._st.counters)
+            seg = seg.next
         sg_release_all(&self._st, self.upstream)
-        for held, _ in (self._offloaded or {}).values():     # page-locked chunks of sleeping
-            of_keep(self.upstream, &self._spare, &self._st.counters, held)      # tags
         of_free(self.upstream, &self._spare, &self._st.counters)
         for i in range(self._st.order.events.size()):
             self.upstream.event_destroy(self._st.order.events[i])
@@ -261,16 +267,36 @@ cdef class PoolBase(BlockOwner):
         -------
         int
             Bytes released (also logged to the ``"gpupool"`` logger at DEBUG).
+
+        Raises
+        ------
+        CudaError (or a Python upstream's own exception)
+            The upstream's own trim failed (the ``async`` upstream's ``cuMemPoolTrimTo``).
+        GpupoolError
+            In a fork() child, or inside the pool's own upstream call.
+
+        Warns
+        -----
+        RuntimeWarning
+            The upstream refused a free or an unmap (``cuMemFree``, ``cuMemUnmap``) or the
+            synchronize before them, naming its error and the bytes left. Not raised: a
+            refused free frees nothing, so the memory stays cached and counted and a later
+            trim tries again (Note [Failure injection]); the ladder's own trims say nothing.
         """
         cdef int r
+        cdef Refused refused = Refused(0, 0, 0, NULL)
         self.lock_here()
-        released = ld_trim(&self._st, self.upstream)
+        released = ld_trim(&self._st, self.upstream, &refused)
+        # The refusal's error is taken before the upstream's trim can replace it.
+        refusal = sg_refused_text(&self._st, self.upstream, &refused)
         r = self.upstream.trim()
         reserved = self._st.counters.reserved
         ps_unlock(&self._st, self.upstream)
         hist_flush_log()
         _logger.debug("gpupool: trim released %d B on device %d (%d B reserved now)",
                       released, self.device, reserved)
+        if refusal:
+            warnings.warn(refusal, RuntimeWarning)  # (at the caller: Cython makes no frame)
         self.upstream.raise_error(r, "trim")
         return released
 
@@ -295,15 +321,22 @@ cdef class PoolBase(BlockOwner):
             The tags to put to sleep.
         offload : bool
             Keep the live blocks' bytes (copied to host memory, restored by ``wake``); False
-            discards them (activations, KV caches).
+            discards them (activations, KV caches). A buffer closed while asleep leaves
+            ``offloaded_bytes``; the host copy goes back once no offloaded buffer is left.
 
         Raises
         ------
+        TypeError
+            ``offload`` not a bool (NumPy's too), as ``Region``'s flags.
         GpupoolError
             The upstream is not expandable: sleep needs ``Pool(upstream="vmm")``.
         CudaError
             The synchronize, a copy or the unmap failed: the tag stays awake, its bytes kept.
+        MemoryError
+            No host memory for the offload (the tag stays awake).
         """
+        if not isinstance(offload, (bool, np.bool_)):
+            raise TypeError(f"offload must be a bool, got {offload!r}")
         ids = self._tag_targets(tags)
         for tid in ids:
             self._sleep_one(tid, offload)
@@ -370,9 +403,10 @@ cdef class PoolBase(BlockOwner):
     def _sleep_one(self, int tid, bint offload):
         cdef Segment* seg
         cdef Upstream up = self.upstream
+        cdef HostChunk chunk = HostChunk(0, 0, False)
         cdef int r = 0
         cdef str what = "synchronize"
-        held, copies = [], []
+        copies = []
         self.lock_here()
         try:
             seg = tg_segment(&self._st.segments, tid)
@@ -381,32 +415,33 @@ cdef class PoolBase(BlockOwner):
             r = up.synchronize()
             if offload and r == 0:
                 what = "copy to the host"
-                r = of_copy_out(up, seg, &self._spare, &self._st.counters, held, copies)
+                r = of_copy_out(up, seg, &self._spare, &self._st.counters, &chunk, copies)
             if r == 0 and seg.nbytes:
                 what = "unmap"
                 r = up.unmap(seg.base, seg.nbytes)
             if r == 0:
+                seg.offload = chunk             # the segment's now (tg_free may give it back)
+                chunk = HostChunk(0, 0, False)
                 tg_sleep_counts(&self._st, seg, True)
                 seg.asleep = True
                 sg_note(&self._st.segments, ACT_SEGMENT_UNMAP, seg.base, seg.nbytes, seg.stream)
-                self._st.counters.offloaded += sum(n for _, _, n in copies)
-                self._offloaded[tid] = (held, copies)
+                self._offloaded[tid] = copies
         finally:
             ps_unlock(&self._st, up)
         try:
             up.raise_error(r, f"sleep ({what})")
         finally:
             if r != 0:
-                self._keep_host(held)       # after the error is taken: it clears its own
+                self.keep_host(&chunk)      # after the error is taken: it clears its own
 
     def _wake_one(self, int tid):
         cdef Segment* seg
         cdef Upstream up = self.upstream
         cdef uintptr_t ptr, host
         cdef size_t n
+        cdef HostChunk chunk = HostChunk(0, 0, False)
         cdef int r = 0
         cdef str what = "map"
-        held = []
         self.lock_here()
         try:
             seg = tg_segment(&self._st.segments, tid)
@@ -417,10 +452,13 @@ cdef class PoolBase(BlockOwner):
             if r == 0:
                 seg.asleep = False
                 tg_sleep_counts(&self._st, seg, False)
-                held, copies = self._offloaded.pop(tid, ([], []))
-                self._st.counters.offloaded -= sum(n for _, _, n in copies)
+                chunk = seg.offload
+                seg.offload = HostChunk(0, 0, False)
+                copies = self._offloaded.pop(tid, ())
                 what = "copy from the host"
-                for ptr, host, n in copies:
+                # No chunk: every offloaded block was freed while asleep (tg_free gave it
+                # back); with one, runs with blocks freed since copy into free memory.
+                for ptr, host, n in (copies if chunk.ptr else ()):
                     if r == 0:
                         r = up.copy(HOST_TO_DEVICE, ptr, host, n, 0)
                 if r == 0:
@@ -437,12 +475,14 @@ cdef class PoolBase(BlockOwner):
             up.raise_error(r, f"wake ({what})")
         finally:
             if what != "map":
-                self._keep_host(held)       # after the error is taken: it clears its own
+                self.keep_host(&chunk)      # after the error is taken: it clears its own
 
-    def _keep_host(self, list held):
+    cdef int keep_host(self, HostChunk* chunk) except -1:
+        """Take back the host memory of a wake or of a failed sleep (of_keep)."""
         self.lock_here()
-        of_keep(self.upstream, &self._spare, &self._st.counters, held)
+        of_keep(self.upstream, &self._spare, &self._st.counters, chunk)
         ps_unlock(&self._st, self.upstream)
+        return 0
 
     def release_pinned(self):
         """Give back the page-locked host memory kept for the next ``sleep(offload=True)``.

@@ -21,6 +21,7 @@ from gpupool.core.magpool cimport mp_count_taken, mp_hand_out, mp_settle_peak
 from gpupool.core.segments cimport BLOCK_ALIGN, round_up, round_request, sg_new_segment
 from gpupool.core.state cimport PoolState, Segments
 from gpupool.core.streamorder cimport so_capturing
+from gpupool.core.offload cimport of_free
 from gpupool.upstream.base cimport Upstream
 
 cdef enum:
@@ -73,7 +74,7 @@ cdef inline int tg_grow(PoolState* st, Upstream up, Segment** segp, size_t size,
     if seg.nbytes + need > seg.va_bytes:
         return CUDA_ERROR_OUT_OF_MEMORY
     r = sg_map(st, up, seg.base + seg.nbytes, need, seg.stream, True)
-    if r == CUDA_ERROR_OUT_OF_MEMORY and ld_trim(st, up):
+    if r == CUDA_ERROR_OUT_OF_MEMORY and ld_trim(st, up, NULL):
         # The pool's cached memory goes back first (the ladder's first rung), once.
         r = sg_map(st, up, seg.base + seg.nbytes, need, seg.stream, True)
     if r != 0:
@@ -212,15 +213,28 @@ cdef inline void tg_join(PoolState* st, Block* a, Block* b) noexcept nogil:
     sg_retire(st, b)
 
 
+cdef inline size_t tg_live_bytes(Segment* seg) noexcept nogil:
+    """Bytes of seg's live blocks."""
+    cdef Block* b = seg.first
+    cdef size_t live = 0
+    while b != NULL:
+        if b.state == LIVE:
+            live += b.size
+        b = b.seg_next
+    return live
+
+
 cdef inline void tg_free(PoolState* st, Upstream up, Block* b, StreamKey s) noexcept nogil:
     """Under the pool's lock: take back live tagged block b, last used on s. Streams added
     with record_stream are ordered by a device synchronize (tagged blocks keep no events):
     the block is then free for any stream of its tag; while s or one of them is being
     captured into a CUDA graph, the synchronize waits for the tag's next request outside a
     capture (tg_reorder). A sleeping block's bytes leave the
-    asleep count (its pages are not mapped: nothing becomes cached)."""
+    asleep count (its pages are not mapped: nothing becomes cached) and the offloaded one;
+    the last live block of a sleeping segment gives its host copy back (core/offload.pxd)."""
     cdef size_t size = b.size
     cdef Counters* c = &st.counters
+    cdef Segment* seg = b.segment
     if hist_on(st.segments.recording[0]):
         hist_free(st.segments.device, st.segments.pool_id, b.ptr, size, s.handle)
     b.holder = NULL
@@ -238,10 +252,12 @@ cdef inline void tg_free(PoolState* st, Upstream up, Block* b, StreamKey s) noex
         b.extra_streams = NULL
     b.used = c.num_allocs
     b.state = TAGGED
-    if b.segment.asleep:
+    if seg.asleep:
         c.asleep -= size
         c.num_frees += 1
         c.freed_bytes += size
+        if seg.offload.ptr:
+            c.offloaded -= size
     else:
         count_freed(c, size)
         st.bound -= size
@@ -250,19 +266,22 @@ cdef inline void tg_free(PoolState* st, Upstream up, Block* b, StreamKey s) noex
         tg_join(st, b, b.seg_next)
     if tg_joins(b, b.seg_next):
         tg_join(st, b, b.seg_next)
+    if seg.offload.ptr and tg_live_bytes(seg) == 0:
+        of_free(up, &seg.offload, c)        # nothing left to restore at wake
 
 
 cdef inline void tg_sleep_counts(PoolState* st, Segment* seg, bint sleep) noexcept nogil:
     """Move the counters of seg's blocks as its pages are unmapped (sleep) or mapped again
     (not sleep; sg_map has counted the pages reserved and cached): live bytes between in use
-    and asleep, free bytes out of (or into) cached."""
+    and asleep, free bytes out of (or into) cached; live bytes into (or out of) offloaded
+    where seg holds its host copy (seg.offload)."""
     cdef Counters* c = &st.counters
-    cdef Block* b = seg.first
-    cdef size_t live = 0
-    while b != NULL:
-        if b.state == LIVE:
-            live += b.size
-        b = b.seg_next
+    cdef size_t live = tg_live_bytes(seg)
+    if seg.offload.ptr:
+        if sleep:
+            c.offloaded += live
+        else:
+            c.offloaded -= live
     if sleep:
         c.reserved -= seg.nbytes
         c.cached -= seg.nbytes - live

@@ -18,7 +18,7 @@ cdef inline list ps_verify(PoolState* st):
     cdef Block* prev
     cdef uintptr_t pos
     cdef size_t live = 0, idle = 0, mapped = 0, nfree = 0, nparked = 0, nheld = 0, holes
-    cdef size_t magazine_blocks = 0, asleep = 0
+    cdef size_t magazine_blocks = 0, asleep = 0, offloaded = 0
     cdef size_t i
     cdef RegionCache* rc
     problems, tagged, counted = [], {}, {}
@@ -38,6 +38,7 @@ cdef inline list ps_verify(PoolState* st):
                                 f"record_stream streams")
             if b.state == LIVE and seg.asleep:
                 asleep += b.size
+                offloaded += b.size if seg.offload.ptr else 0
             elif b.state == LIVE:
                 live += b.size
             elif seg.asleep:
@@ -59,6 +60,8 @@ cdef inline list ps_verify(PoolState* st):
             problems.append(f"segment {seg.base:#x}: its blocks end at {pos:#x}, "
                             f"it at {seg.base + seg.nbytes:#x}")
         mapped += 0 if seg.asleep else seg.nbytes - holes
+        if seg.offload.ptr and not seg.asleep:
+            problems.append(f"segment {seg.base:#x}: awake, holding a host copy")
         seg = seg.next
     for i in range(st.segments.spare.size()):
         if st.segments.spare[i].extra_streams != NULL:
@@ -74,8 +77,9 @@ cdef inline list ps_verify(PoolState* st):
     if (c.reserved, c.cached, c.in_use) != (mapped, idle, live):
         problems.append(f"counters reserved/cached/in use {c.reserved}/{c.cached}/"
                         f"{c.in_use}, blocks {mapped}/{idle}/{live}")
-    if c.asleep != asleep:
-        problems.append(f"counter asleep {c.asleep}, sleeping blocks {asleep}")
+    if c.asleep != asleep or c.offloaded != offloaded:
+        problems.append(f"counters asleep/offloaded {c.asleep}/{c.offloaded}, sleeping "
+                        f"blocks {asleep}, with a host copy {offloaded}")
     if nfree != st.free.nblocks or nparked != <size_t>st.nparked:
         problems.append(f"{nfree} free and {nparked} parked blocks, lists hold "
                         f"{st.free.nblocks} and {st.nparked}")

@@ -17,6 +17,13 @@ cdef enum BlockState:
     HELD = 5            # in a thread's magazine (core/magazine.pxd): free, not in the free lists
     TAGGED = 6          # free in a tag's segment (core/tagged.pxd): not in the free lists
 
+# Host memory holding offloaded bytes (core/offload.pxd): a sleeping tag's, or the page-locked
+# chunk the pool keeps for the next offload.
+cdef struct HostChunk:
+    uintptr_t ptr       # 0: none
+    size_t nbytes
+    bint pinned         # the upstream's page-locked memory (host_alloc); else malloc's
+
 cdef struct Segment:
     uintptr_t base
     size_t nbytes       # bytes of memory it holds: allocated, or mapped from base on
@@ -28,6 +35,7 @@ cdef struct Segment:
     gp_ipc_slot* ipc    # its CUDA IPC export slot (ipc/share.pyx); NULL: never exported
     int tag             # a tag's segment (core/tagged.pxd): the tag's id; 0: none
     bint asleep         # a tag's segment whose pages are unmapped (Pool.sleep)
+    HostChunk offload   # asleep with offload: its live blocks' bytes in host memory; ptr 0: none
 
 # A block's place in its region (core/regioncache.pxd keeps it). While the block is live: the
 # region it was allocated in and returns to, and that region's list of live blocks. While it

@@ -8,7 +8,8 @@ _in_thread = threading.local()
 
 cdef class _InThread:
     """The context manager of ``Region.enter_in_thread()`` (also a decorator): the region
-    current on the thread that enters it, until that thread exits it. An exit on another
+    current on the thread that enters it, until that thread exits it. Its entry raises
+    unless the region is entered (``with region:``, on any thread); an exit on another
     thread raises and changes nothing (the entering thread's stack of regions is its own)."""
     cdef Region region
     cdef object thread
@@ -20,6 +21,13 @@ cdef class _InThread:
         if self.thread is not None:
             raise GpupoolError("this enter_in_thread() block is already entered")
         self.region.pool.check_usable()
+        if self.region._active_thread is None:
+            # Not entered: nothing would ever apply its exit policy to the worker's
+            # allocations, and the region would cache them outside any entry.
+            raise GpupoolError(
+                f"{self.region!r} is not entered: enter_in_thread() makes a region entered "
+                f"with `with region:` (on any thread) current on this thread too; enter the "
+                f"region first")
         self.thread = threading.get_ident()     # before the lock's wait lets others run
         region_push(self.region.rc)
         self.region.pool.region_enter(self.region.rc, False)

@@ -19,20 +19,22 @@ def option_names(planner):
     return tuple(inspect.signature(planner).parameters)
 
 
-def planner_of(plan, planner, **flags):
+def planner_of(plan, planner, region_name, **flags):
     """``Region``'s ``plan`` argument made into its planner: ``planner(**plan)`` for a dict,
     ``planner()`` for True, None for False; each of ``flags`` (``skip_first``, ``debug``,
-    ``trace``) checked a bool (NumPy's too).
+    ``trace``) checked a bool (NumPy's too), and ``region_name`` (its ``name``) a str or None.
 
     Raises
     ------
     TypeError
-        A flag not a bool, ``plan`` not a bool or dict, or a key of ``plan`` that is not one
-        of ``planner``'s parameters (those accepted named).
+        A flag not a bool, the name not a str or None, ``plan`` not a bool or dict, or a key
+        of ``plan`` that is not one of ``planner``'s parameters (those accepted named).
     """
     for name, value in flags.items():
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{name} must be a bool, got {value!r}")
+    if region_name is not None and not isinstance(region_name, str):
+        raise TypeError(f"name must be a str or None, got {region_name!r}")
     if plan is not False and plan is not True and not isinstance(plan, dict):
         raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
     keys = option_names(planner)

@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable
+from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable, unexpected_keyword
 from gpupool.buffer.interface import read_cai
 from gpupool.limits import parse_limit
 from gpupool.stats import RegionStats
@@ -156,9 +156,9 @@ cdef class Region:
     ValueError
         Unknown ``on_exit``, ``collect`` or ``scope``; a planner option out of its range.
     TypeError
-        An unknown keyword argument, ``plan`` not a bool or dict, an unknown key in
-        ``plan``'s dict, ``pool`` not a Pool, ``skip_first``, ``debug`` or ``trace`` not a
-        bool.
+        An unknown keyword argument (naming the closest), ``plan`` not a bool or dict, an
+        unknown key in ``plan``'s dict, ``pool`` not a Pool, ``skip_first``, ``debug`` or
+        ``trace`` not a bool, ``name`` not a str or None.
     GpupoolError
         On entry, if this Region object is already entered (re-entered inside itself, or
         entered on another thread), in a fork() child of a process that used gpupool, or
@@ -213,16 +213,16 @@ cdef class Region:
                   plan=False, **unknown):
         if unknown:
             name = next(iter(unknown))          # (Python's own message names __cinit__)
-            raise TypeError(f"Region() got an unexpected keyword argument {name!r}" + (
-                f"; planner options go in plan: Region(plan={{{name!r}: ...}})"
-                if name in _PLAN_OPTIONS else ""))
+            raise unexpected_keyword(Region, name, f"; planner options go in plan: Region("
+                                     f"plan={{{name!r}: ...}})" if name in _PLAN_OPTIONS else "")
         if on_exit not in _POLICIES:
             raise ValueError(f"on_exit must be one of {_POLICIES}, got {on_exit!r}")
         if collect not in _COLLECT:
             raise ValueError(f"collect must be 'young', 'full' or None, got {collect!r}")
         if scope not in _SCOPES:
             raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
-        planner = planner_of(plan, Planner, skip_first=skip_first, debug=debug, trace=trace)
+        planner = planner_of(plan, Planner, name, skip_first=skip_first, debug=debug,
+                             trace=trace)
         from gpupool.core.defaults import get_pool
         if pool is not None and not isinstance(pool, Pool):
             raise TypeError(f"pool must be a gpupool.Pool, got {type(pool).__name__}")
@@ -462,9 +462,14 @@ cdef class Region:
 
         Allocations made there from the region's pool are cached by the region, as those of
         the thread that entered it. The exit policy and collection stay with that thread's
-        ``with region:``; use this only while the region is entered there. Its exit on
-        another thread than the one that entered it raises GpupoolError (and changes
-        nothing: exit it on its own thread).
+        ``with region:``; use this only while the region is entered there.
+
+        Raises
+        ------
+        GpupoolError
+            On entry: the region is not entered (``with region:``, any thread, either scope),
+            or as for ``with region:``. On exit: on another thread than its entry's (nothing
+            changes: exit it on its own thread).
         """
         return _InThread(self)
 

@@ -146,6 +146,22 @@ def test_repr_and_len(pool):
     assert "closed" in repr(buf)
 
 
+def test_truth_says_whether_it_holds_memory_and_never_raises(pool):
+    # bool() of a closed buffer raised InvalidBufferError, as len() does (trial 29). As RMM's
+    # DeviceBuffer (len its size): an empty buffer is false; so is a closed or invalidated
+    # one, and a wrapper of one.
+    buf, empty = pool.allocate(300), pool.allocate(0)
+    wrapped = gpupool.as_buffer(buf)
+    assert buf and wrapped and not empty
+    buf.close()
+    empty.close()
+    assert not buf and not wrapped and not empty
+    region = gpupool.Region(pool=pool, on_exit="invalidate")
+    with region:
+        kept = pool.allocate(300)
+    assert not kept
+
+
 @pytest.mark.parametrize("src", [None, "abc", [1, 2, 3], 12345, np.array([object()])])
 def test_copy_from_host_rejects_non_buffers(pool, src):
     buf = pool.allocate(64)

@@ -1,6 +1,7 @@
 """DLPack export on the simulated device (host memory, so NumPy consumes it as kDLCPU)."""
 
 import ctypes
+import re
 import sys
 
 import numpy as np
@@ -141,6 +142,16 @@ def test_view_keeps_the_buffer_alive(pool):
 def test_bad_views(pool, dtype, shape, strides, error):
     with pytest.raises(error, match="shape" if shape == "abc" else None):
         pool.allocate(64).view(dtype, shape, strides)
+
+
+@pytest.mark.parametrize("value", ["x", b"4"])
+@pytest.mark.parametrize("what", ["shape", "strides"])
+def test_a_string_shape_or_strides_is_named_in_the_error(pool, what, value):
+    # The message said "got None" (trial 29).
+    arguments = {"shape": (4,), what: value}
+    with pytest.raises(TypeError, match=rf"^{what} must be an int or a sequence of ints, "
+                                        rf"got {re.escape(repr(value))}$"):
+        pool.allocate(64).view("float32", **arguments)
 
 
 def test_no_view_of_a_closed_buffer(pool):

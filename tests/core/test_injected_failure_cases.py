@@ -7,6 +7,7 @@ docs/design.md.
 """
 
 import gc
+import warnings
 
 import pytest
 
@@ -160,12 +161,31 @@ def test_a_destroyed_stream_is_still_refused_as_an_invalid_handle(sim):
 
 # Frees and unmaps the driver refuses ----------------------------------------------------------
 
+def refusal(what, cause, nbytes, calls=1):
+    """The RuntimeWarning of a trim whose upstream refused calls, the last a what()."""
+    return (rf"^Pool\.trim on device 0: the upstream refused {calls} calls? to give memory "
+            rf"back \(the last, {what}: CudaError: CUDA_ERROR_UNKNOWN \(999\): simulated "
+            rf"device: injected failure of {cause}\); {nbytes} B stay cached and reserved, "
+            rf"and a later trim\(\) tries again$")
+
+
+def trim_warned(pool, match):
+    """pool.trim() under pytest.warns(RuntimeWarning, match=match), the warning pointing at
+    the line that called trim; what trim returned."""
+    with pytest.warns(RuntimeWarning, match=match) as record:
+        released = pool.trim()
+    assert len(record) == 1 and record[0].filename == __file__
+    return released
+
+
 def test_a_failed_free_keeps_the_segment_cached_and_a_later_trim_gives_it_back():
+    # The trim warns, naming the error (it said nothing, trial 29); it does not raise.
     sim = SimulatedDevice(capacity=16 * MIB)
     pool = gpupool.Pool(upstream=sim)
     pool.allocate(3 * MIB).close()
     sim.inject(Failures("free", nth=1))
-    assert pool.trim() == 0                             # the free failed: nothing given back
+    match = refusal("free", r"free \(call 1 of free\)", 4 * MIB)
+    assert trim_warned(pool, match) == 0                # the free failed: nothing given back
     assert pool.stats().reserved_bytes == pool.stats().cached_bytes == 4 * MIB
     consistent(pool, sim)
     sim.inject(None)
@@ -226,10 +246,37 @@ def test_a_failed_unmap_in_a_trim_keeps_the_pages_cached():
     pool = gpupool.Pool(upstream=sim)
     pool.allocate(3 * MIB).close()
     sim.inject(Failures("unmap", nth=1))
-    assert pool.trim() == 0
+    assert trim_warned(pool, refusal("unmap", r"unmap \(call 1 of unmap\)", 4 * MIB)) == 0
     consistent(pool, sim)
     sim.inject(None)
     assert pool.trim() == 4 * MIB and sim.used == 0
+
+
+def test_a_trim_whose_synchronize_fails_gives_nothing_back_and_warns():
+    sim = SimulatedDevice(capacity=16 * MIB, virtual_memory=True)
+    pool = gpupool.Pool(upstream=sim)
+    pool.allocate(3 * MIB).close()
+    sim.inject(Failures("synchronize", nth=1))
+    assert trim_warned(pool, r"^Pool\.trim on device 0: the device synchronize before it "
+                             r"failed \(CudaError: .*synchronize.*\), so nothing was given "
+                             r"back; 4194304 B stay cached, and a later trim\(\) tries "
+                             r"again$") == 0
+    consistent(pool, sim)
+    sim.inject(None)
+    assert pool.trim() == 4 * MIB and sim.used == 0
+
+
+def test_only_a_call_of_trim_warns_of_a_refused_free():
+    # The pool's own trims (before it grows, the out-of-memory ladder) keep quiet, as before.
+    sim = SimulatedDevice(capacity=8 * MIB, failures=Failures("free", nth=1, times=None))
+    pool = gpupool.Pool(upstream=sim)
+    pool.allocate(3 * MIB).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(gpupool.OutOfMemoryError):
+            pool.allocate(6 * MIB)                      # the ladder's trim: refused
+    assert len(sim.failures.injected) > 0
+    consistent(pool, sim)
 
 
 # A use on another stream that nothing orders --------------------------------------------------

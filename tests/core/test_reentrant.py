@@ -79,10 +79,14 @@ def test_a_call_that_takes_the_lock_raises_inside_the_pool_s_upstream_call(setup
 def test_a_region_s_exit_inside_the_pool_s_upstream_call_raises_and_changes_nothing(setup, how):
     pool, device, region = setup
     block = region if how == "with" else region.enter_in_thread()
+    if block is not region:
+        region.__enter__()                  # (enter_in_thread() needs the region entered)
     block.__enter__()
     raised = inside_upstream_call(pool, device, lambda: block.__exit__(None, None, None))
     assert len(raised) == 1 and "from inside its own upstream call" in str(raised[0])
     block.__exit__(None, None, None)        # still entered: exits here
+    if block is not region:
+        region.__exit__(None, None, None)
     assert pool._verify() == [] and pool.stats().in_use_bytes == 0
 
 

@@ -396,6 +396,41 @@ def test_without_page_locked_memory_offload_uses_host_buffers(vpool, vsim):
     check_invariants(vpool)
 
 
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_buffer_closed_asleep_leaves_the_offloaded_bytes_and_then_its_host_copy(
+        vpool, vsim, pinned):
+    # offloaded_bytes kept a closed sleeping buffer's bytes, and the pool their host copy,
+    # until wake (trial 29). Now its bytes leave at the close; the host copy (one chunk,
+    # page-locked or, where the upstream refuses, the pool's own) goes back with the last
+    # offloaded buffer, and wake restores what is left.
+    with gpupool.tag("w"):
+        a, b = vpool.allocate(MIB), vpool.allocate(PAGE)
+    a.copy_from_host(pattern(MIB, 1))
+    b.copy_from_host(pattern(PAGE, 2))
+    held = MIB + PAGE if pinned else 0              # page-locked bytes the pool holds
+    vsim.inject(None if pinned else Failures("host_alloc", nth=1))
+    vpool.sleep("w", offload=True)
+    a.close()
+    stats = check_invariants(vpool)
+    assert (stats.asleep_bytes, stats.offloaded_bytes, stats.pinned_bytes) == (PAGE, PAGE, held)
+    vpool.wake("w")                                 # b's bytes come back, a's place is free
+    np.testing.assert_array_equal(b.copy_to_host(), pattern(PAGE, 2))
+    stats = check_invariants(vpool)
+    assert (stats.offloaded_bytes, stats.pinned_bytes) == (0, held)     # kept for the next
+    vpool.sleep("w", offload=True)
+    b.close()
+    stats = check_invariants(vpool)
+    assert (stats.asleep_bytes, stats.offloaded_bytes, stats.pinned_bytes) == (0, 0, 0)
+    assert vsim.pinned_bytes == 0
+    vpool.wake("w")                                 # nothing to restore
+    with gpupool.tag("w"):
+        c = vpool.allocate(MIB)
+    c.copy_from_host(pattern(MIB, 3))
+    np.testing.assert_array_equal(c.copy_to_host(), pattern(MIB, 3))
+    del c
+    assert check_invariants(vpool).in_use_bytes == 0 and vsim.errors == []
+
+
 def test_a_pool_ending_asleep_gives_its_page_locked_chunk_back(vsim):
     pool = gpupool.Pool(upstream=vsim)
     with gpupool.tag("weights"):

@@ -263,7 +263,7 @@ def test_bad_plan_options_are_refused(vpool):
                        r"Region\(plan=\{'strategies': \.\.\.\}\)$"):
         gpupool.Region(pool=vpool, strategies=["size"])
     with pytest.raises(TypeError, match=r"^Region\(\) got an unexpected keyword argument "
-                       r"'plans'$"):
+                       r"'plans'; did you mean 'plan'\?$"):
         gpupool.Region(pool=vpool, plans=True)
 
 
