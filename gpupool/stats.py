@@ -153,3 +153,20 @@ def format_status(device_free, device_total, in_use, reserved, simulated=False):
         f"({format_bytes(used)}/{format_bytes(device_total)})\n"
         f"Memory pool usage: {format_bytes(in_use)} ({format_bytes(reserved)} reserved)"
     )
+
+
+def plan_fields(counts, plans):
+    """RegionStats' fields of a planned region, from its Planner's ``counts`` (a dict) and
+    ``plans`` (the plans it keeps; ``plan_bytes`` is the largest one's)."""
+    return {"planned": True, "plans": counts["plans"], "planning_ms": counts["planning_ms"],
+            "plan_hits": counts["hits"], "plan_misses": counts["misses"],
+            "plans_given_up": counts["given_up"], "plans_not_fitting": counts["no_room"],
+            "plan_bytes": max((p.nbytes for p in plans), default=0),
+            "record_plans": counts["records"], "record_ms": counts["record_ms"],
+            "planning_work": counts["work"], "plans_past_work": counts["past_work"],
+            "plans_past_time": counts["past_time"], "plans_reused": counts["reused"],
+            "plans_past_requests": counts["past_requests"], "plans_repaired": counts["repairs"],
+            "plans_transitions_repaired": counts["transition_repairs"],
+            "plans_repairs_refused": counts["repairs_refused"],
+            "record_plans_dropped": counts["records_dropped"],
+            "exits_repeated": counts["exits_repeated"]}

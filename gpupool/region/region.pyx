@@ -35,7 +35,7 @@ import numpy as np
 from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable, unexpected_keyword
 from gpupool.buffer.interface import read_cai
 from gpupool.limits import parse_limit
-from gpupool.stats import RegionStats
+from gpupool.stats import RegionStats, plan_fields
 from gpupool.buffer.view import BufferView
 from gpupool.region.escapes import Escapes
 from gpupool.region.options import option_names, planner_of
@@ -538,22 +538,8 @@ cdef class Region:
             peak_in_use_bytes=rc.peak_in_use_bytes, collections=self.collections,
             collect_seconds=self.collect_seconds, lane_hits=rc.lane_hits,
             shared_entries=rc.shared_entries,
-            **(self._plan_stats() if self._planner is not None else {}))
-
-    def _plan_stats(self):
-        counts = self._planner.counts
-        return {"planned": True, "plans": counts["plans"], "planning_ms": counts["planning_ms"],
-                "plan_hits": counts["hits"], "plan_misses": counts["misses"],
-                "plans_given_up": counts["given_up"], "plans_not_fitting": counts["no_room"],
-                "plan_bytes": max((p.nbytes for p in self._planner.plans), default=0),
-                "record_plans": counts["records"], "record_ms": counts["record_ms"],
-                "planning_work": counts["work"], "plans_past_work": counts["past_work"],
-                "plans_past_time": counts["past_time"], "plans_reused": counts["reused"],
-                "plans_past_requests": counts["past_requests"], "plans_repaired": counts["repairs"],
-                "plans_transitions_repaired": counts["transition_repairs"],
-                "plans_repairs_refused": counts["repairs_refused"],
-                "record_plans_dropped": counts["records_dropped"],
-                "exits_repeated": counts["exits_repeated"]}
+            **(plan_fields(self._planner.counts, self._planner.plans)
+               if self._planner is not None else {}))
 
     @property
     def planner(self):
