@@ -60,14 +60,15 @@ from gpupool.region.meeting import meets as _meets
 from gpupool.region.mirror import mirrored as _mirrored
 from gpupool.region.mirror import shifted as _shifted
 from gpupool.region.recorded import Recorded as _Recorded
-from gpupool.region.seen import Seen as _Seen
+from gpupool.region.seen import SEEN_MAX
+from gpupool.region.seen import Exceeds as _Exceeds
 from gpupool.region.seen import fits as _fits
-from gpupool.region.seen import fold as _fold
+from gpupool.region.seen import record_over as _record_over
 from gpupool.region.seen import record_top as _record_top
+from gpupool.region.seen import remember as _remember
 
 __all__ = ["Planner", "anchors", "signature"]
 
-SEEN_MAX = 64               # signatures remembered (how often each was seen), oldest dropped
 STRIKES = 2                 # bad entries before a plan is given up
 RETRY_EXITS = 2             # exits before a plan that did not fit is tried again, doubled
                             # each time it does not fit again, up to GIVE_UP_EXITS
@@ -161,6 +162,7 @@ class Planner:
         self._fresh = False         # the next plan installed is a transition (after a record)
         self._recorded_steps = _Recorded()  # the events read, made into complete steps
         self._seen = OrderedDict()
+        self._folded, self._exceeds = None, _Exceeds()      # (seen.remember's memos)
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
         self._later = OrderedDict()     # signature -> the exit before which it is not planned
         self._waits = OrderedDict()     # signature -> exits its last plan not fitting waited
@@ -213,7 +215,7 @@ class Planner:
             seen = self._remember(sig, step, self._firsts[0])
             kept = self._plans.get(sig)
             self._grown = sig == self.current and kept is not None and \
-                bool((seen.envelope > kept[0].step.nbytes).any())
+                self._exceeds(seen.envelope, kept[0].step.nbytes)
         recorded, self._recorded = self._recorded, (self._recorded + 1) % 3 \
             if self._recorded else 0
         if recorded == 1 and not self._record_held():
@@ -283,12 +285,9 @@ class Planner:
         requests whose sizes varied by its own request 0's bytes over the most; far under the
         least, request 0 is off the plan's step: :meth:`first_under`). Returns its
         ``seen.Seen``. Bounded: SEEN_MAX signatures and ``4 * max_plan_requests`` requests of
-        envelopes in all, the least recently seen dropped past either (``seen.fold``)."""
-        self._seen[sig] = now = _fold(self._seen.pop(sig, None), step, first,
-                                      self.max_plan_requests)
-        while len(self._seen) > 1 and (len(self._seen) > SEEN_MAX or sum(
-                2 * len(s.envelope) for s in self._seen.values()) > 4 * self.max_plan_requests):
-            self._seen.popitem(last=False)
+        envelopes in all, the least recently seen dropped past either (``seen.remember``)."""
+        now, self._folded = _remember(self._seen, sig, step, first, self.max_plan_requests,
+                                      self._folded)
         return now
 
     def place(self, base, span, obstacles):
@@ -424,9 +423,7 @@ class Planner:
         steps that leave nothing])."""
         if not self.record_steps or self.current not in self._plans:
             return 0
-        most = max((seen.r_max for seen in self._seen.values() if seen.count >= 2), default=0)
-        own = self._seen.get(self.current, _Seen())
-        return most if own.r_max >= most and _record_top(own) > own.r_max else 0
+        return _record_over(self._seen, self.current)
 
     def bounds(self):
         """``(record_over(), first_under())``, which the core takes together."""
