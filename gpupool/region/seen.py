@@ -17,8 +17,8 @@ import numpy as np
 
 from gpupool.region import placement
 
-__all__ = ["SEEN_MAX", "SLACK", "Exceeds", "Seen", "fits", "fold", "record_over", "record_top",
-           "remember"]
+__all__ = ["SEEN_MAX", "SLACK", "Exceeds", "Seen", "fits", "fold", "recount", "record_over",
+           "record_top", "remember"]
 
 SLACK = 0.01        # an envelope whose floor passes the most of its steps' by more is not planned
 SEEN_MAX = 64       # signatures remembered (how often each was seen), oldest dropped
@@ -95,6 +95,16 @@ def remember(seens, sig, step, first, max_requests, last=None):
             2 * len(s.envelope) for s in seens.values()) > 4 * max_requests):
         seens.popitem(last=False)
     return now, (now, step, max_requests, len(seens))
+
+
+def recount(seens, sig, last):
+    """:func:`remember` again of the step its last call (``last``: that call's memo) folded
+    into sig's Seen, with the ``first`` folded in then: one more count, the rest as fold
+    would make it again (as it is; sig stays the most recently seen). Returns the memo for
+    the next call (region/repeats.py)."""
+    seen = seens[sig]
+    seens[sig] = now = Seen(seen.count + 1, *seen[1:])
+    return (now,) + last[1:]
 
 
 class Exceeds:
