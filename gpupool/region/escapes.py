@@ -74,7 +74,8 @@ class Escapes:
             self._sites = {p: self._sites[p] for p in escaping if p in self._sites}
         self._alive.append(alive)
         del self._alive[:-LEAK_ENTRIES - 1]
-        if len(self._alive) <= LEAK_ENTRIES or any(
+        # (Nothing alive did not grow: the usual exit skips the look at the last ones.)
+        if not alive or len(self._alive) <= LEAK_ENTRIES or any(
                 later <= earlier for earlier, later in zip(self._alive, self._alive[1:])):
             return
         self._alive.clear()

@@ -194,7 +194,8 @@ class Planner(_Repeats):
         plan is to be installed (the region then asks the core where it goes and calls
         :meth:`place`), ``"clear"`` to serve the next entry online, or None to keep what is
         installed."""
-        key = self._key(hits, misses, grew, stopped, first)
+        key = (hits, misses, grew, stopped, first, self.min_hit_rate, self.max_plan_requests,
+               self.record_steps)
         if events is None and key == self._repeat:
             return self._repeated(hits, misses)     # (region/repeats.py)
         self._repeat = self._bounds = None

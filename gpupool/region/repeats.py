@@ -23,15 +23,10 @@ __all__ = ["Repeats"]
 class Repeats:
     """The shortcut of :class:`gpupool.region.planned.Planner` for exits that repeat."""
 
-    # The inputs of an exit that an exit of the same inputs repeats, as :meth:`_key` makes
-    # them (None: no such exit since the last change), and the bounds given since.
+    # The inputs of an exit that an exit of the same inputs repeats (None: no such exit since
+    # the last change): its arguments but the events, and the options it reads (Planner.exited
+    # makes them); and the bounds given since.
     _repeat = _bounds = None
-
-    def _key(self, hits, misses, grew, stopped, first):
-        """What an exit's decisions depend on besides the planner's state: its arguments
-        (events apart) and the options it reads."""
-        return (hits, misses, grew, stopped, first, self.min_hit_rate, self.max_plan_requests,
-                self.record_steps)
 
     def _repeats(self, key, sig, seen, recorded, bad, grew, stopped):
         """``key`` when the exit just made (its inputs ``key``, no action returned) would be

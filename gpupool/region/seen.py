@@ -103,7 +103,8 @@ def recount(seens, sig, last):
     would make it again (as it is; sig stays the most recently seen). Returns the memo for
     the next call (region/repeats.py)."""
     seen = seens[sig]
-    seens[sig] = now = Seen(seen.count + 1, *seen[1:])
+    # (tuple.__new__: Seen's own __new__ is Python, a call as costly as the rest here)
+    seens[sig] = now = tuple.__new__(Seen, (seen[0] + 1, *seen[1:]))
     return (now,) + last[1:]
 
 
