@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""A plan's anchors, compiled (``planned.anchors`` calls it): for each planned request k, the
-request placed just below it (the largest end at or below k's offset, the lowest index among
-equal ends) among those allocated before k and still live when k is allocated; -1 if none.
+"""A plan's anchors, compiled (``of_plan``, exported as ``planned.anchors``): for each planned
+request k, the request placed just below it (the largest end at or below k's offset, the
+lowest index among equal ends) among those allocated before k and still live when k is
+allocated; -1 if none.
 
 One sweep over the requests in the order of their allocation, with the live ones as bits by
 the rank of their key (end, -index) among the planned requests' keys: a request freed at or
@@ -138,3 +139,13 @@ def anchors(offsets, nbytes, alloc, free, planned):
     with nogil:
         _sweep(c_off, c_ends, c_alloc, c_free, c_planned, c_by_free, c_by_key, c_rank, c_out)
     return out
+
+
+def of_plan(plan):
+    """For each planned request k of ``plan`` (a ``placement.Plan``), a request placed just
+    below it (the largest end at or below k's offset, the lowest index of equal ends) among
+    those allocated before k in the entry and still live when k is allocated; -1 if none.
+    The core finds k's place by walking the pool's blocks from that one's, usually its
+    neighbour. int64 array, one entry per request (:func:`anchors`' sweep)."""
+    step = plan.step
+    return anchors(plan.offsets, step.nbytes, step.alloc, step.free, step.planned)

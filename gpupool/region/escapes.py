@@ -58,9 +58,10 @@ class Escapes:
         if frame is not None:
             self._sites[ptr] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
-    def exited(self, escaping, alive, name):
+    def exited(self, escaping, alive, name, describe):
         """An exit left the buffers at the pointers ``escaping`` alive, ``alive`` bytes in all;
-        ``name`` names the region in the warning.
+        ``name`` names the region in the warning, or when it is empty ``describe()`` does
+        (called only then: a region's repr cost its every exit more than the rest here).
 
         Warns
         -----
@@ -69,14 +70,16 @@ class Escapes:
             caller of the region's ``__exit__`` (the ``with`` line: a compiled caller adds no
             frame).
         """
-        self._sites = {p: self._sites[p] for p in escaping if p in self._sites}
-        sites = list(self._sites.values())
+        if self._sites:
+            self._sites = {p: self._sites[p] for p in escaping if p in self._sites}
         self._alive.append(alive)
         del self._alive[:-LEAK_ENTRIES - 1]
-        if len(self._alive) <= LEAK_ENTRIES or any(
+        # (Nothing alive did not grow: the usual exit skips the look at the last ones.)
+        if not alive or len(self._alive) <= LEAK_ENTRIES or any(
                 later <= earlier for earlier, later in zip(self._alive, self._alive[1:])):
             return
         self._alive.clear()
+        sites = list(self._sites.values())
         if sites:
             where = f" Allocated at: {', '.join(sorted(set(sites)))}."
         elif self.trace:
@@ -85,6 +88,6 @@ class Escapes:
         else:
             where = " Use Region(trace=True) to see where they were allocated."
         warnings.warn(
-            f"gpupool region {name}: bytes of buffers alive at exit grew for {LEAK_ENTRIES} "
-            f"consecutive entries (now {format_bytes(alive)}): buffers are escaping the "
-            f"step.{where}", ResourceWarning, stacklevel=2)
+            f"gpupool region {name or describe()}: bytes of buffers alive at exit grew for "
+            f"{LEAK_ENTRIES} consecutive entries (now {format_bytes(alive)}): buffers are "
+            f"escaping the step.{where}", ResourceWarning, stacklevel=2)

@@ -49,10 +49,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from gpupool.region import anchors as _anchors
 from gpupool.region import options as _options
 from gpupool.region import placement
 from gpupool.region import tails as _tails
+from gpupool.region.anchors import of_plan as anchors
 from gpupool.region.digests import plan_digest as _digest
 from gpupool.region.digests import signature
 from gpupool.region.meeting import meeting as _meeting
@@ -60,14 +60,16 @@ from gpupool.region.meeting import meets as _meets
 from gpupool.region.mirror import mirrored as _mirrored
 from gpupool.region.mirror import shifted as _shifted
 from gpupool.region.recorded import Recorded as _Recorded
-from gpupool.region.seen import Seen as _Seen
+from gpupool.region.repeats import Repeats as _Repeats
+from gpupool.region.seen import SEEN_MAX
+from gpupool.region.seen import Exceeds as _Exceeds
 from gpupool.region.seen import fits as _fits
-from gpupool.region.seen import fold as _fold
+from gpupool.region.seen import record_over as _record_over
 from gpupool.region.seen import record_top as _record_top
+from gpupool.region.seen import remember as _remember
 
 __all__ = ["Planner", "anchors", "signature"]
 
-SEEN_MAX = 64               # signatures remembered (how often each was seen), oldest dropped
 STRIKES = 2                 # bad entries before a plan is given up
 RETRY_EXITS = 2             # exits before a plan that did not fit is tried again, doubled
                             # each time it does not fit again, up to GIVE_UP_EXITS
@@ -87,17 +89,7 @@ REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this man
                             # requests grew (the repair's work: theirs times the step's requests)
 
 
-def anchors(plan):
-    """For each planned request k, a request placed just below it (the largest end at or
-    below k's offset, the lowest index of equal ends) among those allocated before k in the
-    entry and still live when k is allocated; -1 if none. The core finds k's place by walking
-    the pool's blocks from that one's, usually its neighbour. int64 array, one entry per
-    request (a sweep compiled in gpupool.region.anchors)."""
-    step = plan.step
-    return _anchors.anchors(plan.offsets, step.nbytes, step.alloc, step.free, step.planned)
-
-
-class Planner:
+class Planner(_Repeats):
     """A planned region's decisions.
 
     Parameters
@@ -161,6 +153,7 @@ class Planner:
         self._fresh = False         # the next plan installed is a transition (after a record)
         self._recorded_steps = _Recorded()  # the events read, made into complete steps
         self._seen = OrderedDict()
+        self._folded, self._exceeds = None, _Exceeds()      # (seen.remember's memos)
         self._plans = OrderedDict()     # signature -> (Plan, anchors)
         self._later = OrderedDict()     # signature -> the exit before which it is not planned
         self._waits = OrderedDict()     # signature -> exits its last plan not fitting waited
@@ -201,6 +194,11 @@ class Planner:
         plan is to be installed (the region then asks the core where it goes and calls
         :meth:`place`), ``"clear"`` to serve the next entry online, or None to keep what is
         installed."""
+        key = (hits, misses, grew, stopped, first, self.min_hit_rate, self.max_plan_requests,
+               self.record_steps)
+        if events is None and key == self._repeat:
+            return self._repeated(hits, misses)     # (region/repeats.py)
+        self._repeat = self._bounds = None
         step, sig = self._recorded_steps.read(events)
         self._firsts = (self._firsts + [int(first)])[-2:]
         self._exits += 1
@@ -213,7 +211,7 @@ class Planner:
             seen = self._remember(sig, step, self._firsts[0])
             kept = self._plans.get(sig)
             self._grown = sig == self.current and kept is not None and \
-                bool((seen.envelope > kept[0].step.nbytes).any())
+                self._exceeds(seen.envelope, kept[0].step.nbytes)
         recorded, self._recorded = self._recorded, (self._recorded + 1) % 3 \
             if self._recorded else 0
         if recorded == 1 and not self._record_held():
@@ -225,6 +223,7 @@ class Planner:
         # The entry after a record step's (whose tails lie at that plan's places) gets a
         # transition plan, of the envelope grown by the record step when it has completed.
         self._fresh = self._fresh or recorded == 2
+        bad = False
         if self.current is not None and not self._grown:
             # A step larger than the plan is not the plan's fault: it is planned again; nor
             # are the record step's entry and the next, served by a plan of predicted sizes.
@@ -260,6 +259,8 @@ class Planner:
         if (self._relayout or self._fresh) and self.current in self._plans:
             self._wanted = (self.current, self._plans[self.current][0].step)
             return "layout"
+        if action is None and step is not None:
+            self._repeat = self._repeats(key, sig, seen, recorded, bad, grew, stopped)
         return action
 
     def _wants(self, sig, step, count):
@@ -283,12 +284,9 @@ class Planner:
         requests whose sizes varied by its own request 0's bytes over the most; far under the
         least, request 0 is off the plan's step: :meth:`first_under`). Returns its
         ``seen.Seen``. Bounded: SEEN_MAX signatures and ``4 * max_plan_requests`` requests of
-        envelopes in all, the least recently seen dropped past either (``seen.fold``)."""
-        self._seen[sig] = now = _fold(self._seen.pop(sig, None), step, first,
-                                      self.max_plan_requests)
-        while len(self._seen) > 1 and (len(self._seen) > SEEN_MAX or sum(
-                2 * len(s.envelope) for s in self._seen.values()) > 4 * self.max_plan_requests):
-            self._seen.popitem(last=False)
+        envelopes in all, the least recently seen dropped past either (``seen.remember``)."""
+        now, self._folded = _remember(self._seen, sig, step, first, self.max_plan_requests,
+                                      self._folded)
         return now
 
     def place(self, base, span, obstacles):
@@ -305,6 +303,7 @@ class Planner:
         pages, :meth:`growing`): the record plan mapped up to its own top only, and the plan
         kept, its places under blocks that stay refused, sends a share of each entry online,
         which maps past it anyway (Note [Record steps of another structure])."""
+        self._repeat = None             # (region/repeats.py)
         sig, step = self._wanted
         obstacles = self.obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
         old = self._plans.get(sig)
@@ -424,13 +423,7 @@ class Planner:
         steps that leave nothing])."""
         if not self.record_steps or self.current not in self._plans:
             return 0
-        most = max((seen.r_max for seen in self._seen.values() if seen.count >= 2), default=0)
-        own = self._seen.get(self.current, _Seen())
-        return most if own.r_max >= most and _record_top(own) > own.r_max else 0
-
-    def bounds(self):
-        """``(record_over(), first_under())``, which the core takes together."""
-        return self.record_over(), self.first_under()
+        return _record_over(self._seen, self.current)
 
     def first_under(self):
         """The requested bytes of request 0 under which an entry served by the installed plan
@@ -470,6 +463,7 @@ class Planner:
         another step's request 0, and the scaled sizes would map pages that the online way
         does not), or when the placement fell back to first fit (past a budget: every place
         above the blocks that stay, pages mapped for them; ``counts["records_dropped"]``)."""
+        self._repeat = None             # (region/repeats.py)
         seen, kept = self._seen.get(self.current), self._plans.get(self.current)
         if not self.record_steps or seen is None or kept is None or not seen.r_max or \
                 len(seen.envelope) != len(kept[0].step) or nbytes > _record_top(seen):
@@ -502,6 +496,7 @@ class Planner:
         """The plan :meth:`record` returned last was not installed (an event of the entry, on
         another thread, came while it was made): the entry goes on online, as one that left
         the plan's step. Counted in ``counts["records_dropped"]`` (and in ``"records"``)."""
+        self._repeat = None             # (region/repeats.py)
         self._recorded = 0
         self.counts["records_dropped"] += 1
 
@@ -585,12 +580,14 @@ class Planner:
 
     def no_room(self):
         """No room for the plan asked for: the next entries are served online."""
+        self._repeat = None             # (region/repeats.py)
         self.current = None
         self._transition = False
         self.counts["no_room"] += 1
 
     def clear(self):
         """The installed plan is dropped (``Region.release``); it may be installed again."""
+        self._repeat = None             # (region/repeats.py)
         self.current = None
 
     @property

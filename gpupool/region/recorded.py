@@ -60,6 +60,12 @@ class Recorded:
         self.reads = self.repeats = 0
 
     @property
+    def repeating(self):
+        """Whether the next read, given no events, returns the step this one returned
+        without looking at the events (SAME_READS reads in a row the same)."""
+        return self._same >= SAME_READS and self._one_entry
+
+    @property
     def kept(self):
         """The events kept for the next read: those since the step before the last, as an
         (n, 3) int64 array of rows (ptr, bytes, stream)."""

@@ -454,7 +454,7 @@ cdef class Region:
             self.rc, self._kept, self.on_exit == "detach", POISON if self.debug else -1,
             escaping)
         self._kept.clear()
-        self._escapes.exited(escaping, self.live_at_exit_bytes, self._name or repr(self))
+        self._escapes.exited(escaping, self.live_at_exit_bytes, self._name, self.__repr__)
         return 0
 
     def enter_in_thread(self):

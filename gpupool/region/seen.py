@@ -17,9 +17,11 @@ import numpy as np
 
 from gpupool.region import placement
 
-__all__ = ["SLACK", "Seen", "fits", "fold", "record_top"]
+__all__ = ["SEEN_MAX", "SLACK", "Exceeds", "Seen", "fits", "fold", "recount", "record_over",
+           "record_top", "remember"]
 
 SLACK = 0.01        # an envelope whose floor passes the most of its steps' by more is not planned
+SEEN_MAX = 64       # signatures remembered (how often each was seen), oldest dropped
 
 
 class Seen(NamedTuple):
@@ -47,15 +49,20 @@ class Seen(NamedTuple):
     floor: int = 0
 
 
-def fold(seen, step, first, max_requests):
+def fold(seen, step, first, max_requests, same=False):
     """``seen`` (a :class:`Seen`, or None: none yet) with one more complete ``step``
     (``placement.Step``), whose request 0 asked ``first`` bytes, folded in: its sizes into the
     envelope and least, ``first`` into the most and least, and where the step grows the
     envelope, the floors of the envelope before it (the first time) and of the step into
     ``floor``. A step longer than ``max_requests`` keeps no sizes; a step of another length
-    starts the sizes afresh."""
+    starts the sizes afresh. ``same``: ``seen`` is what this returned for this very ``step``
+    and ``max_requests``, so its sizes are in already (no larger anywhere than the envelope,
+    no smaller than the least, no floor grows): only the count and ``first`` are folded in,
+    with no NumPy (:func:`remember`)."""
     count, envelope, low, r_max, r_min, floor = seen if seen is not None else Seen()
-    if len(step) > max_requests:
+    if same:
+        pass
+    elif len(step) > max_requests:
         envelope = low = step.nbytes[:0]        # never planned: no sizes kept
     elif envelope is None or len(envelope) != len(step):
         envelope = low = step.nbytes
@@ -67,6 +74,57 @@ def fold(seen, step, first, max_requests):
         low = np.minimum(low, step.nbytes)
     r_min = min(r_min or int(first), int(first) or r_min)
     return Seen(count + 1, envelope, low, max(r_max, int(first)), r_min, floor)
+
+
+def remember(seens, sig, step, first, max_requests, last=None):
+    """Count a complete ``step`` of signature ``sig``, whose request 0 asked ``first`` bytes,
+    in ``seens`` (an OrderedDict of :class:`Seen` by signature, the least recently seen
+    first): :func:`fold` it into sig's and drop the least recently seen past SEEN_MAX
+    signatures or ``4 * max_requests`` requests of envelopes in all. ``last``: the memo the
+    call before returned (None: none). Returns ``(sig's Seen, memo)``.
+
+    A step that repeats costs nothing here but the count: its exits read the step object made
+    last (region/recorded.py), which the call before folded into the very Seen found now, and
+    ``seens`` holds what it held after that call (only this writes it; its length checked
+    too), so fold's ``same`` holds, and so does the bound, which needs no look again."""
+    old = seens.pop(sig, None)
+    same = last is not None and old is last[0] and step is last[1] and \
+        max_requests == last[2] and len(seens) + 1 == last[3]
+    seens[sig] = now = fold(old, step, first, max_requests, same)
+    while not same and len(seens) > 1 and (len(seens) > SEEN_MAX or sum(
+            2 * len(s.envelope) for s in seens.values()) > 4 * max_requests):
+        seens.popitem(last=False)
+    return now, (now, step, max_requests, len(seens))
+
+
+def recount(seens, sig, last):
+    """:func:`remember` again of the step its last call (``last``: that call's memo) folded
+    into sig's Seen, with the ``first`` folded in then: one more count, the rest as fold
+    would make it again (as it is; sig stays the most recently seen). Returns the memo for
+    the next call (region/repeats.py)."""
+    seen = seens[sig]
+    # (tuple.__new__: Seen's own __new__ is Python, a call as costly as the rest here)
+    seens[sig] = now = tuple.__new__(Seen, (seen[0] + 1, *seen[1:]))
+    return (now,) + last[1:]
+
+
+class Exceeds:
+    """Whether an envelope asks more than a plan's sizes anywhere (``(envelope >
+    nbytes).any()``, two int64 arrays that are never written once made), the last answer
+    given again for the same two: a step that repeats keeps its envelope (:func:`remember`)
+    and its plan."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self):
+        self._last = (None, None, False)
+
+    def __call__(self, envelope, nbytes):
+        was, under, out = self._last
+        if was is not envelope or under is not nbytes:
+            out = bool((envelope > nbytes).any())
+            self._last = (envelope, nbytes, out)
+        return out
 
 
 def fits(seen, step):
@@ -81,3 +139,15 @@ def record_top(seen):
     times the factor it varied by (most over least; no room past the most where it never
     varied: Note [Record steps that leave nothing])."""
     return seen.r_max * seen.r_max // seen.r_min if seen.r_min else 0
+
+
+def record_over(seens, sig):
+    """The most bytes request 0 of the steps of any signature seen twice in ``seens`` asked
+    (their ``r_max``), when those of ``sig`` asked that most and :func:`record_top` leaves room
+    past it; else 0 (``Planner.record_over``, which the core reads at every exit)."""
+    most = 0                        # (a loop: max over a generator took 4x as long)
+    for seen in seens.values():
+        if seen.count >= 2 and seen.r_max > most:
+            most = seen.r_max
+    own = seens.get(sig) or Seen()
+    return most if own.r_max >= most and record_top(own) > own.r_max else 0

@@ -422,6 +422,21 @@ def test_leak_warning_names_the_allocation_site(pool):
     assert region.stats().live_at_exit_bytes == 0
 
 
+def test_an_unnamed_region_s_leak_warning_names_it_as_its_repr_did_at_that_exit(pool):
+    # (The repr is made only for the warning, not at every exit: escapes.Escapes.exited.)
+    region = gpupool.Region(pool=pool)
+    escaped = []
+    with pytest.warns(ResourceWarning) as seen:
+        for _ in range(5):
+            with region:
+                escaped.append(pool.allocate(300 * KIB))
+    assert len(seen) == 1
+    assert str(seen[0].message).startswith(
+        "gpupool region <gpupool.Region on_exit='detach' scope='thread' plan=False entries=4 "
+        "cached=0>: bytes of buffers alive at exit grew for 3 consecutive entries")
+    escaped.clear()
+
+
 def test_leak_sites_in_a_folder_named_like_a_library_are_the_users(pool, tmp_path):
     # A user's project (or a checkout of gpupool) in a folder called gpupool or torch is the
     # user's code: only the libraries' install folders are skipped.

@@ -4,11 +4,15 @@ needs] in docs/design.md)."""
 
 import os
 import sys
+from collections import OrderedDict
 
+import numpy as np
+from hypothesis import HealthCheck, given, settings
 from planned_steps import KIB, MIB
+from test_planrepeat_random import drive, scripts
 
 import gpupool
-from gpupool.region import placement, seen
+from gpupool.region import placement, repeats, seen
 from gpupool.region import planned as planned_mod
 from gpupool.testing import SimulatedDevice
 
@@ -67,3 +71,79 @@ def test_seed_1830s_sizes_varied_each_on_its_own_cost_no_more_than_the_plain_reg
     import deviations
     run = deviations.entries(1830)
     assert deviations.reserved(True, run)[1] == deviations.reserved(False, run)[1]
+
+
+def test_a_step_that_repeats_is_counted_without_folding_its_sizes_again():
+    # seen.remember's memo: the same step object into the Seen made for it last folds only the
+    # count and request 0's bytes, and gives what folding it whole gives.
+    seens, memo = OrderedDict(), None
+    grown = step(2 * MIB, MIB)
+    for first in (MIB, 3 * MIB, 0, 2 * MIB):
+        now, memo = seen.remember(seens, b"sig", grown, first, 1 << 16, memo)
+    whole = None
+    for first in (MIB, 3 * MIB, 0, 2 * MIB):
+        whole = seen.fold(whole, grown, first, 1 << 16)
+    assert now.count == whole.count == 4 and now[3:] == whole[3:]
+    assert list(now.envelope) == list(whole.envelope) and list(now.low) == list(whole.low)
+    assert now.envelope is grown.nbytes         # never refolded: the first fold's own array
+    # A Seen put there by another hand, or an equal step of its own, is folded whole.
+    seens[b"sig"] = seen.Seen(2, np.array([MIB, MIB]), np.array([MIB, MIB]), MIB, MIB)
+    now, memo = seen.remember(seens, b"sig", grown, MIB, 1 << 16, memo)
+    assert list(now.envelope) == [2 * MIB, MIB] and now.floor == 3 * MIB
+    again, _ = seen.remember(seens, b"sig", step(2 * MIB, MIB), MIB, 1 << 16, memo)
+    assert again.envelope is not now.envelope and again[3:] == now[3:]
+
+
+class _Spied:
+    """Planner.exited and seen.fold spied on: after each exit its action, the bounds the
+    core is given, the planner's Seen of every signature and whether the step grew; the folds
+    that took the memo. Every exit is made whole (region/repeats.py's shortcut off: it
+    folds nothing; tests/region/test_repeats.py compares it with the exit made whole)."""
+
+    def __init__(self, monkeypatch):
+        self.exits, self.same = [], 0
+        exited, fold = planned_mod.Planner.exited, seen.fold
+        monkeypatch.setattr(repeats.Repeats, "_repeats", lambda *args: None)
+
+        def spied_exited(planner, *args, **kwargs):
+            action = exited(planner, *args, **kwargs)
+            self.exits.append((action, planner.bounds(), planner._grown, [
+                (sig, s.count, s.envelope.tolist(), s.low.tolist(), s.r_max, s.r_min, s.floor)
+                for sig, s in planner._seen.items()]))
+            return action
+
+        def spied_fold(*args):
+            self.same += bool(args[4:] and args[4])
+            return fold(*args)
+
+        monkeypatch.setattr(planned_mod.Planner, "exited", spied_exited)
+        monkeypatch.setattr(seen, "fold", spied_fold)
+
+
+class _Unmemoized(seen.Exceeds):
+    def __call__(self, envelope, nbytes):
+        return bool((envelope > nbytes).any())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scripts())
+def test_the_exit_s_memos_change_nothing(monkeypatch, script):
+    # Random runs of repeated and changed steps (test_planrepeat_random's): the same
+    # addresses, stats, counts, and at every exit the same action, bounds and Seen, with the
+    # memos of seen.remember and seen.Exceeds and without.
+    with monkeypatch.context() as m:
+        fast = _Spied(m)
+        fast_run = drive(script, m)
+    with monkeypatch.context() as m:
+        slow = _Spied(m)
+        m.setattr(planned_mod, "_remember", lambda *args: seen.remember(*args[:5]))
+        m.setattr(planned_mod, "_Exceeds", _Unmemoized)
+        slow_run = drive(script, m)
+    assert slow.same == 0
+    assert fast_run == slow_run and fast.exits == slow.exits, script
+
+
+def test_a_repeating_step_takes_the_memo(monkeypatch):
+    spied = _Spied(monkeypatch)
+    drive({"entries": [("s", False, False)] * 12, "raises": set()}, monkeypatch)
+    assert spied.same >= 6
