@@ -261,7 +261,8 @@ cdef class PoolBase(BlockOwner):
 
         Blocks cached by regions stay with their regions (``Region.release()`` returns them).
         Synchronizes the device first when a cached block may still be in use by queued work.
-        On an expandable upstream every whole free page is unmapped.
+        On an expandable upstream every whole free page is unmapped, but a tag's (``sleep``
+        unmaps those).
 
         Returns
         -------
@@ -347,8 +348,8 @@ cdef class PoolBase(BlockOwner):
         For each sleeping tag: its segment's pages are mapped again (at the addresses
         they had), the bytes ``sleep(offload=True)`` kept are copied back, and the device is
         synchronized, so the memory is usable on any stream when this returns. Contents
-        not offloaded are undefined (not zeroed). A tag that is awake, or never used, is
-        skipped.
+        not offloaded are undefined (not zeroed). The whole segment is mapped, its free pages
+        too. A tag that is awake, or never used, is skipped.
 
         Parameters
         ----------
