@@ -80,6 +80,18 @@ runs = st.lists(st.tuples(st.sampled_from(sorted(KINDS)), st.integers(1, 7), st.
                 min_size=1, max_size=6)
 
 
+def drive_both(script, monkeypatch, spy, long_way):
+    """The script driven twice, spy(m) set up each time: as it is, then with long_way(m) (a
+    shortcut or memo replaced by the work it saves). ``((run, spy), (run, spy))``, that order."""
+    with monkeypatch.context() as m:
+        fast = spy(m)
+        fast_run = drive(script, m)
+    with monkeypatch.context() as m:
+        slow = spy(m)
+        long_way(m)
+        slow_run = drive(script, m)
+    return (fast_run, fast), (slow_run, slow)
+
 @st.composite
 def scripts(draw):
     entries = []

@@ -6,7 +6,7 @@ every exit the planner's state is the same. See Note [Exits that repeat] in docs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from planned_steps import KIB, MIB
-from test_planrepeat_random import drive, scripts
+from test_planrepeat_random import drive_both, scripts
 
 import gpupool
 from gpupool.region import planned, repeats
@@ -75,13 +75,9 @@ class Exits:
 
 def both(script, monkeypatch):
     """The script driven with the shortcut and without: (run, exits) each."""
-    with monkeypatch.context() as m:
-        fast = Exits(m)
-        fast_run = drive(script, m)
-    with monkeypatch.context() as m:
-        slow = Exits(m)
-        m.setattr(repeats.Repeats, "_repeats", lambda *args: None)
-        slow_run = drive(script, m)
+    (fast_run, fast), (slow_run, slow) = drive_both(
+        script, monkeypatch, Exits,
+        lambda m: m.setattr(repeats.Repeats, "_repeats", lambda *args: None))
     assert slow.short == 0
     return (fast_run, fast), (slow_run, slow)
 

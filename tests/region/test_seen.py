@@ -9,7 +9,7 @@ from collections import OrderedDict
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from planned_steps import KIB, MIB
-from test_planrepeat_random import drive, scripts
+from test_planrepeat_random import drive, drive_both, scripts
 
 import gpupool
 from gpupool.region import placement, repeats, seen
@@ -131,14 +131,11 @@ def test_the_exit_s_memos_change_nothing(monkeypatch, script):
     # Random runs of repeated and changed steps (test_planrepeat_random's): the same
     # addresses, stats, counts, and at every exit the same action, bounds and Seen, with the
     # memos of seen.remember and seen.Exceeds and without.
-    with monkeypatch.context() as m:
-        fast = _Spied(m)
-        fast_run = drive(script, m)
-    with monkeypatch.context() as m:
-        slow = _Spied(m)
+    def long_way(m):
         m.setattr(planned_mod, "_remember", lambda *args: seen.remember(*args[:5]))
         m.setattr(planned_mod, "_Exceeds", _Unmemoized)
-        slow_run = drive(script, m)
+
+    (fast_run, fast), (slow_run, slow) = drive_both(script, monkeypatch, _Spied, long_way)
     assert slow.same == 0
     assert fast_run == slow_run and fast.exits == slow.exits, script
 
