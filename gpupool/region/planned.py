@@ -87,6 +87,7 @@ UNDER = 4                   # request 0 under 1 / UNDER of the least its plan's 
 MIRROR = True               # a plan around nothing that stays is mirrored (Note [Plans mirrored])
 REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
                             # requests grew (the repair's work: theirs times the step's requests)
+SCALE_SLACK = 1             # bytes past request 0's in a record step's scale (Note [Record scale])
 
 
 class Planner(_Repeats):
@@ -453,8 +454,8 @@ class Planner(_Repeats):
         """The plan of a record step, made at its request 0 (which asked ``nbytes`` bytes and
         went online, to address ``ptr``), as ``(Plan, anchors)``: the installed plan's
         structure, the requests whose sizes varied among its signature's steps at their most
-        seen times ``nbytes`` over the most request 0 of those steps asked (at least their
-        most seen), the others at their most seen; request 0 not placed. Placed around
+        seen times ``nbytes`` (+ SCALE_SLACK) over the most request 0 of those steps asked (at
+        least their most seen), the others at their most seen; request 0 not placed. Placed around
         ``obstacles`` ((offset from ``base``, bytes) rows that stay; request 0's block among
         them, at ``ptr`` only until the step frees it) and the entry before's blocks (its
         tails until this entry frees them). Its places may pass the memory mapped (the core
@@ -470,8 +471,8 @@ class Planner(_Repeats):
             return None
         envelope, low, r_max = seen.envelope, seen.low, seen.r_max
         step = kept[0].step
-        scaled = np.ceil(envelope * (nbytes / r_max) / placement.ALIGN).astype(np.int64) * \
-            placement.ALIGN
+        scale = (nbytes + SCALE_SLACK) / r_max
+        scaled = np.ceil(envelope * scale / placement.ALIGN).astype(np.int64) * placement.ALIGN
         sizes = np.where(envelope != low, np.maximum(scaled, envelope), envelope)
         free = step.free.copy()
         free[0] = placement.ESCAPED
