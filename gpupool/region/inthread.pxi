@@ -10,9 +10,12 @@ cdef class _InThread:
     """The context manager of ``Region.enter_in_thread()`` (also a decorator): the region
     current on the thread that enters it, until that thread exits it. Its entry raises
     unless the region is entered (``with region:``, on any thread); an exit on another
-    thread raises and changes nothing (the entering thread's stack of regions is its own)."""
+    thread raises and changes nothing (the entering thread's stack of regions is its own).
+    Entered during a skipped entry (``skip_first``), it pushes the uncached marker instead,
+    until its exit: the pool serves the thread, as it does the entering one."""
     cdef Region region
     cdef object thread
+    cdef RegionCache* pushed        # its entry's: the region's cache or the uncached marker
 
     def __cinit__(self, Region region):
         self.region = region
@@ -29,8 +32,10 @@ cdef class _InThread:
                 f"with `with region:` (on any thread) current on this thread too; enter the "
                 f"region first")
         self.thread = threading.get_ident()     # before the lock's wait lets others run
-        region_push(self.region.rc)
-        self.region.pool.region_enter(self.region.rc, False)
+        self.pushed = self.region._stacked()
+        region_push(self.pushed)
+        if self.pushed == self.region.rc:
+            self.region.pool.region_enter(self.region.rc, False)
         held = getattr(_in_thread, "regions", None)
         if held is None:
             held = _in_thread.regions = []
@@ -44,8 +49,9 @@ cdef class _InThread:
                 "entered it (or without being entered); exit it on its entering thread")
         if not forked():            # a fork() child leaves it without the pool's lock
             self.region.pool.check_usable()
-            self.region.pool.region_leave(self.region.rc)
-        region_pop(self.region.rc)
+            if self.pushed == self.region.rc:
+                self.region.pool.region_leave(self.region.rc)
+        region_pop(self.pushed)
         _in_thread.regions.remove(self.region)
         self.thread = None
         return False

@@ -107,7 +107,9 @@ cdef class Region:
         a string as for ``Pool``'s limits (``"512MiB"``, ``"8GB"``, ``"10%"``).
     skip_first : bool
         Leave the first entry's allocations (library workspaces, warm-up) out of the cache:
-        they are served by the pool as if no region were entered.
+        they are served by the pool as if no region were entered, on every thread the region
+        would cover (its ``enter_in_thread()`` workers; ``scope="process"`` covers the others
+        from the second entry on).
     debug : bool
         Fill the blocks of invalidated buffers with 0xFF bytes (NaN as floats) after
         synchronizing the device, so a consumer holding a stale raw pointer reads garbage.
@@ -281,7 +283,7 @@ cdef class Region:
         if self._job is not None:
             self._take_plan()
         self._skipping = self.skip_first and self.entries == 0
-        region_push(uncached_marker() if self._skipping else self.rc)
+        region_push(self._stacked())
         if self.scope == "process" and not self._skipping:
             if not self.pool.region_set_process(self.rc, True):
                 region_pop(self.rc)
@@ -303,7 +305,7 @@ cdef class Region:
             self.pool.check_usable()    # (inside the pool's upstream call: before any change)
         self._check_exit()
         _entered_here().pop()
-        region_pop(uncached_marker() if self._skipping else self.rc)
+        region_pop(self._stacked())
         if forked():
             # A fork() inside the block: the child leaves it without touching the blocks,
             # which are the parent's (no collection, no exit policy, no driver call).
@@ -334,6 +336,10 @@ cdef class Region:
             with self._planning:
                 self._replan()
         return False
+
+    cdef RegionCache* _stacked(self) noexcept:
+        """What its entry's threads push: its cache, or while skipping the uncached marker."""
+        return uncached_marker() if self._skipping else self.rc
 
     cdef int _replan(self) except -1:
         """Hand the recorded events to the planner; install the plan it returns."""
@@ -461,8 +467,9 @@ cdef class Region:
         """Context manager: make this region current in the calling (worker) thread too.
 
         Allocations made there from the region's pool are cached by the region, as those of
-        the thread that entered it. The exit policy and collection stay with that thread's
-        ``with region:``; use this only while the region is entered there.
+        the thread that entered it; entered during a first entry that ``skip_first`` skips,
+        the pool serves them, until this block exits. The exit policy and collection stay
+        with that thread's ``with region:``; use this only while the region is entered there.
 
         Raises
         ------

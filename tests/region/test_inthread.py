@@ -1,6 +1,6 @@
 """Region.enter_in_thread() (region/inthread.pxi) on the simulated device: a region entered on
 one thread made current on a worker thread too, only while it is entered; its exits and its
-life."""
+life; a worker in an entry that skip_first skips, served by the pool."""
 
 import gc
 import threading
@@ -10,6 +10,7 @@ import pytest
 from conftest import check_invariants
 
 import gpupool
+from gpupool.testing import SimulatedDevice
 
 KIB = 1024
 
@@ -146,3 +147,111 @@ def test_enter_in_thread_refuses_a_region_not_entered(pool, scope):
         assert in_thread(enter) is None
     assert region.stats().cache_misses == 1
     check_invariants(pool)
+
+
+@pytest.mark.parametrize("scope", ["thread", "process"])
+def test_a_worker_in_a_skipped_entry_is_served_by_the_pool(pool, scope):
+    # A worker in a skip_first region's first entry is served by the pool, as the entering
+    # thread is; from the second entry on it is cached. Before, it pushed the region's cache:
+    # its allocations were cached (a miss, cached bytes), and its buffer, a live block of the
+    # region that no exit had settled, was invalidated by the second entry's exit.
+    region = gpupool.Region(pool=pool, skip_first=True, on_exit="invalidate", scope=scope)
+    kept = []
+
+    def worker():
+        with region.enter_in_thread():
+            kept.append(pool.allocate(300 * KIB))
+
+    with region:
+        assert in_thread(worker) is None
+    stats = region.stats()
+    assert (stats.cache_hits, stats.cache_misses, stats.cached_bytes,
+            stats.peak_in_use_bytes) == (0, 0, 0, 0)
+    workspace, ptrs = kept.pop(), []
+    for _ in range(2):
+        with region:
+            assert in_thread(worker) is None
+            ptrs.append(kept.pop().ptr)
+    stats = region.stats()
+    assert stats.entries == 3 and stats.cache_hits + stats.cache_misses == 2
+    assert ptrs[0] == ptrs[1] and stats.cached_bytes > 0
+    assert not workspace.closed                 # the pool's: no exit of the region touches it
+    workspace.close()                           # back to the pool, not to the region
+    assert region.stats().cached_bytes == stats.cached_bytes
+    assert check_invariants(pool).in_use_bytes == 0
+
+
+def test_a_worker_that_stays_past_a_skipped_entry_stays_uncached(pool):
+    # A worker that entered during the skipped entry and is still inside at the second keeps
+    # what it pushed: the pool serves it until it exits (before, the region cached it).
+    region = gpupool.Region(pool=pool, skip_first=True)
+    entered, go, done = threading.Event(), threading.Event(), threading.Event()
+
+    def worker():
+        with region.enter_in_thread():
+            entered.set()
+            go.wait()
+            pool.allocate(300 * KIB).close()
+        done.set()
+
+    thread = threading.Thread(target=worker)
+    with region:
+        thread.start()
+        entered.wait()
+    with region:
+        go.set()
+        done.wait()
+        pool.allocate(300 * KIB).close()        # the entering thread's: cached
+    thread.join()
+    stats = region.stats()
+    assert stats.cache_hits + stats.cache_misses == 1
+    check_invariants(pool)
+
+
+def test_a_process_region_covers_other_threads_from_its_second_entry(pool):
+    # A skipped entry installs no process-wide region: the other threads are served as if no
+    # region were entered (by the pool, or by another process region entered meanwhile).
+    region = gpupool.Region(pool=pool, skip_first=True, scope="process")
+    counted = []
+    for _ in range(3):
+        with region:
+            assert in_thread(lambda: pool.allocate(300 * KIB).close()) is None
+        stats = region.stats()
+        counted.append(stats.cache_hits + stats.cache_misses)
+    assert counted == [0, 1, 2]
+    other = gpupool.Region(pool=pool, scope="process")
+    skipping = gpupool.Region(pool=pool, skip_first=True, scope="process")
+    with skipping, other:
+        assert in_thread(lambda: pool.allocate(300 * KIB).close()) is None
+    counts = [(r.stats().cache_hits + r.stats().cache_misses) for r in (skipping, other)]
+    assert counts == [0, 1]
+    check_invariants(pool)
+
+
+def test_a_worker_in_a_skipped_entry_leaves_the_plan_records_alone():
+    # Before, the worker's events of the skipped entry, recorded with no entry's marker, led
+    # the second exit's read (the planner's kept events) and counted a miss in the region.
+    def run(worker_first):
+        pool = gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32, virtual_memory=True))
+        region = gpupool.Region(pool=pool, skip_first=True, plan=True, collect=None)
+
+        @region.enter_in_thread()
+        def worker():
+            pool.allocate(700 * KIB).close()
+        kept = []
+        for e in range(6):
+            with region:
+                if e == 0 and worker_first:
+                    assert in_thread(worker) is None
+                bufs = [pool.allocate(n * KIB) for n in (100, 200, 400)]
+                del bufs
+            if e == 1:
+                kept = [(p != 0, n) for p, n, _ in region.planner._recorded_steps.kept.tolist()]
+        check_invariants(pool)
+        stats = region.stats()
+        return kept, (stats.cache_hits, stats.cache_misses, stats.plans, stats.plan_hits,
+                      stats.plan_misses)
+
+    kept, counts = run(True)
+    assert kept[0] == (False, 0) and len(kept) == 7     # entry 2's marker, 3 requests, 3 frees
+    assert (kept, counts) == run(False)
