@@ -176,16 +176,19 @@ def test_a_regions_repr_says_whether_it_plans(pool):
 
 
 def test_a_stream_the_driver_refuses_is_an_error_for_allocations_not_for_frees(pool, sim):
+    # The simulated device raises what the driver path does for the handle (cuStreamGetId's
+    # CUDA_ERROR_INVALID_HANDLE through gpupool's CudaError); it raised ValueError (trial).
     stream = sim.create_stream()
     buf = pool.allocate(100, stream=stream)
     other = pool.allocate(100)
     sim.destroy_stream(stream)
+    refused = r"^CUDA_ERROR_INVALID_HANDLE \(400\): simulated device: unknown or destroyed stream"
     for bad in (stream, 12345):                    # destroyed, never a stream
-        with pytest.raises(ValueError, match="unknown or destroyed stream"):
+        with pytest.raises(gpupool.CudaError, match=refused):
             pool.allocate(100, stream=bad)
-        with pytest.raises(ValueError, match="unknown or destroyed stream"):
+        with pytest.raises(gpupool.CudaError, match=refused):
             other.stream = bad
-        with pytest.raises(ValueError, match="unknown or destroyed stream"):
+        with pytest.raises(gpupool.CudaError, match=refused):
             other.record_stream(bad)
     assert other.stream == 0
     del buf, other                                 # freeing a buffer whose stream is gone works
