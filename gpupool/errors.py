@@ -31,12 +31,23 @@ FORK_MESSAGE = (
 REENTRANT_MESSAGE = "the pool was used from inside its own upstream call"
 
 
+def did_you_mean(name, accepted):
+    """``"; did you mean 'x'?"``, naming the closest of the str among ``accepted`` to the
+    misspelt ``name`` (``difflib.get_close_matches``), or ``""`` when none is near or
+    ``name`` is not a str: the end of the message of an unknown keyword, option or choice."""
+    import difflib
+
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, [a for a in accepted if isinstance(a, str)], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def unexpected_keyword(owner, name, hint=""):
     """The TypeError of a keyword argument that class ``owner`` does not take, worded as
     Python's own (which, for a cdef class, names its ``__cinit__``), with ``hint`` or else
     the closest of its keywords (``inspect.signature``, from its docstring) when one is near:
     ``Pool() got an unexpected keyword argument 'hardlimit'; did you mean 'hard_limit'?``"""
-    import difflib
     import inspect
 
     if not hint:
@@ -44,8 +55,7 @@ def unexpected_keyword(owner, name, hint=""):
             accepted = inspect.signature(owner).parameters
         except (TypeError, ValueError):         # (a subclass without one)
             accepted = ()
-        close = difflib.get_close_matches(name, accepted, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, accepted)
     return TypeError(f"{owner.__name__}() got an unexpected keyword argument {name!r}{hint}")
 
 

@@ -156,8 +156,10 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         captured (the driver refuses it in a capture of the global mode).
     errors : list of str
         Misuses seen (a call on an unknown or destroyed stream, a free of an unknown pointer):
-        each also raises, but a pool freeing from ``__dealloc__`` cannot report it, so tests
-        should check that this list is empty.
+        each also raises, as the driver path does where the driver refuses the call with a
+        status (a stream handle it does not know: ``gpupool.CudaError``
+        CUDA_ERROR_INVALID_HANDLE), else ValueError; but a pool freeing from ``__dealloc__``
+        cannot report it, so tests should check that this list is empty.
     """
 
     def __init__(self, capacity=1 << 30, device=0, stream_ordered=False, virtual_memory=False,

@@ -8,6 +8,7 @@ import numbers
 
 import numpy as np
 
+from gpupool.errors import did_you_mean
 from gpupool.region import placement
 
 __all__ = ["checked", "option_names", "planner_of"]
@@ -28,7 +29,8 @@ def planner_of(plan, planner, region_name, **flags):
     ------
     TypeError
         A flag not a bool, the name not a str or None, ``plan`` not a bool or dict, or a key
-        of ``plan`` that is not one of ``planner``'s parameters (those accepted named).
+        of ``plan`` that is not one of ``planner``'s parameters (those accepted named, and
+        the closest to a misspelt key).
     """
     for name, value in flags.items():
         if not isinstance(value, (bool, np.bool_)):
@@ -39,9 +41,10 @@ def planner_of(plan, planner, region_name, **flags):
         raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
     keys = option_names(planner)
     if isinstance(plan, dict) and not set(plan) <= set(keys):
-        unknown = ", ".join(repr(k) for k in plan if k not in keys)
-        raise TypeError(f"Region(plan=...): unknown option {unknown}; the accepted keys "
-                        f"are {', '.join(keys)}")
+        unknown = [k for k in plan if k not in keys]
+        hint = next(filter(None, (did_you_mean(k, keys) for k in unknown)), "")
+        raise TypeError(f"Region(plan=...): unknown option {', '.join(map(repr, unknown))}; "
+                        f"the accepted keys are {', '.join(keys)}{hint}")
     return planner(**plan) if isinstance(plan, dict) else planner() if plan else None
 
 

@@ -32,7 +32,8 @@ import weakref
 
 import numpy as np
 
-from gpupool.errors import FORK_MESSAGE, GpupoolError, not_picklable, unexpected_keyword
+from gpupool.errors import (
+    FORK_MESSAGE, GpupoolError, did_you_mean, not_picklable, unexpected_keyword)
 from gpupool.buffer.interface import read_cai
 from gpupool.limits import parse_limit
 from gpupool.stats import RegionStats, plan_fields
@@ -156,11 +157,12 @@ cdef class Region:
     Raises
     ------
     ValueError
-        Unknown ``on_exit``, ``collect`` or ``scope``; a planner option out of its range.
+        Unknown ``on_exit``, ``collect`` or ``scope`` (naming the closest choice); a planner
+        option out of its range.
     TypeError
         An unknown keyword argument (naming the closest), ``plan`` not a bool or dict, an
-        unknown key in ``plan``'s dict, ``pool`` not a Pool, ``skip_first``, ``debug`` or
-        ``trace`` not a bool, ``name`` not a str or None.
+        unknown key in ``plan``'s dict (naming the closest), ``pool`` not a Pool,
+        ``skip_first``, ``debug`` or ``trace`` not a bool, ``name`` not a str or None.
     GpupoolError
         On entry, if this Region object is already entered (re-entered inside itself, or
         entered on another thread), in a fork() child of a process that used gpupool, or
@@ -218,11 +220,14 @@ cdef class Region:
             raise unexpected_keyword(Region, name, f"; planner options go in plan: Region("
                                      f"plan={{{name!r}: ...}})" if name in _PLAN_OPTIONS else "")
         if on_exit not in _POLICIES:
-            raise ValueError(f"on_exit must be one of {_POLICIES}, got {on_exit!r}")
+            raise ValueError(f"on_exit must be one of {_POLICIES}, got {on_exit!r}"
+                             f"{did_you_mean(on_exit, _POLICIES)}")
         if collect not in _COLLECT:
-            raise ValueError(f"collect must be 'young', 'full' or None, got {collect!r}")
+            raise ValueError(f"collect must be 'young', 'full' or None, got {collect!r}"
+                             f"{did_you_mean(collect, _COLLECT)}")
         if scope not in _SCOPES:
-            raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
+            raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}"
+                             f"{did_you_mean(scope, _SCOPES)}")
         planner = planner_of(plan, Planner, name, skip_first=skip_first, debug=debug,
                              trace=trace)
         from gpupool.core.defaults import get_pool

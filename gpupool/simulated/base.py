@@ -1,7 +1,7 @@
 """What every part of the simulated device shares: the log of its simulated driver calls, the
 failures injected into them, the misuses it saw, and its byte counts."""
 
-from gpupool.simulated.failures import Failures
+from gpupool.simulated.failures import Failures, cuda_error
 
 
 class SimulatedBase:
@@ -46,8 +46,13 @@ class SimulatedBase:
         """The arguments of every call named ``name``, in order."""
         return [args for call, args in self.calls if call == name]
 
-    def _misuse(self, what):
+    def _misuse(self, what, code=None):
+        """Log the misuse ``what`` in ``errors`` and raise it: as the driver's ``CudaError``
+        of ``code`` where the driver path raises that status for it (a ``CUresult``
+        value), else as a ValueError."""
         self.errors.append(what)
+        if code is not None:
+            raise cuda_error(code, f"simulated device: {what}")
         raise ValueError(f"simulated device: {what}")
 
     def _count(self, nbytes, rounded):

@@ -7,7 +7,9 @@ from cuda.bindings.driver import CUresult
 
 from gpupool.errors import CudaError
 
+CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_INVALID_HANDLE = 400
 CUDA_ERROR_UNKNOWN = 999
 
 # The memory source's calls, whose failure the driver reports as out of memory (the pool's
@@ -125,7 +127,7 @@ class Failures:
         self.injected.append((name, args, what))
         if code == CUDA_ERROR_OUT_OF_MEMORY:
             raise MemoryError(what)
-        raise CudaError(code, CUresult(code).name, what)
+        raise cuda_error(code, what)
 
     def __repr__(self):
         when = f"nth={self.nth}, times={self.times}" if self.rate is None else \
@@ -133,3 +135,9 @@ class Failures:
         code = "" if self.code is None else f", code={self.code}"
         return (f"Failures({sorted(self.calls)}, {when}{code}: {len(self.injected)} injected "
                 f"of {self.seen} calls)")
+
+
+def cuda_error(code, what):
+    """The ``gpupool.CudaError`` of a simulated driver call that returned ``code`` (a
+    ``CUresult`` value), as the driver path raises it, ``what`` its message."""
+    return CudaError(code, CUresult(code).name, what)

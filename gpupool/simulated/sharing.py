@@ -6,8 +6,9 @@ import fcntl
 import mmap
 import os
 
-from gpupool.errors import CudaError, IpcError
+from gpupool.errors import IpcError
 from gpupool.simulated.base import SimulatedBase
+from gpupool.simulated.failures import CUDA_ERROR_INVALID_VALUE, cuda_error
 from gpupool.simulated.host import MAP_FIXED, MAP_NORESERVE, libc, map_rw
 
 
@@ -174,4 +175,4 @@ def _unlocked(fd):
 
 
 def _invalid_value(why):
-    return CudaError(1, "CUDA_ERROR_INVALID_VALUE", f"simulated device: {why}")
+    return cuda_error(CUDA_ERROR_INVALID_VALUE, f"simulated device: {why}")

@@ -5,6 +5,7 @@ import itertools
 import threading
 
 from gpupool.simulated.base import SimulatedBase
+from gpupool.simulated.failures import CUDA_ERROR_INVALID_HANDLE
 
 LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
@@ -48,7 +49,16 @@ class SimulatedStreams(SimulatedBase):
         return handle
 
     def destroy_stream(self, stream):
-        """Forget a stream; later use of its handle is an error, as on a real device."""
+        """Forget a stream; later use of its handle is an error, as on a real device.
+
+        Raises
+        ------
+        ValueError
+            ``stream`` is a default stream (a misuse, in ``errors``).
+        CudaError
+            CUDA_ERROR_INVALID_HANDLE: ``stream`` is unknown or destroyed (a misuse, in
+            ``errors``), as every call given such a handle raises.
+        """
         if stream in (LEGACY_STREAM, PER_THREAD_STREAM):
             self._misuse(f"the default stream {stream} cannot be destroyed")
         self._check_stream(stream)
@@ -101,10 +111,12 @@ class SimulatedStreams(SimulatedBase):
         return stream
 
     def _check_stream(self, stream):
-        """The stream's key; a misuse for an unknown or destroyed stream."""
+        """The stream's key; for an unknown or destroyed stream, a misuse that raises the
+        driver's error for it, a ``CudaError`` CUDA_ERROR_INVALID_HANDLE (as the driver path
+        raises from ``cuStreamGetId``)."""
         key = self._key(stream)
         if key not in self._queued:
-            self._misuse(f"unknown or destroyed stream {stream:#x}")
+            self._misuse(f"unknown or destroyed stream {stream:#x}", CUDA_ERROR_INVALID_HANDLE)
         return key
 
     def _covered(self, key):

@@ -154,8 +154,9 @@ def test_a_destroyed_stream_is_still_refused_as_an_invalid_handle(sim):
     stream = sim.create_stream()
     sim.destroy_stream(stream)
     sim.errors.clear()
-    with pytest.raises(ValueError, match="unknown or destroyed stream"):
+    with pytest.raises(gpupool.CudaError, match="unknown or destroyed stream") as info:
         pool.allocate(MIB, stream=stream)
+    assert info.value.code == 400                       # CUDA_ERROR_INVALID_HANDLE
     sim.errors.clear()
 
 
