@@ -219,15 +219,11 @@ cdef class Region:
             name = next(iter(unknown))          # (Python's own message names __cinit__)
             raise unexpected_keyword(Region, name, f"; planner options go in plan: Region("
                                      f"plan={{{name!r}: ...}})" if name in _PLAN_OPTIONS else "")
-        if on_exit not in _POLICIES:
-            raise ValueError(f"on_exit must be one of {_POLICIES}, got {on_exit!r}"
-                             f"{did_you_mean(on_exit, _POLICIES)}")
-        if collect not in _COLLECT:
-            raise ValueError(f"collect must be 'young', 'full' or None, got {collect!r}"
-                             f"{did_you_mean(collect, _COLLECT)}")
-        if scope not in _SCOPES:
-            raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}"
-                             f"{did_you_mean(scope, _SCOPES)}")
+        for what, value, choices in (("on_exit", on_exit, _POLICIES), ("scope", scope, _SCOPES),
+                                     ("collect", collect, tuple(_COLLECT))):
+            if value not in choices:
+                raise ValueError(f"{what} must be one of {choices}, got {value!r}"
+                                 f"{did_you_mean(value, choices)}")
         planner = planner_of(plan, Planner, name, skip_first=skip_first, debug=debug,
                              trace=trace)
         from gpupool.core.defaults import get_pool
