@@ -65,6 +65,7 @@ from gpupool.region.seen import SEEN_MAX
 from gpupool.region.seen import Exceeds as _Exceeds
 from gpupool.region.seen import fits as _fits
 from gpupool.region.seen import record_over as _record_over
+from gpupool.region.seen import record_sizes as _record_sizes
 from gpupool.region.seen import record_top as _record_top
 from gpupool.region.seen import remember as _remember
 
@@ -87,7 +88,6 @@ UNDER = 4                   # request 0 under 1 / UNDER of the least its plan's 
 MIRROR = True               # a plan around nothing that stays is mirrored (Note [Plans mirrored])
 REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
                             # requests grew (the repair's work: theirs times the step's requests)
-SCALE_SLACK = 1             # bytes past request 0's in a record step's scale (Note [Record scale])
 
 
 class Planner(_Repeats):
@@ -453,14 +453,14 @@ class Planner(_Repeats):
     def record(self, nbytes, base, obstacles, ptr=None):
         """The plan of a record step, made at its request 0 (which asked ``nbytes`` bytes and
         went online, to address ``ptr``), as ``(Plan, anchors)``: the installed plan's
-        structure, the requests whose sizes varied among its signature's steps at their most
-        seen times ``nbytes`` (+ SCALE_SLACK) over the most request 0 of those steps asked (at
-        least their most seen), the others at their most seen; request 0 not placed. Placed around
+        structure, its sizes ``seen.record_sizes``'s (those that varied scaled by ``nbytes``
+        over the most request 0 asked); request 0 not placed. Placed around
         ``obstacles`` ((offset from ``base``, bytes) rows that stay; request 0's block among
         them, at ``ptr`` only until the step frees it) and the entry before's blocks (its
         tails until this entry frees them). Its places may pass the memory mapped (the core
         maps pages for them on an expandable upstream). None when the installed plan's
-        signature has no sizes kept, when ``nbytes`` passes ``_record_top`` (more likely
+        signature has no sizes kept or its sizes did not scale with request 0
+        (``record_sizes``), when ``nbytes`` passes ``_record_top`` (more likely
         another step's request 0, and the scaled sizes would map pages that the online way
         does not), or when the placement fell back to first fit (past a budget: every place
         above the blocks that stay, pages mapped for them; ``counts["records_dropped"]``)."""
@@ -469,11 +469,10 @@ class Planner(_Repeats):
         if not self.record_steps or seen is None or kept is None or not seen.r_max or \
                 len(seen.envelope) != len(kept[0].step) or nbytes > _record_top(seen):
             return None
-        envelope, low, r_max = seen.envelope, seen.low, seen.r_max
+        sizes = _record_sizes(seen, nbytes)
+        if sizes is None:
+            return None
         step = kept[0].step
-        scale = (nbytes + SCALE_SLACK) / r_max
-        scaled = np.ceil(envelope * scale / placement.ALIGN).astype(np.int64) * placement.ALIGN
-        sizes = np.where(envelope != low, np.maximum(scaled, envelope), envelope)
         free = step.free.copy()
         free[0] = placement.ESCAPED
         predicted = placement.Step(sizes, step.alloc, free, step.stream, step.length)

@@ -17,11 +17,14 @@ import numpy as np
 
 from gpupool.region import placement
 
-__all__ = ["SEEN_MAX", "SLACK", "Exceeds", "Seen", "fits", "fold", "recount", "record_over",
-           "record_top", "remember"]
+__all__ = ["SCALE_SLACK", "SCALE_TOLERANCE", "SEEN_MAX", "SLACK", "Exceeds", "Seen", "fits",
+           "fold", "recount", "record_over", "record_sizes", "record_top", "remember"]
 
 SLACK = 0.01        # an envelope whose floor passes the most of its steps' by more is not planned
 SEEN_MAX = 64       # signatures remembered (how often each was seen), oldest dropped
+SCALE_SLACK = 1     # bytes past request 0's in a record step's scale (Note [Record scale])
+SCALE_TOLERANCE = 0.02      # a varied size's least off request 0's scale by more is off it
+SCALE_SHARE = 0.25  # a share of the varied sizes' bytes off request 0's scale past which no record
 
 
 class Seen(NamedTuple):
@@ -151,3 +154,24 @@ def record_over(seens, sig):
             most = seen.r_max
     own = seens.get(sig) or Seen()
     return most if own.r_max >= most and record_top(own) > own.r_max else 0
+
+
+def record_sizes(seen, nbytes):
+    """The sizes (int64 bytes, rounded as ``placement.Step``'s) predicted for a record step
+    of the signature ``seen`` whose request 0 asks ``nbytes``: those that varied among its
+    steps at their most times (``nbytes`` + SCALE_SLACK) over the most request 0 asked, at
+    least their most; the others at their most. None where the sizes did not scale with
+    request 0: a size that varied whose least is off its most times request 0's least over
+    its most by more than SCALE_TOLERANCE (plus request 0's byte and a rounding), as where
+    each size varies on its own (Note [Record scale])."""
+    envelope, low = seen.envelope, seen.low
+    varied = envelope != low
+    if seen.r_min and varied.any():
+        expected = envelope[varied] * (seen.r_min / seen.r_max)
+        off = np.abs(low[varied] - expected) > \
+            expected * (SCALE_TOLERANCE + 1 / seen.r_min) + placement.ALIGN
+        if envelope[varied][off].sum() > SCALE_SHARE * envelope[varied].sum():
+            return None
+    scale = (nbytes + SCALE_SLACK) / seen.r_max
+    scaled = np.ceil(envelope * scale / placement.ALIGN).astype(np.int64) * placement.ALIGN
+    return np.where(varied, np.maximum(scaled, envelope), envelope)

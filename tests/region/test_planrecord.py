@@ -15,7 +15,7 @@ from planned_steps import (  # noqa: F401 (fixtures)
 import gpupool
 from gpupool.region import placement, planned
 from gpupool.region.planned import Planner
-from gpupool.region.seen import Seen
+from gpupool.region.seen import SCALE_SLACK, Seen, record_sizes
 from gpupool.testing import SimulatedDevice
 
 
@@ -206,7 +206,7 @@ def test_a_record_plan_scales_the_sizes_that_varied():
     plan, anchors = planner.record(8000, 1 << 20, [(0, 4096)])
     # Requests 0 and 2 scaled by request 0's 8,000 B (and its slack) over the most, 4,000 B:
     # just over twice, rounded up to whole ALIGN.
-    scale = (8000 + planned.SCALE_SLACK) / 4000
+    scale = (8000 + SCALE_SLACK) / 4000
     up = [-(-int(np.ceil(n * scale)) // placement.ALIGN) * placement.ALIGN for n in (4096, 1024)]
     assert list(plan.step.nbytes) == [up[0], 8192, up[1]] and up[0] >= 8192 and up[1] >= 2048
     assert plan.offsets[0] == -1 and (plan.offsets[1:] >= 4096).all()   # around the obstacle
@@ -477,3 +477,50 @@ def test_a_record_steps_scale_covers_request_0s_truncation():
     # went online above it: 10,496 KiB reserved against the plain region's 5,312.
     planned_kib, plain_kib = _peak_kib(True), _peak_kib(False)
     assert planned_kib <= plain_kib * 1.01, (planned_kib, plain_kib)
+
+
+# deviations.py's seed 1157: eight requests, each size drawn on its own every entry (request 0
+# does not tell the others' scale); request 0 of entry 5 asks twice the most seen before.
+OWN_SIZES = [(530, 55953, 303561, 1608, 1530785, 4513, 20462, 4645),
+             (1234, 47365, 218613, 2218, 2439735, 2923, 6166, 4753),
+             (864, 55369, 100105, 2989, 1228511, 888, 7784, 5946),
+             (1202, 19431, 263848, 1198, 1234262, 2160, 6241, 2063),
+             (817, 100341, 249433, 1384, 2447068, 3861, 7900, 5994),
+             (2429, 53086, 178989, 1323, 1071613, 2687, 3541, 1224)]
+
+
+def _own_sizes_peak_kib(plan):
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
+    region = gpupool.Region(pool=pool, plan=plan)
+    for sizes in OWN_SIZES:
+        with region:
+            pool.allocate(sizes[0]).close()
+            pool.allocate(sizes[1]).close()
+            two, three = pool.allocate(sizes[2]), pool.allocate(sizes[3])
+            two.close()
+            bufs = [pool.allocate(n) for n in sizes[4:]]
+            for buf in reversed(bufs[1:]):
+                buf.close()
+            three.close()
+            bufs[0].close()
+    pool._verify()
+    return pool.stats().peak_reserved_bytes >> 10, region.stats().record_plans
+
+
+def test_no_record_step_where_the_sizes_do_not_scale_with_request_0():
+    # Before, entry 5 was a record step: its sizes scaled by 2,429 / 1,234 put request 3 at
+    # 4.6 MiB and mapped pages up to it (4,800 KiB reserved against the plain region's 2,688).
+    (planned_kib, records), (plain_kib, _) = _own_sizes_peak_kib(True), _own_sizes_peak_kib(False)
+    assert records == 0
+    assert planned_kib <= plain_kib * 1.01, (planned_kib, plain_kib)
+
+
+def test_record_sizes_scale_only_sizes_that_moved_with_request_0():
+    envelope = np.array([4096, 8192, 1024, 65536])
+    # Request 0 went 2,000 -> 4,000 B: requests 1 and 3 halved with it, request 2 never moved.
+    together = Seen(2, envelope, np.array([2048, 4096, 1024, 32768]), 4000, 2000)
+    sizes = record_sizes(together, 8000)
+    assert (sizes[[0, 1, 3]] >= 2 * envelope[[0, 1, 3]]).all() and sizes[2] == 1024
+    # Request 3 (most of the bytes) moved on its own: a quarter of what request 0 implies.
+    apart = together._replace(low=np.array([2048, 4096, 1024, 8192]))
+    assert record_sizes(apart, 8000) is None
