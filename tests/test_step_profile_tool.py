@@ -1,4 +1,5 @@
-"""tools/profile/step_profile.py: the argument checks it makes before anything touches a GPU."""
+"""tools/profile/step_profile.py and gpu_time.py: the argument checks they make before anything
+touches a GPU."""
 
 import os
 import sys
@@ -8,21 +9,26 @@ import pytest
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 sys.path.insert(0, os.path.join(ROOT, "tools", "profile"))
 
+import gpu_time  # noqa: E402
 import step_profile  # noqa: E402
 
+TOOLS = [step_profile, gpu_time]
 
-def test_an_unknown_column_exits_2_naming_the_columns(capsys):
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_an_unknown_column_exits_2_naming_the_columns(tool, capsys):
     with pytest.raises(SystemExit) as exc:
-        step_profile.main(["gpt2", "gp.nonesuch"])
+        tool.main(["gpt2", "gp.nonesuch"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "gp.nonesuch" in err and "gp.vmm.plan" in err and "torch.exp" in err
 
 
 @pytest.mark.skipif(step_profile.no_gpu() is None, reason="a GPU is present")
-def test_without_a_gpu_it_exits_2_saying_so(capsys):
+@pytest.mark.parametrize("tool", TOOLS)
+def test_without_a_gpu_it_exits_2_saying_so(tool, capsys):
     with pytest.raises(SystemExit) as exc:
-        step_profile.main(["gpt2", "gp.vmm.plan"])
+        tool.main(["gpt2", "gp.vmm.plan"])
     assert exc.value.code == 2
     assert "needs a GPU" in capsys.readouterr().err
 
@@ -34,3 +40,22 @@ def test_steps_and_top_below_one_exit_2_before_any_gpu_check(option, capsys, mon
         step_profile.main(["gpt2", "gp.vmm.plan", *option])
     assert exc.value.code == 2
     assert "--steps and --top must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--from", "5", "--steps", "5"], ["--from", "-1"],
+                                    ["--top", "-1"]])
+def test_gpu_time_profiles_steps_inside_the_run(option, capsys, monkeypatch):
+    monkeypatch.setattr(step_profile, "no_gpu", lambda: pytest.fail("asked for a GPU"))
+    with pytest.raises(SystemExit) as exc:
+        gpu_time.main(["gpt2", "gp.vmm.plan", *option])
+    assert exc.value.code == 2
+    assert "need 0 <= --from < --steps" in capsys.readouterr().err
+
+
+def test_gpu_time_splits_kernels_into_steps_at_their_markers():
+    marks = [(0, 1, "spin_kernel"), (10, 30, "gemm"), (20, 40, "add"), (100, 101, "spin_kernel"),
+             (110, 150, "gemm")]
+    bounds = [(0, 100), (100, 151)]
+    sums, busy = gpu_time.per_step(marks, bounds)
+    assert sums == [0.04, 0.04] and busy == [0.03, 0.04]      # ms: 20 + 20 us, united 30 us
+    assert gpu_time.union_ms([(0, 10), (5, 20), (30, 40)]) == 0.03

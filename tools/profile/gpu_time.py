@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from step_profile import no_gpu  # noqa: E402
+from step_profile import column_ready  # noqa: E402
 
 
 def union_ms(intervals):
@@ -62,17 +62,10 @@ def main(argv=None):
                    help="the first profiled step (default: %(default)s)")
     p.add_argument("--top", type=int, default=8, help="kernels listed (default: %(default)s)")
     args = p.parse_args(argv)
-    import real_models
-
     if not 0 <= args.first < args.steps or args.top < 0:
         p.error(f"need 0 <= --from < --steps and --top >= 0, not {args.first}, {args.steps}, "
                 f"{args.top}")
-    if args.column not in real_models.COLUMNS:
-        p.error(f"unknown column {args.column!r}: one of {', '.join(real_models.COLUMNS)}")
-    why = no_gpu()
-    if why:
-        p.exit(2, f"gpu_time.py: needs a GPU: {why}\n")
-    os.environ.update(real_models.COLUMNS[args.column][1])
+    real_models = column_ready(p, args.column, "gpu_time.py")
 
     import torch
     from torch.profiler import ProfilerActivity, profile

@@ -35,6 +35,20 @@ def no_gpu():
         return f"no CUDA driver ({type(exc).__name__}: {exc})"
 
 
+def column_ready(parser, column, tool):
+    """``bench/real_models.py`` as a module, with ``column``'s environment set before anything
+    is imported; the parser's error for an unknown column, its exit (2) where no GPU is."""
+    import real_models
+
+    if column not in real_models.COLUMNS:
+        parser.error(f"unknown column {column!r}: one of {', '.join(real_models.COLUMNS)}")
+    why = no_gpu()
+    if why:
+        parser.exit(2, f"{tool}: needs a GPU: {why}\n")
+    os.environ.update(real_models.COLUMNS[column][1])
+    return real_models
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,16 +59,9 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=25,
                    help="functions printed per table (default: %(default)s)")
     args = p.parse_args(argv)
-    import real_models
-
     if args.steps < 1 or args.top < 1:
         p.error(f"--steps and --top must be >= 1, not {args.steps} and {args.top}")
-    if args.column not in real_models.COLUMNS:
-        p.error(f"unknown column {args.column!r}: one of {', '.join(real_models.COLUMNS)}")
-    why = no_gpu()
-    if why:
-        p.exit(2, f"step_profile.py: needs a GPU: {why}\n")
-    os.environ.update(real_models.COLUMNS[args.column][1])
+    real_models = column_ready(p, args.column, "step_profile.py")
     profile = cProfile.Profile()
     record = profile.runcall(real_models.child, args.model, args.column, args.steps, None, False)
     ms = record["per_step"]["ms"]
