@@ -76,10 +76,13 @@ def mode_of(seed):
     return _drawn(seed)[1]
 
 
-def entries(seed):
-    """Run ``seed``'s entries, each a list of ("a", key, nbytes) and ("f", key)."""
+def entries(seed, jitter=0.0):
+    """Run ``seed``'s entries, each a list of ("a", key, nbytes) and ("f", key). ``jitter``
+    > 0: one structure whose every size, each entry, is its own draw from its base times [1,
+    1 + jitter) (the mode ``jitter``, whatever the seed's drawn mode)."""
     rng, mode = _drawn(seed)
-    count = MODES[mode]
+    mode = "jitter" if jitter else mode
+    count = MODES.get(mode, 1)
     structures = [structure(rng) for _ in range(count)]
     subsets = [set(rng.sample(range(len(s[0])), max(1, len(s[0]) // rng.choice([1, 2, 3]))))
                for s in structures]
@@ -90,7 +93,9 @@ def entries(seed):
         k = e % count if turns == "roundrobin" else rng.randrange(count) if turns == "random" \
             else (e // rng.choice([2, 3, 5])) % count
         sizes, events, hold = structures[k]
-        if mode != "alt2" and mode != "alt3":
+        if mode == "jitter":
+            sizes = [max(1, int(s * (1 + rng.uniform(0, jitter)))) for s in sizes]
+        elif mode != "alt2" and mode != "alt3":
             scale = rng.uniform(0.3, 2.0)
             sizes = [max(1, int(s * (rng.uniform(0.3, 2.0) if mode == "vary_all" else
                                      scale if j in subsets[k] else 1)))
@@ -162,12 +167,15 @@ def main(argv=None):
     p.add_argument("--against", choices=("region", "pool"), default="region",
                    help="the reference: a plain Region() per entry (default), or the pool "
                         "alone, no region (the issue's wording)")
+    p.add_argument("--jitter", type=float, default=0.0, metavar="F",
+                   help="every run one structure whose sizes each entry are each their own "
+                        "draw from base x [1, 1 + F) (mode jitter; default 0: the drawn modes)")
     p.add_argument("--kinds", action="store_true",
                    help="also count the runs above by what their first entry past the plain "
                         "region's peak was (first_past)")
     args = p.parse_args(argv)
     if args.show is not None:
-        run = entries(args.show)
+        run = entries(args.show, args.jitter)
         planned, plain = reserved(True, run), reserved(False, run)
         for e, ops in enumerate(run):
             asked = [op[2] for op in ops if op[0] == "a"]
@@ -178,18 +186,20 @@ def main(argv=None):
     seeds = range(args.seed, args.seed + args.runs)
     against = False if args.against == "region" else None
     ratio = np.array([reserved(True, run)[1] / reserved(against, run)[1]
-                      for run in map(entries, seeds)])
+                      for run in (entries(s, args.jitter) for s in seeds)])
     reference = "plain region" if args.against == "region" else "pool alone"
     print(f"{args.runs} runs (seeds {args.seed}..{args.seed + args.runs - 1}), planned peak "
           f"over the {reference}'s: below 0.99 in {int((ratio < 0.99).sum())}, within 1% in "
           f"{int(((ratio >= 0.99) & (ratio <= 1.01)).sum())}, above 1.01 in "
           f"{int((ratio > 1.01).sum())}; median {np.median(ratio):.3f}, geometric mean "
           f"{np.exp(np.log(ratio).mean()):.3f}, least {ratio.min():.3f}, most {ratio.max():.3f}")
-    above = [mode_of(s) for s, r in zip(seeds, ratio, strict=True) if r > 1.01]
+    modes = ["jitter" if args.jitter else mode_of(s) for s in seeds]
+    above = [m for m, r in zip(modes, ratio, strict=True) if r > 1.01]
     print("  above 1.01 by mode: " + ", ".join(
-        f"{m} {above.count(m)} of {sum(mode_of(s) == m for s in seeds)}" for m in MODES))
+        f"{m} {above.count(m)} of {modes.count(m)}" for m in
+        (["jitter"] if args.jitter else MODES)))
     if args.kinds:
-        found = [first_past(entries(s), against)[1]
+        found = [first_past(entries(s, args.jitter), against)[1]
                  for s, r in zip(seeds, ratio, strict=True) if r > 1.01]
         print("  above 1.01 by their first entry past the reference: " + ", ".join(
             f"{kind} {found.count(kind)}" for kind in KINDS if found.count(kind)))
