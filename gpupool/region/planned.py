@@ -68,6 +68,7 @@ from gpupool.region.seen import record_over as _record_over
 from gpupool.region.seen import record_sizes as _record_sizes
 from gpupool.region.seen import record_top as _record_top
 from gpupool.region.seen import remember as _remember
+from gpupool.region.seen import with_room as _with_room
 
 __all__ = ["Planner", "anchors", "signature"]
 
@@ -245,7 +246,7 @@ class Planner(_Repeats):
                 self.counts["given_up"] += 1
                 action = "clear"
         if step is not None and self._wants(sig, step, seen.count):
-            wanted = placement.Step(seen.envelope, step.alloc, step.free, step.stream,
+            wanted = placement.Step(_with_room(seen), step.alloc, step.free, step.stream,
                                     step.length)
             if _fits(seen, wanted):
                 self._wanted = (sig, wanted)

@@ -18,13 +18,14 @@ import numpy as np
 from gpupool.region import placement
 
 __all__ = ["SCALE_SLACK", "SCALE_TOLERANCE", "SEEN_MAX", "SLACK", "Exceeds", "Seen", "fits",
-           "fold", "recount", "record_over", "record_sizes", "record_top", "remember"]
+           "fold", "recount", "record_over", "record_sizes", "record_top", "remember", "with_room"]
 
 SLACK = 0.01        # an envelope whose floor passes the most of its steps' by more is not planned
 SEEN_MAX = 64       # signatures remembered (how often each was seen), oldest dropped
 SCALE_SLACK = 1     # bytes past request 0's in a record step's scale (Note [Record scale])
 SCALE_TOLERANCE = 0.02      # a varied size's least off request 0's scale by more is off it
 SCALE_SHARE = 0.25  # a share of the varied sizes' bytes off request 0's scale past which no record
+ROOM_SHARE = 0.1    # a size that varied by at most this share of its most gets that much room
 
 
 class Seen(NamedTuple):
@@ -174,4 +175,16 @@ def record_sizes(seen, nbytes):
             return None
     scale = (nbytes + SCALE_SLACK) / seen.r_max
     scaled = np.ceil(envelope * scale / placement.ALIGN).astype(np.int64) * placement.ALIGN
-    return np.where(varied, np.maximum(scaled, envelope), envelope)
+    return np.where(varied, np.maximum(scaled, with_room(seen)), envelope)
+
+
+def with_room(seen):
+    """The sizes a plan of the signature ``seen`` gives its places (int64 bytes): the
+    envelope, and a size that varied by at most ROOM_SHARE of its most (a jitter, not a
+    scale) that variation again above it, rounded up to ``placement.ALIGN``: such a size's
+    next step passes its most by a little as often as not, and a request larger than its
+    place goes online, where it can make the pool grow (Note [Room for jitter])."""
+    envelope = seen.envelope
+    spread = envelope - seen.low
+    jitter = (spread > 0) & (spread <= envelope * ROOM_SHARE)
+    return envelope + np.where(jitter, -(-spread // placement.ALIGN) * placement.ALIGN, 0)
