@@ -5,6 +5,8 @@ import os
 import re
 import sys
 
+import numpy as np
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 sys.path.insert(0, os.path.join(ROOT, "tools", "profile"))
 
@@ -71,3 +73,13 @@ def test_against_the_pool_alone_compares_with_no_region(capsys):
     out = capsys.readouterr().out.splitlines()
     assert "planned peak over the pool alone's" in out[0]
     assert f"  seed 1939: {deviations.reserved(True, run)[1] / alone[1]:.3f}" in out
+
+
+def test_jitter_runs_draw_each_size_on_its_own_within_the_fraction(capsys):
+    run = deviations.entries(7, 0.05)
+    sizes = [[op[2] for op in ops if op[0] == "a"] for ops in run]
+    assert len({len(s) for s in sizes}) == 1            # one structure
+    low, high = np.min(sizes, axis=0), np.max(sizes, axis=0)
+    assert (high <= low * 1.05 + 1).all() and (high > low).any()
+    assert deviations.main(["--runs", "3", "--seed", "7", "--jitter", "0.05"]) == 0
+    assert "above 1.01 by mode: jitter " in capsys.readouterr().out
