@@ -32,15 +32,21 @@ REENTRANT_MESSAGE = "the pool was used from inside its own upstream call"
 
 
 def did_you_mean(name, accepted):
-    """``"; did you mean 'x'?"``, naming the closest of the str among ``accepted`` to the
-    misspelt ``name`` (``difflib.get_close_matches``), or ``""`` when none is near or
-    ``name`` is not a str: the end of the message of an unknown keyword, option or choice."""
+    """``"; did you mean 'x'?"``, naming the choice among ``accepted`` that the misspelt
+    ``name`` meant, as Python writes it (``'invalidate'``, ``None``): the one whose ``str`` is
+    ``name`` but for case (``"INVALIDATE"``, ``"None"``), else the closest, case aside
+    (``difflib.get_close_matches``); ``""`` when none is near or ``name`` is not a str: the
+    end of the message of an unknown keyword, option or choice."""
     import difflib
 
     if not isinstance(name, str):
         return ""
-    close = difflib.get_close_matches(name, [a for a in accepted if isinstance(a, str)], n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    folded = {}
+    for choice in accepted:
+        folded.setdefault(str(choice).casefold(), choice)
+    key = name.casefold()
+    close = [key] if key in folded else difflib.get_close_matches(key, list(folded), n=1)
+    return f"; did you mean {folded[close[0]]!r}?" if close else ""
 
 
 def unexpected_keyword(owner, name, hint=""):

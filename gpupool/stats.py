@@ -81,16 +81,77 @@ def torch_memory_stats(c):
 
 @dataclass(frozen=True)
 class RegionStats:
-    """A region's counters. ``entries``: its entries. ``cache_hits`` and ``cache_misses``:
-    its allocations (those made while it is current), counted as ``PoolStats`` counts the
-    pool's: a hit is served from free memory, its own cache's or the pool's (a region that
-    caches nothing, ``cached_bytes`` 0, still counts hits), a miss needed new memory (the
-    pool grew). ``cached_bytes``: the bytes its cache holds. ``live_at_exit_bytes``: bytes of
-    its buffers alive at the last exit (after the collection; buffers given to ``keep``
-    excluded, buffers that escaped earlier entries and still live included).
-    ``peak_in_use_bytes``: peak bytes in use by the buffers of a step. ``collections`` and
-    ``collect_seconds``: the exit collections (count, seconds summed). Then, for a planned
-    region (``Region(plan=True)``), its plans' counters."""
+    """A region's counters (``Region.stats()``). Hits and misses are counted as ``PoolStats``
+    counts the pool's: a hit is served from free memory, its own cache's or the pool's (a
+    region that caches nothing, ``cached_bytes`` 0, still counts hits); a miss needs new
+    memory (the pool grows). The fields from ``lane_hits`` on are a planned region's
+    (``Region(plan=True)``; 0 and False for a plain region).
+
+    Attributes
+    ----------
+    entries : int
+        Times the region was entered.
+    cache_hits : int
+        Its allocations (those made while it is current) served from free memory.
+    cache_misses : int
+        Its allocations that needed new memory.
+    cached_bytes : int
+        Bytes its cache holds.
+    live_at_exit_bytes : int
+        Bytes of its buffers alive at the last exit, after the collection (buffers given to
+        ``keep`` excluded; buffers that escaped earlier entries and still live included).
+    peak_in_use_bytes : int
+        Peak bytes in use by the buffers of a step.
+    collections : int
+        Collections run at exit.
+    collect_seconds : float
+        Seconds those took, summed.
+    lane_hits : int
+        Of ``cache_hits``, those its lane served (``scope="thread"``), without the pool's lock.
+    shared_entries : int
+        Planned entries served the pool's way (no plan, no cache): another thread's region
+        took turns with it.
+    planned : bool
+        Whether it plans (``Region(plan=True)``): the fields below are its plans'.
+    plans : int
+        Placements computed: steady plans and first-entry transitions.
+    planning_ms : float
+        Milliseconds spent planning, in all.
+    plan_hits : int
+        Requests served at their planned place.
+    plan_misses : int
+        Planned requests that went the online way.
+    plans_given_up : int
+        Plans given up for serving badly or growing the pool.
+    plans_not_fitting : int
+        Plans larger than the memory they would take: not used.
+    plan_bytes : int
+        Bytes of the largest kept plan's range.
+    record_plans : int
+        Plans made at a record step's request 0 (counted in ``plans``).
+    record_ms : float
+        Milliseconds those took (counted in ``planning_ms``).
+    planning_work : int
+        The plans' work in all (``placement.Plan.work``: units of one candidate place).
+    plans_past_work : int
+        Plans that fell back to first fit past ``budget_work``.
+    plans_past_time : int
+        Plans that fell back to first fit past ``budget_ms`` (the wall-clock cap).
+    plans_past_requests : int
+        Plans that fell back to first fit: more planned requests than the greedy takes.
+    plans_reused : int
+        Plans not made again: one was made before from the same inputs.
+    plans_repaired : int
+        Kept plans repaired for a step that grew (counted in ``plans``).
+    plans_transitions_repaired : int
+        Transitions among those (counted in ``plans_repaired``).
+    plans_repairs_refused : int
+        Repairs made and not used: the step was placed whole instead.
+    record_plans_dropped : int
+        Record plans not installed (counted in ``record_plans``).
+    exits_repeated : int
+        Exits whose events were the last exit's: no step made again.
+    """
 
     entries: int
     cache_hits: int
@@ -100,29 +161,28 @@ class RegionStats:
     peak_in_use_bytes: int
     collections: int
     collect_seconds: float
-    lane_hits: int = 0          # planned hits served from its lane, without the pool's lock
-    shared_entries: int = 0     # planned entries served the pool's way, no plan and no cache,
-                                # while another thread's region took turns with it
-    planned: bool = False       # Region(plan=True): the counters below are its plans'
-    plans: int = 0              # placements computed: steady plans and first-entry transitions
-    planning_ms: float = 0.0    # milliseconds spent planning, in all
-    plan_hits: int = 0          # requests served at their planned place
-    plan_misses: int = 0        # planned requests that went the online way
-    plans_given_up: int = 0     # plans given up for serving badly or growing the pool
-    plans_not_fitting: int = 0  # plans larger than the memory they would take: not used
-    plan_bytes: int = 0         # bytes of the largest plan's range kept
-    record_plans: int = 0       # plans made at a record step's request 0 (counted in plans)
-    record_ms: float = 0.0      # milliseconds those took (counted in planning_ms)
-    planning_work: int = 0      # the plans' work (placement.Plan.work: units), in all
-    plans_past_work: int = 0    # plans that fell back to first fit: past budget_work,
-    plans_past_time: int = 0    # past budget_ms (the wall-clock cap),
-    plans_past_requests: int = 0    # or of more planned requests than the greedy takes
-    plans_reused: int = 0       # plans not made again: one made before from the same inputs
-    plans_repaired: int = 0     # kept plans repaired for a step that grew (counted in plans)
-    plans_transitions_repaired: int = 0     # of those, transitions (counted in plans_repaired)
-    plans_repairs_refused: int = 0  # repairs made and not used: placed whole instead
-    record_plans_dropped: int = 0   # record plans not installed (counted in record_plans)
-    exits_repeated: int = 0     # exits whose events were the last exit's: no step made again
+    lane_hits: int = 0
+    shared_entries: int = 0
+    planned: bool = False
+    plans: int = 0
+    planning_ms: float = 0.0
+    plan_hits: int = 0
+    plan_misses: int = 0
+    plans_given_up: int = 0
+    plans_not_fitting: int = 0
+    plan_bytes: int = 0
+    record_plans: int = 0
+    record_ms: float = 0.0
+    planning_work: int = 0
+    plans_past_work: int = 0
+    plans_past_time: int = 0
+    plans_past_requests: int = 0
+    plans_reused: int = 0
+    plans_repaired: int = 0
+    plans_transitions_repaired: int = 0
+    plans_repairs_refused: int = 0
+    record_plans_dropped: int = 0
+    exits_repeated: int = 0
 
     def as_dict(self):
         """The counters as a plain ``dict``."""

@@ -155,11 +155,14 @@ class SimulatedDevice(SimulatedStreams, SimulatedVirtualMemory, SimulatedSharing
         other not: capture isolation) and an ``event_query`` while any stream is being
         captured (the driver refuses it in a capture of the global mode).
     errors : list of str
-        Misuses seen (a call on an unknown or destroyed stream, a free of an unknown pointer):
-        each also raises, as the driver path does where the driver refuses the call with a
-        status (a stream handle it does not know: ``gpupool.CudaError``
-        CUDA_ERROR_INVALID_HANDLE), else ValueError; but a pool freeing from ``__dealloc__``
-        cannot report it, so tests should check that this list is empty.
+        Every misuse seen, whether or not an exception reached the caller: a call on an
+        unknown or destroyed stream, a free of an unknown pointer, a free of memory another
+        process holds open. A refused call raises as the driver path does where the driver
+        refuses it with a status (a stream handle it does not know: ``gpupool.CudaError``
+        CUDA_ERROR_INVALID_HANDLE), else ValueError, and stays listed when the caller catches
+        it; a pool freeing from ``__dealloc__`` cannot report it, and the free of memory held
+        open elsewhere raises nothing. Tests should check that this list is empty; one that
+        misuses the device on purpose (a bad stream handle) checks its entries and clears it.
     """
 
     def __init__(self, capacity=1 << 30, device=0, stream_ordered=False, virtual_memory=False,

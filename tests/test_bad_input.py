@@ -140,6 +140,32 @@ def test_a_misspelt_choice_of_a_region_names_the_closest_one(pool, keyword, wron
         gpupool.Region(pool=pool, **{keyword: "bogus"})       # nothing near: no guess
 
 
+@pytest.mark.parametrize("keyword, wrong, right", [
+    ("on_exit", "INVALIDATE", "'invalidate'"), ("on_exit", "Detatch", "'detach'"),
+    ("scope", "Process", "'process'"), ("collect", "Full", "'full'"),
+    ("collect", "None", "None"), ("collect", "none", "None"),
+])
+def test_a_choice_in_another_case_or_none_as_a_string_names_the_choice(pool, keyword, wrong,
+                                                                        right):
+    # Fresh-user trial: on_exit="INVALIDATE" had no guess (difflib compares case), and
+    # collect="None" was offered nothing where the value None was meant.
+    with pytest.raises(ValueError, match=rf"^{keyword} must be .*, got '{wrong}'; did you "
+                                         rf"mean {right}\?$"):
+        gpupool.Region(pool=pool, **{keyword: wrong})
+
+
+def test_a_misspelt_strategy_of_a_regions_plan_names_the_closest_one(pool):
+    # Fresh-user trial: the valid names were listed, the near one not named.
+    with pytest.raises(ValueError, match=r"^strategies must be .* among \['area', .*\], got "
+                                         r"\('sise',\): 'sise' is not one; did you mean "
+                                         r"'size'\?$"):
+        gpupool.Region(pool=pool, plan={"strategies": ("sise",)})
+    with pytest.raises(ValueError, match=r": 'AREA' is not one; did you mean 'area'\?$"):
+        gpupool.Region(pool=pool, plan={"strategies": ["size", "AREA"]})
+    with pytest.raises(ValueError, match=r": 'bogus' is not one$"):     # nothing near
+        gpupool.Region(pool=pool, plan={"strategies": ("bogus",)})
+
+
 def test_a_misspelt_key_of_a_regions_plan_names_the_closest_one(pool):
     # Fresh-user trial: Region(plan={"max_plan": 3}) listed the keys without the near one.
     with pytest.raises(TypeError, match=r"^Region\(plan=\.\.\.\): unknown option 'max_plan'; "

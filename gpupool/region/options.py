@@ -59,7 +59,7 @@ def checked(max_plans, max_plan_requests, budget_work, budget_ms, min_hit_rate, 
         An option of another type.
     ValueError
         An option out of its range (NaN included), or ``strategies`` empty, naming a strategy
-        twice or one not in ``placement.STRATEGIES``.
+        twice or one not in ``placement.STRATEGIES`` (and the closest one, when one is near).
     """
     for name, value, kind, accepted, within in (
             ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
@@ -84,7 +84,8 @@ def checked(max_plans, max_plan_requests, budget_work, budget_ms, min_hit_rate, 
     unknown = [k for k in strategies if k not in placement.STRATEGIES]
     twice = sorted({k for k in strategies if strategies.count(k) > 1})
     if not strategies or unknown or twice:
-        why = (f": {unknown[0]!r} is not one" if unknown else
+        why = (f": {unknown[0]!r} is not one{did_you_mean(unknown[0], placement.STRATEGIES)}"
+               if unknown else
                f": {twice[0]!r} is named twice" if twice else "")
         raise ValueError(f"strategies must be a non-empty tuple (or list) of distinct names "
                          f"among {sorted(placement.STRATEGIES)}, got {given!r}{why}")

@@ -43,9 +43,8 @@ from gpupool.region.options import option_names, planner_of
 from gpupool.region.planned import Planner
 from gpupool.region.background import DROPPED, PlanJob, installed, weak_hook
 
-# "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14, whose
-# collector is incremental with a young and an old generation, the young generation plus one
-# increment of the old one. Either way far cheaper than a full collection.
+# "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14 (incremental)
+# the young generation and one increment of the old: either way far cheaper than a full one.
 _COLLECT = {"young": 1, "full": 2, None: None}
 _POLICIES = ("detach", "invalidate")
 _SCOPES = ("thread", "process")
@@ -125,29 +124,32 @@ cdef class Region:
         Name used in warnings; default: the region's repr.
     plan : bool or dict
         Plan the step (a planned region), for a loop whose entries repeat the same requests: from
-        the third or so entry on, each request takes a place planned for the whole step, which keeps
-        the step's peak near its most bytes in use. ``stats()`` says whether it does: ``plan_hits``
-        (requests served at their place) against ``plan_misses``; ``plans_not_fitting`` counts plans
-        that found no room. The plan lies in the segment holding most of the region's bytes: on
-        expandable memory (the GPU default, ``upstream="vmm"``;
-        ``SimulatedDevice(virtual_memory=True)``) it fits; on a plain upstream (``"driver"``,
-        ``SimulatedDevice()``) a plan larger than that segment does not fit, and the step runs as a
-        plain region's. The region records its entries' requests (sizes, order, lifetimes, streams);
-        once a step's structure has been seen twice, it places the whole step in one range
-        (``gpupool.region.placement``, within a budget of work), and each later request k takes its
-        place if it is no larger, on the planned stream, at its planned event, and the place's bytes
-        are free (stream order as the pool's). Other requests, and the rest of an entry off the
-        plan's step, go the online way; a new structure or larger sizes are planned again, and an
-        entry whose first request asks more than any step's did is planned at that request (a record
-        step). Plans are made on a worker thread and installed at the region's next call (entry,
-        ``stats()``, ``release()``, ``planner``), which raises what making one raised; they hold no
-        memory of their own. A plan that serves less than half an entry's planned requests, or whose
-        entries grow the pool, twice, is given up for a while. While another thread's region takes
-        turns on the pool, it goes the pool's way (``shared_entries``). A dict passes options to
-        ``gpupool.region.planned.Planner`` (``max_plans``, ``max_plan_requests``, ``budget_work``,
-        ``budget_ms``, ``min_hit_rate``, ``record``, ``repair``, ``strategies``), the region's
-        ``planner`` attribute (None without a plan). Notes [Planned regions], [Planning budget in
-        work] and [Planned regions on several threads] in docs/design.md have the design.
+        the fourth entry on (the fifth with ``skip_first`` or buffers that outlive their entry),
+        each request takes a place planned for the whole step, which keeps the step's peak near its
+        most bytes in use. ``stats()`` says whether it does (``plan_hits`` against ``plan_misses``,
+        ``plans_not_fitting``). The plan lies in the segment holding most of the region's bytes: on
+        expandable memory (``SimulatedDevice(virtual_memory=True)``; the GPU default,
+        ``upstream="vmm"``) it fits; on a plain upstream (``"driver"``, ``SimulatedDevice()``) one
+        larger than that segment does not fit (the step runs as a plain region's). The region
+        records its entries' requests (sizes, order, lifetimes, streams); once a step's structure
+        has been seen twice, it places the whole step in one range (``gpupool.region.placement``,
+        within a budget of work), and each later request k takes its place if it is no larger, on
+        the planned stream, at its planned event, and the place's bytes are free (stream order as
+        the pool's). A plan maps no memory for steps no larger than those it was made from: its
+        places lie in memory the region's earlier steps mapped. Other requests (a larger one too),
+        and the rest of an entry off the plan's step, go the online way and may grow the pool past a
+        plain region's reserve (on steps whose sizes jitter each on its own, a planned region can
+        reserve more: bench/RESULTS.md, deviations.py). A new structure or larger sizes are planned
+        again, and an entry whose first request asks more than any step's did is planned at that
+        request (a record step). Plans are made on a worker thread and installed at the region's
+        next call (entry, ``stats()``, ``release()``, ``planner``), which raises what making one
+        raised. A plan whose entries twice serve less than half their planned requests, or grow the
+        pool, is given up for a while. While another thread's region takes turns on the pool, it
+        goes the pool's way (``shared_entries``). A dict holds the options (``max_plans``,
+        ``max_plan_requests``, ``budget_work``, ``budget_ms``, ``min_hit_rate``, ``record``,
+        ``repair``, ``strategies``) of its ``planner``, a ``gpupool.region.planned.Planner`` (None
+        without a plan). Design: Notes [Planned regions], [Planning budget in work], [Planned
+        regions on several threads] in docs/design.md.
 
     Warns
     -----
@@ -172,9 +174,8 @@ cdef class Region:
 
     Notes
     -----
-    With ``scope="thread"`` entering makes the region current for the calling thread only;
-    allocations made by other threads are served by the pool, unless such a thread enters
-    ``region.enter_in_thread()``.
+    With ``scope="thread"`` the region is current for the entering thread only; other threads'
+    allocations are served by the pool, unless such a thread enters ``region.enter_in_thread()``.
 
     Examples
     --------

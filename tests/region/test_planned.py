@@ -497,3 +497,23 @@ def test_a_strategy_without_a_thread_runs_on_the_planning_thread(monkeypatch):
     monkeypatch.setattr(threading.Thread, "start", refused)
     made = placement.plan(step, strategies=("size", "area"))
     assert np.array_equal(made.offsets, expected.offsets) and made.work == expected.work
+
+
+@pytest.mark.parametrize("skip_first, first", [(False, 3), (True, 4)])
+def test_a_repeating_step_takes_its_places_from_the_fourth_entry(skip_first, first):
+    # Region's docstring said "from the third or so entry on"; README's step (1 15 0 6) is
+    # served from the fourth entry, planned at the third's exit (the fifth with skip_first).
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True))
+    region = gpupool.Region(pool=pool, plan=True, skip_first=skip_first)
+    hits = []
+    for _ in range(first + 2):
+        with region:
+            x, y = pool.allocate(4 * MIB), pool.allocate(MIB)
+            x.close()
+            z = pool.allocate(3 * MIB)
+            y.close()
+            z.close()
+        hits.append(region.stats().plan_hits)
+    assert hits == [0] * first + [3, 6]
+    assert "from the fourth entry on (the fifth with ``skip_first``" in \
+        " ".join(gpupool.Region.__doc__.split())

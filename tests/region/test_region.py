@@ -1,5 +1,6 @@
 """Regions on the simulated device: cached steps, working-set peak, exit policies."""
 
+import dataclasses
 import gc
 import re
 import threading
@@ -542,3 +543,11 @@ def test_a_region_s_hits_count_free_memory_of_the_pool_s_too(pool):
     doc = " ".join(gpupool.RegionStats.__doc__.split())
     assert "hits and misses of its cache" not in doc
     assert "a hit is served from free memory, its own cache's or the pool's" in doc
+
+
+def test_every_field_of_region_stats_is_documented():
+    # Fresh-user trial: help(RegionStats) named about 22 planned-region counters without
+    # saying what they count (their meanings were source comments).
+    attributes = gpupool.RegionStats.__doc__.partition("Attributes\n    ----------\n")[2]
+    documented = set(re.findall(r"^    (\w+) : (?:int|float|bool)$", attributes, re.M))
+    assert documented == {f.name for f in dataclasses.fields(gpupool.RegionStats)}
