@@ -151,6 +151,11 @@ class RegionStats:
         Record plans not installed (counted in ``record_plans``).
     exits_repeated : int
         Exits whose events were the last exit's: no step made again.
+    envelopes_refused : int
+        Plans not made because the step's envelope, with room for the sizes that jitter (by
+        at most a tenth), reserves more than 1% over the largest step measured: its sizes
+        vary each on its own, and its entries go the usual way, as a plain region's (tried
+        again every few exits; Notes [Envelopes that no step needs], [Room for jitter]).
     """
 
     entries: int
@@ -183,6 +188,7 @@ class RegionStats:
     plans_repairs_refused: int = 0
     record_plans_dropped: int = 0
     exits_repeated: int = 0
+    envelopes_refused: int = 0
 
     def as_dict(self):
         """The counters as a plain ``dict``."""
@@ -229,4 +235,5 @@ def plan_fields(counts, plans):
             "plans_transitions_repaired": counts["transition_repairs"],
             "plans_repairs_refused": counts["repairs_refused"],
             "record_plans_dropped": counts["records_dropped"],
-            "exits_repeated": counts["exits_repeated"]}
+            "exits_repeated": counts["exits_repeated"],
+            "envelopes_refused": counts["envelopes_refused"]}

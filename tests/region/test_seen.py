@@ -178,3 +178,24 @@ def _jitter_peak_mib(plan):
 
 def test_a_plan_of_jittering_steps_reserves_no_more_than_a_plain_region():
     assert _jitter_peak_mib(True) <= _jitter_peak_mib(False) * 1.01
+
+
+def test_a_refused_envelope_is_counted_and_its_entries_reserve_what_a_plain_regions_do():
+    # One step's first request 5% larger makes it look like a jitter: the envelope with its
+    # room passes the largest step's floor by more than 1%, so no plan is made from then on,
+    # and RegionStats says so.
+    def run(plan):
+        pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True))
+        region = gpupool.Region(pool=pool, plan=plan)
+        for k in range(12):
+            with region:
+                x = pool.allocate(int(4 * MIB * (1.05 if k == 5 else 1)))
+                y = pool.allocate(MIB)
+                x.close()
+                z = pool.allocate(3 * MIB)
+                y.close()
+                z.close()
+        return region.stats(), pool.stats().peak_reserved_bytes
+    (stats, planned_peak), (_, plain_peak) = run(True), run(False)
+    assert stats.envelopes_refused > 0 and stats.plan_bytes == 0
+    assert planned_peak <= plain_peak
