@@ -163,8 +163,8 @@ cdef class Region:
         option out of its range.
     TypeError
         An unknown keyword argument (naming the closest), ``plan`` not a bool or dict, an
-        unknown key in ``plan``'s dict (naming the closest), ``pool`` not a Pool,
-        ``skip_first``, ``debug`` or ``trace`` not a bool, ``name`` not a str or None.
+        unknown key (naming the closest) or a value of the wrong type in ``plan``'s dict, ``pool``
+        not a Pool, ``skip_first``, ``debug``, ``trace`` not a bool, ``name`` not a str or None.
     GpupoolError
         On entry, if this Region object is already entered (re-entered inside itself, or
         entered on another thread), in a fork() child of a process that used gpupool, or
