@@ -33,23 +33,20 @@ def test_without_a_gpu_it_exits_2_saying_so(tool, capsys):
     assert "needs a GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option", [["--steps", "0"], ["--top", "-1"]])
-def test_steps_and_top_below_one_exit_2_before_any_gpu_check(option, capsys, monkeypatch):
+@pytest.mark.parametrize(("tool", "option", "message"), [
+    (step_profile, ["--steps", "0"], "--steps and --top must be >= 1"),
+    (step_profile, ["--top", "-1"], "--steps and --top must be >= 1"),
+    (gpu_time, ["--from", "5", "--steps", "5"], "need 0 <= --from < --steps"),
+    (gpu_time, ["--from", "-1"], "need 0 <= --from < --steps"),
+    (gpu_time, ["--top", "-1"], "need 0 <= --from < --steps"),
+])
+def test_counts_out_of_range_exit_2_before_any_gpu_check(tool, option, message, capsys,
+                                                        monkeypatch):
     monkeypatch.setattr(step_profile, "no_gpu", lambda: pytest.fail("asked for a GPU"))
     with pytest.raises(SystemExit) as exc:
-        step_profile.main(["gpt2", "gp.vmm.plan", *option])
+        tool.main(["gpt2", "gp.vmm.plan", *option])
     assert exc.value.code == 2
-    assert "--steps and --top must be >= 1" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("option", [["--from", "5", "--steps", "5"], ["--from", "-1"],
-                                    ["--top", "-1"]])
-def test_gpu_time_profiles_steps_inside_the_run(option, capsys, monkeypatch):
-    monkeypatch.setattr(step_profile, "no_gpu", lambda: pytest.fail("asked for a GPU"))
-    with pytest.raises(SystemExit) as exc:
-        gpu_time.main(["gpt2", "gp.vmm.plan", *option])
-    assert exc.value.code == 2
-    assert "need 0 <= --from < --steps" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_gpu_time_splits_kernels_into_steps_at_their_markers():
