@@ -17,8 +17,9 @@ import numpy as np
 
 from gpupool.region import placement
 
-__all__ = ["SCALE_SLACK", "SCALE_TOLERANCE", "SEEN_MAX", "SLACK", "Exceeds", "Seen", "fits",
-           "fold", "recount", "record_over", "record_sizes", "record_top", "remember", "with_room"]
+__all__ = ["ROOM_SHARE", "SCALE_SHARE", "SCALE_SLACK", "SCALE_TOLERANCE", "SEEN_MAX", "SLACK",
+           "Exceeds", "Seen", "fits", "fold", "recount", "record_over", "record_sizes",
+           "record_top", "remember", "with_room"]
 
 SLACK = 0.01        # an envelope whose floor passes the most of its steps' by more is not planned
 SEEN_MAX = 64       # signatures remembered (how often each was seen), oldest dropped
@@ -181,10 +182,8 @@ def record_sizes(seen, nbytes):
 def with_room(seen):
     """The sizes a plan of the signature ``seen`` gives its places (int64 bytes): the
     envelope, and a size that varied by at most ROOM_SHARE of its most (a jitter, not a
-    scale) that variation again above it, rounded up to ``placement.ALIGN``: such a size's
-    next step passes its most by a little as often as not, and a request larger than its
-    place goes online, where it can make the pool grow (Note [Room for jitter])."""
-    envelope = seen.envelope
-    spread = envelope - seen.low
-    jitter = (spread > 0) & (spread <= envelope * ROOM_SHARE)
-    return envelope + np.where(jitter, -(-spread // placement.ALIGN) * placement.ALIGN, 0)
+    scale) that variation again above it (whole ``placement.ALIGN``, as both ends are): such
+    a size's next step passes its most by a little as often as not, and a request larger
+    than its place goes online, where it can make the pool grow (Note [Room for jitter])."""
+    spread = seen.envelope - seen.low
+    return seen.envelope + np.where(spread <= seen.envelope * ROOM_SHARE, spread, 0)
