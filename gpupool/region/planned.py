@@ -86,7 +86,7 @@ GREEDY_MAX = 8192           # planned requests a step may have to be planned: th
 STRATEGIES = ("size", "area")
 UNDER = 4                   # request 0 under 1 / UNDER of the least its plan's steps asked is
                             # off the plan's step (:meth:`Planner.first_under`)
-MIRROR = True               # a plan around nothing that stays is mirrored (Note [Plans mirrored])
+MIRROR = True               # plans mirrored (Note [Plans mirrored])
 REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
                             # requests grew (the repair's work: theirs times the step's requests)
 
@@ -418,11 +418,11 @@ class Planner(_Repeats):
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan
         is a record step (0: none is): the most that the steps of any signature seen twice
-        asked (those ``_seen`` remembers), when the installed plan's own steps asked that
-        most; where another signature's asked more, a request 0 past both is more likely of
-        that one's structure (Note [Record steps of another structure]). None either where
-        ``_record_top`` leaves no room past the most (request 0 never varied: Note [Record
-        steps that leave nothing])."""
+        asked (those ``_seen`` remembers; plus request 0's jitter, ``seen.record_over``),
+        when the installed plan's own steps asked that most; where another signature's asked
+        more, a request 0 past both is more likely of that one's structure (Note [Record
+        steps of another structure]). None either where ``_record_top`` leaves no room past
+        the most (request 0 never varied: Note [Record steps that leave nothing])."""
         if not self.record_steps or self.current not in self._plans:
             return 0
         return _record_over(self._seen, self.current)
@@ -479,7 +479,7 @@ class Planner(_Repeats):
         predicted = placement.Step(sizes, step.alloc, free, step.stream, step.length)
         freed = None if ptr is None or not step.planned[0] or step.tails[0] else \
             (int(ptr) - int(base), int(nbytes), int(step.free[0]))
-        made = self._made(predicted, self._fixed(predicted, base, obstacles, freed))
+        made = self._made(predicted, self._fixed(predicted, base, obstacles, freed), above=True)
         self.counts["records"] += 1
         self.counts["record_ms"] += made.planning_ms
         if made.fallback is not None:
@@ -501,11 +501,12 @@ class Planner(_Repeats):
         self._recorded = 0
         self.counts["records_dropped"] += 1
 
-    def _made(self, step, fixed, pinned=None):
+    def _made(self, step, fixed, pinned=None, above=False):
         """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted, the
-        lowest of the strategies' (each within ``budget_work``), mirrored with no rows and no
-        pins (MIRROR). The first-fit plan (more than GREEDY_MAX planned requests, or past a
-        budget) places nothing around them: its places move above the highest."""
+        lowest of the strategies' (each within ``budget_work``), mirrored (MIRROR) where
+        nothing stays (no rows, no pins) and, with ``above`` (a record step's), above the rows
+        (Note [Plans mirrored]). The first-fit plan (more than GREEDY_MAX planned requests, or
+        past a budget) places nothing around them: its places move above the highest."""
         made = placement.plan(step, budget_work=self.budget_work * len(self.strategies),
                               budget_ms=self.budget_ms, max_requests=GREEDY_MAX, fixed=fixed,
                               pinned=pinned, strategies=self.strategies)
@@ -513,9 +514,9 @@ class Planner(_Repeats):
         self.counts["plans"] += 1
         self.counts["planning_ms"] += made.planning_ms
         self.counts["work"] += made.work
-        if MIRROR and made.fallback is None and not len(fixed) and \
-                (pinned is None or (pinned < 0).all()):
-            made = _mirrored(made)      # nothing stays in the range: its largest places on top
+        if MIRROR and made.fallback is None and (above or not len(fixed) and (
+                pinned is None or (pinned < 0).all())):
+            made = _mirrored(made, fixed, pinned)   # the largest places above what stays on top
         if made.fallback is not None:
             self.counts["past_" + made.fallback] += 1
             if len(fixed):

@@ -149,13 +149,20 @@ def record_top(seen):
 def record_over(seens, sig):
     """The most bytes request 0 of the steps of any signature seen twice in ``seens`` asked
     (their ``r_max``), when those of ``sig`` asked that most and :func:`record_top` leaves room
-    past it; else 0 (``Planner.record_over``, which the core reads at every exit)."""
+    past it; else 0 (``Planner.record_over``, which the core reads at every exit). Where sig's
+    request 0 varied by at most ROOM_SHARE of its most (a jitter, not a scale), that
+    variation again above it: the plan's places have that room (:func:`with_room`), and
+    a record plan of sizes scaled by so little would predict nothing (Note [Room for
+    jitter])."""
     most = 0                        # (a loop: max over a generator took 4x as long)
     for seen in seens.values():
         if seen.count >= 2 and seen.r_max > most:
             most = seen.r_max
     own = seens.get(sig) or Seen()
-    return most if own.r_max >= most and record_top(own) > own.r_max else 0
+    if not (own.r_max >= most and record_top(own) > own.r_max):
+        return 0
+    spread = own.r_max - own.r_min
+    return most + (spread if spread <= own.r_max * ROOM_SHARE else 0)
 
 
 def record_sizes(seen, nbytes):

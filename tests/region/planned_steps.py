@@ -40,6 +40,23 @@ def reserved_kib(plan, entries):
     return stats.reserved_bytes // KIB, stats.peak_reserved_bytes // KIB
 
 
+def four_requests_kib(plan, entries):
+    """Trial 33's step under a planned (``plan``) or plain region on the expandable simulated
+    device (64 KiB pages), for each ``(first, last)`` of ``entries``: request 0 of ``first``
+    bytes, two of 85,068 and 51,971 B, the first of them freed, one of ``last`` bytes, then all
+    freed. Returns the pool's peak reserved KiB and the region's record plans."""
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
+    region = gpupool.Region(pool=pool, plan=plan)
+    for first, last in entries:
+        with region:
+            x, b, c = pool.allocate(first), pool.allocate(85068), pool.allocate(51971)
+            b.close()
+            y = pool.allocate(last)
+            c.close(), x.close(), y.close()
+    pool._verify()
+    return pool.stats().peak_reserved_bytes // KIB, region.stats().record_plans
+
+
 @pytest.fixture
 def unmirrored(monkeypatch):
     """Plans around nothing that stays are not mirrored (``planned.MIRROR``): for tests that

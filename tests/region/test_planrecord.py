@@ -9,7 +9,8 @@ from conftest import check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planned_steps import (  # noqa: F401 (fixtures)
-    FREES, KIB, MIB, SIZES, TAILS, Run, draw_step, reserved_kib, run_step, scaled, vpool, vsim,
+    FREES, KIB, MIB, SIZES, TAILS, Run, draw_step, four_requests_kib, reserved_kib, run_step,
+    scaled, vpool, vsim,
 )
 
 import gpupool
@@ -163,6 +164,19 @@ def test_record_over_is_the_plans_most_whatever_the_steps_before():
     planner.record_steps = True
     planner._seen[b"sig"] = Seen(2, step.nbytes, step.nbytes // 2, 4000, 4000)
     assert planner.record_over() == 0           # request 0 never varied: no record
+    # Request 0 varied by 5% (a jitter, at most ROOM_SHARE): a record past that again.
+    planner._seen[b"sig"] = Seen(2, step.nbytes, step.nbytes // 2, 4000, 3800)
+    assert planner.record_over() == 4200
+
+
+def test_a_request_0_past_the_most_by_its_own_jitter_is_no_record_step():
+    # Trial 33's finding 1: every size jitters by 2-3%, and the fourth entry's request 0
+    # asks 0.1% past the most. As a record step its plan scaled the sizes by 1.001, the last
+    # request's predicted place was 2% short of what it asked, and the pool mapped 5 MiB more
+    # (10,688 KiB against the plain region's 5,568). Within request 0's own spread, the entry
+    # is served by the plan, whose places have room for that jitter.
+    entries = [(113486, 5291264), (111019, 5258232), (112428, 5425978), (113615, 5436932)]
+    assert four_requests_kib(True, entries) == four_requests_kib(False, entries) == (5568, 0)
 
 
 # A second structure: five requests, request 1 freed after 2, 3 after 4, request 4 a tail.
