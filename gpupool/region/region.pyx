@@ -127,10 +127,10 @@ cdef class Region:
         the fourth entry on (the fifth with ``skip_first`` or buffers that outlive their entry),
         each request takes a place planned for the whole step, which keeps the step's peak near its
         most bytes in use. ``stats()`` says whether it does (``plan_hits`` against ``plan_misses``,
-        ``plans_not_fitting``). The plan lies in the segment holding most of the region's bytes: on
-        expandable memory (``SimulatedDevice(virtual_memory=True)``; the GPU default,
-        ``upstream="vmm"``) it fits; on a plain upstream (``"driver"``, ``SimulatedDevice()``) one
-        larger than that segment does not fit (the step runs as a plain region's). The region
+        ``plans_not_fitting``). The plan lies in the segment holding most of the region's bytes
+        (on a plain upstream, ``"driver"`` or ``SimulatedDevice()``, one larger does not fit), in
+        the memory mapped there (on expandable memory too, ``upstream="vmm"``: a plan past it
+        does not fit); where none fits, the step runs as a plain region's. The region
         records its entries' requests (sizes, order, lifetimes, streams); once a step's structure
         has been seen twice, it places the whole step in one range (``gpupool.region.placement``,
         within a budget of work), and each later request k takes its place if it is no larger, on
