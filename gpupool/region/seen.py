@@ -17,7 +17,7 @@ import numpy as np
 
 from gpupool.region import placement
 
-__all__ = ["ROOM_SHARE", "SCALE_SHARE", "SCALE_SLACK", "SCALE_TOLERANCE", "SEEN_MAX", "SLACK",
+__all__ = ["ROOM_SHARE", "ROOM_STEPS", "SCALE_SHARE", "SCALE_SLACK", "SCALE_TOLERANCE", "SEEN_MAX", "SLACK",
            "Exceeds", "Seen", "fits", "fold", "recount", "record_over", "record_sizes",
            "record_top", "remember", "with_room"]
 
@@ -27,6 +27,7 @@ SCALE_SLACK = 1     # bytes past request 0's in a record step's scale (Note [Rec
 SCALE_TOLERANCE = 0.02      # a varied size's least off request 0's scale by more is off it
 SCALE_SHARE = 0.25  # a share of the varied sizes' bytes off request 0's scale past which no record
 ROOM_SHARE = 0.1    # a size that varied by at most this share of its most gets that much room
+ROOM_STEPS = 3      # ... times this over the steps it varied across less one, while that is more
 
 
 class Seen(NamedTuple):
@@ -189,8 +190,14 @@ def record_sizes(seen, nbytes):
 def with_room(seen):
     """The sizes a plan of the signature ``seen`` gives its places (int64 bytes): the
     envelope, and a size that varied by at most ROOM_SHARE of its most (a jitter, not a
-    scale) that variation again above it (whole ``placement.ALIGN``, as both ends are): such
-    a size's next step passes its most by a little as often as not, and a request larger
-    than its place goes online, where it can make the pool grow (Note [Room for jitter])."""
+    scale) that variation again above it, times ROOM_STEPS over ``seen.count - 1`` while that
+    is more than once (whole ``placement.ALIGN``): such a size's next step passes its most by
+    a little as often as not, by more the fewer steps its spread was seen over, and a request
+    larger than its place goes online, where it can make the pool grow (Note [Room for
+    jitter])."""
     spread = seen.envelope - seen.low
-    return seen.envelope + np.where(spread <= seen.envelope * ROOM_SHARE, spread, 0)
+    if seen.count - 1 < ROOM_STEPS:
+        spread = -(-spread * ROOM_STEPS // max(seen.count - 1, 1) // placement.ALIGN) * \
+            placement.ALIGN
+    return seen.envelope + np.where(seen.envelope - seen.low <= seen.envelope * ROOM_SHARE,
+                                    spread, 0)

@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
-from planned_steps import KIB, MIB
+from planned_steps import KIB, MIB, four_requests_kib
 from test_planrepeat_random import drive, drive_both, scripts
 
 import gpupool
@@ -150,10 +150,28 @@ def test_sizes_that_jitter_get_their_spread_again_as_room():
     s = None
     for a, b, c in ((100 * KIB, MIB, 4 * KIB), (103 * KIB, 3 * MIB, 4 * KIB)):
         s = seen.fold(s, step(a, b, c), a, 1 << 16)
-    room = seen.with_room(s)
-    # The first size moved 3% (a jitter: its 3 KiB again above its most); the second tripled
-    # (a scale: no room, a record step's scale serves it); the third never moved.
-    assert list(room) == [106 * KIB, 3 * MIB, 4 * KIB]
+    # The first size moved 3% (a jitter), seen over two steps: three times its 3 KiB above its
+    # most (ROOM_STEPS over one); the second tripled (a scale: no room, a record step's scale
+    # serves it); the third never moved.
+    assert list(seen.with_room(s)) == [112 * KIB, 3 * MIB, 4 * KIB]
+    # Over three steps, one and a half times (whole 512 B); over four and more, once.
+    s = seen.fold(s, step(101 * KIB, 2 * MIB, 4 * KIB), 101 * KIB, 1 << 16)
+    assert list(seen.with_room(s)) == [107 * KIB + 512, 3 * MIB, 4 * KIB]
+    s = seen.fold(s, step(101 * KIB, 2 * MIB, 4 * KIB), 101 * KIB, 1 << 16)
+    assert list(seen.with_room(s)) == [106 * KIB, 3 * MIB, 4 * KIB]
+
+
+def test_a_size_that_jittered_over_two_steps_is_served_at_its_place():
+    # The last request moved 0.5% over the two steps the first plan is made from, and asks
+    # 1.2% past its most in the first planned entry: with its spread once as room it missed
+    # its place and the envelope grown with that room was refused from then on; with three
+    # times it, both planned entries are served whole.
+    entries = [(100000, 5000000), (100000, 4975000), (100000, 4990000), (100000, 5060000),
+               (100000, 4980000)]
+    (peak, stats), (plain, _) = (four_requests_kib(True, entries, stats=True),
+                                 four_requests_kib(False, entries, stats=True))
+    assert (stats.plan_hits, stats.plan_misses, stats.envelopes_refused) == (8, 0, 0)
+    assert peak <= plain
 
 
 # A user trial's three requests of about 5% jitter (KiB), each size its own draw every step:
