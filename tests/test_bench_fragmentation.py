@@ -83,9 +83,9 @@ def test_a_planned_region_never_costs_memory_on_the_real_runs():
             # Fixed shapes: planned from the fifth entry on, most requests at their place.
             assert stats["plans"] >= 1 and stats["plan_hits"] > 0.9 * tried
         if trace.name == "gpt2":
-            # Its plan around the blocks that stay needs 150 MiB more than the pool maps
-            # (tried again after 2, 4, ... exits).
-            assert stats["plans_not_fitting"] >= 1 and stats["plan_hits"] == 0
+            # The size order's plan around the blocks that stay needed 150 MiB more than the
+            # pool maps; the online way's order fits (Note [Plans in the online way's order]).
+            assert stats["plans_not_fitting"] == 0 and stats["plan_hits"] > 0.9 * tried
         if trace.name.endswith("varlen"):
             # No sizes repeat, the structure does: planned from the envelope, served there.
             assert stats["plans"] >= 1 and stats["plan_hits"] > 0.9 * tried

@@ -36,14 +36,16 @@ __all__ = ["ALIGN", "BUDGET_MS", "BUDGET_WORK", "ESCAPED", "STRATEGIES", "Plan",
 
 ALIGN = 512                 # bytes: the pool's rounding of a request, the offsets' alignment
 ESCAPED = -1                # a request's free: not in its step nor before its next allocation
-# Greedy strategies: the order blocks are placed in, and where each goes ("first": the lowest
-# offset that fits; "best": the smallest gap that fits, the top of the range if none does).
+# Greedy strategies: the order blocks are placed in ("start": as the step allocates them, the
+# online way's order), and where each goes ("first": the lowest offset that fits; "best": the
+# smallest gap that fits, the top of the range if none does).
 STRATEGIES = {
     "size": ("size", "first"),
     "size-best": ("size", "best"),
     "lifetime": ("lifetime", "first"),
     "lifetime-best": ("lifetime", "best"),
     "area": ("area", "first"),
+    "start": ("start", "first"),
 }
 DEFAULT_STRATEGIES = ("size",)     # on the recorded steps no other strategy placed smaller
 # The greedy strategies' work, in units of one comparison of region/greedy.pyx (a block placed
@@ -330,9 +332,10 @@ def step_floor(step, nbytes=None):
 
 def _order(sizes, starts, ends, order_key):
     """The order a greedy strategy places requests in: by ``order_key`` ("size", "lifetime"
-    or "area", the largest first), then the largest, then the earliest allocated."""
-    if order_key == "size":
-        return np.lexsort((starts, -sizes))
+    or "area", the largest first; "start", the earliest allocated), then the largest, then
+    the earliest allocated."""
+    if order_key in ("size", "start"):
+        return np.lexsort((starts, -sizes) if order_key == "size" else (-sizes, starts))
     life = ends - starts
     key = -life if order_key == "lifetime" else -(life * sizes)
     return np.lexsort((starts, -sizes, key))
@@ -450,14 +453,12 @@ def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=409
     step : Step
     budget_work : int
         Work the greedy strategies may do in all, in units of one comparison of the
-        compiled core: a block placed so far, or a fixed row, checked against the block
-        being placed (whether they live at the same time, then where it lies). A strategy
-        whose work passes it stops (its plan is not used, even when the block that passed it
-        was its last): during the first, the first-fit plan is returned
+        compiled core (a block placed so far, or a fixed row, checked against the block being
+        placed). A strategy whose work passes it stops, its plan unused (even when the block
+        that passed it was its last): during the first, the first-fit plan is returned
         (``plan.fallback == "work"``); during a later one, the best plan so far is kept. The
         count depends on the step and the arguments alone, so the plan is the same on any
-        machine under any load. At the default the greedy takes up to about 25 ms (Note
-        [Planning budget in work] in docs/design.md).
+        machine under any load (about 25 ms at the default: Note [Planning budget in work]).
     budget_ms : float
         Milliseconds of wall-clock time the greedy strategies may take in all, a safety net
         (checked every 64 blocks): past it, as past ``budget_work`` (``"time"``). The default
@@ -486,10 +487,9 @@ def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=409
     left = [budget_work, start + budget_ms / 1e3]      # work units, perf_counter deadline
     fixed = np.asarray(fixed if fixed is not None and len(fixed) else np.zeros((0, 2)),
                        dtype=np.int64)
-    forever = np.iinfo(np.int64).max
     if fixed.shape[1] == 2:
         fixed = np.column_stack([fixed, np.zeros(len(fixed), np.int64),
-                                 np.full(len(fixed), forever)])
+                                 np.full(len(fixed), np.iinfo(np.int64).max)])
     fixed = (fixed[:, 0], fixed[:, 0] + fixed[:, 1], fixed[:, 2], fixed[:, 3])
     pinned = np.full(len(step), -1, np.int64) if pinned is None else \
         np.asarray(pinned, dtype=np.int64)

@@ -78,12 +78,11 @@ RETRY_EXITS = 2             # exits before a plan that did not fit is tried agai
 GIVE_UP_EXITS = 64          # exits before a plan given up is made again
 REUSE_MAX = 16              # plans kept by the digest of what they were made from
 GREEDY_MAX = 8192           # planned requests a step may have to be planned: the greedy's work
-                            # grows as their square, and first fit places no better than the
-                            # online way (Note [Planned regions])
-# The greedy strategies each plan tries, the lowest kept: a step placed around blocks the online
-# era scattered often fills their holes better in the order of size x lifetime than by size
-# (Note [Plans in two orders]).
-STRATEGIES = ("size", "area")
+                            # grows as their square (Note [Planned regions])
+# The greedy strategies each plan tries, the lowest kept, ties to the first: the online way's
+# order unless another places lower (Note [Plans in the online way's order]); size x lifetime
+# fills the holes of blocks the online era scattered (Note [Plans in two orders]).
+STRATEGIES = ("start", "size", "area")
 UNDER = 4                   # request 0 under 1 / UNDER of the least its plan's steps asked is
                             # off the plan's step (:meth:`Planner.first_under`)
 MIRROR = True               # plans mirrored (Note [Plans mirrored])
@@ -118,8 +117,9 @@ class Planner(_Repeats):
         place, as any step larger than the plan.
     strategies : tuple (or list) of str
         The greedy strategies each plan runs, the plan of the lowest top kept, each within
-        ``budget_work``: keys of ``placement.STRATEGIES`` (``"size"``, ``"area"``: by size, by
-        size x lifetime; ``"lifetime"``; ``"size-best"``, ``"lifetime-best"``: best fit);
+        ``budget_work``, ties to the first: keys of ``placement.STRATEGIES`` (``"start"``: in
+        allocation order, the online way's; ``"size"``, ``"area"``: by size, by size x
+        lifetime; ``"lifetime"``; ``"size-best"``, ``"lifetime-best"``: best fit);
         they run side by side, each on a thread of its own (planning takes about the time
         of the slowest); not empty, no name twice.
     repair : bool
@@ -505,8 +505,9 @@ class Planner(_Repeats):
         """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted, the
         lowest of the strategies' (each within ``budget_work``), mirrored (MIRROR) where
         nothing stays (no rows, no pins) and, with ``above`` (a record step's), above the rows
-        (Note [Plans mirrored]). The first-fit plan (more than GREEDY_MAX planned requests, or
-        past a budget) places nothing around them: its places move above the highest."""
+        (Note [Plans mirrored]), unless in the online way's order ("start"). The first-fit plan
+        (past GREEDY_MAX planned requests or a budget) places nothing around them: its places
+        move above the highest."""
         made = placement.plan(step, budget_work=self.budget_work * len(self.strategies),
                               budget_ms=self.budget_ms, max_requests=GREEDY_MAX, fixed=fixed,
                               pinned=pinned, strategies=self.strategies)
@@ -514,8 +515,8 @@ class Planner(_Repeats):
         self.counts["plans"] += 1
         self.counts["planning_ms"] += made.planning_ms
         self.counts["work"] += made.work
-        if MIRROR and made.fallback is None and (above or not len(fixed) and (
-                pinned is None or (pinned < 0).all())):
+        if MIRROR and made.fallback is None and made.method != "start" and (above or not len(
+                fixed) and (pinned is None or (pinned < 0).all())):
             made = _mirrored(made, fixed, pinned)   # the largest places above what stays on top
         if made.fallback is not None:
             self.counts["past_" + made.fallback] += 1

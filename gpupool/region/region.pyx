@@ -135,11 +135,11 @@ cdef class Region:
         has been seen twice, it places the whole step in one range (``gpupool.region.placement``,
         within a budget of work), and each later request k takes its place if it is no larger, on
         the planned stream, at its planned event, and the place's bytes are free (stream order as
-        the pool's). A plan maps no memory for steps no larger than those it was made from: its
-        places lie in memory the region's earlier steps mapped. Other requests (a larger one too),
-        and the rest of an entry off the plan's step, go the online way and may grow the pool past a
-        plain region's reserve (on steps whose sizes jitter each on its own, a planned region can
-        reserve more: bench/RESULTS.md, deviations.py). A new structure or larger sizes are planned
+        the pool's). A plan maps no memory for steps no larger than those it was made from (its
+        places lie in memory earlier steps mapped) until a record step's plan maps pages for its
+        own; after one, later plans may too. Other requests (a larger one too), and the rest of an
+        entry off the plan's step, go the online way and may grow the pool past a plain region's
+        reserve (where sizes vary: bench/RESULTS.md). A new structure or larger sizes are planned
         again, and an entry whose first request asks more than any step's did is planned at that
         request (a record step). Plans are made on a worker thread and installed at the region's
         next call (entry, ``stats()``, ``release()``, ``planner``), which raises what making one

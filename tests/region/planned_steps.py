@@ -59,6 +59,11 @@ def four_requests_kib(plan, entries, stats=False):
     return pool.stats().peak_reserved_bytes // KIB, done if stats else done.record_plans
 
 
+# The greedy's orders without the online way's ("start", tried first, ties to it): for tests
+# that name places by the size order's layout.
+SIZE_ORDERS = ("size", "area")
+
+
 @pytest.fixture
 def unmirrored(monkeypatch):
     """Plans around nothing that stays are not mirrored (``planned.MIRROR``): for tests that

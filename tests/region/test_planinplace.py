@@ -4,7 +4,9 @@ before any place it lies on is allocated is no obstacle (Note [Planning less oft
 reasons] in docs/design.md)."""
 
 import numpy as np
-from planned_steps import SCALES, Run, scaled, unmirrored, vpool, vsim  # noqa: F401 (fixtures)
+from planned_steps import (  # noqa: F401 (fixtures)
+    SCALES, SIZE_ORDERS, Run, scaled, unmirrored, vpool, vsim,
+)
 
 from gpupool.region import placement
 from gpupool.region.planned import Planner
@@ -72,7 +74,7 @@ def test_a_block_at_a_tails_place_but_larger_than_it_needs_a_transition(unmirror
     # than it (a record plan's predicted size, another structure's request) reaches request
     # 0's place while both are live: it is not the tail at its place.
     step = placement.Step([MIB, 2 * MIB, MIB], [0, 2, 4], [3, 7, 5], [0, 0, 0], 6)
-    planner = Planner()
+    planner = Planner(strategies=SIZE_ORDERS)
     planner._wanted = (b"sig", step)
     steady, _ = planner.place(base=BASE, span=8 * MIB, obstacles=[])
     assert steady.offsets[1] == 0 and steady.offsets[0] == 2 * MIB

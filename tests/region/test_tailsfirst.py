@@ -9,7 +9,9 @@ import sys
 import numpy as np
 import pytest
 from conftest import check_invariants
-from planned_steps import MIB, Checked, recorded, run_structures, vpool, vsim  # noqa: F401 (fixtures)
+from planned_steps import (  # noqa: F401 (fixtures)
+    MIB, SIZE_ORDERS, Checked, recorded, run_structures, vpool, vsim,
+)
 
 import gpupool
 from gpupool.region import placement, tails
@@ -94,7 +96,7 @@ ORDER = [A, B] * 8
 
 
 def replay(pool, late=()):
-    region = gpupool.Region(pool=pool, collect=None, plan=True)
+    region = gpupool.Region(pool=pool, collect=None, plan={"strategies": SIZE_ORDERS})
     mem, out = Checked(pool), []
     for e, (sizes, frees, tail) in enumerate(ORDER):
         before = region.stats()
