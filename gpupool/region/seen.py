@@ -17,9 +17,9 @@ import numpy as np
 
 from gpupool.region import placement
 
-__all__ = ["ROOM_SHARE", "ROOM_STEPS", "SCALE_SHARE", "SCALE_SLACK", "SCALE_TOLERANCE", "SEEN_MAX", "SLACK",
-           "Exceeds", "Seen", "fits", "fold", "recount", "record_over", "record_sizes",
-           "record_top", "remember", "with_room"]
+__all__ = ["ROOM_SHARE", "ROOM_STEPS", "SCALE_SHARE", "SCALE_SLACK", "SCALE_TOLERANCE",
+           "SEEN_MAX", "SLACK", "Exceeds", "Seen", "fits", "fold", "recount", "record_over",
+           "record_sizes", "record_top", "remember", "with_room"]
 
 SLACK = 0.01        # an envelope whose floor passes the most of its steps' by more is not planned
 SEEN_MAX = 64       # signatures remembered (how often each was seen), oldest dropped

@@ -5,7 +5,13 @@ reasons] in docs/design.md)."""
 
 import numpy as np
 from planned_steps import (  # noqa: F401 (fixtures)
-    SCALES, SIZE_ORDERS, Run, scaled, unmirrored, vpool, vsim,
+    SCALES,
+    SIZE_ORDERS,
+    Run,
+    scaled,
+    unmirrored,
+    vpool,
+    vsim,
 )
 
 from gpupool.region import placement

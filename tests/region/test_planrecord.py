@@ -9,8 +9,19 @@ from conftest import check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planned_steps import (  # noqa: F401 (fixtures)
-    FREES, KIB, MIB, SIZES, TAILS, Run, draw_step, four_requests_kib, reserved_kib, run_step,
-    scaled, vpool, vsim,
+    FREES,
+    KIB,
+    MIB,
+    SIZES,
+    TAILS,
+    Run,
+    draw_step,
+    four_requests_kib,
+    reserved_kib,
+    run_step,
+    scaled,
+    vpool,
+    vsim,
 )
 
 import gpupool

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 from conftest import check_invariants
 from planned_steps import (  # noqa: F401 (fixtures)
-    MIB, SIZE_ORDERS, Checked, recorded, run_structures, vpool, vsim,
+    MIB,
+    SIZE_ORDERS,
+    Checked,
+    recorded,
+    run_structures,
+    vpool,
+    vsim,
 )
 
 import gpupool
