@@ -83,3 +83,19 @@ def test_jitter_runs_draw_each_size_on_its_own_within_the_fraction(capsys):
     assert (high <= low * 1.05 + 1).all() and (high > low).any()
     assert deviations.main(["--runs", "3", "--seed", "7", "--jitter", "0.05"]) == 0
     assert "above 1.01 by mode: jitter " in capsys.readouterr().out
+
+
+def test_grow_runs_have_one_request_larger_for_good_from_one_entry(capsys):
+    # One structure: every entry's sizes the first's, but one request's, which asks 1.5 times
+    # its size from one entry on, and in every entry after it.
+    for seed in range(5):
+        run = deviations.entries(seed, grow=1.5)
+        sizes = [[op[2] for op in ops if op[0] == "a"] for ops in run]
+        changed = [[j for j, (a, b) in enumerate(zip(s, sizes[0], strict=True)) if a != b]
+                   for s in sizes]
+        since = next(e for e, c in enumerate(changed) if c)
+        assert since >= 4 and all(c == changed[since] and len(c) == 1 for c in changed[since:])
+        j = changed[since][0]
+        assert all(s[j] == int(sizes[0][j] * 1.5) for s in sizes[since:])
+    assert deviations.main(["--runs", "3", "--seed", "7", "--grow", "1.5"]) == 0
+    assert "above 1.01 by mode: grow " in capsys.readouterr().out

@@ -11,6 +11,7 @@ scaled by 0.3-2.0). Run from the repository root::
 
     PYTHONPATH=$PWD python tools/profile/deviations.py [--runs N] [--seed S] [--worst K] [--kinds]
                                                        [--against {region,pool}]
+                                                       [--jitter F | --grow F]
     PYTHONPATH=$PWD python tools/profile/deviations.py --show SEED
 
 It prints how many runs peak below the plain region by more than 1%, within 1%, and above by
@@ -21,7 +22,9 @@ scaled on its own; ``alt2``, ``alt3``: two or three structures of fixed sizes in
 their first entry past the plain region's peak was (``first_past``: a record step, an entry
 that left the plan's step after some hits, ...), and the K worst seeds with their ratios.
 ``--against pool`` compares with the pool alone, no region (the issue's "never above the pool
-alone by more than 1%") instead of a plain region.
+alone by more than 1%") instead of a plain region. ``--jitter F`` draws runs of one structure
+whose every size is its own draw each entry, up to F above its base; ``--grow F`` runs of one
+structure of fixed sizes but one request asking F times its size for good from a drawn entry.
 ``--show SEED`` prints that one run instead (the other options unused): each entry's
 requests, the bytes they asked in all (those freed within the entry counted too), and both
 regions' reserved KiB after it. The generator is helper-84's search of 2026-12-07
@@ -76,18 +79,22 @@ def mode_of(seed):
     return _drawn(seed)[1]
 
 
-def entries(seed, jitter=0.0):
+def entries(seed, jitter=0.0, grow=0.0):
     """Run ``seed``'s entries, each a list of ("a", key, nbytes) and ("f", key). ``jitter``
     > 0: one structure whose every size, each entry, is its own draw from its base times [1,
-    1 + jitter) (the mode ``jitter``, whatever the seed's drawn mode)."""
+    1 + jitter) (the mode ``jitter``, whatever the seed's drawn mode). ``grow`` > 0: one
+    structure of fixed sizes but one request, drawn, that asks ``grow`` times its size from a
+    drawn entry (the fifth to the last) on (the mode ``grow``)."""
     rng, mode = _drawn(seed)
-    mode = "jitter" if jitter else mode
+    mode = "jitter" if jitter else "grow" if grow else mode
     count = MODES.get(mode, 1)
     structures = [structure(rng) for _ in range(count)]
     subsets = [set(rng.sample(range(len(s[0])), max(1, len(s[0]) // rng.choice([1, 2, 3]))))
                for s in structures]
     steps = rng.randint(6, 40)
     turns = rng.choice(["roundrobin", "random", "blocks"])
+    if mode == "grow":
+        grown, since = rng.randrange(len(structures[0][0])), rng.randint(4, steps - 1)
     out, held = [], []
     for e in range(steps):
         k = e % count if turns == "roundrobin" else rng.randrange(count) if turns == "random" \
@@ -95,6 +102,9 @@ def entries(seed, jitter=0.0):
         sizes, events, hold = structures[k]
         if mode == "jitter":
             sizes = [max(1, int(s * (1 + rng.uniform(0, jitter)))) for s in sizes]
+        elif mode == "grow":
+            sizes = [int(s * grow) if j == grown and e >= since else s
+                     for j, s in enumerate(sizes)]
         elif mode != "alt2" and mode != "alt3":
             scale = rng.uniform(0.3, 2.0)
             sizes = [max(1, int(s * (rng.uniform(0.3, 2.0) if mode == "vary_all" else
@@ -170,12 +180,15 @@ def main(argv=None):
     p.add_argument("--jitter", type=float, default=0.0, metavar="F",
                    help="every run one structure whose sizes each entry are each their own "
                         "draw from base x [1, 1 + F) (mode jitter; default 0: the drawn modes)")
+    p.add_argument("--grow", type=float, default=0.0, metavar="F",
+                   help="every run one structure of fixed sizes whose one request asks F times "
+                        "its size for good from a drawn entry on (mode grow; default 0: none)")
     p.add_argument("--kinds", action="store_true",
                    help="also count the runs above by what their first entry past the plain "
                         "region's peak was (first_past)")
     args = p.parse_args(argv)
     if args.show is not None:
-        run = entries(args.show, args.jitter)
+        run = entries(args.show, args.jitter, args.grow)
         planned, plain = reserved(True, run), reserved(False, run)
         for e, ops in enumerate(run):
             asked = [op[2] for op in ops if op[0] == "a"]
@@ -186,20 +199,20 @@ def main(argv=None):
     seeds = range(args.seed, args.seed + args.runs)
     against = False if args.against == "region" else None
     ratio = np.array([reserved(True, run)[1] / reserved(against, run)[1]
-                      for run in (entries(s, args.jitter) for s in seeds)])
+                      for run in (entries(s, args.jitter, args.grow) for s in seeds)])
     reference = "plain region" if args.against == "region" else "pool alone"
     print(f"{args.runs} runs (seeds {args.seed}..{args.seed + args.runs - 1}), planned peak "
           f"over the {reference}'s: below 0.99 in {int((ratio < 0.99).sum())}, within 1% in "
           f"{int(((ratio >= 0.99) & (ratio <= 1.01)).sum())}, above 1.01 in "
           f"{int((ratio > 1.01).sum())}; median {np.median(ratio):.3f}, geometric mean "
           f"{np.exp(np.log(ratio).mean()):.3f}, least {ratio.min():.3f}, most {ratio.max():.3f}")
-    modes = ["jitter" if args.jitter else mode_of(s) for s in seeds]
+    fixed = "jitter" if args.jitter else "grow" if args.grow else None
+    modes = [fixed or mode_of(s) for s in seeds]
     above = [m for m, r in zip(modes, ratio, strict=True) if r > 1.01]
     print("  above 1.01 by mode: " + ", ".join(
-        f"{m} {above.count(m)} of {modes.count(m)}" for m in
-        (["jitter"] if args.jitter else MODES)))
+        f"{m} {above.count(m)} of {modes.count(m)}" for m in ([fixed] if fixed else MODES)))
     if args.kinds:
-        found = [first_past(entries(s, args.jitter), against)[1]
+        found = [first_past(entries(s, args.jitter, args.grow), against)[1]
                  for s, r in zip(seeds, ratio, strict=True) if r > 1.01]
         print("  above 1.01 by their first entry past the reference: " + ", ".join(
             f"{kind} {found.count(kind)}" for kind in KINDS if found.count(kind)))
