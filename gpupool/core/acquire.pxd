@@ -84,7 +84,11 @@ cdef inline int ps_acquire_locked(PoolState* st, Upstream up, void* pool, size_t
             (mp_flush_own(st, fp_mine(pool), size, False) + mp_flush_idle(st, fp_mine(pool), s)) \
             and answered:
         so_mark_blocks(st, up, s)
-    if size <= SMALL_REQUEST and up.expandable:
+    # A small request goes below a live small block, but not one a planned entry sent online
+    # after serving some at their places: the plan put those small blocks among the later
+    # requests' places (Note [Small requests that leave a plan]).
+    if size <= SMALL_REQUEST and up.expandable and not (rc != NULL and rc.plan != NULL and
+                                                         rc.plan.active and rc.plan.hits):
         b = so_take_small(st, size, s, <void*>rc)
         top = b != NULL and so_under_small(b)
     if b == NULL:
