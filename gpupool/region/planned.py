@@ -101,10 +101,10 @@ class Planner(_Repeats):
         Requests of the kept plans together (their host memory), the least recently used
         dropped past it; a step of more requests than this is never planned; >= 1.
     budget_work : int
-        Work one greedy strategy of a plan may do (``placement.plan``'s ``budget_work`` is
-        this times the strategies, in units of one candidate place examined): what bounds
-        planning, the same on any machine and load, so the same steps get the same plans;
-        >= 1.
+        Work per greedy strategy of a plan, pooled: ``placement.plan``'s ``budget_work`` is
+        this times the strategies (units of one candidate place examined), shared in their
+        order, so a strategy may use what another left. It bounds planning the same on any
+        machine and load, so the same steps get the same plans; >= 1.
     budget_ms : float
         Milliseconds of wall-clock time one plan's greedy placement may take
         (``placement.plan``'s ``budget_ms``), a safety net for the allocating thread; > 0.
@@ -116,10 +116,10 @@ class Planner(_Repeats):
         from. False: such an entry runs online up to its first request larger than its
         place, as any step larger than the plan.
     strategies : tuple (or list) of str
-        The greedy strategies each plan runs, the plan of the lowest top kept, each within
-        ``budget_work``, ties to the first: keys of ``placement.STRATEGIES`` (``"start"``: in
-        allocation order, the online way's; ``"size"``, ``"area"``: by size, by size x
-        lifetime; ``"lifetime"``; ``"size-best"``, ``"lifetime-best"``: best fit);
+        The greedy strategies each plan runs, the plan of the lowest top kept (within the
+        pooled ``budget_work``), ties to the first: keys of ``placement.STRATEGIES``
+        (``"start"``: in allocation order, the online way's; ``"size"``, ``"area"``: by size,
+        by size x lifetime; ``"lifetime"``; ``"size-best"``, ``"lifetime-best"``: best fit);
         they run side by side, each on a thread of its own (planning takes about the time
         of the slowest); not empty, no name twice.
     repair : bool
@@ -503,7 +503,7 @@ class Planner(_Repeats):
 
     def _made(self, step, fixed, pinned=None, above=False):
         """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted, the
-        lowest of the strategies' (each within ``budget_work``), mirrored (MIRROR) where
+        lowest of the strategies' (within the pooled ``budget_work``), mirrored (MIRROR) where
         nothing stays (no rows, no pins) and, with ``above`` (a record step's), above the rows
         (Note [Plans mirrored]), unless in the online way's order ("start"). The first-fit plan
         (past GREEDY_MAX planned requests or a budget) places nothing around them: its places
