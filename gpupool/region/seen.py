@@ -196,8 +196,6 @@ def with_room(seen):
     larger than its place goes online, where it can make the pool grow (Note [Room for
     jitter])."""
     spread = seen.envelope - seen.low
-    if seen.count - 1 < ROOM_STEPS:
-        spread = -(-spread * ROOM_STEPS // max(seen.count - 1, 1) // placement.ALIGN) * \
-            placement.ALIGN
-    return seen.envelope + np.where(seen.envelope - seen.low <= seen.envelope * ROOM_SHARE,
-                                    spread, 0)
+    room = spread if seen.count - 1 >= ROOM_STEPS else \
+        -(-spread * ROOM_STEPS // max(seen.count - 1, 1) // placement.ALIGN) * placement.ALIGN
+    return seen.envelope + np.where(spread <= seen.envelope * ROOM_SHARE, room, 0)

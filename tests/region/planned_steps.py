@@ -40,23 +40,42 @@ def reserved_kib(plan, entries):
     return stats.reserved_bytes // KIB, stats.peak_reserved_bytes // KIB
 
 
-def four_requests_kib(plan, entries, stats=False):
-    """Trial 33's step under a planned (``plan``) or plain region on the expandable simulated
-    device (64 KiB pages), for each ``(first, last)`` of ``entries``: request 0 of ``first``
-    bytes, two of 85,068 and 51,971 B, the first of them freed, one of ``last`` bytes, then all
-    freed. Returns the pool's peak reserved KiB and the region's record plans (with
-    ``stats``, its ``RegionStats``)."""
+def scripted_kib(plan, entries, events, held=()):
+    """A planned (``plan``) or plain region over ``entries`` (each a list of sizes, bytes) of
+    the step ``events`` (("a", k) allocates request k, ("f", k) frees it) on the expandable
+    simulated device (64 KiB pages); the requests in ``held`` stay live into the next entry,
+    freed at its start. Returns the pool's peak reserved KiB and the region's stats."""
     pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
     region = gpupool.Region(pool=pool, plan=plan)
-    for first, last in entries:
+    kept = []
+    for sizes in entries:
         with region:
-            x, b, c = pool.allocate(first), pool.allocate(85068), pool.allocate(51971)
-            b.close()
-            y = pool.allocate(last)
-            c.close(), x.close(), y.close()
+            for buf in kept:
+                buf.close()
+            live = {}
+            for op, k in events:
+                if op == "a":
+                    live[k] = pool.allocate(sizes[k])
+                else:
+                    live.pop(k).close()
+            kept = [live.pop(k) for k in held]
+            for buf in live.values():
+                buf.close()
+    for buf in kept:
+        buf.close()
     pool._verify()
-    done = region.stats()
-    return pool.stats().peak_reserved_bytes // KIB, done if stats else done.record_plans
+    return pool.stats().peak_reserved_bytes // KIB, region.stats()
+
+
+def four_requests_kib(plan, entries, stats=False):
+    """Trial 33's step (:func:`scripted_kib`), for each ``(first, last)`` of ``entries``:
+    request 0 of ``first`` bytes, two of 85,068 and 51,971 B, the first of them freed, one of
+    ``last`` bytes, then all freed. Returns the peak reserved KiB and the region's record plans
+    (with ``stats``, its ``RegionStats``)."""
+    events = [("a", 0), ("a", 1), ("a", 2), ("f", 1), ("a", 3), ("f", 2), ("f", 0), ("f", 3)]
+    peak, done = scripted_kib(plan, [(first, 85068, 51971, last) for first, last in entries],
+                              events)
+    return peak, done if stats else done.record_plans
 
 
 # The greedy's orders without the online way's ("start", tried first, ties to it): for tests

@@ -2,29 +2,10 @@
 that a planned entry sends online after serving some at their places goes by best fit, not
 below a live small block, which the plan may have put among the later requests' places."""
 
-import gpupool
-from gpupool.testing import SimulatedDevice
+from planned_steps import KIB, scripted_kib
 
-KIB = 1024
-
-
-def _peak_kib(plan, steps):
-    """Trial 35's loop: request 0, request 1 (held into the next entry), request 0 freed,
-    request 2; peak reserved KiB on the expandable simulated device (64 KiB pages)."""
-    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
-    region, held = gpupool.Region(pool=pool, plan=plan), []
-    for sizes in steps:
-        with region:
-            for buf in held:
-                buf.close()
-            first, second = pool.allocate(sizes[0]), pool.allocate(sizes[1])
-            first.close()
-            pool.allocate(sizes[2]).close()
-            held = [second]
-    for buf in held:
-        buf.close()
-    pool._verify()
-    return pool.stats().peak_reserved_bytes // KIB
+# Trial 35's loop: request 0, request 1 (held into the next entry), request 0 freed, request 2.
+EVENTS = [("a", 0), ("a", 1), ("f", 0), ("a", 2), ("f", 2)]
 
 
 def test_a_small_request_that_grew_past_its_place_leaves_the_next_place_free():
@@ -33,4 +14,6 @@ def test_a_small_request_that_grew_past_its_place_leaves_the_next_place_free():
     # no room and the pool mapped 2.5 MiB more (5,120 KiB against the plain region's 2,688).
     # By best fit it takes the free bytes above the plan's top.
     steps = [[64 * KIB, 3 * KIB, 2560 * KIB]] * 10 + [[64 * KIB, 3686, 2560 * KIB]] * 20
-    assert _peak_kib(True, steps) == _peak_kib(False, steps) == 2688
+    planned, _ = scripted_kib(True, steps, EVENTS, held=(1,))
+    plain, _ = scripted_kib(False, steps, EVENTS, held=(1,))
+    assert planned == plain == 2688

@@ -3,29 +3,9 @@ way's order]): where no greedy order places lower, a plan keeps the online way's
 mirrored; around a record step's request 0 it finds the layout the size order misses."""
 
 import numpy as np
-from planned_steps import KIB
+from planned_steps import KIB, scripted_kib
 
-import gpupool
 from gpupool.region import placement, planned
-from gpupool.testing import SimulatedDevice
-
-
-def _peak_kib(plan, entries, events):
-    """Peak reserved KiB of a planned (``plan``) or plain region over ``entries`` (each a list
-    of sizes) of the step ``events`` (("a", k) allocates request k, ("f", k) frees it), on the
-    expandable simulated device (64 KiB pages)."""
-    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
-    region = gpupool.Region(pool=pool, plan=plan)
-    for sizes in entries:
-        with region:
-            live = {}
-            for op, k in events:
-                if op == "a":
-                    live[k] = pool.allocate(sizes[k])
-                else:
-                    live.pop(k).close()
-    pool._verify()
-    return pool.stats().peak_reserved_bytes // KIB
 
 
 def test_a_step_no_greedy_order_packs_lower_keeps_the_online_ways_layout():
@@ -46,7 +26,8 @@ def test_a_request_that_grows_for_good_costs_what_it_costs_a_plain_region():
     sizes = [977, 14508, 3854954, 2447677, 1144784, 105645]
     grown = sizes[:3] + [3671515] + sizes[4:]
     entries = [sizes] * 12 + [grown] * 12
-    assert _peak_kib(True, entries, events) <= _peak_kib(False, entries, events) == 7360
+    assert scripted_kib(True, entries, events)[0] <= scripted_kib(False, entries, events)[0] \
+        == 7360
 
 
 def test_a_record_step_barely_past_the_most_maps_what_a_plain_region_does():
@@ -59,4 +40,5 @@ def test_a_record_step_barely_past_the_most_maps_what_a_plain_region_does():
     kib = [2630, 523, 3243, 901, 3030]
     entries = [[int(n * KIB * scale) for n in kib]
                for scale in [1.0] + [0.8] * 8 + [1.001] + [0.8] * 4]
-    assert _peak_kib(True, entries, events) == _peak_kib(False, entries, events) == 6464
+    assert scripted_kib(True, entries, events)[0] == scripted_kib(False, entries, events)[0] \
+        == 6464
