@@ -7,20 +7,22 @@
 # the online one would.
 # Under the pool's lock; only core/acquire.pxd (the take) and core/pool.pyx (the window) use it.
 from cpython.ref cimport PyObject
-from libc.stdint cimport uintptr_t, int64_t
+from libc.stdint cimport uintptr_t, int64_t, INT64_MAX
+from libcpp.algorithm cimport sort
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from gpupool.records.block cimport Block, Segment, FREE, LIVE, PARKED
-from gpupool.records.streams cimport StreamKey, same_stream
+from gpupool.records.streams cimport StreamKey, same_stream, is_no_stream
 from gpupool.core.cutjoin cimport sg_split, sg_cut_front
 from gpupool.core.freelist cimport fl_unbin
 from gpupool.core.growexpand cimport sg_extends, sg_map_end
-from gpupool.core.parking cimport pk_flush_range, pk_unpark_block
+from gpupool.core.parking cimport pk_flush, pk_flush_range, pk_unpark_block
 from gpupool.core.plantable cimport (
     PlanTable, PlanEvent, PlanHint, PlanCall, PL_ENTRY, PL_READ, PL_LAYOUT, PL_INSTALL, PL_RECORD,
     PL_OVER, pt_clear, pt_served, pt_log, pt_unmatch,
 )
 from gpupool.core.regioncache cimport RegionCache, rc_disown
-from gpupool.core.segments cimport round_up
+from gpupool.core.segments cimport BLOCK_ALIGN, round_up
 from gpupool.core.state cimport PoolState
 from gpupool.core.streamorder cimport so_ready, so_drop_events
 from gpupool.upstream.base cimport Upstream
@@ -149,6 +151,78 @@ cdef inline bint pl_grow(PoolState* st, Upstream up, RegionCache* rc, uintptr_t 
     return True
 
 
+cdef enum:
+    REFIT_HITS = 2      # the hits an entry has had before a request past its place is refitted
+
+
+cdef inline Block* pl_refit(PoolState* st, Upstream up, RegionCache* rc, size_t k,
+                            size_t size, StreamKey s) noexcept nogil:
+    """Request k of size bytes (rounded), larger than its place, on s: a block at the lowest
+    address of the plan's segment whose bytes are free now and meet no place of a request
+    live with k by the plan's events (those after k allocated before k's free, the next
+    entry's allocated before it), cut and out of the free lists as pl_take's (a free block
+    of s's or of none, no record_stream events, the pool's or rc's); NULL when none holds it.
+    It maps no pages. The entry stays on the plan: its later requests find their places
+    free (Note [Requests past their place])."""
+    cdef PlanTable* p = rc.plan
+    cdef Segment* seg = st.segments.head
+    cdef vector[pair[int64_t, int64_t]] met         # (offset, end) of those places, joined
+    cdef int64_t end = p.frees[k] if p.frees[k] >= 0 else INT64_MAX
+    cdef int64_t lo, hi, at = -1
+    cdef Block* b
+    cdef RegionCache* owner
+    cdef size_t j, i = 0
+    while seg != NULL and seg.base != p.base:
+        seg = seg.next
+    if seg == NULL:
+        return NULL
+    for j in range(p.offsets.size()):
+        if p.offsets[j] >= 0 and ((j > k and p.allocs[j] < end) or
+                                  (j < k and p.allocs[j] + p.length < end)):
+            met.push_back(pair[int64_t, int64_t](p.offsets[j], p.offsets[j] + p.sizes[j]))
+    sort(met.begin(), met.end())
+    for j in range(1, met.size()):
+        if met[j].first <= met[i].second:
+            met[i].second = max(met[i].second, met[j].second)
+        else:
+            i += 1
+            met[i] = met[j]
+    met.resize(i + 1 if met.size() else 0)
+    if st.nparked:
+        pk_flush(st)                # bytes parked unjoined join their free neighbours
+    i = 0
+    b = seg.first
+    while b != NULL:
+        if b.state == FREE and b.size >= size and b.extra_events == NULL and \
+                (b.region.cache == NULL or b.region.cache == <void*>rc) and \
+                (same_stream(b.stream, s) or is_no_stream(b.stream)):
+            lo = <int64_t>(b.ptr - seg.base)
+            hi = lo + <int64_t>b.size
+            while i < met.size() and met[i].second <= lo:
+                i += 1
+            j = i           # the gaps of [lo, hi) between the places met, lowest first
+            while lo + <int64_t>size <= hi:
+                if j >= met.size() or met[j].first >= lo + <int64_t>size:
+                    at = lo
+                    break
+                lo = max(lo, <int64_t>round_up(<size_t>met[j].second, BLOCK_ALIGN))
+                j += 1
+            if at >= 0:
+                break
+        b = b.seg_next
+    if b == NULL or not so_ready(&st.order, up, b, s, True):
+        return NULL
+    fl_unbin(&st.free, b)
+    owner = rc_disown(b)
+    if b.ptr < seg.base + <uintptr_t>at:
+        b = sg_cut_front(st, b, seg.base + <uintptr_t>at, s, owner)
+        if b == NULL:
+            return NULL
+    sg_split(st, b, size, s, owner)
+    b.stream = s
+    return b
+
+
 cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t nbytes,
                            size_t size, StreamKey s) noexcept nogil:
     """Request number rc.plan.next of the entry, of nbytes requested (size rounded) on s:
@@ -186,6 +260,10 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
             return NULL
     if p.offsets[k] >= 0 and <int64_t>size > p.sizes[k]:
         p.misses += 1
+        if p.hits >= REFIT_HITS and 0 <= p.refit_from <= <int64_t>k:
+            b = pl_refit(st, up, rc, k, size, s)
+            if b != NULL:
+                return b
         p.stopped = not p.lenient
         return NULL
     if p.offsets[k] < 0:
@@ -337,6 +415,7 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
     elif op == PL_OVER:
         p.record_over = io.record_over if p.active else 0
         p.first_under = io.first_under if p.active else 0
+        p.refit_from = io.refit_from if p.active else -1
     elif op == PL_INSTALL:
         if rc.shared:
             return 0            # another thread's region took a turn since (core/turns.pxd)
@@ -357,6 +436,7 @@ cdef inline uintptr_t pl_call(PoolState* st, RegionCache* rc, PlanCall op,
         p.nbytes = io.nbytes
         p.lenient, p.grows, p.record_over = io.lenient, io.grows, io.record_over
         p.first_under = io.first_under
+        p.refit_from = io.refit_from
         p.active = True
         if io.lenient:
             p.stopped = False       # a record step's plan: its entry goes on from it

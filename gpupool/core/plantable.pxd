@@ -82,6 +82,8 @@ cdef cppclass PlanTable:
     bint lenient                    # a request larger than its place misses alone (a record
                                     # step's plan: its sizes are predicted)
     bint grows                      # a place past the segment's mapped end maps pages for it
+    int64_t refit_from              # request k >= this larger than its place, after
+                                    # REFIT_HITS hits, is refitted (pl_refit); -1: none is
 
 
 cdef inline void pt_unmatch(PlanTable* p) noexcept nogil:
@@ -193,6 +195,7 @@ cdef inline void pt_clear(PlanTable* p) noexcept nogil:
     p.record_event = 0
     p.lenient = p.grows = False
     p.record_over = p.first_under = 0
+    p.refit_from = -1
     p.offsets.clear()
     p.sizes.clear()
     p.streams.clear()

@@ -112,11 +112,11 @@ class PlanJob:
         Returns
         -------
         tuple or None or DROPPED
-            ``(columns, length, nbytes, grows, record_over, first_under)``: the plan's
-            :func:`columns`, its step's events, its range's bytes, whether its places may map
-            pages (``Planner.growing``), the record step threshold (``Planner.record_over``)
-            and the bytes of request 0 under which an entry goes online
-            (``Planner.first_under``);
+            ``(columns, length, nbytes, grows, record_over, first_under, refit_from)``: the
+            plan's :func:`columns`, its step's events, its range's bytes, whether its places
+            may map pages (``Planner.growing``) and ``Planner.bounds``: the record step
+            threshold, the bytes of request 0 under which an entry goes online, and the
+            request from which on one larger than its place is refitted;
             None when ``place`` made none (the next entry is served online); DROPPED in a
             fork() child when the job was unfinished at the fork.
 

@@ -359,7 +359,7 @@ cdef class Region:
             self._planner.clear()
             action = "clear"
         if action is None:
-            io.record_over, io.first_under = self._planner.bounds()
+            io.record_over, io.first_under, io.refit_from = self._planner.bounds()
             self.pool.region_plan(self.rc, PL_OVER, &io)
         elif action == "clear":
             self.pool.region_plan(self.rc, PL_CLEAR, NULL)
@@ -385,19 +385,19 @@ cdef class Region:
             if made is None:
                 self.pool.region_plan(self.rc, PL_CLEAR, NULL)
             elif made is not DROPPED:
-                table, length, nbytes, grows, over, under = made
-                self._install(table, length, nbytes, job.base, False, grows, over, under)
+                table, length, nbytes, grows = made[:4]
+                self._install(table, length, nbytes, job.base, False, grows, made[4:])
         return 0
 
     cdef bint _install(self, table, int64_t length, size_t nbytes, uintptr_t base,
-                       bint lenient, bint grows, size_t record_over,
-                       size_t first_under) except -1:
+                       bint lenient, bint grows, tuple bounds) except -1:
         """Install a plan at base, given as its (6, n) ``background.columns`` table, its
         step's events and its range's bytes: lenient, a request larger than its place misses
         alone (a record step's plan: not installed if an event of the entry came since its
-        PL_RECORD); grows, places past the mapped end map pages; request 0 asking more than
-        record_over bytes makes an entry a record step (0: none does), under first_under
-        sends it online (0: never). Whether it was installed."""
+        PL_RECORD); grows, places past the mapped end map pages; bounds, ``Planner.bounds``'s
+        (record_over, first_under, refit_from): request 0 over record_over bytes makes a
+        record step (0: none), under first_under goes online (0: never); from request
+        refit_from on (-1: none) one past its place is refitted. Whether it was installed."""
         cdef PlanTable io
         cdef const int64_t[:, ::1] columns = table     # copied into the table's vectors in C
         pt_fill(&io, &columns[0, 0], columns.shape[1])
@@ -405,8 +405,7 @@ cdef class Region:
         io.nbytes = nbytes
         io.base = base
         io.lenient, io.grows = lenient, grows
-        io.record_over = record_over
-        io.first_under = first_under
+        io.record_over, io.first_under, io.refit_from = bounds
         if self.pool.region_plan(self.rc, PL_INSTALL, &io) == 0:
             return False
         self._planner.base = base
@@ -433,7 +432,8 @@ cdef class Region:
             if placed is None:
                 return
             table, length, nbytes = installed(placed)
-            if not self._install(table, length, nbytes, base, True, True, io.record_nbytes, 0):
+            bounds = (io.record_nbytes, 0, self._planner.bounds()[2])
+            if not self._install(table, length, nbytes, base, True, True, bounds):
                 self._planner.record_dropped()
         finally:
             self._planning.release()

@@ -15,7 +15,7 @@ repeat] in docs/design.md.
 Pure Python; mixed into gpupool.region.planned.Planner, whose state it reads and writes.
 """
 
-from gpupool.region.seen import recount
+from gpupool.region.seen import recount, refit_from
 
 __all__ = ["Repeats"]
 
@@ -62,10 +62,15 @@ class Repeats:
         return None
 
     def bounds(self):
-        """``(record_over(), first_under())``, which the core takes together (after an exit
-        that repeats, what they were: nothing they read moved but a count already past 2)."""
-        if self._repeat is None:
-            return self.record_over(), self.first_under()
-        if self._bounds is None:
-            self._bounds = self.record_over(), self.first_under()
-        return self._bounds
+        """``(record_over(), first_under(), refit_from)``, which the core takes together (after
+        an exit that repeats, what they were: nothing they read moved but a count already past
+        2). ``refit_from``: the request of the installed plan's steps from which on the core
+        refits one larger than its place (``seen.refit_from``; -1: none, no plan)."""
+        if self._repeat is not None and self._bounds is not None:
+            return self._bounds
+        seen = self._seen.get(self.current) if self.current in self._plans else None
+        bounds = (self.record_over(), self.first_under(),
+                  refit_from(seen) if seen is not None else -1)
+        if self._repeat is not None:
+            self._bounds = bounds
+        return bounds

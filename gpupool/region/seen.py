@@ -19,7 +19,7 @@ from gpupool.region import placement
 
 __all__ = ["ROOM_SHARE", "ROOM_STEPS", "SCALE_SHARE", "SCALE_SLACK", "SCALE_TOLERANCE",
            "SEEN_MAX", "SLACK", "Exceeds", "Seen", "fits", "fold", "recount", "record_over",
-           "record_sizes", "record_top", "remember", "with_room"]
+           "record_sizes", "record_top", "refit_from", "remember", "with_room"]
 
 SLACK = 0.01        # an envelope whose floor passes the most of its steps' by more is not planned
 SEEN_MAX = 64       # signatures remembered (how often each was seen), oldest dropped
@@ -164,6 +164,18 @@ def record_over(seens, sig):
         return 0
     spread = own.r_max - own.r_min
     return most + (spread if spread <= own.r_max * ROOM_SHARE else 0)
+
+
+def refit_from(seen):
+    """The first request of the signature ``seen``'s steps from which on the core refits a
+    request larger than its place (core/planned.pxd's pl_refit) rather than sending the rest
+    of the entry online: the last whose size varied among its steps (0: none did), so that
+    no request after it is expected to pass its place too; -1 where ``seen`` keeps no sizes
+    (Note [Requests past their place])."""
+    if seen.envelope is None or not len(seen.envelope):
+        return -1
+    varied = np.flatnonzero(seen.envelope != seen.low)
+    return int(varied[-1]) if len(varied) else 0
 
 
 def record_sizes(seen, nbytes):

@@ -1,0 +1,51 @@
+"""Requests past their place (Note [Requests past their place]): a request of a planned entry
+larger than its place, after hits, is refitted where no place of a request live with it lies,
+and the entry stays on the plan, unless a request after it has varied among the steps
+(``seen.refit_from``: the rest of the entry may pass its places too, and goes online)."""
+
+import numpy as np
+from planned_steps import scripted_kib
+
+from gpupool.region import seen
+
+# deviations.py --grow 1.5, seed 1916: request 1 and request 4 are held into the next entry.
+EVENTS = [("a", 0), ("a", 1), ("f", 0), ("a", 2), ("a", 3), ("a", 4), ("f", 2), ("f", 3)]
+SIZES = [1024, 421888, 2048, 835584, 374784]
+GROWN = [1024, 421888, 3072, 835584, 374784]       # request 2 asks 1.5x from entry 8 on
+
+
+def test_a_request_grown_past_its_place_leaves_the_later_places_free():
+    # Request 2 outgrows its 2 KiB place. Sent online, it took the free bytes at request 4's
+    # place, the rest of the entry went online, and request 4 mapped 384 KiB more (1,984 KiB
+    # against the plain region's 1,600). Refitted, it takes a gap that no place live with it
+    # meets, and requests 3 and 4 take theirs.
+    steps = [SIZES] * 8 + [GROWN] * 4
+    planned, stats = scripted_kib(True, steps, EVENTS, held=(1, 4))
+    plain, _ = scripted_kib(False, steps, EVENTS, held=(1, 4))
+    assert planned == plain == 1600
+    # Entries 4-7 hit all five; entry 8 four (its request 2 refitted), then the new plan's.
+    assert (stats.plan_hits, stats.plan_misses) == (38, 2)
+
+
+def test_a_request_before_one_that_varied_leaves_the_plan():
+    # Request 4 has varied (two sizes in turn, within its room): a request before it that
+    # passes its place is not refitted; the rest of that entry goes online (request 2's
+    # entries hit only requests 0 and 1).
+    varied = [1024, 421888, 2048, 835584, 380000]
+    steps = [SIZES, varied] * 4 + [GROWN] * 4
+    planned, stats = scripted_kib(True, steps, EVENTS, held=(1, 4))
+    plain, _ = scripted_kib(False, steps, EVENTS, held=(1, 4))
+    assert planned == plain
+    assert (stats.plan_hits, stats.plan_misses) == (34, 2)
+
+
+def _seen(envelope, low):
+    return seen.Seen(2, np.array(envelope, np.int64), np.array(low, np.int64), 0, 0, 0)
+
+
+def test_refit_from_is_the_last_request_that_varied():
+    assert seen.refit_from(_seen([512, 1024, 2048], [512, 1024, 2048])) == 0
+    assert seen.refit_from(_seen([512, 1024, 2048, 512], [512, 512, 2048, 512])) == 1
+    assert seen.refit_from(_seen([512, 1024, 2048], [256, 1024, 1024])) == 2
+    assert seen.refit_from(seen.Seen()) == -1
+    assert seen.refit_from(_seen([], [])) == -1
