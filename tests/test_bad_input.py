@@ -105,6 +105,15 @@ def test_a_regions_flags_are_bools(pool, flag):
     assert getattr(gpupool.Region(pool=pool, **{flag: np.True_}), flag) is True
 
 
+def test_plan_takes_numpys_bools_as_the_flags_do(pool):
+    # Trial 34's finding 7: plan=np.True_ raised TypeError where the flags took it.
+    assert gpupool.Region(pool=pool, plan=np.True_).planner is not None
+    assert gpupool.Region(pool=pool, plan=np.False_).planner is None
+    for value in (1, "yes", None):
+        with pytest.raises(TypeError, match=r"^plan must be a bool or a dict"):
+            gpupool.Region(pool=pool, plan=value)
+
+
 def test_a_misspelt_keyword_names_the_class_not_cinit():
     # Python's own message named PoolBase.__cinit__ (trial 27).
     with pytest.raises(TypeError, match=r"^Pool\(\) got an unexpected keyword argument "

@@ -22,7 +22,7 @@ def option_names(planner):
 
 def planner_of(plan, planner, region_name, **flags):
     """``Region``'s ``plan`` argument made into its planner: ``planner(**plan)`` for a dict,
-    ``planner()`` for True, None for False; each of ``flags`` (``skip_first``, ``debug``,
+    ``planner()`` for True, None for False (NumPy's bools too); each of ``flags`` (``skip_first``, ``debug``,
     ``trace``) checked a bool (NumPy's too), and ``region_name`` (its ``name``) a str or None.
 
     Raises
@@ -37,7 +37,7 @@ def planner_of(plan, planner, region_name, **flags):
             raise TypeError(f"{name} must be a bool, got {value!r}")
     if region_name is not None and not isinstance(region_name, str):
         raise TypeError(f"name must be a str or None, got {region_name!r}")
-    if plan is not False and plan is not True and not isinstance(plan, dict):
+    if not isinstance(plan, (bool, np.bool_, dict)):
         raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
     keys = option_names(planner)
     if isinstance(plan, dict) and not set(plan) <= set(keys):
