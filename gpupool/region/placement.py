@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from gpupool.region import greedy
+from gpupool.region.firstfit import first_fit as _first_fit
 
 __all__ = ["ALIGN", "BUDGET_MS", "BUDGET_WORK", "ESCAPED", "STRATEGIES", "Plan", "Step",
            "envelope", "floor_bytes", "overlaps", "plan", "record_step", "servable", "step_floor"]
@@ -398,55 +399,10 @@ def _side_by_side(calls):
     return [value for _, value in results]
 
 
-def _first_fit(step, keep):
-    """Cheap offsets: each stream's in-step requests first fit in the order of their events
-    (a sweep over one free list), the streams' ranges one above the other, and the tails
-    stacked above all (every tail lives across the boundary, so they rarely share)."""
-    offsets = np.full(len(step), -1, np.int64)
-    inside = keep & ~step.tails
-    base = 0
-    for stream in np.unique(step.stream[inside]):
-        mine = np.flatnonzero(inside & (step.stream == stream))
-        times = np.concatenate([step.alloc[mine], step.free[mine]])
-        which = np.concatenate([mine, -1 - mine])
-        gaps, top = [], 0                       # free (offset, size) below top, by offset
-        for k in which[np.argsort(times, kind="stable")]:
-            if k >= 0:
-                size = int(step.nbytes[k])
-                g = next((g for g, (_, gsize) in enumerate(gaps) if gsize >= size), None)
-                if g is None and gaps and sum(gaps[-1]) == top:
-                    at = gaps.pop()[0]          # the last free run reaches the top: extend it
-                    offsets[k], top = at, at + size
-                elif g is None:
-                    offsets[k], top = top, top + size
-                else:
-                    at, gsize = gaps[g]
-                    offsets[k] = at
-                    gaps[g:g + 1] = [(at + size, gsize - size)] if gsize > size else []
-            else:
-                k = -1 - k
-                _give_back(gaps, int(offsets[k]), int(step.nbytes[k]))
-        offsets[mine] += base
-        base += top
-    tails = np.flatnonzero(keep & step.tails)
-    offsets[tails] = base + np.concatenate(([0], np.cumsum(step.nbytes[tails])[:-1]))
-    return offsets
-
-
-def _give_back(gaps, at, size):
-    """Insert the free run [at, at + size) into ``gaps``, joining its neighbours."""
-    g = next((g for g, (o, _) in enumerate(gaps) if o > at), len(gaps))
-    if g < len(gaps) and at + size == gaps[g][0]:
-        size += gaps.pop(g)[1]
-    if g and gaps[g - 1][0] + gaps[g - 1][1] == at:
-        g -= 1
-        at, size = gaps[g][0], gaps.pop(g)[1] + size
-    gaps.insert(g, (at, size))
-
-
 def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=4096,
-         strategies=DEFAULT_STRATEGIES, share_streams=False, fixed=None, pinned=None):
-    """Place ``step``'s requests in one range; keep the smallest of the strategies' plans.
+         strategies=DEFAULT_STRATEGIES, share_streams=False, fixed=None, pinned=None, enough=0):
+    """Place ``step``'s requests in one range; keep the smallest of the strategies' plans, or
+    the earliest strategy's of at most ``enough`` bytes.
 
     Parameters
     ----------
@@ -478,6 +434,9 @@ def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=409
     pinned : array-like of int, optional
         Per request, an offset it must take (-1: none, the strategy places it); the greedy
         strategies place the others around the pinned ones. The first-fit plan ignores it.
+    enough : int
+        Bytes within which any plan serves as well (the memory mapped already): the earliest
+        of ``strategies`` whose plan fits them is kept, not a smaller one (0: the smallest).
 
     Returns
     -------
@@ -522,7 +481,7 @@ def plan(step, *, budget_work=BUDGET_WORK, budget_ms=BUDGET_MS, max_requests=409
                 fallback = None if best is not None else stopped
                 break
             tried[name] = int((found + sizes).max())
-            if best is None or tried[name] < tried[method]:
+            if best is None or max(tried[name], enough) < max(tried[method], enough):
                 best, method = found, name
     if best is None:
         offsets = _first_fit(step, keep)

@@ -1,17 +1,16 @@
 """What a planned region (``Region(plan=True)``) serves its next entry from: its steps, recorded
 by the core, their signatures, the plans it keeps and when it gives one up.
 
-The core records the region's allocations and frees in order, with a marker where each entry
-starts (core/plantable.pxd). At each exit the step before the one that just ended is complete
-(the entry that just ended has freed its tails), so it becomes a :class:`placement.Step`,
-keyed by its signature: its structure (the order of its allocations and frees, their streams),
-without sizes. Each signature keeps its envelope, the elementwise most of the sizes its steps
-asked for. A signature seen twice is planned from its envelope (:func:`placement.plan`, within
-a budget of work), and planned again when a step asks more than the plan covers; the next entry is
-served from the plan of the last complete step's signature, request k at its place whenever it
-asks no more than the place's bytes (a smaller step's blocks lie inside the envelope's places,
-so they stay apart as those do). Steps of fixed sizes are the case where the envelope is the
-step itself.
+The core records the region's allocations and frees in order, with a marker where each entry starts
+(core/plantable.pxd). At each exit the step before the one that just ended is complete (the entry
+that just ended has freed its tails), so it becomes a :class:`placement.Step`, keyed by its
+signature: its structure (the order of its allocations and frees, their streams), without sizes.
+Each signature keeps its envelope, the elementwise most of the sizes its steps asked for. A
+signature seen twice is planned from its envelope (:func:`placement.plan`, within a budget of
+work), and planned again when a step asks more than the plan covers; the next entry is served from
+the plan of the last complete step's signature, request k at its place whenever it asks no more
+than the place's bytes (a smaller step's blocks lie inside the envelope's places, so they stay
+apart as those do). Steps of fixed sizes are the case where the envelope is the step itself.
 
 A record step (an entry whose request 0 asks more bytes than any step of a signature seen
 twice, its plan kept or not, while the installed plan's steps asked the most of those, whatever
@@ -28,18 +27,18 @@ has been planned, transition plans map pages for their places too (the record pl
 online way no room past its own top), and so does a signature's steady plan kept at the range's
 base, or that one placed again around blocks that stay in its way.
 
-A plan holds no memory: its places are addresses in the pool's segments (the core chooses the
-range where the region's own step already lies, core/planned.pxd), taken when they are free,
-so a deviating step costs misses that go the online way. The core compares each event of an
-entry with the plan's step (request k's event, stream and size, the free of a served block at
-its event) and sends the rest of the entry online at the first difference (another structure,
-a request larger than its place, a request 0 far under the least its steps asked:
-:meth:`Planner.first_under`); such an entry does not count against the plan. One whose
-requests on the plan's step get less than ``min_hit_rate`` served at their places, or during
-which (after the first entry, where the tails of the entry before still lie outside the plan)
-the region's requests grew the pool, has the plan placed again around the blocks in its way; a
-second such entry gives the plan up for GIVE_UP_EXITS exits. See Note [Planned regions] in
-docs/design.md.
+A plan holds no memory: its places are addresses in the pool's segments (the core chooses the range
+where the region's own step already lies, core/planned.pxd), taken when they are free, so a
+deviating step costs misses that go the online way. The core compares each event of an entry with
+the plan's step (request k's event, stream and size, the free of a served block at its event) and
+sends the rest of the entry online at the first difference (another structure, a request larger
+than its place, but for one refitted where no later request's size varied: Note [Requests past
+their place]; a request 0 far under the least its steps asked: :meth:`Planner.first_under`); such
+an entry does not count against the plan. One whose requests on the plan's step get less than
+``min_hit_rate`` served at their places, or during which (after the first entry, where the tails of
+the entry before still lie outside the plan) the region's requests grew the pool, has the plan
+placed again around the blocks in its way; a second such entry gives the plan up for GIVE_UP_EXITS
+exits. See Note [Planned regions] in docs/design.md.
 
 Pure Python and NumPy; the region (region/region.pyx) moves the events and the plans between
 this and the core.
@@ -117,11 +116,11 @@ class Planner(_Repeats):
         place, as any step larger than the plan.
     strategies : tuple (or list) of str
         The greedy strategies each plan runs, the plan of the lowest top kept (within the
-        pooled ``budget_work``), ties to the first: keys of ``placement.STRATEGIES``
-        (``"start"``: in allocation order, the online way's; ``"size"``, ``"area"``: by size,
-        by size x lifetime; ``"lifetime"``; ``"size-best"``, ``"lifetime-best"``: best fit);
-        they run side by side, each on a thread of its own (planning takes about the time
-        of the slowest); not empty, no name twice.
+        pooled ``budget_work``), ties to the first, and a steady plan the first's within the
+        memory mapped: keys of ``placement.STRATEGIES`` (``"start"``: allocation order, the
+        online way's; ``"size"``, ``"area"``: by size, by size x lifetime; ``"lifetime"``;
+        ``"size-best"``, ``"lifetime-best"``: best fit), side by side, each on a thread of
+        its own (about the time of the slowest); not empty, no name twice.
     repair : bool
         Try a kept plan repaired for a step that grew (:meth:`_repaired`: only the requests
         that grew placed again), and a transition repaired from its steady plan
@@ -309,7 +308,7 @@ class Planner(_Repeats):
         sig, step = self._wanted
         obstacles = self.obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
         old = self._plans.get(sig)
-        steady = self._steady(sig, step, base, obstacles)
+        steady = self._steady(sig, step, base, obstacles, span)
         kept = old is not None and old[2] == base and not (step.nbytes > old[0].step.nbytes).any()
         self._past = kept and steady[0].nbytes > span and steady[0].fallback is None and \
             self._recorded_once()
@@ -501,16 +500,17 @@ class Planner(_Repeats):
         self._recorded = 0
         self.counts["records_dropped"] += 1
 
-    def _made(self, step, fixed, pinned=None, above=False):
+    def _made(self, step, fixed, pinned=None, above=False, enough=0):
         """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted, the
-        lowest of the strategies' (within the pooled ``budget_work``), mirrored (MIRROR) where
+        lowest of the strategies' or the first's within ``enough`` bytes (Note [Plans within
+        the memory mapped]; in the pooled ``budget_work``), mirrored (MIRROR) where
         nothing stays (no rows, no pins) and, with ``above`` (a record step's), above the rows
         (Note [Plans mirrored]), unless in the online way's order ("start"). The first-fit plan
         (past GREEDY_MAX planned requests or a budget) places nothing around them: its places
         move above the highest."""
         made = placement.plan(step, budget_work=self.budget_work * len(self.strategies),
                               budget_ms=self.budget_ms, max_requests=GREEDY_MAX, fixed=fixed,
-                              pinned=pinned, strategies=self.strategies)
+                              pinned=pinned, strategies=self.strategies, enough=enough)
         self._fell_back = made.fallback is not None
         self.counts["plans"] += 1
         self.counts["planning_ms"] += made.planning_ms
@@ -524,7 +524,7 @@ class Planner(_Repeats):
                 made = _shifted(made, int((fixed[:, 0] + fixed[:, 1]).max()))
         return made
 
-    def _placed(self, step, fixed, pinned=None):
+    def _placed(self, step, fixed, pinned=None, enough=0):
         """:meth:`_made`'s plan of step around ``fixed`` with ``pinned``, or the one made
         before from the same inputs (their digest; the placement is a function of them): a
         signature whose plan kept meets blocks that stay, and whose plan around them does not
@@ -534,14 +534,14 @@ class Planner(_Repeats):
         strategy may have stopped on the wall clock, which depends on the load); a reuse is
         counted in ``counts["reused"]``, not in ``"plans"``."""
         key = _digest(step, fixed, pinned,
-                      (self.budget_work, self.budget_ms, self.strategies))
+                      (self.budget_work, self.budget_ms, self.strategies, enough))
         made = self._made_from.get(key)
         if made is not None:
             self._made_from.move_to_end(key)
             self._fell_back = made.fallback is not None
             self.counts["reused"] += 1
             return made
-        made = self._made(step, fixed, pinned)
+        made = self._made(step, fixed, pinned, enough=enough)
         if made.planning_ms >= self.budget_ms:
             return made             # perhaps cut by the wall clock: not a function of the inputs
         self._made_from[key] = made
@@ -550,14 +550,14 @@ class Planner(_Repeats):
             self._made_from.popitem(last=False)
         return made
 
-    def _steady(self, sig, step, base, obstacles):
+    def _steady(self, sig, step, base, obstacles, span):
         """The plan kept for sig, or, when step grew past it, that one repaired, or a new one
-        placed around the obstacles."""
+        around the obstacles (the first strategy's within ``span`` bytes, ``_made``'s)."""
         kept = self._plans.get(sig)
         usable = kept is not None and kept[2] == base and not _meets(kept[0], obstacles)
         if not usable or (step.nbytes > kept[0].step.nbytes).any():
-            made = self._repaired(kept[0], step, obstacles) if usable else None
-            made = self._placed(step, obstacles) if made is None else made
+            made = self._repaired(kept[0], step, obstacles, span) if usable else None
+            made = self._placed(step, obstacles, enough=span) if made is None else made
             self._plans[sig] = kept = (made, anchors(made), base)
             while len(self._plans) > self.max_plans or \
                     sum(len(p.offsets) for p, _, _ in self._plans.values()) > \
@@ -566,7 +566,7 @@ class Planner(_Repeats):
         self._plans.move_to_end(sig)
         return kept[:2]
 
-    def _repaired(self, old, step, obstacles):
+    def _repaired(self, old, step, obstacles, span):
         """Kept plan ``old`` (at the base, met by none of ``obstacles``) repaired for step, of
         its structure and larger: the requests that did not grow pinned at their places, those
         that did placed around them and the obstacles (counted as a plan). None, and the step
@@ -576,7 +576,7 @@ class Planner(_Repeats):
         grown = step.planned & (step.nbytes > old.step.nbytes)
         if not self.repair or REPAIR_SHARE * int(grown.sum()) > int(step.planned.sum()):
             return None
-        made = self._placed(step, obstacles, np.where(grown | ~step.planned, -1, old.offsets))
+        made = self._placed(step, obstacles, np.where(grown | ~step.planned, -1, old.offsets), span)
         fits = made.fallback is None and made.nbytes <= old.nbytes
         self.counts["repairs" if fits else "repairs_refused"] += 1
         return made if fits else None

@@ -102,3 +102,18 @@ def test_random_grown_requests_keep_stream_order_and_apart(data):
     gc.collect()
     assert check_invariants(pool).in_use_bytes == 0
     assert sim.errors == []
+
+
+def test_a_plan_within_the_memory_mapped_keeps_the_online_order():
+    # Trial 37's finding 1: requests a (64 KiB, freed), b (768 KiB), c (384 KiB) freed
+    # together; c asks 1.2x from entry 2 on. The first plan, made at that exit from the steps
+    # before, packed c below a and b (1,152 KiB against the online order's 1,216): the next
+    # entry's grown c fitted nowhere and mapped 320 KiB (1,664 KiB against the plain region's
+    # 1,344). Both plans fit the 1,344 KiB mapped: the online order is kept, and c grows
+    # into the free bytes above b as the plain region's does.
+    events = [("a", 0), ("a", 1), ("f", 0), ("a", 2), ("f", 2), ("f", 1)]
+    steps = [[64 * 1024, 768 * 1024, 384 * 1024]] * 2 + [[64 * 1024, 768 * 1024, 471859]] * 4
+    planned, stats = scripted_kib(True, steps, events)
+    plain, _ = scripted_kib(False, steps, events)
+    assert planned == plain == 1344
+    assert stats.plans >= 1 and stats.plan_hits >= 2

@@ -169,7 +169,7 @@ def test_llama_ckpts_replay_repairs_transitions_with_the_same_hits_and_less_work
     monkeypatch.setattr(Planner, "_transition_repaired", lambda *args: None)
     (_, _, whole_peak, _, whole), = long_replay.long_replay(trace, 0, plan=True)
     used = sum(made is not None for made in repairs)
-    assert used >= 2 and stats.plans_repaired == whole.plans_repaired + used
+    assert used >= 1 and stats.plans_repaired == whole.plans_repaired + used
     assert stats.plans_transitions_repaired == used and whole.plans_transitions_repaired == 0
     assert (stats.plan_hits, stats.plan_misses) == (whole.plan_hits, whole.plan_misses)
     assert peak == whole_peak and stats.planning_work < whole.planning_work
