@@ -137,17 +137,17 @@ cdef class Region:
         the planned stream, at its planned event, and the place's bytes are free (stream order as
         the pool's). A plan maps no memory for steps no larger than those it was made from (its
         places lie in memory earlier steps mapped) until a record step's plan maps pages for its
-        own; after one, later plans may too. A larger request takes bytes no later place needs (if
-        no later size varied); others, and the rest of an entry off the plan's step, go the online
-        way and may grow the pool past a plain region's reserve (bench/RESULTS.md). A new structure
-        or larger sizes are planned again, and an entry whose first request asks more than any
-        step's did is planned at that request (a record step). Plans are made on a worker thread and
-        installed at the region's next call (entry, ``stats()``, ``release()``, ``planner``), which
-        raises what making one raised. A plan whose entries twice serve less than half their planned
-        requests, or grow the pool, is given up for a while. While another thread's region takes
-        turns on the pool, it goes the pool's way (``shared_entries``). A dict holds the options
-        (``max_plans``, ``max_plan_requests``, ``budget_work``, ``budget_ms``, ``min_hit_rate``,
-        ``record``, ``repair``, ``strategies``) of its ``planner``, a
+        own; after one, later plans may too. A larger request takes bytes no later place needs (a
+        plan by size, no later size varied); others, and the rest of an entry off the plan's step,
+        go the online way and may grow the pool past a plain region's reserve (bench/RESULTS.md). A
+        new structure or larger sizes are planned again, and an entry whose first request asks more
+        than any step's did is planned at that request (a record step). Plans are made on a worker
+        thread and installed at the region's next call (entry, ``stats()``, ``release()``,
+        ``planner``), which raises what making one raised. A plan whose entries twice serve less
+        than half their planned requests, or grow the pool, is given up for a while. While another
+        thread's region takes turns on the pool, it goes the pool's way (``shared_entries``). A dict
+        holds the options (``max_plans``, ``max_plan_requests``, ``budget_work``, ``budget_ms``,
+        ``min_hit_rate``, ``record``, ``repair``, ``strategies``) of its ``planner``, a
         ``gpupool.region.planned.Planner`` (None without a plan). Design: Notes [Planned regions],
         [Planning budget in work], [Planned regions on several threads] in docs/design.md.
 

@@ -65,12 +65,16 @@ class Repeats:
         """``(record_over(), first_under(), refit_from)``, which the core takes together (after
         an exit that repeats, what they were: nothing they read moved but a count already past
         2). ``refit_from``: the request of the installed plan's steps from which on the core
-        refits one larger than its place (``seen.refit_from``; -1: none, no plan)."""
+        refits one larger than its place (``seen.refit_from``; -1: none, no plan, or a plan in
+        the online way's order)."""
         if self._repeat is not None and self._bounds is not None:
             return self._bounds
         seen = self._seen.get(self.current) if self.current in self._plans else None
+        # Under a plan in the online way's order the rest of an entry sent online lays out
+        # as a plain region's would: no refits (Note [Requests past their place]).
+        online = seen is not None and self._plans[self.current][0].method == "start"
         bounds = (self.record_over(), self.first_under(),
-                  refit_from(seen) if seen is not None else -1)
+                  refit_from(seen) if seen is not None and not online else -1)
         if self._repeat is not None:
             self._bounds = bounds
         return bounds

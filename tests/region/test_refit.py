@@ -1,7 +1,8 @@
 """Requests past their place (Note [Requests past their place]): a request of a planned entry
 larger than its place, after hits, is refitted where no place of a request live with it lies,
 and the entry stays on the plan, unless a request after it has varied among the steps
-(``seen.refit_from``: the rest of the entry may pass its places too, and goes online)."""
+(``seen.refit_from``: the rest of the entry may pass its places too, and goes online) or the
+plan is in the online way's order (the rest online lies as a plain region's)."""
 
 import gc
 
@@ -22,17 +23,38 @@ SIZES = [1024, 421888, 2048, 835584, 374784]
 GROWN = [1024, 421888, 3072, 835584, 374784]       # request 2 asks 1.5x from entry 8 on
 
 
+SIZE_ORDER = {"strategies": ("size",)}     # plans by size, not in the online way's order
+
+
 def test_a_request_grown_past_its_place_leaves_the_later_places_free():
-    # Request 2 outgrows its 2 KiB place. Sent online, it took the free bytes at request 4's
-    # place, the rest of the entry went online, and request 4 mapped 384 KiB more (1,984 KiB
-    # against the plain region's 1,600). Refitted, it takes a gap that no place live with it
-    # meets, and requests 3 and 4 take theirs.
+    # Request 2 outgrows its 2 KiB place in a plan by size. Sent online, it took the free
+    # bytes at request 4's place, the rest of the entry went online, and request 4 mapped 384
+    # KiB more (1,984 KiB against the plain region's 1,600). Refitted, it takes a gap that no
+    # place live with it meets, and requests 3 and 4 take theirs.
     steps = [SIZES] * 8 + [GROWN] * 4
-    planned, stats = scripted_kib(True, steps, EVENTS, held=(1, 4))
+    planned, stats = scripted_kib(SIZE_ORDER, steps, EVENTS, held=(1, 4))
     plain, _ = scripted_kib(False, steps, EVENTS, held=(1, 4))
     assert planned == plain == 1600
     # Entries 4-7 hit all five; entry 8 four (its request 2 refitted), then the new plan's.
     assert (stats.plan_hits, stats.plan_misses) == (38, 2)
+    # The default plan is in the online way's order (it fits the memory mapped): no refit,
+    # the rest of entry 8 goes online, above requests 0 and 1 as the plain region's does.
+    planned, stats = scripted_kib(True, steps, EVENTS, held=(1, 4))
+    assert planned == 1600 and (stats.plan_hits, stats.plan_misses) == (34, 2)
+
+
+def test_two_requests_grown_under_a_plan_in_the_online_order_go_online():
+    # Trial 37's finding 3: a (320 KiB) freed, then b (128 KiB), c (64 KiB), d (960 KiB),
+    # freed together; c and d ask 1.2x from entry 2 on. c, refitted above d's place, left d
+    # no room: 2,432 KiB against the plain region's 1,408. Under the plan in the online
+    # way's order, c and d go online and lie as the plain region's do.
+    events = [("a", 0), ("f", 0), ("a", 1), ("a", 2), ("a", 3), ("f", 1), ("f", 2), ("f", 3)]
+    kib = 1024
+    steps = [[320 * kib, 128 * kib, 64 * kib, 960 * kib]] * 2 + \
+        [[320 * kib, 128 * kib, int(64 * kib * 1.2), int(960 * kib * 1.2)]] * 2
+    planned, _ = scripted_kib(True, steps, events)
+    plain, _ = scripted_kib(False, steps, events)
+    assert planned == plain == 1408
 
 
 def test_a_request_before_one_that_varied_leaves_the_plan():
@@ -41,7 +63,7 @@ def test_a_request_before_one_that_varied_leaves_the_plan():
     # entries hit only requests 0 and 1).
     varied = [1024, 421888, 2048, 835584, 380000]
     steps = [SIZES, varied] * 4 + [GROWN] * 4
-    planned, stats = scripted_kib(True, steps, EVENTS, held=(1, 4))
+    planned, stats = scripted_kib(SIZE_ORDER, steps, EVENTS, held=(1, 4))
     plain, _ = scripted_kib(False, steps, EVENTS, held=(1, 4))
     assert planned == plain
     assert (stats.plan_hits, stats.plan_misses) == (34, 2)
