@@ -106,13 +106,13 @@ class Reasons:
         return place
 
     def _steady(self, original):
-        def steady(planner, sig, step, base, obstacles):
+        def steady(planner, sig, step, base, obstacles, span):
             kept = planner._plans.get(sig)
             why = ("none kept" if kept is None else "other base" if kept[2] != base else
                    "larger step" if (step.nbytes > kept[0].step.nbytes).any() else
                    "obstacles meet it" if planned._meets(kept[0], obstacles) else "")
             self._label = f"steady: {self._trigger}, {why}"
-            return original(planner, sig, step, base, obstacles)
+            return original(planner, sig, step, base, obstacles, span)
         return steady
 
     def _transition_plan(self, original):
