@@ -32,8 +32,8 @@ where the region's own step already lies, core/planned.pxd), taken when they are
 deviating step costs misses that go the online way. The core compares each event of an entry with
 the plan's step (request k's event, stream and size, the free of a served block at its event) and
 sends the rest of the entry online at the first difference (another structure, a request larger
-than its place, but for one refitted where no later request's size varied: Note [Requests past
-their place]; a request 0 far under the least its steps asked: :meth:`Planner.first_under`); such
+than its place, unless refitted in a plan by size where no later size varied: Note [Requests
+past their place]; request 0 far under the least its steps asked: :meth:`Planner.first_under`); such
 an entry does not count against the plan. One whose requests on the plan's step get less than
 ``min_hit_rate`` served at their places, or during which (after the first entry, where the tails of
 the entry before still lie outside the plan) the region's requests grew the pool, has the plan
