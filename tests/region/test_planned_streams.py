@@ -59,6 +59,14 @@ class Ordered:
         streams.add(stream)
         self.sim.launch(stream)
 
+    def drop_all(self):
+        """Every live buffer dropped: the pool holds none in use, and the device saw no
+        error."""
+        self.live.clear()
+        gc.collect()
+        assert check_invariants(self.pool).in_use_bytes == 0
+        assert self.sim.errors == []
+
     def free(self, key):
         buf, streams = self.live.pop(key)
         lo, hi = buf.ptr, buf.ptr + buf.nbytes
@@ -67,34 +75,53 @@ class Ordered:
         del buf
 
 
-def planned_run(data):
-    sim = SimulatedDevice(capacity=1 << 32, virtual_memory=data.draw(st.booleans()))
+def entry(data, region, mem, streams, e, sizes, on, frees, tails):
+    """Entry ``e`` of a random step under ``region`` through ``mem`` (an Ordered): the tails
+    of the entry before freed first, request k of ``sizes[k]`` bytes on stream ``on[k]``
+    (a ``tails`` member held into the next entry), drawn record_stream uses, request
+    ``frees[k]`` freed after it, drawn stream completions; the rest freed at the end."""
+    for key in [k for k in mem.live if k[0] == "tail"]:
+        mem.free(key)
+    with region:
+        for k, nb in enumerate(sizes):
+            tag = ("tail", e, k) if k in tails else ("step", e, k)
+            mem.allocate(tag, nb, on[k])
+            if data.draw(st.integers(0, 3)) == 0:
+                mem.use(tag, data.draw(st.sampled_from(streams)))
+            j = frees[k]
+            if j is not None and ("step", e, j) in mem.live:
+                mem.free(("step", e, j))
+            if data.draw(st.integers(0, 5)) == 0:
+                mem.sim.complete(data.draw(st.sampled_from(streams)))
+        for key in [k for k in mem.live if k[0] == "step"]:
+            mem.free(key)
+
+
+def drawn_step(data, virtual_memory, least, most_bytes, most_tails):
+    """A planned region on a fresh simulated device with three streams, and a random step
+    of ``least`` to 10 requests for :func:`entry`: ``(region, mem, streams, sizes, on,
+    frees, tails)``, sizes up to ``most_bytes``, at most ``most_tails`` tails."""
+    sim = SimulatedDevice(capacity=1 << 32, virtual_memory=virtual_memory)
     pool = gpupool.Pool(upstream=sim)
     streams = [0] + [sim.create_stream() for _ in range(2)]
     region = gpupool.Region(pool=pool, plan=True, collect=None)
-    n = data.draw(st.integers(2, 10))
-    sizes = data.draw(st.lists(st.integers(1, 3 * MIB), min_size=n, max_size=n))
+    n = data.draw(st.integers(least, 10))
+    sizes = data.draw(st.lists(st.integers(1, most_bytes), min_size=n, max_size=n))
     on = data.draw(st.lists(st.sampled_from(streams), min_size=n, max_size=n))
     frees = [data.draw(st.one_of(st.none(), st.integers(0, k))) for k in range(n)]
-    tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3)))
-    mem = Ordered(pool, sim)
+    tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=most_tails)))
+    return region, Ordered(pool, sim), streams, sizes, on, frees, tails
+
+
+def planned_run(data):
+    region, mem, streams, sizes, on, frees, tails = drawn_step(
+        data, data.draw(st.booleans()), 2, 3 * MIB, 3)
+    pool = mem.pool
     for e in range(data.draw(st.integers(4, 9))):
         vary = data.draw(st.sampled_from([0, 0, 4096, -4096, 512]))
-        for key in [k for k in mem.live if k[0] == "tail"]:
-            mem.free(key)
-        with region:
-            for k, nb in enumerate(sizes):
-                tag = ("tail", e, k) if k in tails else ("step", e, k)
-                mem.allocate(tag, max(1, nb + (vary if k % 2 else 0)), on[k])
-                if data.draw(st.integers(0, 3)) == 0:
-                    mem.use(tag, data.draw(st.sampled_from(streams)))
-                j = frees[k]
-                if j is not None and ("step", e, j) in mem.live:
-                    mem.free(("step", e, j))
-                if data.draw(st.integers(0, 5)) == 0:
-                    sim.complete(data.draw(st.sampled_from(streams)))
-            for key in [k for k in mem.live if k[0] == "step"]:
-                mem.free(key)
+        entry(data, region, mem, streams, e,
+              [max(1, nb + (vary if k % 2 else 0)) for k, nb in enumerate(sizes)], on, frees,
+              tails)
         # Outside the region: small frees park blocks (held aside, unjoined).
         for i in range(data.draw(st.integers(0, 3))):
             mem.allocate(("out", e, i), data.draw(st.integers(512, MIB)),
@@ -104,10 +131,7 @@ def planned_run(data):
                 mem.free(key)
         gc.collect()
         check_invariants(pool)
-    mem.live.clear()
-    gc.collect()
-    assert check_invariants(pool).in_use_bytes == 0
-    assert sim.errors == []
+    mem.drop_all()
     return region.stats()
 
 

@@ -11,11 +11,9 @@ from conftest import check_invariants
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from planned_steps import scripted_kib
-from test_planned_streams import MIB, Ordered
+from test_planned_streams import MIB, drawn_step, entry
 
-import gpupool
 from gpupool.region import seen
-from gpupool.testing import SimulatedDevice
 
 # deviations.py --grow 1.5, seed 1916: request 1 and request 4 are held into the next entry.
 EVENTS = [("a", 0), ("a", 1), ("f", 0), ("a", 2), ("a", 3), ("a", 4), ("f", 2), ("f", 3)]
@@ -90,40 +88,17 @@ def test_random_grown_requests_keep_stream_order_and_apart(data):
     # checked for overlap and stream order (Ordered), the pool after every entry. (A build
     # whose pl_refit took other streams' blocks unchecked passed it too: their work had
     # completed; the rule is pl_refit's candidate test.)
-    sim = SimulatedDevice(capacity=1 << 32, virtual_memory=True)
-    pool = gpupool.Pool(upstream=sim)
-    streams = [0] + [sim.create_stream() for _ in range(2)]
-    region = gpupool.Region(pool=pool, plan=True, collect=None)
-    n = data.draw(st.integers(3, 10))
-    sizes = data.draw(st.lists(st.integers(1, 2 * MIB), min_size=n, max_size=n))
-    on = data.draw(st.lists(st.sampled_from(streams), min_size=n, max_size=n))
-    frees = [data.draw(st.one_of(st.none(), st.integers(0, k))) for k in range(n)]
-    tails = set(data.draw(st.lists(st.integers(0, n - 1), max_size=2)))
+    region, mem, streams, sizes, on, frees, tails = drawn_step(data, True, 3, 2 * MIB, 2)
+    n = len(sizes)
     grown, since = data.draw(st.integers(0, n - 1)), data.draw(st.integers(4, 8))
     factor = data.draw(st.sampled_from([1.2, 1.5, 2.0]))
-    mem = Ordered(pool, sim)
     for e in range(11):
-        for key in [k for k in mem.live if k[0] == "tail"]:
-            mem.free(key)
-        with region:
-            for k, nb in enumerate(sizes):
-                tag = ("tail", e, k) if k in tails else ("step", e, k)
-                mem.allocate(tag, int(nb * factor) if k == grown and e >= since else nb, on[k])
-                if data.draw(st.integers(0, 3)) == 0:
-                    mem.use(tag, data.draw(st.sampled_from(streams)))
-                j = frees[k]
-                if j is not None and ("step", e, j) in mem.live:
-                    mem.free(("step", e, j))
-                if data.draw(st.integers(0, 5)) == 0:
-                    sim.complete(data.draw(st.sampled_from(streams)))
-            for key in [k for k in mem.live if k[0] == "step"]:
-                mem.free(key)
+        entry(data, region, mem, streams, e,
+              [int(nb * factor) if k == grown and e >= since else nb for k, nb in enumerate(sizes)],
+              on, frees, tails)
         gc.collect()
-        check_invariants(pool)
-    mem.live.clear()
-    gc.collect()
-    assert check_invariants(pool).in_use_bytes == 0
-    assert sim.errors == []
+        check_invariants(mem.pool)
+    mem.drop_all()
 
 
 def test_a_plan_within_the_memory_mapped_keeps_the_online_order():
