@@ -22,8 +22,9 @@ def option_names(planner):
 
 def planner_of(plan, planner, region_name, **flags):
     """``Region``'s ``plan`` argument made into its planner: ``planner(**plan)`` for a dict,
-    ``planner()`` for True, None for False (NumPy's bools too); each of ``flags`` (``skip_first``, ``debug``,
-    ``trace``) checked a bool (NumPy's too), and ``region_name`` (its ``name``) a str or None.
+    ``planner()`` for True, None for False (NumPy's bools too); each of ``flags``
+    (``skip_first``, ``debug``, ``trace``) checked a bool (NumPy's too), and ``region_name``
+    (its ``name``) a str or None.
 
     Raises
     ------
