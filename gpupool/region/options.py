@@ -5,13 +5,14 @@ accepts. Pure Python and NumPy."""
 import functools
 import inspect
 import numbers
+import operator
 
 import numpy as np
 
 from gpupool.errors import did_you_mean
 from gpupool.region import placement
 
-__all__ = ["checked", "option_names", "planner_of"]
+__all__ = ["check", "option", "option_names", "planner_of"]
 
 
 @functools.cache
@@ -49,37 +50,40 @@ def planner_of(plan, planner, region_name, **flags):
     return planner(**plan) if isinstance(plan, dict) else planner() if plan else None
 
 
-def checked(max_plans, max_plan_requests, budget_work, budget_ms, min_hit_rate, record,
-            strategies, repair):
-    """``Planner``'s options checked (its docstring says what each accepts); returns
-    ``strategies`` as a tuple.
+_NUMBERS = {
+    "max_plans": (numbers.Integral, int, "an integer >= 1", lambda v: v >= 1),
+    "max_plan_requests": (numbers.Integral, int, "an integer >= 1", lambda v: v >= 1),
+    "budget_work": (numbers.Integral, int, "an integer >= 1", lambda v: v >= 1),
+    "budget_ms": (numbers.Real, float, "a number of milliseconds > 0", lambda v: v > 0),
+    "min_hit_rate": (numbers.Real, float, "a number from 0 to 1", lambda v: 0 <= v <= 1),
+}
+
+
+def check(name, value):
+    """The ``Planner`` option ``name`` (a parameter of its constructor; its docstring says
+    what each accepts) checked: ``value`` as the planner keeps it (int, float, bool, or a
+    tuple for ``strategies``).
 
     Raises
     ------
     TypeError
-        An option of another type.
+        A value of another type.
     ValueError
-        An option out of its range (NaN included), or ``strategies`` empty, naming a strategy
+        A value out of its range (NaN included), or ``strategies`` empty, naming a strategy
         twice or one not in ``placement.STRATEGIES`` (and the closest one, when one is near).
     """
-    for name, value, kind, accepted, within in (
-            ("max_plans", max_plans, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
-            ("max_plan_requests", max_plan_requests, numbers.Integral, "an integer >= 1",
-             lambda v: v >= 1),
-            ("budget_work", budget_work, numbers.Integral, "an integer >= 1", lambda v: v >= 1),
-            ("budget_ms", budget_ms, numbers.Real, "a number of milliseconds > 0",
-             lambda v: v > 0),
-            ("min_hit_rate", min_hit_rate, numbers.Real, "a number from 0 to 1",
-             lambda v: 0 <= v <= 1)):
+    if name in _NUMBERS:
+        kind, keep, accepted, within = _NUMBERS[name]
         if isinstance(value, bool) or not isinstance(value, kind):
             raise TypeError(f"{name} must be {accepted}, got {value!r}")
         if not within(value):
             raise ValueError(f"{name} must be {accepted}, got {value!r}")
-    for name, value in (("record", record), ("repair", repair)):
+        return keep(value)
+    if name != "strategies":
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
-    given, strategies = strategies, tuple(strategies) if isinstance(strategies, list) \
-        else strategies
+        return value
+    given, strategies = value, tuple(value) if isinstance(value, list) else value
     if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
         raise TypeError(f"strategies must be a tuple (or list) of str, got {given!r}")
     unknown = [k for k in strategies if k not in placement.STRATEGIES]
@@ -91,3 +95,17 @@ def checked(max_plans, max_plan_requests, budget_work, budget_ms, min_hit_rate, 
         raise ValueError(f"strategies must be a non-empty tuple (or list) of distinct names "
                          f"among {sorted(placement.STRATEGIES)}, got {given!r}{why}")
     return strategies
+
+
+def option(name):
+    """The ``Planner`` option ``name`` (its constructor's parameter) as a property of its
+    planner, checked when assigned as when the planner is made (:func:`check`: a clear
+    TypeError or ValueError naming it), so an option changed on a live region's planner
+    (``region.planner.min_hit_rate = 0.8``) is as safe as one given to
+    ``Region(plan={...})``. Read through ``operator.attrgetter`` (no Python frame: the
+    planner reads some at every exit)."""
+    slot = "_" + name
+
+    def assign(planner, value):
+        setattr(planner, slot, check(name, value))
+    return property(operator.attrgetter(slot), assign, doc=f"The planner's {name} option.")

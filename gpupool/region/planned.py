@@ -135,19 +135,19 @@ class Planner(_Repeats):
         The message names the option, its value and what it accepts.
     ValueError
         An option out of its range (NaN included), named with its value and the range, or
-        ``strategies`` empty or naming a strategy not in ``placement.STRATEGIES``.
+        ``strategies`` empty or naming a strategy not in ``placement.STRATEGIES``. Each
+        option is an attribute too (``record``'s is ``record_steps``), checked when assigned.
     """
+    (max_plans, max_plan_requests, budget_work, budget_ms, min_hit_rate, strategies, repair,
+     record_steps) = map(_options.option, ("max_plans", "max_plan_requests", "budget_work",
+                         "budget_ms", "min_hit_rate", "strategies", "repair", "record"))
 
     def __init__(self, max_plans=4, max_plan_requests=1 << 16,
                  budget_work=placement.BUDGET_WORK, budget_ms=placement.BUDGET_MS,
                  min_hit_rate=0.5, record=True, strategies=STRATEGIES, repair=True):
-        strategies = _options.checked(max_plans, max_plan_requests, budget_work, budget_ms,
-                                      min_hit_rate, record, strategies, repair)
-        self.strategies = strategies
-        self.max_plans, self.max_plan_requests = int(max_plans), int(max_plan_requests)
-        self.budget_work, self.budget_ms = int(budget_work), float(budget_ms)
-        self.min_hit_rate = float(min_hit_rate)
-        self.record_steps, self.repair = bool(record), repair
+        self.max_plans, self.max_plan_requests = max_plans, max_plan_requests
+        self.budget_work, self.budget_ms, self.min_hit_rate = budget_work, budget_ms, min_hit_rate
+        self.record_steps, self.strategies, self.repair = record, strategies, repair
         self._firsts = []           # the last two entries' request 0's requested bytes
         self._recorded = 0          # exits since a record step's plan was installed (0: none)
         self._record_places = np.zeros(0, np.int64)     # its places' addresses
