@@ -143,6 +143,36 @@ cdef inline Block* sg_put_for(PoolState* st, Block* b, bint any_owner,
     return b
 
 
+cdef inline void sg_disown_joined(PoolState* st, Block* b) noexcept nogil:
+    """Free block b, cached by a region, becomes the pool's, joined with its free neighbours
+    that the pool caches: while b was the region's, a neighbour that another region cached
+    (or that the region's cap refused) stayed apart, and once both are the pool's they are
+    one block again, else a request of their joint size grows the pool beside them. b joins
+    no region's block (that region's cache would grow by it). A parked b joins when it is
+    put back."""
+    rc_disown(b)
+    if b.state == FREE and fl_unbin(&st.free, b):
+        sg_put_for(st, b, False, NULL)
+
+
+cdef inline void sg_return_unused(PoolState* st, RegionCache* rc) noexcept nogil:
+    """At rc's exit: its cached blocks that the current entry did not use go back to the
+    pool, joined (sg_disown_joined)."""
+    cdef Block* b = rc.cached_head
+    cdef Block* nxt
+    while b != NULL:
+        nxt = b.region.next             # (rc's: joins leave it as it is)
+        if b.region.stamp != rc.entries:
+            sg_disown_joined(st, b)
+        b = nxt
+
+
+cdef inline void sg_drain(PoolState* st, RegionCache* rc) noexcept nogil:
+    """Every cached block of rc goes back to the pool, joined (sg_disown_joined)."""
+    while rc.cached_head != NULL:
+        sg_disown_joined(st, rc.cached_head)
+
+
 cdef inline void sg_cut_after(Block* b, Block* rest, size_t size, StreamKey s) noexcept nogil:
     """rest, a new record of b's bytes from size on, follows b in its segment, with b's events
     (b keeps none) and its last use; on s unless b was never used. b keeps its first size

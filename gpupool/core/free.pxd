@@ -10,7 +10,8 @@ from gpupool.history.ring cimport hist_on, hist_free
 from gpupool.core.lock cimport ps_copy_wanted
 from gpupool.core.lane cimport ln_leave
 from gpupool.core.parking cimport pk_freed
-from gpupool.core.regioncache cimport RegionCache, rc_freed_into, rc_detach, rc_drain
+from gpupool.core.cutjoin cimport sg_drain
+from gpupool.core.regioncache cimport RegionCache, rc_freed_into, rc_detach
 from gpupool.core.state cimport PoolState
 from gpupool.core.tagged cimport tg_free
 from gpupool.core.streamorder cimport so_event
@@ -65,7 +66,7 @@ cdef inline void ps_drop_region(PoolState* st, RegionCache* rc) noexcept nogil:
         st.last_region = NULL
     while rc.live_head != NULL:
         rc_detach(rc.live_head)
-    rc_drain(rc)
+    sg_drain(st, rc)
     for i in range(st.regions.size()):
         if st.regions[i] == rc:
             st.regions.erase(st.regions.begin() + i)

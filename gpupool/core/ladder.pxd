@@ -7,12 +7,12 @@ from gpupool.history.ring cimport (
     LogKind, LOG_LADDER_NOTHING, LOG_LADDER_TRIM, LOG_LADDER_REGIONS, hist_log,
 )
 from gpupool.records.streams cimport StreamKey
+from gpupool.core.cutjoin cimport sg_drain
 from gpupool.core.giveback cimport Refused, sg_trim, sg_merge_streams
 from gpupool.core.growexpand cimport sg_extend, sg_reclaim
 from gpupool.core.growplain cimport sg_grow_plain
 from gpupool.core.magpool cimport mp_flush_all
 from gpupool.core.parking cimport pk_flush
-from gpupool.core.regioncache cimport rc_drain
 from gpupool.core.state cimport PoolState
 from gpupool.core.streamorder cimport so_capturing
 from gpupool.upstream.base cimport Upstream
@@ -39,7 +39,7 @@ cdef inline int ld_ladder(PoolState* st, Upstream up, size_t size, StreamKey s,
     if r == CUDA_ERROR_OUT_OF_MEMORY and st.counters.cached:
         st.counters.oom_retries += 1
         for i in range(st.regions.size()):
-            rc_drain(st.regions[i])
+            sg_drain(st, st.regions[i])
         released = ld_trim(st, up, NULL)
         r = ld_grow_once(st, up, size, s, owner)
         hist_log(LOG_LADDER_REGIONS, st.segments.device, size, released, r)

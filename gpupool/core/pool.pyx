@@ -28,10 +28,11 @@ from gpupool.history.ring cimport (
 from gpupool.buffer.device_buffer cimport DeviceBuffer, new_buffer
 from gpupool.buffer.handoff cimport use_key
 from gpupool.core.magazine cimport Magazine
+from gpupool.core.cutjoin cimport sg_drain, sg_return_unused
 from gpupool.core.parking cimport pk_flush
 from gpupool.core.ladder cimport ld_trim
 from gpupool.core.regioncache cimport (
-    RegionCache, Lane, rc_detach, rc_drain, rc_return_unused, rc_find_live, rc_slow_path,
+    RegionCache, Lane, rc_detach, rc_find_live, rc_slow_path,
 )
 from gpupool.core.lane cimport ln_take, ln_put
 from gpupool.core.planned cimport pl_call
@@ -361,13 +362,13 @@ cdef class Pool(PoolBase):
         rc.entered -= 1
         if rc.entered == 0:
             pk_flush(&self._st)
-            rc_return_unused(rc)
+            sg_return_unused(&self._st, rc)
         self.unlock()
 
     cdef void region_drain(self, RegionCache* rc) noexcept nogil:
         """Every cached block of a region goes back to the pool."""
         self.lock()
-        rc_drain(rc)
+        sg_drain(&self._st, rc)
         self.unlock()
 
     # The interface of the layers above (core/pool.pxd lists it) -------------------------

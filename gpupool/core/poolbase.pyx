@@ -573,7 +573,7 @@ cdef class PoolBase(BlockOwner):
 
     cdef void private_end(self, RegionCache* rc) noexcept nogil:
         ps_lock(&self._st)
-        pp_end(rc)
+        pp_end(&self._st, rc)
         ps_unlock(&self._st, self.upstream)
 
     cdef Block* find_live(self, uintptr_t ptr, size_t nbytes) noexcept nogil:

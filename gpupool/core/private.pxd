@@ -5,10 +5,10 @@ from libc.stdint cimport uintptr_t
 from gpupool.records.block cimport Block, FREE, LIVE
 from gpupool.records.ptrtable cimport pt_insert
 from gpupool.records.streams cimport StreamKey
-from gpupool.core.cutjoin cimport sg_split, sg_cut_front
+from gpupool.core.cutjoin cimport sg_split, sg_cut_front, sg_drain
 from gpupool.core.freelist cimport fl_unbin
 from gpupool.core.magpool cimport mp_count_taken
-from gpupool.core.regioncache cimport RegionCache, rc_link, rc_disown, rc_detach, rc_drain
+from gpupool.core.regioncache cimport RegionCache, rc_link, rc_disown, rc_detach
 from gpupool.core.state cimport PoolState
 from gpupool.core.streamorder cimport so_drop_events
 
@@ -57,9 +57,9 @@ cdef inline bint pp_allocate_at(PoolState* st, RegionCache* rc, uintptr_t ptr, s
     return True
 
 
-cdef inline void pp_end(RegionCache* rc) noexcept nogil:
+cdef inline void pp_end(PoolState* st, RegionCache* rc) noexcept nogil:
     """The private pool ends: its live blocks return to the pool when freed, its free ones
     are the pool's now (the device's work on them is done)."""
     while rc.live_head != NULL:
         rc_detach(rc.live_head)
-    rc_drain(rc)
+    sg_drain(st, rc)

@@ -6,7 +6,8 @@
 # than the pool alone would. While the region is entered its allocations may take its own
 # blocks and the pool's (the best fit of both); other allocations take the pool's, and the
 # region's only before the pool would grow (when the region is not entered). At exit, cached
-# blocks that the entry did not use go back to the pool (rc_return_unused).
+# blocks that the entry did not use go back to the pool (core/cutjoin.pxd's sg_return_unused,
+# joined with the pool's free neighbours).
 #
 # Here: the region's list of live blocks (their escape at exit), its list of cached blocks
 # (tagging and untagging), and its counters. The stack of entered regions is
@@ -193,23 +194,6 @@ cdef inline void rc_cached_blocks(RegionCache* rc, vector[Block*]* out) noexcept
     while b != NULL:
         out.push_back(b)
         b = b.region.next
-
-
-cdef inline void rc_return_unused(RegionCache* rc) noexcept nogil:
-    """At exit: cached blocks the current entry did not use go back to the pool."""
-    cdef Block* b = rc.cached_head
-    cdef Block* nxt
-    while b != NULL:
-        nxt = b.region.next
-        if b.region.stamp != rc.entries:
-            rc_disown(b)
-        b = nxt
-
-
-cdef inline void rc_drain(RegionCache* rc) noexcept nogil:
-    """Every cached block of the region goes back to the pool."""
-    while rc.cached_head != NULL:
-        rc_disown(rc.cached_head)
 
 
 cdef inline void rc_live_blocks(RegionCache* rc, vector[Block*]* out) noexcept nogil:

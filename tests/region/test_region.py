@@ -551,3 +551,34 @@ def test_every_field_of_region_stats_is_documented():
     attributes = gpupool.RegionStats.__doc__.partition("Attributes\n    ----------\n")[2]
     documented = set(re.findall(r"^    (\w+) : (?:int|float|bool)$", attributes, re.M))
     assert documented == {f.name for f in dataclasses.fields(gpupool.RegionStats)}
+
+
+@pytest.mark.parametrize("returned", ["exit", "release", "drop"])
+def test_two_regions_blocks_returned_to_the_pool_join_again(returned):
+    # A region's cached block stays apart from another region's neighbour; once both went
+    # back to the pool (an exit that did not use them, release(), the region dropped) they
+    # are one free block, and a request of their joint size takes it without growing.
+    pool = gpupool.Pool(upstream=SimulatedDevice(virtual_memory=True, page=64 * KIB))
+    a, b = gpupool.Region(pool=pool), gpupool.Region(pool=pool)
+    below = pool.allocate(64 * KIB)
+    with a:
+        x = pool.allocate(1 << 20)
+        with b:
+            y, above = pool.allocate(1 << 20), pool.allocate(64 * KIB)
+            y.close()                   # b's, next to a's x
+        x.close()
+    reserved = pool.stats().reserved_bytes
+    with a:                             # uses nothing: x goes back to the pool
+        pass
+    if returned == "exit":
+        with b:
+            pass
+    elif returned == "release":
+        b.release()
+    else:
+        del b
+        gc.collect()
+    assert pool._verify() == []
+    both = pool.allocate(2 << 20)
+    assert pool.stats().reserved_bytes == reserved
+    assert below.ptr < both.ptr < above.ptr
