@@ -16,7 +16,7 @@ import plan_reasons  # noqa: E402
 
 from gpupool.region import planned, tails  # noqa: E402
 
-WRAPPED = ("exited", "place", "_steady", "_transition_plan", "record", "_made", "_placed",
+WRAPPED = ("exited", "place", "_steady", "_transition_plan", "record_plan", "_made", "_placed",
            "_repaired", "_transition_repaired")
 
 

@@ -32,7 +32,7 @@ _unfinished = set()
 
 
 def columns(placed):
-    """A ``Planner.place`` or ``Planner.record`` result ``(Plan, anchors)`` as the core takes
+    """A ``Planner.place`` or ``Planner.record_plan`` result ``(Plan, anchors)`` as the core takes
     it: one contiguous (6, n) int64 array of its places' offsets (bytes from the base), sizes
     (bytes), stream handles, anchors, allocating and freeing events.
 

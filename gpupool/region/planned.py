@@ -16,7 +16,7 @@ A record step (an entry whose request 0 asks more bytes than any step of a signa
 twice, its plan kept or not, while the installed plan's steps asked the most of those, whatever
 the steps before it) is planned at that request: the core sends the request online and swaps
 the region's record slow path in for the allocation's (core/planned.pxd, ``pl_record``), which
-calls :meth:`Planner.record`; the plan is the installed plan's structure, the sizes that varied
+calls :meth:`Planner.record_plan`; the plan is the installed plan's structure, the sizes that varied
 among its signature's steps scaled by the request's bytes over the most a step's request 0
 asked, placed around the blocks live then, and the entry's later requests are served from it (a
 request larger than its place misses alone; places past the mapped end map pages). The entry
@@ -110,7 +110,7 @@ class Planner(_Repeats):
     min_hit_rate : float
         Share of an entry's planned requests that must be served at their place; 0 to 1.
     record : bool
-        Plan a record step at its first request (:meth:`record`): an entry of the installed
+        Plan a record step at its first request (:meth:`record_plan`): an entry of the installed
         plan's structure whose request 0 asks more bytes than any step that plan was made
         from. False: such an entry runs online up to its first request larger than its
         place, as any step larger than the plan.
@@ -136,18 +136,18 @@ class Planner(_Repeats):
     ValueError
         An option out of its range (NaN included), named with its value and the range, or
         ``strategies`` empty or naming a strategy not in ``placement.STRATEGIES``. Each
-        option is an attribute too (``record``'s is ``record_steps``), checked when assigned.
+        option is an attribute of the planner too, checked when assigned.
     """
     (max_plans, max_plan_requests, budget_work, budget_ms, min_hit_rate, strategies, repair,
-     record_steps) = map(_options.option, ("max_plans", "max_plan_requests", "budget_work",
-                         "budget_ms", "min_hit_rate", "strategies", "repair", "record"))
+     record) = map(_options.option, ("max_plans", "max_plan_requests", "budget_work",
+                   "budget_ms", "min_hit_rate", "strategies", "repair", "record"))
 
     def __init__(self, max_plans=4, max_plan_requests=1 << 16,
                  budget_work=placement.BUDGET_WORK, budget_ms=placement.BUDGET_MS,
                  min_hit_rate=0.5, record=True, strategies=STRATEGIES, repair=True):
         self.max_plans, self.max_plan_requests = max_plans, max_plan_requests
         self.budget_work, self.budget_ms, self.min_hit_rate = budget_work, budget_ms, min_hit_rate
-        self.record_steps, self.strategies, self.repair = record, strategies, repair
+        self.record, self.strategies, self.repair = record, strategies, repair
         self._firsts = []           # the last two entries' request 0's requested bytes
         self._recorded = 0          # exits since a record step's plan was installed (0: none)
         self._record_places = np.zeros(0, np.int64)     # its places' addresses
@@ -196,7 +196,7 @@ class Planner(_Repeats):
         :meth:`place`), ``"clear"`` to serve the next entry online, or None to keep what is
         installed."""
         key = (hits, misses, grew, stopped, first, self.min_hit_rate, self.max_plan_requests,
-               self.record_steps)
+               self.record)
         if events is None and key == self._repeat:
             return self._repeated(hits, misses)     # (region/repeats.py)
         self._repeat = self._bounds = None
@@ -422,7 +422,7 @@ class Planner(_Repeats):
         more, a request 0 past both is more likely of that one's structure (Note [Record
         steps of another structure]). None either where ``_record_top`` leaves no room past
         the most (request 0 never varied: Note [Record steps that leave nothing])."""
-        if not self.record_steps or self.current not in self._plans:
+        if not self.record or self.current not in self._plans:
             return 0
         return _record_over(self._seen, self.current)
 
@@ -448,9 +448,9 @@ class Planner(_Repeats):
     def _recorded_once(self):
         """Whether a record step has been planned: its plan mapped up to its own top only, so
         the plans installed after it may map pages past the memory mapped."""
-        return self.record_steps and self.counts["records"] > 0
+        return self.record and self.counts["records"] > 0
 
-    def record(self, nbytes, base, obstacles, ptr=None):
+    def record_plan(self, nbytes, base, obstacles, ptr=None):
         """The plan of a record step, made at its request 0 (which asked ``nbytes`` bytes and
         went online, to address ``ptr``), as ``(Plan, anchors)``: the installed plan's
         structure, its sizes ``seen.record_sizes``'s (those that varied scaled by ``nbytes``
@@ -466,7 +466,7 @@ class Planner(_Repeats):
         above the blocks that stay, pages mapped for them; ``counts["records_dropped"]``)."""
         self._repeat = None             # (region/repeats.py)
         seen, kept = self._seen.get(self.current), self._plans.get(self.current)
-        if not self.record_steps or seen is None or kept is None or not seen.r_max or \
+        if not self.record or seen is None or kept is None or not seen.r_max or \
                 len(seen.envelope) != len(kept[0].step) or nbytes > _record_top(seen):
             return None
         sizes = _record_sizes(seen, nbytes)
@@ -493,7 +493,7 @@ class Planner(_Repeats):
         return bool(np.isin(self._recorded_steps.carried[1], self._record_places).any())
 
     def record_dropped(self):
-        """The plan :meth:`record` returned last was not installed (an event of the entry, on
+        """The plan :meth:`record_plan` returned last was not installed (an event of the entry, on
         another thread, came while it was made): the entry goes on online, as one that left
         the plan's step. Counted in ``counts["records_dropped"]`` (and in ``"records"``)."""
         self._repeat = None             # (region/repeats.py)

@@ -428,7 +428,7 @@ cdef class Region:
             base = self.pool.region_plan(self.rc, PL_RECORD, &io)     # swaps the paths back
             if base == 0 or io.record_nbytes == 0:
                 return
-            placed = self._planner.record(io.record_nbytes, base, _event_rows(&io, 2), ptr)
+            placed = self._planner.record_plan(io.record_nbytes, base, _event_rows(&io, 2), ptr)
             if placed is None:
                 return
             table, length, nbytes = installed(placed)

@@ -295,7 +295,7 @@ def test_a_plan_option_out_of_range_is_refused_naming_it(vpool, option, value, e
 
 
 @pytest.mark.parametrize("option, value, error, accepted", BAD_OPTIONS + [
-    ("record_steps", 1, TypeError, "a bool"), ("repair", None, TypeError, "a bool")])
+    ("record", 1, TypeError, "a bool"), ("repair", None, TypeError, "a bool")])
 def test_a_plan_option_assigned_on_a_live_planner_is_checked(vpool, option, value, error,
                                                              accepted):
     # Trial 34's finding 6: options set after construction went unchecked.
@@ -304,8 +304,7 @@ def test_a_plan_option_assigned_on_a_live_planner_is_checked(vpool, option, valu
     before = getattr(planner, option)
     with pytest.raises(error) as info:
         setattr(planner, option, value)
-    name = "record" if option == "record_steps" else option
-    assert str(info.value) == f"{name} must be {accepted}, got {value!r}"
+    assert str(info.value) == f"{option} must be {accepted}, got {value!r}"
     assert getattr(planner, option) == before
     with region:                    # the planner still plans with what it kept
         vpool.allocate(1024).close()
@@ -314,10 +313,10 @@ def test_a_plan_option_assigned_on_a_live_planner_is_checked(vpool, option, valu
 def test_plan_options_assigned_on_a_live_planner_are_kept_as_given_to_it(vpool):
     planner = gpupool.Region(pool=vpool, plan=True).planner
     planner.budget_work, planner.budget_ms, planner.min_hit_rate = np.int64(7), 3, 1
-    planner.strategies, planner.record_steps = ["area", "size"], False
+    planner.strategies, planner.record = ["area", "size"], False
     assert (planner.budget_work, planner.budget_ms, planner.min_hit_rate) == (7, 3.0, 1.0)
     assert (type(planner.budget_work), type(planner.budget_ms)) == (int, float)
-    assert (planner.strategies, planner.record_steps) == (("area", "size"), False)
+    assert (planner.strategies, planner.record) == (("area", "size"), False)
     with pytest.raises(ValueError, match=r"'sise' is not one; did you mean 'size'\?$"):
         planner.strategies = ("sise",)
     assert planner.strategies == ("area", "size")

@@ -170,9 +170,9 @@ def test_record_over_is_the_plans_most_whatever_the_steps_before():
     assert planner.record_over() == 0           # no plan installed
     planner.current = b"sig"
     assert planner.record_over() == 4000
-    planner.record_steps = False
+    planner.record = False
     assert planner.record_over() == 0
-    planner.record_steps = True
+    planner.record = True
     planner._seen[b"sig"] = Seen(2, step.nbytes, step.nbytes // 2, 4000, 4000)
     assert planner.record_over() == 0           # request 0 never varied: no record
     # Request 0 varied by 5% (a jitter, at most ROOM_SHARE): a record past that again.
@@ -228,7 +228,7 @@ def test_a_record_plan_scales_the_sizes_that_varied():
     low = np.array([2048, 8192, 512])          # request 1's size never varied
     planner._seen[b"sig"] = Seen(2, step.nbytes, low, 4000, 2000)
     planner.current = b"sig"
-    plan, anchors = planner.record(8000, 1 << 20, [(0, 4096)])
+    plan, anchors = planner.record_plan(8000, 1 << 20, [(0, 4096)])
     # Requests 0 and 2 scaled by request 0's 8,000 B (and its slack) over the most, 4,000 B:
     # just over twice, rounded up to whole ALIGN.
     scale = (8000 + SCALE_SLACK) / 4000
@@ -247,7 +247,7 @@ def test_a_record_plan_that_falls_back_to_first_fit_is_not_used(monkeypatch):
     planner.current = b"sig"
     # First fit puts every place above the blocks that stay, and a record plan maps pages
     # for its places: the entry goes on online instead.
-    assert planner.record(8000, 1 << 20, [(0, 4096)]) is None
+    assert planner.record_plan(8000, 1 << 20, [(0, 4096)]) is None
     assert planner.counts["records"] == planner.counts["records_dropped"] == 1
     assert planner._recorded == 0
 

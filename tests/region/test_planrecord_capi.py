@@ -111,7 +111,7 @@ def test_an_exception_of_the_record_slow_path_is_the_c_apis_error(entry, caplog)
 
     def failing(*args):
         raise RuntimeError("planner failure")
-    run.region.planner.record = failing
+    run.region.planner.record_plan = failing
     with run.region:
         for key in [k for k in run.mem.live if k[0] == "tail"]:
             run.mem.free(key)
@@ -132,7 +132,7 @@ def test_an_exception_of_the_record_slow_path_is_the_c_apis_error(entry, caplog)
     assert record.exc_info[0] is RuntimeError and f"{scaled(1.5)[0]} B" in record.getMessage()
     # The slow paths are the allocation's again: once the structure repeats, the entries are
     # served and a record step is planned as before.
-    del run.region.planner.record
+    del run.region.planner.record_plan
     for _ in range(4):
         run.entry(scaled(0.8))
     assert run.entry(scaled(0.8)) == (len(SIZES), 0)
@@ -177,19 +177,19 @@ def _two_threads(run, pause):
 
 def test_another_threads_request_while_the_record_plan_is_made_leaves_the_entry_online():
     run = _run(_pool(), "allocate", scope="process").warm()
-    planner, record = run.region.planner, run.region.planner.record
+    planner, record = run.region.planner, run.region.planner.record_plan
 
     def pause(go, done):
         def waiting(*args):
             go.set()
             assert done.wait(30)
             return record(*args)
-        planner.record = waiting
+        planner.record_plan = waiting
     assert _two_threads(run, pause) == (0, 0)
     # Planned, not installed: the entry went on online; the region plans on.
     assert planner.counts["records"] == 1 and planner.counts["records_dropped"] == 1
     assert run.region.stats().record_plans_dropped == 1     # and the region's stats say so
-    del planner.record
+    del planner.record_plan
     for _ in range(4):
         run.entry(scaled(1.0))
     assert run.entry(scaled(1.0)) == (len(SIZES), 0)

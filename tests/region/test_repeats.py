@@ -138,7 +138,7 @@ def fed(exits, shortcut=True):
     out = []
     for i, entry in enumerate(exits):
         if entry == "record":
-            out.append(planner.record(8192, 1 << 30, [], None) is not None)
+            out.append(planner.record_plan(8192, 1 << 30, [], None) is not None)
             continue
         hits, misses, grew, stopped, first = entry
         action = planner.exited(STEP if i == 0 else None, hits, misses, grew, stopped, first)

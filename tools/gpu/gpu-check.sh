@@ -3,7 +3,7 @@
 # (default: tests,memcheck,example,bench), logs to $OUT (at most 8 files come back: the build log
 # only when the build fails, the plots as one tar), summary last.
 #   tests     the whole test suite (TESTS names files instead)
-#   parts     the whole suite as nine lanes run side by side (separate processes, one log
+#   parts     the whole suite as ten lanes run side by side (separate processes, one log
 #             each, failures named with -rfE, returned as parts.tar, written every 15 s so
 #             that a call the device tool cuts returns the logs so far): a crash or a hang in
 #             one lane leaves the others' summaries, and a lane cut at PARTS_TIMEOUT names
@@ -125,8 +125,11 @@ tensors_over_slept_memory_keep_their_addresses"
     harness="come_from_gpupool or stats_are_gpupool or out_of_memory_is_pytorch or \
 empty_cache_trims or base_allocation_and or capture_s_allocations or mempool_counts or \
 stream_uses_waits or checkpointed or history_records"
-    af=(); gm=(); nz=()
+    af=(); gm=(); nz=(); rg=()
     for f in tests/test_*.py tests/*/test_*.py; do
+        case $f in
+            tests/region/test_[n-z]*) rg+=("$f"); continue ;;
+        esac
         case $(basename "$f") in
             test_torch.py|test_torch_allocator.py|test_ipc_*.py|test_examples.py) ;;
             test_[a-f]*) af+=("$f") ;;
@@ -134,8 +137,10 @@ stream_uses_waits or checkpointed or history_records"
             *) nz+=("$f") ;;
         esac
     done
-    # Nine lanes: on the H100 (e61abe4) the a-m files, test_torch.py and test_examples.py
-    # each ran past 330 s as one lane, so each is split in two
+    # Ten lanes: on the H100 (e61abe4) the a-m files, test_torch.py and test_examples.py
+    # each ran past 330 s as one lane, so each is split in two; on the H100 at 8f332c3 the
+    # n-z lane was cut at 540 s with 702 of its tests passed, so tests/region's n-z files
+    # (the planned regions' random runs) are a lane of their own
     # The lanes' logs so far go to $OUT every 15 s: the device tool kills a call at its limit
     # and returns only $OUT, so a call cut there still names the tests each lane passed.
     (while sleep 15; do (cd /tmp/gpupool-parts && tar cf "$OUT/parts.tar.part" *.log \
@@ -145,6 +150,7 @@ stream_uses_waits or checkpointed or history_records"
     lane a-f "${af[@]}" -k "not ($alone)" &
     lane g-m "${gm[@]}" -k "not ($alone)" &
     lane n-z "${nz[@]}" -k "not ($alone)" &
+    lane region-n-z "${rg[@]}" -k "not ($alone)" &
     lane torch-use tests/adapters/test_torch.py -k "not mempool and not ($alone)" &
     lane torch-mempool tests/adapters/test_torch.py -k "mempool" &
     (lane torch_allocator tests/adapters/test_torch_allocator.py -k "not ($harness)";

@@ -55,7 +55,7 @@ class Timers:
     def install(self):
         for owner, name, key in ((planned.Planner, "exited", "exited"),
                                  (planned.Planner, "place", "place"),
-                                 (planned.Planner, "record", "record"),
+                                 (planned.Planner, "record_plan", "record"),
                                  (placement, "_side_by_side", "greedy")):
             self._undo.append((owner, name, getattr(owner, name)))
             setattr(owner, name, self._timed(getattr(owner, name), key))

@@ -65,7 +65,7 @@ class Reasons:
 
     def install(self):
         P = planned.Planner
-        for name in ("exited", "place", "_steady", "_transition_plan", "record", "_made",
+        for name in ("exited", "place", "_steady", "_transition_plan", "record_plan", "_made",
                      "_placed", "_repaired", "_transition_repaired"):
             original = getattr(P, name, None)
             if original is None:
@@ -140,7 +140,7 @@ class Reasons:
             return made
         return transition_repaired
 
-    def _record(self, original):
+    def _record_plan(self, original):
         def record(planner, *args):
             self._label = "record at request 0"
             return original(planner, *args)
