@@ -2,6 +2,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from gpupool.core.pool import Pool
+from gpupool.region.planned import Planner
 from gpupool.stats import RegionStats
 
 class Region:
@@ -11,7 +12,7 @@ class Region:
     skip_first: bool
     debug: bool
     trace: bool
-    planner: Any
+    planner: Planner | None
     def __init__(
         self,
         pool: Pool | None = None,
