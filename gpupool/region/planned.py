@@ -111,9 +111,9 @@ class Planner(_Repeats):
         Share of an entry's planned requests that must be served at their place; 0 to 1.
     record : bool
         Plan a record step at its first request (:meth:`record_plan`): an entry of the installed
-        plan's structure whose request 0 asks more bytes than any step that plan was made
-        from. False: such an entry runs online up to its first request larger than its
-        place, as any step larger than the plan.
+        plan's structure whose request 0 asks past its steps' most, where it varied among them
+        (up to that most times the factor it varied by: ``seen.record_top``). False: such an
+        entry runs online up to its first request larger than its place, as any larger step.
     strategies : tuple (or list) of str
         The greedy strategies each plan runs, the plan of the lowest top kept (within the
         pooled ``budget_work``), ties to the first, and a steady plan the first's within the
