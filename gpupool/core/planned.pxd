@@ -151,6 +151,26 @@ cdef inline bint pl_grow(PoolState* st, Upstream up, RegionCache* rc, uintptr_t 
     return True
 
 
+cdef inline Block* pl_cut(PoolState* st, Block* b, uintptr_t addr, size_t size,
+                          StreamKey s) noexcept nogil:
+    """Free block b, which holds [addr, addr + size), taken for a planned request on s (its
+    stream order checked): out of the free lists and its cache, cut to those bytes (the
+    front and the rest stay free, its owner's), used on s; NULL when the front could not be
+    cut (pl_take's place, pl_refit's gap)."""
+    cdef RegionCache* owner
+    fl_unbin(&st.free, b)
+    owner = rc_disown(b)
+    if not same_stream(b.stream, s):
+        so_drop_events(&st.order, b)    # its earlier work is ordered before s's next
+    if b.ptr < addr:
+        b = sg_cut_front(st, b, addr, s, owner)
+        if b == NULL:
+            return NULL
+    sg_split(st, b, size, s, owner)
+    b.stream = s
+    return b
+
+
 cdef enum:
     REFIT_HITS = 2      # the hits an entry has had before a request past its place is refitted
 
@@ -170,7 +190,6 @@ cdef inline Block* pl_refit(PoolState* st, Upstream up, RegionCache* rc, size_t 
     cdef int64_t end = p.frees[k] if p.frees[k] >= 0 else INT64_MAX
     cdef int64_t lo, hi, at = -1
     cdef Block* b
-    cdef RegionCache* owner
     cdef size_t j, i = 0
     while seg != NULL and seg.base != p.base:
         seg = seg.next
@@ -212,15 +231,7 @@ cdef inline Block* pl_refit(PoolState* st, Upstream up, RegionCache* rc, size_t 
         b = b.seg_next
     if b == NULL or not so_ready(&st.order, up, b, s, True):
         return NULL
-    fl_unbin(&st.free, b)
-    owner = rc_disown(b)
-    if b.ptr < seg.base + <uintptr_t>at:
-        b = sg_cut_front(st, b, seg.base + <uintptr_t>at, s, owner)
-        if b == NULL:
-            return NULL
-    sg_split(st, b, size, s, owner)
-    b.stream = s
-    return b
+    return pl_cut(st, b, seg.base + <uintptr_t>at, size, s)
 
 
 cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t nbytes,
@@ -240,7 +251,6 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
     cdef size_t k = p.next
     cdef uintptr_t addr
     cdef Block* b
-    cdef RegionCache* owner
     p.next += 1
     if k == 0:
         p.first_nbytes = nbytes
@@ -292,17 +302,10 @@ cdef inline Block* pl_take(PoolState* st, Upstream up, RegionCache* rc, size_t n
             not so_ready(&st.order, up, b, s, True):
         p.misses += 1
         return NULL
-    fl_unbin(&st.free, b)
-    owner = rc_disown(b)
-    if not same_stream(b.stream, s):
-        so_drop_events(&st.order, b)    # its earlier work is ordered before s's next
-    if b.ptr < addr:
-        b = sg_cut_front(st, b, addr, s, owner)     # the front stays free, the owner's
-        if b == NULL:
-            p.misses += 1
-            return NULL
-    sg_split(st, b, size, s, owner)
-    b.stream = s
+    b = pl_cut(st, b, addr, size, s)
+    if b == NULL:
+        p.misses += 1
+        return NULL
     return pt_served(p, k, b)
 
 

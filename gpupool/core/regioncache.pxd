@@ -188,14 +188,6 @@ cdef inline int rc_slow_path(Block* b) except -1:
     return 0
 
 
-cdef inline void rc_cached_blocks(RegionCache* rc, vector[Block*]* out) noexcept nogil:
-    """Append the region's cached blocks."""
-    cdef Block* b = rc.cached_head
-    while b != NULL:
-        out.push_back(b)
-        b = b.region.next
-
-
 cdef inline void rc_live_blocks(RegionCache* rc, vector[Block*]* out) noexcept nogil:
     """Append the region's live blocks (those that escaped an earlier exit included)."""
     cdef Block* b = rc.live_head

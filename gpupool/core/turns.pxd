@@ -6,13 +6,10 @@
 # or, while it is entered, take: on the same work it would hold more than the pool alone.
 # Under the pool's lock; only core/pool.pyx (Pool.region_enter) uses it.
 from libc.stdint cimport uintptr_t
-from libcpp.vector cimport vector
-from gpupool.records.block cimport Block, FREE
-from gpupool.core.cutjoin cimport sg_put
-from gpupool.core.freelist cimport fl_unbin
+from gpupool.core.cutjoin cimport sg_drain
 from gpupool.core.planned cimport pl_unrecord
 from gpupool.core.plantable cimport pt_clear
-from gpupool.core.regioncache cimport RegionCache, rc_cached_blocks, rc_disown
+from gpupool.core.regioncache cimport RegionCache
 from gpupool.core.state cimport PoolState
 
 cdef enum:
@@ -25,8 +22,6 @@ cdef inline void rt_share(PoolState* st, RegionCache* rc) noexcept nogil:
     plan (a plain region is left as it is): an entry under way goes on online, as one that
     left its plan's step, and its cached blocks go back to the pool joined with their free
     neighbours, so that the other threads' requests take them whole."""
-    cdef vector[Block*] cached
-    cdef size_t i
     if rc.plan == NULL:
         return
     rc.quiet = 0
@@ -36,14 +31,7 @@ cdef inline void rt_share(PoolState* st, RegionCache* rc) noexcept nogil:
     pl_unrecord(rc)
     pt_clear(rc.plan)
     rc.plan.stopped = True      # (its exit tells the planner so: not the plan's failure)
-    rc_cached_blocks(rc, &cached)
-    for i in range(cached.size()):
-        rc_disown(cached[i])
-    for i in range(cached.size()):
-        # (a block that an earlier one's put took in is RETIRED; a parked one joins when it
-        # is put back)
-        if cached[i].state == FREE and fl_unbin(&st.free, cached[i]):
-            sg_put(st, cached[i])
+    sg_drain(st, rc)
 
 
 cdef inline void rt_entered(PoolState* st, RegionCache* rc, uintptr_t thread) noexcept nogil:
