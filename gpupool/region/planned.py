@@ -135,12 +135,17 @@ class Planner(_Repeats):
         The message names the option, its value and what it accepts.
     ValueError
         An option out of its range (NaN included), named with its value and the range, or
-        ``strategies`` empty or naming a strategy not in ``placement.STRATEGIES``. Each
-        option is an attribute of the planner too, checked when assigned.
+        ``strategies`` empty or naming a strategy not in ``placement.STRATEGIES``. The options
+        are the planner's attributes, checked when assigned; any other assigned: AttributeError.
     """
     (max_plans, max_plan_requests, budget_work, budget_ms, min_hit_rate, strategies, repair,
-     record) = map(_options.option, ("max_plans", "max_plan_requests", "budget_work",
-                   "budget_ms", "min_hit_rate", "strategies", "repair", "record"))
+     record) = map(_options.option, _OPTIONS := ("max_plans", "max_plan_requests",
+                   "budget_work", "budget_ms", "min_hit_rate", "strategies", "repair", "record"))
+    __slots__ = tuple("_" + k for k in _OPTIONS) + (    # no others: a misspelt one raises
+        "_firsts", "_recorded", "_record_places", "_fresh", "_recorded_steps", "_seen", "_folded",
+        "_exceeds", "_plans", "_later", "_waits", "_made_from", "_exits", "current", "base",
+        "_transition", "_grown", "_past", "_fell_back", "_relayout", "_entries_on", "_strikes",
+        "_wanted", "counts")
 
     def __init__(self, max_plans=4, max_plan_requests=1 << 16,
                  budget_work=placement.BUDGET_WORK, budget_ms=placement.BUDGET_MS,
@@ -148,6 +153,7 @@ class Planner(_Repeats):
         self.max_plans, self.max_plan_requests = max_plans, max_plan_requests
         self.budget_work, self.budget_ms, self.min_hit_rate = budget_work, budget_ms, min_hit_rate
         self.record, self.strategies, self.repair = record, strategies, repair
+        self._repeat = self._bounds = self._wanted = None   # (_wanted: the step to place)
         self._firsts = []           # the last two entries' request 0's requested bytes
         self._recorded = 0          # exits since a record step's plan was installed (0: none)
         self._record_places = np.zeros(0, np.int64)     # its places' addresses
@@ -159,7 +165,6 @@ class Planner(_Repeats):
         self._later = OrderedDict()     # signature -> the exit before which it is not planned
         self._waits = OrderedDict()     # signature -> exits its last plan not fitting waited
         self._made_from = OrderedDict()     # digest of a plan's inputs -> the plan made
-        self._exits = 0
         self.current = None         # the signature whose plan is installed
         self.base = 0               # the address of its range (0: none)
         self._transition = False    # the plan installed is the current one's transition
@@ -168,7 +173,7 @@ class Planner(_Repeats):
         self._fell_back = False     # the last plan made is first fit (its fallback's limit)
         self._relayout = False      # the current plan served its last entry badly
         self._entries_on = 0        # entries served by the current plan so far
-        self._strikes = 0
+        self._exits = self._strikes = 0
         # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
         # by the limit that stopped them (placement.Plan.fallback); "reused": plans not made
         # again, their inputs the same as a plan's made before (:meth:`_placed`); "repairs",
@@ -306,7 +311,7 @@ class Planner(_Repeats):
         which maps past it anyway (Note [Record steps of another structure])."""
         self._repeat = None             # (region/repeats.py)
         sig, step = self._wanted
-        obstacles = self.obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
+        obstacles = np.asarray(obstacles, np.int64).reshape(-1, 2)
         old = self._plans.get(sig)
         steady = self._steady(sig, step, base, obstacles, span)
         kept = old is not None and old[2] == base and not (step.nbytes > old[0].step.nbytes).any()
@@ -344,25 +349,20 @@ class Planner(_Repeats):
         block the last entry left live is a tail at its place in it (no larger) or meets none of its
         places; or, when none of ``obstacles`` (blocks that stay) meets its places either,
         none while both are live: a tail of the last entry until the entry frees it
-        (``_left_live``), a place from its request's allocation to its free. The plan's
+        (``tails.left_live``), a place from its request's allocation to its free. The plan's
         transition would then pin every request at its steady place. A plan kept although
         blocks that stay meet it (the one placed around them did not fit) gets its
         transition, placed around them too."""
-        k = self._recorded_steps.carried[0]
-        offset, nbytes, end, tail = self._left_live(plan.step, base)
+        recorded = self._recorded_steps
+        k = recorded.carried[0]
+        offset, nbytes, end, tail = _tails.left_live(plan.step, recorded.carried, base,
+                                                     recorded.at_start)
         placed = tail.copy()
         placed[tail] = plan.offsets[k[tail]] == offset[tail]     # a tail at its own place
         offset, nbytes, end = offset[~placed], nbytes[~placed], end[~placed]
         if not _meets(plan, np.column_stack([offset, nbytes])):
             return True
         return not _meets(plan, obstacles) and not _meeting(plan, offset, nbytes, end).any()
-
-    def _left_live(self, step, base):
-        """``tails.left_live`` of the blocks the last entry left live, for a plan of step made
-        at ``base``: their offsets from base, bytes, the event of the step's entry until which
-        each stays, and whether each is step's tail of its request number."""
-        recorded = self._recorded_steps
-        return _tails.left_live(step, recorded.carried, base, recorded.at_start)
 
     def _transition_plan(self, step, steady, base, span, obstacles):
         """The plan of the first entry served: the steady plan's tails where it puts them,

@@ -25,8 +25,8 @@ class Repeats:
 
     # The inputs of an exit that an exit of the same inputs repeats (None: no such exit since
     # the last change): its arguments but the events, and the options it reads (Planner.exited
-    # makes them); and the bounds given since.
-    _repeat = _bounds = None
+    # makes them); and the bounds given since. Planner.__init__ sets both None.
+    __slots__ = ("_repeat", "_bounds")
 
     def _repeats(self, key, sig, seen, recorded, bad, grew, stopped):
         """``key`` when the exit just made (its inputs ``key``, no action returned) would be

@@ -15,6 +15,7 @@ from planned_steps import (  # noqa: F401 (fixtures)
 )
 
 import gpupool
+from gpupool.region.options import option_names
 from gpupool.region.planned import Planner
 from gpupool.testing import SimulatedDevice
 
@@ -320,6 +321,18 @@ def test_plan_options_assigned_on_a_live_planner_are_kept_as_given_to_it(vpool):
     with pytest.raises(ValueError, match=r"'sise' is not one; did you mean 'size'\?$"):
         planner.strategies = ("sise",)
     assert planner.strategies == ("area", "size")
+
+
+@pytest.mark.parametrize("name", ["min_hit_rat", "recrod", "strategy", "max_plan", "obstacles"])
+def test_a_misspelt_option_assigned_on_a_live_planner_raises(vpool, name):
+    # helper-110's finding: a misspelt option was taken as a new attribute, silently.
+    planner = gpupool.Region(pool=vpool, plan=True).planner
+    names = option_names(Planner)
+    before = [getattr(planner, k) for k in names]
+    with pytest.raises(AttributeError, match=f"'Planner' object has no attribute '{name}'"):
+        setattr(planner, name, 0.9)
+    assert not hasattr(planner, name)
+    assert [getattr(planner, k) for k in names] == before
 
 
 @pytest.mark.parametrize("value, error, why", [

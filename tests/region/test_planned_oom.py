@@ -9,6 +9,7 @@ from planned_steps import SIZES, Checked, Run, scaled
 from test_planrecord_capi import ENTRIES, Through
 
 import gpupool
+from gpupool.region.planned import Planner
 from gpupool.testing import Failures, SimulatedDevice
 
 pytestmark = pytest.mark.usefixtures("default_pools")
@@ -41,11 +42,13 @@ class Failing:
         self.sim.inject(None)
 
 
-def _warm(entry, oom_callback, k, spread=None):
+def _warm(entry, oom_callback, k, monkeypatch, spread=None):
     """A planned region warmed on SCALES (its plan installed, record steps on), requests made
     through ``entry`` (None: Python), whose next entry's request ``k`` on runs out of memory
     until the callback (a Failing) runs, with ``Run.spread(spread)``'s entries after the
-    warming when given. Returns (Run, Failing, the entries' stopped flags)."""
+    warming when given. Returns (Run, Failing, the entries' stopped flags from then on: its
+    planner's exits are watched through ``monkeypatch``, on the class, since a Planner's
+    attributes are fixed)."""
     sim = SimulatedDevice(capacity=1 << 32, virtual_memory=True)
     pool = gpupool.Pool(upstream=sim, device=0)
     gpupool.set_pool(pool)              # the C API's pool for device 0
@@ -55,24 +58,25 @@ def _warm(entry, oom_callback, k, spread=None):
     if spread:
         run.spread(spread)
     oom_callback(failing)
-    stopped, exited = [], run.region.planner.exited
+    stopped, exited, planner = [], Planner.exited, run.region.planner
 
-    def watched(events, hits, misses, grew, stopped_=False, first=0):
-        stopped.append(stopped_)
-        return exited(events, hits, misses, grew, stopped_, first)
-    run.region.planner.exited = watched
+    def watched(self, events, hits, misses, grew, stopped_=False, first=0):
+        if self is planner:
+            stopped.append(stopped_)
+        return exited(self, events, hits, misses, grew, stopped_, first)
+    monkeypatch.setattr(Planner, "exited", watched)
     failing.armed = True
     return run, failing, stopped
 
 
 @pytest.mark.parametrize("entry", [None, *sorted(ENTRIES)])
 def test_a_request_retried_after_the_callbacks_is_taken_in_by_the_plan_once(
-        entry, oom_callback):
+        entry, oom_callback, monkeypatch):
     # A record step (request 0 asks more than any step): its plan is installed at request 0
     # and maps pages for its places past the mapped end. From request 1 on the pool cannot
     # grow until the callback runs: request 2 misses its place, goes online, runs out of
     # memory and is retried after the callback.
-    run, failing, stopped = _warm(entry, oom_callback, 1)
+    run, failing, stopped = _warm(entry, oom_callback, 1, monkeypatch)
     hits, misses = run.entry(scaled(1.6))
     assert failing.asked == [scaled(1.6)[2]]
     assert run.region.stats().record_plans == 1
@@ -86,10 +90,11 @@ def test_a_request_retried_after_the_callbacks_is_taken_in_by_the_plan_once(
     run.close()
 
 
-def test_request_0_of_a_record_step_retried_after_the_callbacks_plans_the_step(oom_callback):
+def test_request_0_of_a_record_step_retried_after_the_callbacks_plans_the_step(
+        oom_callback, monkeypatch):
     # Through Python, the record step's slow path runs after the retry: request 0 alone taken
     # in, its plan made there and installed, the rest of the entry served from it.
-    run, failing, _ = _warm(None, oom_callback, 0, spread=0.2)
+    run, failing, _ = _warm(None, oom_callback, 0, monkeypatch, spread=0.2)
     assert run.entry(scaled(5.0)) == (len(SIZES) - 1, 0)
     assert failing.asked == [scaled(5.0)[0]]
     assert run.region.stats().record_plans == 1

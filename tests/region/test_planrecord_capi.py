@@ -17,6 +17,7 @@ import gpupool
 from gpupool.adapters import torch_entry
 from gpupool.adapters.rmm_entry import RmmCallbacks
 from gpupool.errors import GpupoolError
+from gpupool.region.planned import Planner
 from gpupool.testing import SimulatedDevice
 
 pytestmark = pytest.mark.usefixtures("default_pools")
@@ -105,13 +106,13 @@ def test_record_steps_through_the_c_api_are_planned_and_served_as_pythons(entry)
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRIES))
-def test_an_exception_of_the_record_slow_path_is_the_c_apis_error(entry, caplog):
+def test_an_exception_of_the_record_slow_path_is_the_c_apis_error(entry, caplog, monkeypatch):
     run = _run(_pool(), entry).warm()
     in_use = run.pool.stats().in_use_bytes
 
     def failing(*args):
         raise RuntimeError("planner failure")
-    run.region.planner.record_plan = failing
+    monkeypatch.setattr(Planner, "record_plan", failing)    # (a Planner's attributes are fixed)
     with run.region:
         for key in [k for k in run.mem.live if k[0] == "tail"]:
             run.mem.free(key)
@@ -132,7 +133,7 @@ def test_an_exception_of_the_record_slow_path_is_the_c_apis_error(entry, caplog)
     assert record.exc_info[0] is RuntimeError and f"{scaled(1.5)[0]} B" in record.getMessage()
     # The slow paths are the allocation's again: once the structure repeats, the entries are
     # served and a record step is planned as before.
-    del run.region.planner.record_plan
+    monkeypatch.undo()
     for _ in range(4):
         run.entry(scaled(0.8))
     assert run.entry(scaled(0.8)) == (len(SIZES), 0)
@@ -175,21 +176,22 @@ def _two_threads(run, pause):
     return after.plan_hits - before.plan_hits, after.plan_misses - before.plan_misses
 
 
-def test_another_threads_request_while_the_record_plan_is_made_leaves_the_entry_online():
+def test_another_threads_request_while_the_record_plan_is_made_leaves_the_entry_online(
+        monkeypatch):
     run = _run(_pool(), "allocate", scope="process").warm()
-    planner, record = run.region.planner, run.region.planner.record_plan
+    planner, record = run.region.planner, Planner.record_plan
 
     def pause(go, done):
         def waiting(*args):
             go.set()
             assert done.wait(30)
             return record(*args)
-        planner.record_plan = waiting
+        monkeypatch.setattr(Planner, "record_plan", waiting)
     assert _two_threads(run, pause) == (0, 0)
     # Planned, not installed: the entry went on online; the region plans on.
     assert planner.counts["records"] == 1 and planner.counts["records_dropped"] == 1
     assert run.region.stats().record_plans_dropped == 1     # and the region's stats say so
-    del planner.record_plan
+    monkeypatch.undo()
     for _ in range(4):
         run.entry(scaled(1.0))
     assert run.entry(scaled(1.0)) == (len(SIZES), 0)

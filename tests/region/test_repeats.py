@@ -127,14 +127,19 @@ def test_a_change_between_exits_ends_the_shortcut():
 STEP = [(0, 0, 0), (1 << 20, 4096, 0), (2 << 20, 8192, 0), (1 << 20, 0, 0), (2 << 20, 0, 0)]
 
 
+class _NoShortcut(Planner):
+    """A Planner that takes no exit short."""
+
+    def _repeats(self, *args):
+        return None
+
+
 def fed(exits, shortcut=True):
     """A Planner's action, bounds and state after each of ``exits``: (hits, misses, grew,
     stopped, first) of an entry of STEP each, or "record" (the entry's request 0 makes a
     record step's plan: Planner.record); a plan asked for is placed at once. Without
     ``shortcut``, no exit is taken short."""
-    planner = Planner()
-    if not shortcut:
-        planner._repeats = lambda *args: None
+    planner = Planner() if shortcut else _NoShortcut()
     out = []
     for i, entry in enumerate(exits):
         if entry == "record":
