@@ -80,9 +80,9 @@ def check(name, value):
             raise ValueError(f"{name} must be {accepted}, got {value!r}")
         return keep(value)
     if name != "strategies":
-        if not isinstance(value, bool):
+        if not isinstance(value, (bool, np.bool_)):     # (NumPy's too, as Region's flags)
             raise TypeError(f"{name} must be a bool, got {value!r}")
-        return value
+        return bool(value)
     given, strategies = value, tuple(value) if isinstance(value, list) else value
     if not isinstance(strategies, tuple) or not all(isinstance(k, str) for k in strategies):
         raise TypeError(f"strategies must be a tuple (or list) of str, got {given!r}")

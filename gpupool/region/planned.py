@@ -559,9 +559,9 @@ class Planner(_Repeats):
             made = self._repaired(kept[0], step, obstacles, span) if usable else None
             made = self._placed(step, obstacles, enough=span) if made is None else made
             self._plans[sig] = kept = (made, anchors(made), base)
-            while len(self._plans) > self.max_plans or \
-                    sum(len(p.offsets) for p, _, _ in self._plans.values()) > \
-                    self.max_plan_requests:
+            self._plans.move_to_end(sig)    # the others go first (max_plans may have fallen)
+            while len(self._plans) > 1 and (len(self._plans) > self.max_plans or sum(
+                    len(p.offsets) for p, _, _ in self._plans.values()) > self.max_plan_requests):
                 self._plans.popitem(last=False)
         self._plans.move_to_end(sig)
         return kept[:2]

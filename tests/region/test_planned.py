@@ -314,13 +314,40 @@ def test_a_plan_option_assigned_on_a_live_planner_is_checked(vpool, option, valu
 def test_plan_options_assigned_on_a_live_planner_are_kept_as_given_to_it(vpool):
     planner = gpupool.Region(pool=vpool, plan=True).planner
     planner.budget_work, planner.budget_ms, planner.min_hit_rate = np.int64(7), 3, 1
-    planner.strategies, planner.record = ["area", "size"], False
+    planner.strategies, planner.record, planner.repair = ["area", "size"], False, np.bool_(0)
     assert (planner.budget_work, planner.budget_ms, planner.min_hit_rate) == (7, 3.0, 1.0)
     assert (type(planner.budget_work), type(planner.budget_ms)) == (int, float)
     assert (planner.strategies, planner.record) == (("area", "size"), False)
+    assert planner.repair is False          # NumPy's bool taken, as Region(plan=np.True_) is
     with pytest.raises(ValueError, match=r"'sise' is not one; did you mean 'size'\?$"):
         planner.strategies = ("sise",)
     assert planner.strategies == ("area", "size")
+
+
+@pytest.mark.parametrize("option, value", [("max_plans", 1), ("max_plan_requests", 3)])
+def test_plans_kept_lowered_on_a_live_planner_drop_the_others(vpool, option, value):
+    # helper-112's finding: the next plan stored again under a signature kept was dropped by
+    # the bound before it was moved last (KeyError from the plan's worker).
+    region = gpupool.Region(pool=vpool, plan=True)
+
+    def step(sizes):
+        with region:
+            bufs = [vpool.allocate(n) for n in sizes]
+            del bufs
+    a, b = [4 * MIB, MIB, 3 * MIB], [MIB, 2 * MIB]
+    for _ in range(6):
+        step(a), step(b)
+    assert len(region.planner.plans) == 2
+    setattr(region.planner, option, value)
+    step([2 * n for n in a])            # a grown, planned again under its signature kept
+    step(b)
+    region.stats()                      # (a worker's error is raised by the next call)
+    assert len(region.planner.plans) == 1
+    hits = region.stats().plan_hits
+    for _ in range(3):
+        step(a), step(b)
+    assert len(region.planner.plans) == 1 and region.stats().plan_hits > hits
+    check_invariants(vpool)
 
 
 @pytest.mark.parametrize("name", ["min_hit_rat", "recrod", "strategy", "max_plan", "obstacles"])
