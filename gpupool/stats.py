@@ -122,7 +122,8 @@ class RegionStats:
     plan_misses : int
         Planned requests that went the online way.
     plans_given_up : int
-        Plans given up for serving badly or growing the pool.
+        Plans given up for serving badly, growing the pool, or needing a transition plan made
+        anew at every entry (``region/transitions.py``'s TRANSITIONS_MAX in a row).
     plans_not_fitting : int
         Plans larger than the memory they would take: not used.
     plan_bytes : int

@@ -38,7 +38,8 @@ an entry does not count against the plan. One whose requests on the plan's step 
 ``min_hit_rate`` served at their places, or during which (after the first entry, where the tails of
 the entry before still lie outside the plan) the region's requests grew the pool, has the plan
 placed again around the blocks in its way; a second such entry gives the plan up for GIVE_UP_EXITS
-exits. See Note [Planned regions] in docs/design.md.
+exits, and so do TRANSITIONS_MAX transitions made in a row (region/transitions.py). See Note
+[Planned regions] in docs/design.md.
 
 Pure Python and NumPy; the region (region/region.pyx) moves the events and the plans between
 this and the core.
@@ -50,11 +51,9 @@ import numpy as np
 
 from gpupool.region import options as _options
 from gpupool.region import placement
-from gpupool.region import tails as _tails
 from gpupool.region.anchors import of_plan as anchors
 from gpupool.region.digests import plan_digest as _digest
 from gpupool.region.digests import signature
-from gpupool.region.meeting import meeting as _meeting
 from gpupool.region.meeting import meets as _meets
 from gpupool.region.mirror import mirrored as _mirrored
 from gpupool.region.mirror import shifted as _shifted
@@ -68,6 +67,9 @@ from gpupool.region.seen import record_sizes as _record_sizes
 from gpupool.region.seen import record_top as _record_top
 from gpupool.region.seen import remember as _remember
 from gpupool.region.seen import with_room as _with_room
+from gpupool.region.transitions import REPAIR_SHARE
+from gpupool.region.transitions import TRANSITIONS_MAX as _TRANSITIONS_MAX
+from gpupool.region.transitions import Transitions as _Transitions
 
 __all__ = ["Planner", "anchors", "signature"]
 
@@ -85,11 +87,9 @@ STRATEGIES = ("start", "size", "area")
 UNDER = 4                   # request 0 under 1 / UNDER of the least its plan's steps asked is
                             # off the plan's step (:meth:`Planner.first_under`)
 MIRROR = True               # plans mirrored (Note [Plans mirrored])
-REPAIR_SHARE = 16           # a kept plan is repaired when at most 1 in this many of its planned
-                            # requests grew (the repair's work: theirs times the step's requests)
 
 
-class Planner(_Repeats):
+class Planner(_Repeats, _Transitions):
     """A planned region's decisions.
 
     Parameters
@@ -145,7 +145,7 @@ class Planner(_Repeats):
         "_firsts", "_recorded", "_record_places", "_fresh", "_recorded_steps", "_seen", "_folded",
         "_exceeds", "_plans", "_later", "_waits", "_made_from", "_exits", "current", "base",
         "_transition", "_grown", "_past", "_fell_back", "_relayout", "_entries_on", "_strikes",
-        "_wanted", "counts")
+        "_wanted", "counts", "_made_in_a_row")
 
     def __init__(self, max_plans=4, max_plan_requests=1 << 16,
                  budget_work=placement.BUDGET_WORK, budget_ms=placement.BUDGET_MS,
@@ -173,7 +173,7 @@ class Planner(_Repeats):
         self._fell_back = False     # the last plan made is first fit (its fallback's limit)
         self._relayout = False      # the current plan served its last entry badly
         self._entries_on = 0        # entries served by the current plan so far
-        self._exits = self._strikes = 0
+        self._exits = self._strikes = self._made_in_a_row = 0
         # "work": the plans' work units in all; "past_*": plans that fell back to first fit,
         # by the limit that stopped them (placement.Plan.fallback); "reused": plans not made
         # again, their inputs the same as a plan's made before (:meth:`_placed`); "repairs",
@@ -243,7 +243,8 @@ class Planner(_Repeats):
             # start (another structure's) was laid out around the blocks of the entry before
             # it, which are gone: it is laid out again around this entry's.
             self._relayout = bool(bad) or (self._transition and stopped and not hits)
-            if self._strikes >= STRIKES:
+            if self._strikes >= STRIKES or self._made_in_a_row >= _TRANSITIONS_MAX:
+                self._made_in_a_row = 0
                 self._later[self.current] = self._exits + GIVE_UP_EXITS
                 self._plans.pop(self.current, None)
                 self.current = None
@@ -337,82 +338,12 @@ class Planner(_Repeats):
             self.current, self._entries_on, self._strikes, self._fresh = sig, 0, 0, False
             self.counts["installs"] += 1
         if self._in_place(steady[0], base, obstacles):
-            self._transition = False
+            self._transition, self._made_in_a_row = False, 0
             return steady
         # The last entry's blocks (tails served elsewhere than their steady places) are in
         # the steady plan's way: a transition plan places the next entry around them.
         self._transition = True
         return self._transition_plan(step, steady[0], base, span, obstacles)
-
-    def _in_place(self, plan, base, obstacles):
-        """Whether the steady ``plan`` (made at ``base``) serves the next entry as it is: every
-        block the last entry left live is a tail at its place in it (no larger) or meets none of its
-        places; or, when none of ``obstacles`` (blocks that stay) meets its places either,
-        none while both are live: a tail of the last entry until the entry frees it
-        (``tails.left_live``), a place from its request's allocation to its free. The plan's
-        transition would then pin every request at its steady place. A plan kept although
-        blocks that stay meet it (the one placed around them did not fit) gets its
-        transition, placed around them too."""
-        recorded = self._recorded_steps
-        k = recorded.carried[0]
-        offset, nbytes, end, tail = _tails.left_live(plan.step, recorded.carried, base,
-                                                     recorded.at_start)
-        placed = tail.copy()
-        placed[tail] = plan.offsets[k[tail]] == offset[tail]     # a tail at its own place
-        offset, nbytes, end = offset[~placed], nbytes[~placed], end[~placed]
-        if not _meets(plan, np.column_stack([offset, nbytes])):
-            return True
-        return not _meets(plan, obstacles) and not _meeting(plan, offset, nbytes, end).any()
-
-    def _transition_plan(self, step, steady, base, span, obstacles):
-        """The plan of the first entry served: the steady plan's tails where it puts them,
-        the other requests placed around them, the obstacles, and the blocks the entry before
-        left live (its tails until the entry frees them, anything else throughout), so that
-        the next entry finds the tails at their steady places. Repaired from the steady plan
-        where it can be (:meth:`_transition_repaired`); the repair is used when it maps no
-        more than the plan placed whole would: when its top is within the ``span`` bytes
-        mapped (so is the whole one's, or it maps more), else when it is no higher than the
-        whole one's, then placed too (counted in ``counts["repairs_refused"]`` when it is
-        higher; Note [Transitions repaired])."""
-        fixed = self._fixed(step, base, obstacles)
-        pinned = np.where(step.tails & step.planned, steady.offsets, -1)
-        made = repair = self._transition_repaired(step, steady, fixed, pinned, span)
-        if repair is None or repair.nbytes > span:
-            made = self._placed(step, fixed, pinned)
-            if repair is not None and repair.nbytes <= made.nbytes:
-                made = repair
-            elif repair is not None:
-                self.counts["repairs_refused"] += 1
-        self._fell_back = made.fallback is not None
-        self.counts["repairs"] += made is repair
-        self.counts["transition_repairs"] += made is repair
-        return made, anchors(made)
-
-    def _transition_repaired(self, step, steady, fixed, pinned, span):
-        """The transition of step repaired from its ``steady`` plan: every request whose steady
-        place meets none of the ``fixed`` rows (``_fixed``'s) while both live pinned there, the
-        tails at their steady places (``pinned``), the others placed around them and the rows
-        (counted as a plan). None when ``repair`` is off, more than 1 in REPAIR_SHARE planned
-        requests are to be placed (its work is about theirs times the step's requests), their
-        bytes do not fit between the steady plan's top and the ``span`` bytes mapped (a repair
-        then mostly maps pages, and maps no more than the whole plan only where both are
-        placed), or the repair falls back to first fit (counted in
-        ``counts["repairs_refused"]``)."""
-        if not self.repair:
-            return None
-        move = step.planned & (pinned < 0) & _meeting(steady, *fixed[:, [0, 1, 3]].T)
-        if REPAIR_SHARE * int(move.sum()) > int(step.planned.sum()) or \
-                steady.nbytes + int(step.nbytes[move].sum()) > span:
-            return None
-        made = self._placed(step, fixed, np.where(step.planned & ~move, steady.offsets, pinned))
-        self.counts["repairs_refused"] += made.fallback is not None
-        return made if made.fallback is None else None
-
-    def _fixed(self, step, base, obstacles, freed=None):
-        """``tails.fixed_rows`` (``freed`` passed on) for a plan of step made at ``base``: the
-        obstacles throughout, the blocks the last entry left live until the entry frees them."""
-        recorded = self._recorded_steps
-        return _tails.fixed_rows(step, recorded.carried, base, obstacles, recorded.at_start, freed)
 
     def record_over(self):
         """The requested bytes of request 0 past which an entry served by the installed plan

@@ -46,8 +46,7 @@ from gpupool.region.background import DROPPED, PlanJob, installed, weak_hook
 # "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14 (incremental)
 # the young generation and one increment of the old: either way far cheaper than a full one.
 _COLLECT = {"young": 1, "full": 2, None: None}
-_POLICIES = ("detach", "invalidate")
-_SCOPES = ("thread", "process")
+_POLICIES, _SCOPES = ("detach", "invalidate"), ("thread", "process")
 _PLAN_OPTIONS = option_names(Planner)     # Region(plan={...})'s keys
 POISON = 0xFF                   # every float of a poisoned block reads as NaN
 # Per thread, the regions entered there with `with region:`, innermost last (exits go last first).
@@ -144,8 +143,9 @@ cdef class Region:
         than any step's did is planned at that request (a record step). Plans are made on a worker
         thread and installed at the region's next call (entry, ``stats()``, ``release()``,
         ``planner``), which raises what making one raised. A plan whose entries twice serve less
-        than half their planned requests, or grow the pool, is given up for a while. While another
-        thread's region takes turns on the pool, it goes the pool's way (``shared_entries``). A dict
+        than half their planned requests, or grow the pool, is given up for a while (so is one made
+        anew at every entry: kept buffers that move). While another thread's region takes turns on
+        the pool, it goes the pool's way (``shared_entries``). A dict
         holds the options (``max_plans``, ``max_plan_requests``, ``budget_work``, ``budget_ms``,
         ``min_hit_rate``, ``record``, ``repair``, ``strategies``) of its ``planner``, a
         ``gpupool.region.planned.Planner`` (None without a plan). Design: Notes [Planned regions],

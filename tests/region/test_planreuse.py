@@ -54,6 +54,7 @@ def test_a_reused_plan_serves_as_the_plan_made_again(vpool, monkeypatch):
     reused, _ = alternating(vpool)
     fresh = itertools.count()       # every plan's inputs new: each placed again
     monkeypatch.setattr(planned, "_digest", lambda *args: next(fresh))
+    monkeypatch.setattr(planned, "_TRANSITIONS_MAX", 1 << 30)   # (so none is given up for it)
     made, region = alternating(gpupool.Pool(upstream=SimulatedDevice(capacity=1 << 32,
                                                                      virtual_memory=True)))
     assert region.stats().plans_reused == 0 and region.stats().plans > 12
