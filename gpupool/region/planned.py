@@ -145,7 +145,7 @@ class Planner(_Repeats, _Transitions):
         "_firsts", "_recorded", "_record_places", "_fresh", "_recorded_steps", "_seen", "_folded",
         "_exceeds", "_plans", "_later", "_waits", "_made_from", "_exits", "current", "base",
         "_transition", "_grown", "_past", "_fell_back", "_relayout", "_entries_on", "_strikes",
-        "_wanted", "counts", "_made_in_a_row")
+        "_wanted", "_counts", "_made_in_a_row")
 
     def __init__(self, max_plans=4, max_plan_requests=1 << 16,
                  budget_work=placement.BUDGET_WORK, budget_ms=placement.BUDGET_MS,
@@ -182,11 +182,11 @@ class Planner(_Repeats, _Transitions):
         # "exits_repeated": exits whose step was the last exit's, not made again
         # (region/recorded.py); "envelopes_refused": plans not made, their envelope's floor
         # past its steps' (region/seen.py).
-        self.counts = {"plans": 0, "planning_ms": 0.0, "work": 0, "hits": 0, "misses": 0,
-                       "installs": 0, "given_up": 0, "no_room": 0, "records": 0, "reused": 0,
-                       "record_ms": 0.0, "records_dropped": 0, "past_work": 0, "repairs": 0,
-                       "past_time": 0, "past_requests": 0, "repairs_refused": 0,
-                       "transition_repairs": 0, "exits_repeated": 0, "envelopes_refused": 0}
+        self._counts = {"plans": 0, "planning_ms": 0.0, "work": 0, "hits": 0, "misses": 0,
+                        "installs": 0, "given_up": 0, "no_room": 0, "records": 0, "reused": 0,
+                        "record_ms": 0.0, "records_dropped": 0, "past_work": 0, "repairs": 0,
+                        "past_time": 0, "past_requests": 0, "repairs_refused": 0,
+                        "transition_repairs": 0, "exits_repeated": 0, "envelopes_refused": 0}
 
     def exited(self, events, hits, misses, grew, stopped=False, first=0):
         """An entry has exited: ``events`` recorded since the last call (rows of ptr, bytes,
@@ -208,9 +208,9 @@ class Planner(_Repeats, _Transitions):
         step, sig = self._recorded_steps.read(events)
         self._firsts = (self._firsts + [int(first)])[-2:]
         self._exits += 1
-        self.counts["hits"] += hits
-        self.counts["exits_repeated"] = self._recorded_steps.repeats
-        self.counts["misses"] += misses
+        self._counts["hits"] += hits
+        self._counts["exits_repeated"] = self._recorded_steps.repeats
+        self._counts["misses"] += misses
         action = None
         self._grown = False
         if step is not None:
@@ -248,7 +248,7 @@ class Planner(_Repeats, _Transitions):
                 self._later[self.current] = self._exits + GIVE_UP_EXITS
                 self._plans.pop(self.current, None)
                 self.current = None
-                self.counts["given_up"] += 1
+                self._counts["given_up"] += 1
                 action = "clear"
         if step is not None and self._wants(sig, step, seen.count):
             wanted = placement.Step(_with_room(seen), step.alloc, step.free, step.stream,
@@ -258,7 +258,7 @@ class Planner(_Repeats, _Transitions):
                 return "layout"
             # Its sizes vary each on its own: no step needs the envelope's memory, and a plan
             # of smaller sizes would miss (Note [Envelopes that no step needs]).
-            self.counts["envelopes_refused"] += 1
+            self._counts["envelopes_refused"] += 1
             self._plans.pop(sig, None)
             self._later[sig] = self._exits + RETRY_EXITS    # (each check sorts a step)
             if sig == self.current:
@@ -336,7 +336,7 @@ class Planner(_Repeats, _Transitions):
         again = self.current == sig and not self._grown and not self._fresh
         if not again:
             self.current, self._entries_on, self._strikes, self._fresh = sig, 0, 0, False
-            self.counts["installs"] += 1
+            self._counts["installs"] += 1
         if self._in_place(steady[0], base, obstacles):
             self._transition, self._made_in_a_row = False, 0
             return steady
@@ -379,7 +379,7 @@ class Planner(_Repeats, _Transitions):
     def _recorded_once(self):
         """Whether a record step has been planned: its plan mapped up to its own top only, so
         the plans installed after it may map pages past the memory mapped."""
-        return self.record and self.counts["records"] > 0
+        return self.record and self._counts["records"] > 0
 
     def record_plan(self, nbytes, base, obstacles, ptr=None):
         """The plan of a record step, made at its request 0 (which asked ``nbytes`` bytes and
@@ -410,10 +410,10 @@ class Planner(_Repeats, _Transitions):
         freed = None if ptr is None or not step.planned[0] or step.tails[0] else \
             (int(ptr) - int(base), int(nbytes), int(step.free[0]))
         made = self._made(predicted, self._fixed(predicted, base, obstacles, freed), above=True)
-        self.counts["records"] += 1
-        self.counts["record_ms"] += made.planning_ms
+        self._counts["records"] += 1
+        self._counts["record_ms"] += made.planning_ms
         if made.fallback is not None:
-            self.counts["records_dropped"] += 1
+            self._counts["records_dropped"] += 1
             return None
         self._recorded = 1
         self._record_places = made.offsets[made.offsets >= 0] + int(base)
@@ -429,7 +429,7 @@ class Planner(_Repeats, _Transitions):
         the plan's step. Counted in ``counts["records_dropped"]`` (and in ``"records"``)."""
         self._repeat = None             # (region/repeats.py)
         self._recorded = 0
-        self.counts["records_dropped"] += 1
+        self._counts["records_dropped"] += 1
 
     def _made(self, step, fixed, pinned=None, above=False, enough=0):
         """A new plan of step around the ``fixed`` rows (``placement.plan``'s), counted, the
@@ -443,14 +443,14 @@ class Planner(_Repeats, _Transitions):
                               budget_ms=self.budget_ms, max_requests=GREEDY_MAX, fixed=fixed,
                               pinned=pinned, strategies=self.strategies, enough=enough)
         self._fell_back = made.fallback is not None
-        self.counts["plans"] += 1
-        self.counts["planning_ms"] += made.planning_ms
-        self.counts["work"] += made.work
+        self._counts["plans"] += 1
+        self._counts["planning_ms"] += made.planning_ms
+        self._counts["work"] += made.work
         if MIRROR and made.fallback is None and made.method != "start" and (above or not len(
                 fixed) and (pinned is None or (pinned < 0).all())):
             made = _mirrored(made, fixed, pinned)   # the largest places above what stays on top
         if made.fallback is not None:
-            self.counts["past_" + made.fallback] += 1
+            self._counts["past_" + made.fallback] += 1
             if len(fixed):
                 made = _shifted(made, int((fixed[:, 0] + fixed[:, 1]).max()))
         return made
@@ -470,7 +470,7 @@ class Planner(_Repeats, _Transitions):
         if made is not None:
             self._made_from.move_to_end(key)
             self._fell_back = made.fallback is not None
-            self.counts["reused"] += 1
+            self._counts["reused"] += 1
             return made
         made = self._made(step, fixed, pinned, enough=enough)
         if made.planning_ms >= self.budget_ms:
@@ -509,7 +509,7 @@ class Planner(_Repeats, _Transitions):
             return None
         made = self._placed(step, obstacles, np.where(grown | ~step.planned, -1, old.offsets), span)
         fits = made.fallback is None and made.nbytes <= old.nbytes
-        self.counts["repairs" if fits else "repairs_refused"] += 1
+        self._counts["repairs" if fits else "repairs_refused"] += 1
         return made if fits else None
 
     def no_room(self):
@@ -517,12 +517,19 @@ class Planner(_Repeats, _Transitions):
         self._repeat = None             # (region/repeats.py)
         self.current = None
         self._transition = False
-        self.counts["no_room"] += 1
+        self._counts["no_room"] += 1
 
     def clear(self):
         """The installed plan is dropped (``Region.release``); it may be installed again."""
         self._repeat = None             # (region/repeats.py)
         self.current = None
+
+    @property
+    def counts(self):
+        """The planner's counters, a dict of name -> int (``planning_ms``, ``record_ms``:
+        float milliseconds), which ``Region.stats()`` reports; read-only (the planner adds to
+        them; assigning another dict would leave them without their keys)."""
+        return self._counts
 
     @property
     def plans(self):

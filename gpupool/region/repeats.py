@@ -53,9 +53,9 @@ class Repeats:
         as that exit did."""
         step, sig = self._recorded_steps.read(None)    # the same step: counted as read
         self._exits += 1
-        self.counts["hits"] += hits
-        self.counts["exits_repeated"] = self._recorded_steps.repeats
-        self.counts["misses"] += misses
+        self._counts["hits"] += hits
+        self._counts["exits_repeated"] = self._recorded_steps.repeats
+        self._counts["misses"] += misses
         self._folded = recount(self._seen, sig, self._folded)
         if self.current is not None and not self._grown:
             self._entries_on += 1

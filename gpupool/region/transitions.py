@@ -65,7 +65,7 @@ class Transitions:
         whole one's, then placed too (counted in ``counts["repairs_refused"]`` when it is
         higher; Note [Transitions repaired]). Counts the transitions made in a row, none
         reused (``_made_in_a_row``: TRANSITIONS_MAX of them give the signature up)."""
-        plans = self.counts["plans"]
+        plans = self._counts["plans"]
         fixed = self._fixed(step, base, obstacles)
         pinned = np.where(step.tails & step.planned, steady.offsets, -1)
         made = repair = self._transition_repaired(step, steady, fixed, pinned, span)
@@ -74,11 +74,11 @@ class Transitions:
             if repair is not None and repair.nbytes <= made.nbytes:
                 made = repair
             elif repair is not None:
-                self.counts["repairs_refused"] += 1
+                self._counts["repairs_refused"] += 1
         self._fell_back = made.fallback is not None
-        self.counts["repairs"] += made is repair
-        self.counts["transition_repairs"] += made is repair
-        self._made_in_a_row = self._made_in_a_row + 1 if self.counts["plans"] > plans else 0
+        self._counts["repairs"] += made is repair
+        self._counts["transition_repairs"] += made is repair
+        self._made_in_a_row = self._made_in_a_row + 1 if self._counts["plans"] > plans else 0
         return made, anchors(made)
 
     def _transition_repaired(self, step, steady, fixed, pinned, span):
@@ -98,7 +98,7 @@ class Transitions:
                 steady.nbytes + int(step.nbytes[move].sum()) > span:
             return None
         made = self._placed(step, fixed, np.where(step.planned & ~move, steady.offsets, pinned))
-        self.counts["repairs_refused"] += made.fallback is not None
+        self._counts["repairs_refused"] += made.fallback is not None
         return made if made.fallback is None else None
 
     def _fixed(self, step, base, obstacles, freed=None):

@@ -324,6 +324,16 @@ def test_plan_options_assigned_on_a_live_planner_are_kept_as_given_to_it(vpool):
     assert planner.strategies == ("area", "size")
 
 
+def test_a_planners_counts_are_not_replaced(vpool):
+    # helper-112's finding: `planner.counts = {}` made every later stats() raise KeyError.
+    region = gpupool.Region(pool=vpool, plan=True)
+    with pytest.raises(AttributeError, match="counts"):
+        region.planner.counts = {}
+    with region:
+        vpool.allocate(MIB).close()
+    assert region.stats().entries == 1 and region.planner.counts["plans"] == 0
+
+
 @pytest.mark.parametrize("option, value", [("max_plans", 1), ("max_plan_requests", 3)])
 def test_plans_kept_lowered_on_a_live_planner_drop_the_others(vpool, option, value):
     # helper-112's finding: the next plan stored again under a signature kept was dropped by
