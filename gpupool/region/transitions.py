@@ -7,9 +7,9 @@ their steady places (Note [Planned regions], Note [Transitions repaired]).
 A transition is made anew each time the blocks left live lie elsewhere. Where they move at
 every entry (a window of buffers kept past the exit, the oldest dropped each step), every
 entry needs a transition of its own, placed at its exit: the planning a plan is to pay once
-is paid at every step. So TRANSITIONS_MAX transitions made in a row for one signature, none
-reused and no steady plan in place between them, give the signature up for GIVE_UP_EXITS
-exits, as a second bad entry does (Note [Transitions without end]).
+is paid at every step. So TRANSITIONS_MAX transitions made in a row (none reused, no steady
+plan in place between them, whatever their signatures) give the installed signature up for
+GIVE_UP_EXITS exits, as a second bad entry does (Note [Transitions without end]).
 
 Pure Python and NumPy.
 """
