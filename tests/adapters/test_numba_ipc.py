@@ -266,6 +266,9 @@ print("all cases passed")
 @pytest.mark.gpu
 def test_numba_s_ipc_cases_on_expandable_segments():
     pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
+    # The script takes ForeignArray from numba-cuda's test helpers, which import filecheck
+    # (a wheel the GPU machine lacks unless carried: tools/gpu/gpu-check.sh installs .whl).
+    pytest.importorskip("filecheck", reason="numba.cuda.testing needs filecheck")
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="gpupool.numba", GPUPOOL_UPSTREAM="vmm",
                PYTHONPATH=os.pathsep.join([here, *sys.path]))
