@@ -46,6 +46,7 @@ this and the core.
 """
 
 from collections import OrderedDict
+from types import MappingProxyType
 
 import numpy as np
 
@@ -216,6 +217,13 @@ class Planner(_Repeats, _Transitions):
         if step is not None:
             seen = self._remember(sig, step, self._firsts[0])
             kept = self._plans.get(sig)
+            if kept is not None and len(seen.envelope) != len(kept[0].step):
+                # Its sizes are no longer kept (max_plan_requests lowered past its length):
+                # nor is its plan.
+                del self._plans[sig]
+                kept = None
+                if sig == self.current:
+                    self.current, action = None, "clear"
             self._grown = sig == self.current and kept is not None and \
                 self._exceeds(seen.envelope, kept[0].step.nbytes)
         recorded, self._recorded = self._recorded, (self._recorded + 1) % 3 \
@@ -526,10 +534,10 @@ class Planner(_Repeats, _Transitions):
 
     @property
     def counts(self):
-        """The planner's counters, a dict of name -> int (``planning_ms``, ``record_ms``:
-        float milliseconds), which ``Region.stats()`` reports; read-only (the planner adds to
-        them; assigning another dict would leave them without their keys)."""
-        return self._counts
+        """The planner's counters, a read-only mapping of name -> int (``planning_ms``,
+        ``record_ms``: float milliseconds), which ``Region.stats()`` reports: a view (the
+        planner adds to them; a dict assigned, cleared or changed would break its exits)."""
+        return MappingProxyType(self._counts)
 
     @property
     def plans(self):

@@ -324,11 +324,41 @@ def test_plan_options_assigned_on_a_live_planner_are_kept_as_given_to_it(vpool):
     assert planner.strategies == ("area", "size")
 
 
+def test_max_plan_requests_lowered_past_the_installed_plans_step_drops_it(vpool):
+    # helper-113's finding: every exit then raised ValueError (an envelope no longer kept,
+    # compared with the plan's sizes).
+    region = gpupool.Region(pool=vpool, plan=True)
+
+    def step():
+        with region:
+            bufs = [vpool.allocate(n) for n in (MIB, 2 * MIB, 3 * MIB)]
+            del bufs
+    for _ in range(4):
+        step()
+    hits = region.stats().plan_hits
+    assert hits > 0
+    region.planner.max_plan_requests = 2
+    step(), step()
+    hits = region.stats().plan_hits
+    assert region.planner.plans == [] and region.planner.current is None
+    step(), step()
+    assert region.stats().plan_hits == hits         # the step is not planned any more
+    region.planner.max_plan_requests = 3
+    for _ in range(4):
+        step()
+    assert region.stats().plan_hits >= hits + 3     # planned again
+    check_invariants(vpool)
+
+
 def test_a_planners_counts_are_not_replaced(vpool):
     # helper-112's finding: `planner.counts = {}` made every later stats() raise KeyError.
     region = gpupool.Region(pool=vpool, plan=True)
     with pytest.raises(AttributeError, match="counts"):
         region.planner.counts = {}
+    with pytest.raises((AttributeError, TypeError)):    # (helper-113: nor cleared, nor set)
+        region.planner.counts.clear()
+    with pytest.raises(TypeError):
+        region.planner.counts["plans"] = 99
     with region:
         vpool.allocate(MIB).close()
     assert region.stats().entries == 1 and region.planner.counts["plans"] == 0

@@ -254,7 +254,7 @@ def test_a_record_plan_that_falls_back_to_first_fit_is_not_used(monkeypatch):
 
 def test_a_transition_placed_by_first_fit_maps_nothing(monkeypatch):
     planner = Planner()
-    planner.counts["records"], planner._transition = 1, True
+    planner._counts["records"], planner._transition = 1, True
     step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
     planner._made(step, np.zeros((0, 4), np.int64))
     assert planner.growing()
@@ -303,7 +303,7 @@ def test_after_a_record_the_plan_around_blocks_that_stay_maps_pages_past_the_spa
     # and maps pages (Note [Record steps of another structure]).
     step = placement.Step([4096, 8192], [0, 1], [2, 3], [0, 0], 4)
     planner = Planner()
-    planner.counts["records"] = records
+    planner._counts["records"] = records
     planner._wanted = (b"sig", step)
     kept, _ = planner.place(base=1 << 20, span=1 << 20, obstacles=[])
     assert kept.nbytes == 12288
