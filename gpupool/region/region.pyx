@@ -43,8 +43,7 @@ from gpupool.region.options import option_names, planner_of
 from gpupool.region.planned import Planner
 from gpupool.region.background import DROPPED, PlanJob, installed, weak_hook
 
-# "young" is gc.collect(1): generations 0 and 1 on Python 3.12 and 3.13; on 3.14 (incremental)
-# the young generation and one increment of the old: either way far cheaper than a full one.
+# "young" is gc.collect(1): generations 0 and 1 (3.14: the young one and an increment of the old)
 _COLLECT = {"young": 1, "full": 2, None: None}
 _POLICIES, _SCOPES = ("detach", "invalidate"), ("thread", "process")
 _PLAN_OPTIONS = option_names(Planner)     # Region(plan={...})'s keys
@@ -489,9 +488,10 @@ cdef class Region:
         ----------
         obj : DeviceBuffer, BufferView or object with ``__cuda_array_interface__`` /
                 ``__dlpack__``
-            A buffer allocated in this region (or a view of one), or an array whose data
-            pointer lies inside one of the region's live blocks. An empty buffer, or an array
-            of no elements (whose pointer is not read), has no memory to keep: nothing is done.
+            A buffer allocated in this region (or a view of one), or an array whose data pointer
+            lies inside one of the region's live blocks. An empty buffer, an array of no elements
+            (whose pointer is not read), or any buffer while a first entry is skipped
+            (``skip_first``: its buffers are the pool's) has no memory to keep: nothing is done.
 
         Returns
         -------
@@ -509,7 +509,7 @@ cdef class Region:
             ptr = (<DeviceBuffer>target)._live_ptr()
         else:
             ptr = _data_pointer(obj)
-        if ptr == 0:
+        if ptr == 0 or self._skipping:
             return obj
         self.pool.check_usable()
         b = self.pool.region_find_live(self.rc, ptr)

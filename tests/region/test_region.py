@@ -391,6 +391,22 @@ def test_skip_first_leaves_the_first_entry_out_of_the_cache(pool):
     del workspace
 
 
+def test_keep_in_a_first_entry_that_skip_first_skips_keeps_the_pools_buffer(pool):
+    # helper-115's finding: `model = region.keep(pool.allocate(...))` raised ValueError ("not
+    # memory of a live buffer of this region") at step 0, whose buffers are the pool's.
+    region = gpupool.Region(pool=pool, skip_first=True, on_exit="invalidate")
+    models = []
+    for _ in range(3):
+        with region:
+            models.append(region.keep(pool.allocate(4096)))
+            step(pool, [300 * KIB])
+    assert all(m.ptr and m.nbytes == 4096 for m in models)     # none invalidated
+    with pytest.raises(ValueError, match="not memory of a live buffer of this region"):
+        region.keep(pool.allocate(4096))                       # outside any entry, as before
+    del models
+    check_invariants(pool)
+
+
 def test_debug_poisons_invalidated_blocks(pool, sim):
     np = pytest.importorskip("numpy")
     region = gpupool.Region(pool=pool, on_exit="invalidate", debug=True)
