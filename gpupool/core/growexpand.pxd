@@ -58,14 +58,22 @@ cdef inline bint sg_extends(Block* b, StreamKey s, void* owner) noexcept nogil:
             and (b.region.cache == NULL or b.region.cache == owner))
 
 
+cdef inline bint sg_joins_hole(Block* b, StreamKey s, void* owner) noexcept nogil:
+    """Whether a mapped hole's pages (the pool's) surely join free neighbour b: sg_extends, and
+    b no region's with a cap on its cache (those join the pool's only within the cap:
+    cutjoin.pxd's sg_joinable; counted, a refused join left the request no room)."""
+    return sg_extends(b, s, owner) and (
+        b.region.cache == NULL or not (<RegionCache*>b.region.cache).max_cached_bytes)
+
+
 cdef inline bint sg_fits_hole(Block* hole, size_t size, StreamKey s, void* owner,
                               size_t* avail) noexcept nogil:
-    """Whether an unmapped hole and the free neighbours the request may join hold size
+    """Whether an unmapped hole and the free neighbours the request surely joins hold size
     bytes."""
     avail[0] = hole.size
-    if sg_extends(hole.seg_prev, s, owner):
+    if sg_joins_hole(hole.seg_prev, s, owner):
         avail[0] += hole.seg_prev.size
-    if sg_extends(hole.seg_next, s, owner):
+    if sg_joins_hole(hole.seg_next, s, owner):
         avail[0] += hole.seg_next.size
     return avail[0] >= size
 
@@ -149,8 +157,9 @@ cdef inline int sg_map_end(PoolState* st, Upstream up, Segment* seg, size_t need
                            Block* tail, void* owner) noexcept nogil:
     """Map need bytes (whole pages) at the end of expandable segment seg for stream s, for a
     request made through cache owner (NULL: the pool), joined with tail (seg's free last
-    block, which the request may take: sg_extends) or, tail NULL, as a free block of the
-    pool's, which joins no other region's free block. The new pages are bound to s (they
+    block, which the request may take: sg_extends; a region's stays its own within the
+    region's cap, else becomes the pool's) or, tail NULL, as a free block of the pool's,
+    which joins no other region's free block. The new pages are bound to s (they
     have no work). Returns 0 or a status code (nothing mapped then)."""
     cdef Segments* sg = &st.segments
     cdef Counters* c = &st.counters
@@ -161,8 +170,11 @@ cdef inline int sg_map_end(PoolState* st, Upstream up, Segment* seg, size_t need
         return r
     if tail != NULL:
         fl_unbin(&st.free, tail)
-        rc = rc_disown(tail)            # its region's bytes grow with it
+        rc = rc_disown(tail)            # its region's bytes grow with it, up to its cap
         tail.size += need
+        if rc != NULL and rc.max_cached_bytes and \
+                rc.cached_bytes + tail.size > rc.max_cached_bytes:
+            rc = NULL                   # past it: the block is the pool's (the request takes it)
         rc_own(rc, tail)
         b = tail
     else:

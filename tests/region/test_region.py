@@ -12,7 +12,7 @@ from conftest import check_invariants
 import gpupool
 from gpupool.testing import SimulatedDevice
 
-KIB = 1024
+KIB, MIB = 1024, 1 << 20
 
 
 class Node:
@@ -341,6 +341,46 @@ def test_max_cached_bytes_sends_extra_blocks_to_the_pool(pool):
         step(pool, [300 * KIB, 300 * KIB])
     assert region.stats().cached_bytes == gpupool.size_class(300 * KIB)
     check_invariants(pool)
+
+
+@pytest.fixture
+def vmm_pool():
+    sim = SimulatedDevice(capacity=1 << 30, virtual_memory=True)      # 2 MiB pages
+    yield gpupool.Pool(upstream=sim)
+    assert sim.errors == [], "the pool misused the simulated device"
+
+
+def test_a_capped_regions_block_at_the_segments_end_grows_into_the_pools(vmm_pool):
+    # helper-115's finding 2: the growth joined the new pages to the region's free last
+    # block and the region kept the rest of it, past its cap (2,096,640 B cached for 1 MiB).
+    region = gpupool.Region(pool=vmm_pool, max_cached_bytes=MIB)
+    outside = vmm_pool.allocate(3 * MIB)
+    for _ in range(4):
+        with region:
+            small = vmm_pool.allocate(100)
+            vmm_pool.allocate(4096).close()
+            large = vmm_pool.allocate(3 * MIB)
+            del small, large
+        assert region.stats().cached_bytes <= MIB
+        check_invariants(vmm_pool)
+    del outside
+
+
+def test_a_capped_regions_request_beside_a_hole_grows_instead_of_failing(vmm_pool):
+    # helper-115's finding 1: a hole was mapped for a request counting the region's free
+    # neighbour, which its cap then kept apart: out of memory with the device nearly free.
+    region = gpupool.Region(pool=vmm_pool, max_cached_bytes=MIB)
+    vmm_pool.allocate(3 * MIB).close()
+    live = vmm_pool.allocate(100)
+    vmm_pool.trim()                             # the first page unmapped: a hole below
+    with region:
+        vmm_pool.allocate(4096).close()
+        large = vmm_pool.allocate(3 * MIB)
+        assert large.nbytes == 3 * MIB
+        del large
+    assert region.stats().cached_bytes <= MIB
+    check_invariants(vmm_pool)
+    del live
 
 
 def test_uncached_allocations_bypass_the_region(pool):
