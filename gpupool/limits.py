@@ -1,5 +1,6 @@
 """Memory limits written as bytes, SI or binary units, or a share of the device's memory."""
 
+import numbers
 import os
 import re
 
@@ -41,18 +42,18 @@ def parse_limit(value, device_total, source=None):
     Raises
     ------
     ValueError
-        A malformed string, a negative or zero limit (``-1`` and ``"-1"`` alike), or a
-        percentage outside (0, 100].
+        A malformed string, a negative or zero limit (``-1`` and ``"-1"`` alike), one of 2**64
+        bytes or more, or a percentage outside (0, 100].
     TypeError
-        Neither an int nor a string (a bool, a float).
+        Neither an integer (NumPy's too) nor a string (a bool, a float).
     """
     if value is None:
         return None
     where = "" if source is None else f"{source}={value!r}: "
     if isinstance(value, bool):
         raise TypeError(f"{where}a limit must be an int or a string, got {value!r}")
-    if isinstance(value, int):
-        nbytes = value
+    if isinstance(value, numbers.Integral):        # NumPy's integers too
+        nbytes = int(value)
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         unit = match.group(2).lower() if match else None
@@ -69,6 +70,8 @@ def parse_limit(value, device_total, source=None):
         raise TypeError(f"{where}a limit must be an int or a string, got {type(value).__name__}")
     if nbytes <= 0:
         raise ValueError(f"{where}a memory limit must be positive, got {value!r}")
+    if nbytes >= 1 << 64:                       # (a size_t holds it)
+        raise ValueError(f"{where}a memory limit must be below 2**64 bytes, got {value!r}")
     return nbytes
 
 

@@ -1,5 +1,6 @@
 """Parsing of memory limits, from arguments and from the environment (CPU, simulated device)."""
 
+import numpy as np
 import pytest
 
 import gpupool
@@ -36,6 +37,25 @@ def test_wrong_types(value):
     with pytest.raises(TypeError):
         parse_limit(value, total)
 
+
+
+@pytest.mark.parametrize("value", [np.int64(1 << 20), np.uint32(1 << 20), np.int8(64)])
+def test_numpys_integers_are_taken(value):
+    # helper-115's finding: Pool(hard_limit=np.int64(...)) raised TypeError, while
+    # pool.allocate(np.int64(...)) takes one.
+    assert parse_limit(value, total) == int(value) and type(parse_limit(value, total)) is int
+
+
+@pytest.mark.parametrize("argument", ["hard_limit", "soft_limit", "max_cached_bytes"])
+def test_a_limit_past_a_size_t_is_named(sim, argument):
+    # helper-115's finding: 2**80 raised a bare OverflowError naming no argument.
+    with pytest.raises(ValueError, match=rf"^{argument}={2**80}: a memory limit must be "
+                                         r"below 2\*\*64 bytes"):
+        if argument == "max_cached_bytes":
+            gpupool.Region(pool=gpupool.Pool(upstream=sim), max_cached_bytes=2**80)
+        else:
+            gpupool.Pool(upstream=sim, **{argument: 2**80})
+    assert parse_limit((1 << 64) - 1, total) == (1 << 64) - 1
 
 
 LIMITS = [("hard_limit", "GPUPOOL_HARD_LIMIT"), ("soft_limit", "GPUPOOL_SOFT_LIMIT")]
