@@ -5,7 +5,7 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 from gpupool.records.block cimport Block, Segment, LIVE, FREE, RETIRED
 from gpupool.core.freelist cimport FreeLists, fl_put, fl_unbin
-from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
+from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown, rc_room
 from gpupool.core.segments cimport BLOCK_ALIGN, round_up
 from gpupool.core.state cimport PoolState, Segments, StreamOrder
 from gpupool.core.streamorder cimport so_drop_events
@@ -88,8 +88,7 @@ cdef inline bint sg_joinable(Block* a, Block* b) noexcept nogil:
     rc = <RegionCache*>(a.region.cache if a.region.cache != NULL else b.region.cache)
     if rc.held:
         return False
-    return not rc.max_cached_bytes or \
-        rc.cached_bytes + (b.size if a.region.cache != NULL else a.size) <= rc.max_cached_bytes
+    return rc_room(rc, b.size if a.region.cache != NULL else a.size)
 
 
 cdef inline void sg_join(PoolState* st, Block* a, Block* b) noexcept nogil:

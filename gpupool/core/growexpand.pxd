@@ -11,7 +11,7 @@ from gpupool.driver.status cimport GP_PY_ERROR
 from gpupool.core.cutjoin cimport sg_record, sg_insert_after, sg_put_for
 from gpupool.core.freelist cimport FreeLists, fl_unbin
 from gpupool.core.giveback cimport sg_unmap_free
-from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown
+from gpupool.core.regioncache cimport RegionCache, rc_own, rc_disown, rc_room
 from gpupool.core.segments cimport (
     COLD_ALLOCS, round_up, sg_note, sg_new_segment, sg_drop_segment,
 )
@@ -172,8 +172,7 @@ cdef inline int sg_map_end(PoolState* st, Upstream up, Segment* seg, size_t need
         fl_unbin(&st.free, tail)
         rc = rc_disown(tail)            # its region's bytes grow with it, up to its cap
         tail.size += need
-        if rc != NULL and rc.max_cached_bytes and \
-                rc.cached_bytes + tail.size > rc.max_cached_bytes:
+        if rc != NULL and not rc_room(rc, tail.size):
             rc = NULL                   # past it: the block is the pool's (the request takes it)
         rc_own(rc, tail)
         b = tail

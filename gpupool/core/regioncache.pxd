@@ -152,6 +152,11 @@ cdef inline RegionCache* rc_disown(Block* b) noexcept nogil:
     return rc
 
 
+cdef inline bint rc_room(RegionCache* rc, size_t nbytes) noexcept nogil:
+    """Whether rc may cache nbytes more within its cap (max_cached_bytes; 0: none)."""
+    return not rc.max_cached_bytes or rc.cached_bytes + nbytes <= rc.max_cached_bytes
+
+
 cdef inline RegionCache* rc_freed_into(Block* b) noexcept nogil:
     """A live block is freed: unlinked from its region's live blocks; the region that caches
     it now (its own, used by this entry), or NULL when it returns to the pool (it escaped an
@@ -164,8 +169,7 @@ cdef inline RegionCache* rc_freed_into(Block* b) noexcept nogil:
     if rc.plan != NULL:
         pt_note_free(rc.plan, b)
     rc_detach(b)
-    if escaped or rc.shared or \
-            (rc.max_cached_bytes and rc.cached_bytes + b.size > rc.max_cached_bytes):
+    if escaped or rc.shared or not rc_room(rc, b.size):
         return NULL
     return rc
 

@@ -14,6 +14,8 @@ from gpupool.region import placement
 
 __all__ = ["check", "option", "option_names", "planner_of"]
 
+_BOOLS = (bool, np.bool_)        # what a flag or a bool option takes: NumPy's bool too
+
 
 @functools.cache
 def option_names(planner):
@@ -35,11 +37,11 @@ def planner_of(plan, planner, region_name, **flags):
         the closest to a misspelt key).
     """
     for name, value in flags.items():
-        if not isinstance(value, (bool, np.bool_)):
+        if not isinstance(value, _BOOLS):
             raise TypeError(f"{name} must be a bool, got {value!r}")
     if region_name is not None and not isinstance(region_name, str):
         raise TypeError(f"name must be a str or None, got {region_name!r}")
-    if not isinstance(plan, (bool, np.bool_, dict)):
+    if not isinstance(plan, (*_BOOLS, dict)):
         raise TypeError(f"plan must be a bool or a dict of Planner options, got {plan!r}")
     keys = option_names(planner)
     if isinstance(plan, dict) and not set(plan) <= set(keys):
@@ -80,7 +82,7 @@ def check(name, value):
             raise ValueError(f"{name} must be {accepted}, got {value!r}")
         return keep(value)
     if name != "strategies":
-        if not isinstance(value, (bool, np.bool_)):     # (NumPy's too, as Region's flags)
+        if not isinstance(value, _BOOLS):
             raise TypeError(f"{name} must be a bool, got {value!r}")
         return bool(value)
     given, strategies = value, tuple(value) if isinstance(value, list) else value

@@ -108,6 +108,14 @@ class Checked:
         del self.live[key]
 
 
+def entered(region, pool, sizes):
+    """One entry of ``region``: ``sizes`` (bytes) allocated from ``pool`` in order, all freed
+    at its end."""
+    with region:
+        bufs = [pool.allocate(n) for n in sizes]
+        del bufs
+
+
 def run_step(mem, sizes, frees, tails, entry):
     """One step: allocate ``sizes`` in order, free request ``frees[k]`` after allocation k
     (None: none), keep the ``tails`` live until the next step frees them first. Returns the

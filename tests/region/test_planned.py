@@ -10,8 +10,8 @@ from conftest import check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planned_steps import (  # noqa: F401 (fixtures)
-    FREES, KIB, MIB, SCALES, SIZES, TAILS, Checked, draw_step, entries, run_step, scaled,
-    vpool, vsim,
+    FREES, KIB, MIB, SCALES, SIZES, TAILS, Checked, draw_step, entered, entries, run_step,
+    scaled, vpool, vsim,
 )
 
 import gpupool
@@ -330,9 +330,7 @@ def test_max_plan_requests_lowered_past_the_installed_plans_step_drops_it(vpool)
     region = gpupool.Region(pool=vpool, plan=True)
 
     def step():
-        with region:
-            bufs = [vpool.allocate(n) for n in (MIB, 2 * MIB, 3 * MIB)]
-            del bufs
+        entered(region, vpool, (MIB, 2 * MIB, 3 * MIB))
     for _ in range(4):
         step()
     hits = region.stats().plan_hits
@@ -371,9 +369,7 @@ def test_plans_kept_lowered_on_a_live_planner_drop_the_others(vpool, option, val
     region = gpupool.Region(pool=vpool, plan=True)
 
     def step(sizes):
-        with region:
-            bufs = [vpool.allocate(n) for n in sizes]
-            del bufs
+        entered(region, vpool, sizes)
     a, b = [4 * MIB, MIB, 3 * MIB], [MIB, 2 * MIB]
     for _ in range(6):
         step(a), step(b)

@@ -5,7 +5,7 @@ every exit the planner's state is the same. See Note [Exits that repeat] in docs
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from planned_steps import KIB, MIB
+from planned_steps import KIB, MIB, entered
 from test_planrepeat_random import drive_both, scripts
 
 import gpupool
@@ -106,9 +106,7 @@ def test_a_change_between_exits_ends_the_shortcut():
     region = gpupool.Region(pool=pool, plan=True, collect=None)
 
     def entry():
-        with region:
-            bufs = [pool.allocate(n) for n in (MIB, 512 * KIB, 2 * MIB)]
-            del bufs
+        entered(region, pool, (MIB, 512 * KIB, 2 * MIB))
 
     for _ in range(12):
         entry()
